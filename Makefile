@@ -1,0 +1,51 @@
+# One command surface for people, the pre-stop hook and CI.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+PYPROJECTS := $(wildcard libs/*/pyproject.toml services/*/pyproject.toml tools/*/pyproject.toml)
+
+.PHONY: help install test test-unit lint format demo up bench schemas clean
+
+help:  ## list targets
+	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*##/\t/'
+
+install: $(STAMP)  ## create .venv and install every package (editable) + dev tools
+
+$(STAMP): $(PYPROJECTS) tools/requirements-dev.txt tools/constraints.txt
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip setuptools wheel
+	$(PY) -m pip install -q --no-build-isolation -c tools/constraints.txt -r tools/requirements-dev.txt
+	touch $(STAMP)
+
+test: install  ## unit, contract and integration tests (starts its own nats-server, Redis, S3)
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+test-unit: install  ## only the fast tier
+	$(PY) -m pytest -m unit $(PYTEST_ARGS)
+
+lint: install  ## ruff + mypy
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy libs/schemas/src libs/bus/src libs/store/src libs/runtime/src libs/telemetry/src libs/stack/src
+
+format: install
+	$(VENV)/bin/ruff format .
+	$(VENV)/bin/ruff check --fix .
+
+demo: install  ## start the local stack and train the tiny model
+	$(VENV)/bin/slipstream demo
+
+up: install  ## start the local stack (Ctrl-C stops everything)
+	$(VENV)/bin/slipstream up
+
+bench: install  ## all benchmarks, JSON under .slipstream/bench
+	mkdir -p .slipstream/bench
+	$(VENV)/bin/slipstream bench bus --json .slipstream/bench/bus.json
+
+schemas: install  ## regenerate proto/ from the schema package
+	$(PY) tools/gen_proto.py
+
+clean:
+	rm -rf $(VENV) .slipstream

@@ -1,0 +1,165 @@
+"""The one table of subjects, streams and durable consumers.
+
+The bus creates streams and consumers from it at start-up, the deploy manifests (KEDA scalers,
+the provisioning Job) are checked against it, and `proto/subjects.json` is generated from it.
+Change the wire topology here and nowhere else.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+import msgspec
+
+Doc = msgspec.Meta
+Retention = Literal["workqueue", "limits", "interest"]
+
+
+class ConsumerSpec(msgspec.Struct, kw_only=True, frozen=True):
+    """A durable pull consumer shared by every replica of one service."""
+
+    durable: Annotated[str, Doc(description="Durable name; replicas bind to the same one.")]
+    filter_subject: str
+    service: Annotated[str, Doc(description="The service whose replicas consume it.")]
+    ack_wait_s: float = 60.0
+    max_deliver: Annotated[int, Doc(description="Deliveries before the message goes to the DLQ.")] = 5
+    max_ack_pending: int = 1024
+
+
+class SubjectSpec(msgspec.Struct, kw_only=True, frozen=True):
+    pattern: Annotated[str, Doc(description="NATS subject or wildcard pattern.")]
+    message: Annotated[str, Doc(description="Schema name of the message type carried.")]
+    stream: str
+    description: str = ""
+
+
+class StreamSpec(msgspec.Struct, kw_only=True, frozen=True):
+    name: str
+    retention: Retention
+    storage: Literal["file", "memory"] = "file"
+    max_age_s: Annotated[float, Doc(description="0 keeps messages until acked/limits.")] = 0.0
+    max_bytes: Annotated[int, Doc(description="-1 for unlimited.")] = -1
+    duplicate_window_s: Annotated[float, Doc(description="Nats-Msg-Id dedup window.")] = 120.0
+    consumers: tuple[ConsumerSpec, ...] = ()
+    description: str = ""
+
+
+DAY = 86400.0
+
+SUBJECTS: tuple[SubjectSpec, ...] = (
+    SubjectSpec(pattern="tasks.>", message="Task", stream="TASKS", description="tasks.<env>: prompts to roll out"),
+    SubjectSpec(
+        pattern="traj.raw.>", message="Trajectory", stream="TRAJ_RAW", description="traj.raw.<env>: unscored rollouts"
+    ),
+    SubjectSpec(
+        pattern="traj.scored.>",
+        message="ScoredTrajectory",
+        stream="TRAJ_SCORED",
+        description="traj.scored.<env>: rollouts with rewards",
+    ),
+    SubjectSpec(pattern="weights.announce", message="WeightAnnounce", stream="WEIGHTS", description="a version is stored"),
+    SubjectSpec(pattern="weights.promoted", message="WeightsPromoted", stream="WEIGHTS", description="serving version"),
+    SubjectSpec(pattern="eval.result", message="EvalResult", stream="EVAL", description="eval-gate decisions"),
+    SubjectSpec(pattern="learner.step", message="LearnerStep", stream="LEARNER", description="per-step metrics"),
+    SubjectSpec(pattern="dlq.>", message="DeadLetter", stream="DLQ", description="dlq.<stream>: dead letters"),
+)
+
+STREAMS: tuple[StreamSpec, ...] = (
+    StreamSpec(
+        name="TASKS",
+        retention="workqueue",
+        consumers=(
+            ConsumerSpec(durable="rollout-worker", filter_subject="tasks.>", service="rollout-worker", ack_wait_s=300.0),
+        ),
+        description="Task backlog; each task is taken by exactly one rollout worker.",
+    ),
+    StreamSpec(
+        name="TRAJ_RAW",
+        retention="workqueue",
+        consumers=(ConsumerSpec(durable="reward-model", filter_subject="traj.raw.>", service="reward-model"),),
+        description="Raw trajectories waiting to be scored.",
+    ),
+    StreamSpec(
+        name="TRAJ_SCORED",
+        retention="workqueue",
+        consumers=(
+            ConsumerSpec(
+                durable="learner",
+                filter_subject="traj.scored.>",
+                service="learner",
+                ack_wait_s=600.0,
+                max_ack_pending=65536,
+            ),
+        ),
+        description="Scored trajectories; acked by the learner after the step that used them commits.",
+    ),
+    StreamSpec(
+        name="WEIGHTS",
+        retention="limits",
+        max_age_s=7 * DAY,
+        consumers=(ConsumerSpec(durable="eval-gate", filter_subject="weights.announce", service="eval-gate"),),
+        description="Weight announcements and promotions: a replayable log.",
+    ),
+    StreamSpec(name="EVAL", retention="limits", max_age_s=30 * DAY, description="Eval results log."),
+    StreamSpec(name="LEARNER", retention="limits", max_age_s=7 * DAY, description="Learner step metrics log."),
+    StreamSpec(name="DLQ", retention="limits", max_age_s=14 * DAY, description="Dead letters with their reasons."),
+)
+
+
+def stream(name: str) -> StreamSpec:
+    for s in STREAMS:
+        if s.name == name:
+            return s
+    raise KeyError(f"unknown stream {name!r}; known: {[s.name for s in STREAMS]}")
+
+
+def consumer(durable: str) -> tuple[StreamSpec, ConsumerSpec]:
+    for s in STREAMS:
+        for c in s.consumers:
+            if c.durable == durable:
+                return s, c
+    raise KeyError(f"unknown durable consumer {durable!r}")
+
+
+def subjects_of(stream_name: str) -> list[str]:
+    return [s.pattern for s in SUBJECTS if s.stream == stream_name]
+
+
+def _matches(pattern: str, subject: str) -> bool:
+    p, s = pattern.split("."), subject.split(".")
+    for i, tok in enumerate(p):
+        if tok == ">":
+            return len(s) > i
+        if i >= len(s) or (tok != "*" and tok != s[i]):
+            return False
+    return len(p) == len(s)
+
+
+def spec_for(subject: str) -> SubjectSpec:
+    """The table row whose pattern matches a concrete subject."""
+    for s in SUBJECTS:
+        if _matches(s.pattern, subject):
+            return s
+    raise KeyError(f"subject {subject!r} is not in the subject table")
+
+
+def dlq_subject(stream_name: str) -> str:
+    return f"dlq.{stream_name}"
+
+
+def tasks_subject(env: str) -> str:
+    return f"tasks.{env}"
+
+
+def traj_raw_subject(env: str) -> str:
+    return f"traj.raw.{env}"
+
+
+def traj_scored_subject(env: str) -> str:
+    return f"traj.scored.{env}"
+
+
+WEIGHTS_ANNOUNCE = "weights.announce"
+WEIGHTS_PROMOTED = "weights.promoted"
+EVAL_RESULT = "eval.result"
+LEARNER_STEP = "learner.step"

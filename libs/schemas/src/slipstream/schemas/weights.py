@@ -1,0 +1,84 @@
+"""Weight versions: the manifest in the object store and the small messages that announce them.
+
+Bytes never travel on the bus: the manifest lists shards in the object store (key, size,
+sha256, codec); `WeightAnnounce` points at the manifest and is published only after the manifest
+(written last) is stored.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, ClassVar
+
+import msgspec
+
+Doc = msgspec.Meta
+
+
+class ShardRef(msgspec.Struct, kw_only=True):
+    """One stored shard of a weight version."""
+
+    key: Annotated[str, Doc(description="Object-store key.")]
+    size: Annotated[int, Doc(description="Stored (encoded) size in bytes.")]
+    sha256: Annotated[str, Doc(description="Hex sha256 of the stored bytes.")]
+    codec: Annotated[str, Doc(description="'raw', 'zstd', 'xor+zstd', 'sparse', ...")] = "raw"
+
+
+class TensorEntry(msgspec.Struct, kw_only=True):
+    """Where one tensor lives inside the shards and how it is encoded."""
+
+    name: str
+    dtype: Annotated[str, Doc(description="torch dtype name, e.g. 'bfloat16'.")]
+    shape: list[int]
+    shard: Annotated[int, Doc(description="Index into WeightManifest.shards.")]
+    offset: Annotated[int, Doc(description="Byte offset inside the decoded shard.")]
+    nbytes: Annotated[int, Doc(description="Byte length inside the decoded shard.")]
+    encoding: Annotated[str, Doc(description="'full', 'xor' or 'sparse' (relative to base_version).")] = "full"
+
+
+class WeightManifest(msgspec.Struct, kw_only=True):
+    """The commit record of one weight version; written last, write-once."""
+
+    SCHEMA: ClassVar[str] = "WeightManifest"
+    VERSION: ClassVar[int] = 1
+
+    policy_version: int
+    base_version: Annotated[int | None, Doc(description="Version this delta applies onto; None for keyframes.")] = None
+    keyframe: bool = True
+    run_id: str = ""
+    dtype: str = "bfloat16"
+    shards: list[ShardRef] = []
+    tensors: list[TensorEntry] = []
+    raw_bytes: Annotated[int, Doc(description="Size of the full snapshot in raw bytes.")] = 0
+    stored_bytes: Annotated[int, Doc(description="Sum of the shard sizes.")] = 0
+    step_finished_at: Annotated[float, Doc(description="Unix time the optimizer step ended.")] = 0.0
+    created_at: float = 0.0
+    signature: Annotated[str, Doc(description="sha256 over the shard digests, in order.")] = ""
+
+
+class WeightAnnounce(msgspec.Struct, kw_only=True):
+    """`weights.announce`: a version is fully stored and may be applied."""
+
+    SCHEMA: ClassVar[str] = "WeightAnnounce"
+    VERSION: ClassVar[int] = 1
+
+    policy_version: int
+    manifest_key: Annotated[str, Doc(description="Object-store key of the WeightManifest.")]
+    base_version: int | None = None
+    keyframe: bool = True
+    run_id: str = ""
+    step_finished_at: float = 0.0
+    announced_at: float = 0.0
+
+
+class WeightsPromoted(msgspec.Struct, kw_only=True):
+    """`weights.promoted`: serving workers follow this version."""
+
+    SCHEMA: ClassVar[str] = "WeightsPromoted"
+    VERSION: ClassVar[int] = 1
+
+    policy_version: int
+    manifest_key: str
+    previous_version: int | None = None
+    reason: str = ""
+    run_id: str = ""
+    promoted_at: float = 0.0

@@ -1,0 +1,16 @@
+"""Local stack: real servers and service processes on free loopback ports, stopped by PID."""
+
+from slipstream.stack.process import ManagedProcess, ProcessGroup, free_port, pid_alive, wait_port
+from slipstream.stack.servers import Server, start_nats, start_redis, start_s3
+
+__all__ = [
+    "ManagedProcess",
+    "ProcessGroup",
+    "Server",
+    "free_port",
+    "pid_alive",
+    "start_nats",
+    "start_redis",
+    "start_s3",
+    "wait_port",
+]

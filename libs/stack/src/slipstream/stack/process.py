@@ -1,0 +1,139 @@
+"""Child processes we own: started with a log file, tracked by PID, stopped by PID.
+
+Nothing here kills by name. Each child gets its own session (process group) so stopping it also
+stops anything it spawned, and `ProcessGroup` stops its children in reverse start order.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port that was free a moment ago (bind to 0, read it, close)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def wait_port(host: str, port: int, timeout_s: float, proc: subprocess.Popen[bytes] | None = None) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"process {proc.args!r} exited with {proc.returncode} before listening on {port}")
+        try:
+            with socket.create_connection((host, port), timeout=0.2):
+                return
+        except OSError:
+            time.sleep(0.05)
+    raise TimeoutError(f"nothing listening on {host}:{port} after {timeout_s:.0f}s")
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A zombie still answers kill(0); treat it as gone if /proc says so.
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().split(") ", 1)[1][:1] != "Z"
+    except OSError:
+        return False
+
+
+class ManagedProcess:
+    """One child process with a name, a log file and a PID."""
+
+    def __init__(
+        self,
+        name: str,
+        argv: Sequence[str],
+        log_path: Path,
+        env: Mapping[str, str] | None = None,
+        cwd: str | Path | None = None,
+    ) -> None:
+        self.name = name
+        self.argv = list(argv)
+        self.log_path = log_path
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._log = log_path.open("ab")
+        self.proc: subprocess.Popen[bytes] = subprocess.Popen(
+            self.argv,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=dict(env) if env is not None else None,
+            cwd=cwd,
+            start_new_session=True,
+        )
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def send(self, sig: int) -> None:
+        if self.alive():
+            try:
+                os.killpg(self.proc.pid, sig)
+            except ProcessLookupError:
+                pass
+
+    def stop(self, timeout_s: float = 10.0, sig: int = signal.SIGTERM) -> int | None:
+        """SIGTERM (or `sig`), wait, then SIGKILL the whole group. Returns the exit code."""
+        self.send(sig)
+        try:
+            self.proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            self.send(signal.SIGKILL)
+            self.proc.wait(timeout=5)
+        else:
+            # Reap stragglers the child left in its group.
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        self._log.close()
+        return self.proc.returncode
+
+    def tail(self, n: int = 40) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
+        except OSError:
+            return ""
+
+
+class ProcessGroup:
+    """Children stopped together, last started first."""
+
+    def __init__(self) -> None:
+        self.procs: list[ManagedProcess] = []
+        self._cleanups: list[Callable[[], None]] = []
+
+    def add(self, proc: ManagedProcess) -> ManagedProcess:
+        self.procs.append(proc)
+        return proc
+
+    def on_stop(self, fn: Callable[[], None]) -> None:
+        self._cleanups.append(fn)
+
+    def pids(self) -> list[int]:
+        return [p.pid for p in self.procs]
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        for p in reversed(self.procs):
+            p.stop(timeout_s)
+        for fn in reversed(self._cleanups):
+            fn()
+        self._cleanups.clear()

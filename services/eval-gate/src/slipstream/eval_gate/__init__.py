@@ -1,0 +1,1 @@
+"""Slipstream eval-gate service."""

@@ -1,0 +1,1 @@
+"""Slipstream learner service."""

@@ -1,0 +1,1 @@
+"""Slipstream reward-model service."""

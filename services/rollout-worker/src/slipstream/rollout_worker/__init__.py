@@ -1,0 +1,1 @@
+"""Slipstream rollout-worker service."""

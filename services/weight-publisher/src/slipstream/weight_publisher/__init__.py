@@ -1,0 +1,1 @@
+"""Slipstream weight-publisher service."""
