@@ -32,6 +32,9 @@ class Task(msgspec.Struct, kw_only=True, forbid_unknown_fields=False):
     reference: Annotated[str, Doc(description="Reference answer, for verifiers (never shown to the policy).")] = ""
     created_at: Annotated[float, Doc(description="Unix time the task was issued.")] = 0.0
     metadata: Annotated[dict[str, str], Doc(description="Free-form string tags.")] = {}
+    min_policy_version: Annotated[
+        int, Doc(description="Do not sample before the worker holds at least this version (bounds staleness at the source).")
+    ] = 0
 
 
 class PolicySegment(msgspec.Struct, array_like=True):
@@ -87,6 +90,11 @@ class Trajectory(msgspec.Struct, kw_only=True):
     worker_id: str = ""
     timings: Timings = msgspec.field(default_factory=Timings)
     metadata: dict[str, str] = {}
+    group_id: Annotated[
+        str, Doc(description="Id of this sampling of the task; a redelivered task forms a new group.")
+    ] = ""
+    split: Annotated[str, Doc(description="'train' or 'heldout' (copied from the task).")] = "train"
+    reference: Annotated[str, Doc(description="The task's reference answer, for the verifier (never shown to the policy).")] = ""
 
     # Convenience views; not part of the wire format.
     def ids(self) -> list[int]:
