@@ -1,0 +1,49 @@
+"""Tensors <-> bytes without copies where torch allows, for any dtype including bfloat16.
+
+numpy has no bfloat16, so tensors are viewed as raw uint8 bit patterns; the dtype travels by
+name in the manifest (`TensorEntry.dtype`).
+"""
+
+from __future__ import annotations
+
+import torch
+
+_DTYPES: dict[str, torch.dtype] = {
+    "float32": torch.float32,
+    "float16": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "float64": torch.float64,
+    "int64": torch.int64,
+    "int32": torch.int32,
+    "uint8": torch.uint8,
+    "bool": torch.bool,
+}
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    name = str(dtype).removeprefix("torch.")
+    if name not in _DTYPES:
+        raise ValueError(f"unsupported tensor dtype {dtype} for weight transfer; supported: {sorted(_DTYPES)}")
+    return name
+
+
+def dtype_from_name(name: str) -> torch.dtype:
+    try:
+        return _DTYPES[name]
+    except KeyError:
+        raise ValueError(f"unknown dtype {name!r} in manifest; supported: {sorted(_DTYPES)}") from None
+
+
+def as_bytes_view(t: torch.Tensor) -> memoryview:
+    """The tensor's bytes (CPU, contiguous) as a memoryview; copies only when it must."""
+    t = t.detach()
+    if t.device.type != "cpu":
+        t = t.cpu()
+    t = t.contiguous()
+    return memoryview(t.view(torch.uint8).numpy()).cast("B")
+
+
+def from_bytes(buf: bytes | bytearray | memoryview, dtype: str, shape: list[int]) -> torch.Tensor:
+    """A tensor over `buf` (copied once so the result owns writable memory)."""
+    raw = torch.frombuffer(bytearray(buf), dtype=torch.uint8)
+    return raw.view(dtype_from_name(dtype)).reshape(shape)
