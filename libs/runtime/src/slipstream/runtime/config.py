@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 import tomllib
 from collections.abc import Mapping, Sequence
@@ -33,10 +34,22 @@ def _sections(cls: type[msgspec.Struct]) -> dict[str, type[msgspec.Struct]]:
     assert isinstance(info, msgspec.inspect.StructType)
     out: dict[str, type[msgspec.Struct]] = {}
     for f in info.fields:
-        if not isinstance(f.type, msgspec.inspect.StructType):
+        t = f.type.type if isinstance(f.type, msgspec.inspect.Metadata) else f.type
+        if not isinstance(t, msgspec.inspect.StructType):
             raise TypeError(f"{cls.__name__}.{f.name}: top-level config fields must be section Structs")
-        out[f.name] = f.type.cls
+        out[f.name] = t.cls
     return out
+
+
+def _section_docs(cls: type[msgspec.Struct]) -> dict[str, str]:
+    """Descriptions of the sections themselves (`Annotated[Section, Meta(description=...)]`)."""
+    info = msgspec.inspect.type_info(cls)
+    assert isinstance(info, msgspec.inspect.StructType)
+    return {
+        f.name: str((f.type.extra_json_schema or {}).get("description", ""))
+        for f in info.fields
+        if isinstance(f.type, msgspec.inspect.Metadata)
+    }
 
 
 def _fields(section: type[msgspec.Struct]) -> dict[str, msgspec.inspect.Field]:
@@ -45,12 +58,20 @@ def _fields(section: type[msgspec.Struct]) -> dict[str, msgspec.inspect.Field]:
     return {f.name: f for f in info.fields}
 
 
+def _descriptions(section: type[msgspec.Struct]) -> dict[str, str]:
+    schema = msgspec.json.schema(section)
+    node = schema.get("$defs", {}).get(section.__name__, schema)
+    return {name: str(prop.get("description", "")) for name, prop in node.get("properties", {}).items()}
+
+
 def field_doc(section: type[msgspec.Struct], name: str) -> str:
     """The one-line description of a config field (from its msgspec.Meta)."""
-    schema = msgspec.json.schema(section)
-    defs = schema.get("$defs", {})
-    node = defs.get(section.__name__, schema)
-    return str(node.get("properties", {}).get(name, {}).get("description", ""))
+    return _descriptions(section).get(name, "")
+
+
+def env_name(section: str, field: str) -> str:
+    """The environment variable that sets `[section].field`."""
+    return f"{ENV_PREFIX}{section.upper()}__{field.upper()}"
 
 
 def _parse_scalar(raw: str) -> Any:
@@ -89,7 +110,11 @@ def _merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def env_layer(cls: type[msgspec.Struct], environ: Mapping[str, str]) -> dict[str, Any]:
-    """SLIPSTREAM_<SECTION>__<FIELD>=value pairs. Unknown SLIPSTREAM_* names with '__' are errors."""
+    """SLIPSTREAM_<SECTION>__<FIELD>=value pairs.
+
+    An unknown field of a known section is an error; a section this config does not have is
+    skipped, because one env file or ConfigMap is often shared by several services.
+    """
     tree: dict[str, Any] = {}
     sections = _sections(cls)
     for name, raw in environ.items():
@@ -125,22 +150,82 @@ def build(cls: type[C], tree: Mapping[str, Any], where: str = "config") -> C:
 
 
 def add_arguments(parser: argparse.ArgumentParser, cls: type[msgspec.Struct]) -> None:
-    """One `--section.field` flag per config field, documented from the field's description."""
+    """One `--section.field-name` flag per config field, documented from the field's description."""
     parser.add_argument("--config", metavar="FILE", help="TOML config file (overrides defaults).")
-    parser.add_argument("--print-config", action="store_true", help="Print the resolved config as TOML-ish JSON and exit.")
+    parser.add_argument("--print-config", action="store_true", help="Print the resolved config as JSON and exit.")
+    section_docs = _section_docs(cls)
     for sec, section in _sections(cls).items():
-        group = parser.add_argument_group(f"[{sec}]")
+        group = parser.add_argument_group(f"[{sec}]", section_docs.get(sec) or None)
         defaults = section()
+        docs = _descriptions(section)
         for name in _fields(section):
-            flag = f"--{sec}.{name.replace('_', '-')}"
             default = getattr(defaults, name)
             group.add_argument(
-                flag,
+                f"--{sec}.{name.replace('_', '-')}",
                 dest=f"cfg__{sec}__{name}",
                 metavar="V",
                 default=None,
-                help=f"{field_doc(section, name)} (default: {default!r}; env {ENV_PREFIX}{sec.upper()}__{name.upper()})",
+                help=f"{docs.get(name, '')} (default: {default!r}; env {env_name(sec, name)})",
             )
+
+
+def build_parser(
+    cls: type[msgspec.Struct], *, prog: str | None = None, description: str = ""
+) -> argparse.ArgumentParser:
+    # No abbreviations: `--bus.u` silently meaning `--bus.url` hides typos.
+    parser = argparse.ArgumentParser(
+        prog=prog,
+        description=description,
+        allow_abbrev=False,
+        # The full list of flags is below, grouped by section; the usage line would repeat it.
+        usage="%(prog)s [-h] [--config FILE] [--print-config] [--<section>.<field> V ...]",
+        epilog=f"Precedence: defaults < --config TOML < {ENV_PREFIX}<SECTION>__<FIELD> env < flags. "
+        "Flags take dashes or underscores; lists and tables are JSON.",
+    )
+    add_arguments(parser, cls)
+    return parser
+
+
+def _unknown_flag(cls: type[msgspec.Struct], arg: str) -> str:
+    if not arg.startswith("--"):
+        return f"command line: unexpected argument {arg!r}"
+    flag = arg[2:].split("=", 1)[0]
+    sec, dot, field = flag.partition(".")
+    sections = _sections(cls)
+    if not dot:
+        return f"command line: unknown option --{flag}"
+    if sec not in sections:
+        return f"command line: --{flag} names unknown section {sec!r}; known sections: {sorted(sections)}"
+    known = sorted(_fields(sections[sec]))
+    return f"command line: --{flag} names unknown key {sec}.{field.replace('-', '_')}; known keys in [{sec}]: {known}"
+
+
+def _dashed(arg: str) -> str:
+    """`--bus.fetch_batch=8` -> `--bus.fetch-batch=8`: flags may be spelled like the TOML keys."""
+    if not arg.startswith("--") or "." not in arg.split("=", 1)[0]:
+        return arg
+    flag, eq, value = arg.partition("=")
+    return flag.replace("_", "-") + eq + value
+
+
+def parse_args(
+    cls: type[msgspec.Struct], argv: Sequence[str] | None = None, *, parser: argparse.ArgumentParser | None = None
+) -> argparse.Namespace:
+    """argv -> argparse namespace; an unknown `--section.key` raises ConfigError naming it."""
+    parser = parser or build_parser(cls)
+    args, unknown = parser.parse_known_args([_dashed(a) for a in (sys.argv[1:] if argv is None else argv)])
+    if unknown:
+        raise ConfigError(_unknown_flag(cls, unknown[0]))
+    return args
+
+
+def _origin_of(exc: msgspec.ValidationError, origins: Mapping[tuple[str, str], str]) -> str:
+    """Which layer set the value a validation error points at (`... - at `$.bus.fetch_batch``)."""
+    m = re.search(r"at `\$\.(\w+)\.(\w+)", str(exc))
+    if m is None:
+        return ""
+    layer = origins.get((m.group(1), m.group(2)))
+    return f" ({m.group(1)}.{m.group(2)} set by {layer})" if layer else ""
 
 
 def resolve(
@@ -151,26 +236,34 @@ def resolve(
     environ: Mapping[str, str] | None = None,
     overrides: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> C:
-    """Resolve a config in the documented precedence order."""
-    tree: dict[str, Any] = {}
+    """Resolve a config in the documented precedence order: defaults, TOML, env, CLI, overrides."""
+    layers: list[tuple[str, Mapping[str, Any]]] = []
     path = config_file or (getattr(args, "config", None) if args is not None else None)
     if path:
         layer = toml_layer(path)
         _check_known(cls, layer, f"config file {path}")
-        tree = _merge(tree, layer)
-    env = env_layer(cls, os.environ if environ is None else environ)
-    tree = _merge(tree, env)
+        layers.append((f"config file {path}", layer))
+    layers.append(("environment", env_layer(cls, os.environ if environ is None else environ)))
     if args is not None:
         cli: dict[str, Any] = {}
         for key, value in vars(args).items():
             if key.startswith("cfg__") and value is not None:
                 _, sec, field = key.split("__", 2)
                 _set(cli, sec, field, _parse_scalar(value))
-        tree = _merge(tree, cli)
+        layers.append(("command line", cli))
     if overrides:
         _check_known(cls, overrides, "overrides")
-        tree = _merge(tree, overrides)
-    return build(cls, tree)
+        layers.append(("overrides", overrides))
+    tree: dict[str, Any] = {}
+    origins: dict[tuple[str, str], str] = {}
+    for where, values in layers:
+        tree = _merge(tree, values)
+        origins.update({(sec, key): where for sec, body in values.items() for key in body})
+    _check_known(cls, tree, "config")
+    try:
+        return msgspec.convert(tree, cls, strict=False)
+    except msgspec.ValidationError as exc:
+        raise ConfigError(f"config: {exc}{_origin_of(exc, origins)}") from exc
 
 
 def to_dict(cfg: msgspec.Struct) -> dict[str, Any]:
@@ -181,14 +274,11 @@ def dump(cfg: msgspec.Struct) -> str:
     return msgspec.json.format(msgspec.json.encode(cfg).decode(), indent=2)
 
 
-def parse_cli(
-    cls: type[C], argv: Sequence[str] | None = None, *, prog: str | None = None, description: str = ""
-) -> C:
+def parse_cli(cls: type[C], argv: Sequence[str] | None = None, *, prog: str | None = None, description: str = "") -> C:
     """Parse argv into a config; `--print-config` prints it and exits. Errors exit 2 with the reason."""
-    parser = argparse.ArgumentParser(prog=prog, description=description)
-    add_arguments(parser, cls)
-    args = parser.parse_args(argv)
+    parser = build_parser(cls, prog=prog, description=description)
     try:
+        args = parse_args(cls, argv, parser=parser)
         cfg = resolve(cls, args)
     except ConfigError as exc:
         parser.exit(2, f"{parser.prog}: config error: {exc}\n")

@@ -1,7 +1,8 @@
 """Telemetry configuration section (`[telemetry]`).
 
 Tracing exporters also honour the standard OTEL_* variables (OTEL_EXPORTER_OTLP_ENDPOINT,
-OTEL_SERVICE_NAME, ...); these fields only choose what the SDK itself does not.
+OTEL_SERVICE_NAME, OTEL_TRACES_SAMPLER, OTEL_BSP_*, ...); these fields only choose what the SDK
+itself does not.
 """
 
 from __future__ import annotations
@@ -14,10 +15,22 @@ Doc = msgspec.Meta
 
 
 class TelemetryConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    log_level: Annotated[str, Doc(description="debug, info, warning or error.")] = "info"
-    log_format: Annotated[Literal["json", "console"], Doc(description="structlog renderer.")] = "json"
+    log_level: Annotated[
+        Literal["debug", "info", "warning", "error"], Doc(description="debug, info, warning or error.")
+    ] = "info"
+    log_format: Annotated[
+        Literal["json", "console"], Doc(description="structlog renderer: 'json' lines or 'console' for people.")
+    ] = "json"
     traces: Annotated[
         Literal["auto", "otlp", "console", "memory", "file", "none"],
-        Doc(description="Span exporter; 'auto' = OTLP when OTEL_EXPORTER_OTLP_ENDPOINT is set, else none."),
+        Doc(
+            description="Span exporter; 'auto' = OTLP when OTEL_EXPORTER_OTLP_(TRACES_)ENDPOINT is set, else none; "
+            "'file' = JSON lines in traces_file; 'memory' = in-process (tests)."
+        ),
     ] = "auto"
-    traces_file: Annotated[str, Doc(description="JSON-lines span file (traces='file').")] = ""
+    traces_file: Annotated[str, Doc(description="JSON-lines span file (traces='file'); appended to.")] = ""
+
+    def __post_init__(self) -> None:
+        # msgspec turns this ValueError into a ValidationError, so the config loader reports it by name.
+        if self.traces == "file" and not self.traces_file:
+            raise ValueError("telemetry.traces='file' needs telemetry.traces_file (a path)")

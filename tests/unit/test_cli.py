@@ -1,0 +1,228 @@
+"""The `slipstream` command line: sub-commands, flag validation, and the env a service is given."""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+from pathlib import Path
+
+import msgspec
+import pytest
+
+from slipstream.bus.config import BusConfig
+from slipstream.cli import bench
+from slipstream.cli.__main__ import COMMANDS, build_parser, main
+from slipstream.cli.spec import (
+    SERVICES,
+    StackSpec,
+    StoreSpec,
+    default_run_dir,
+    parse_services,
+    parse_store,
+    spec_from_args,
+)
+from slipstream.cli.stack import OWNED_ENV, ServerHandle, Stack, StackError
+from slipstream.runtime.section import ServiceSection
+from slipstream.store.config import StoreConfig
+from slipstream.telemetry.config import TelemetryConfig
+
+pytestmark = pytest.mark.unit
+
+
+def _parse_error(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
+    with pytest.raises(SystemExit) as exc:
+        build_parser().parse_args(argv)
+    assert exc.value.code == 2
+    return capsys.readouterr().err
+
+
+def test_help_lists_every_command(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["--help"])
+    assert exc.value.code == 0
+    out = capsys.readouterr().out
+    for name in ("up", "demo", "bench"):
+        assert f"    {name} " in out
+    assert COMMANDS == ("up", "demo", "bench")
+
+
+def test_no_command_prints_help_and_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([]) == 2
+    assert "COMMAND" in capsys.readouterr().out
+
+
+def test_building_the_parser_imports_nothing_heavy() -> None:
+    # `slipstream --help` must stay instant: rich, the stack and service libs load only in `run`.
+    code = (
+        "import sys; from slipstream.cli.__main__ import build_parser; build_parser();"
+        "heavy = ('rich', 'torch', 'nats', 'redis', 'msgspec', 'slipstream.stack', 'slipstream.cli.stack');"
+        "print(sorted(m for m in sys.modules if m in heavy or m.startswith(tuple(h + '.' for h in heavy))))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=30)
+    assert out.stdout.strip() == "[]"
+
+
+def test_store_flag_local_and_s3() -> None:
+    assert parse_store("/data/store") == StoreSpec(type="local", root="/data/store")
+    assert parse_store("s3://bucket-1/runs/a/") == StoreSpec(type="s3", url="s3://bucket-1/runs/a")
+    assert parse_store("s3://bucket-1") == StoreSpec(type="s3", url="s3://bucket-1")
+    args = build_parser().parse_args(["up", "--store", "s3://b1b/p", "--s3-endpoint", "http://127.0.0.1:9000/"])
+    spec = spec_from_args(args, args.parser)
+    assert spec.store == StoreSpec(type="s3", url="s3://b1b/p", endpoint_url="http://127.0.0.1:9000")
+    assert spec.store.env() == {
+        "SLIPSTREAM_STORE__TYPE": "s3",
+        "SLIPSTREAM_STORE__URL": "s3://b1b/p",
+        "SLIPSTREAM_STORE__ENDPOINT_URL": "http://127.0.0.1:9000",
+    }
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ("s3://", "has no bucket"),
+        ("s3:///prefix", "has no bucket"),
+        ("s3://Bad_Bucket/p", "'Bad_Bucket' is not a valid S3 bucket name"),
+        ("gs://bucket/p", "unsupported store URL scheme 'gs'"),
+        ("s3://bucket/p?x=1", "query or fragment"),
+    ],
+)
+def test_bad_store_url_is_a_clear_error(value: str, message: str, capsys: pytest.CaptureFixture[str]) -> None:
+    err = _parse_error(["up", "--store", value], capsys)
+    assert "--store" in err
+    assert message in err
+
+
+def test_s3_endpoint_needs_an_s3_store(capsys: pytest.CaptureFixture[str]) -> None:
+    args = build_parser().parse_args(["up", "--store", "/tmp/x", "--s3-endpoint", "http://127.0.0.1:9000"])
+    with pytest.raises(SystemExit):
+        spec_from_args(args, args.parser)
+    assert "--s3-endpoint needs an S3 store" in capsys.readouterr().err
+    assert "is not an http(s)://host[:port] URL" in _parse_error(["up", "--s3-endpoint", "ftp://x"], capsys)
+
+
+def test_services_flag() -> None:
+    assert parse_services("learner,reward_model") == ("reward-model", "learner")  # start order, canonical names
+    assert parse_services("eval-gate, eval_gate") == ("eval-gate",)
+    assert parse_services("none") == ()
+    assert parse_services("all") == SERVICES
+    assert build_parser().parse_args(["up"]).services == SERVICES
+    assert len(SERVICES) == 5
+
+
+def test_unknown_service_names_it_and_the_valid_ones(capsys: pytest.CaptureFixture[str]) -> None:
+    err = _parse_error(["up", "--services", "learner,trainer"], capsys)
+    assert "unknown service 'trainer'" in err
+    for name in SERVICES:
+        assert name in err
+    with pytest.raises(argparse.ArgumentTypeError, match="no service named"):
+        parse_services(",")
+
+
+def test_server_urls_and_env_flags_are_validated(capsys: pytest.CaptureFixture[str]) -> None:
+    assert "NATS URL 'http://x:1' must look like nats://host:port" in _parse_error(
+        ["up", "--nats-url", "http://x:1"], capsys
+    )
+    assert "Port out of range" in _parse_error(["up", "--redis-url", "redis://h:99999"], capsys)
+    assert "expected SLIPSTREAM_<SECTION>__<FIELD>=VALUE" in _parse_error(["up", "--env", "FOO=1"], capsys)
+    assert "must be > 0" in _parse_error(["demo", "--ready-timeout", "0"], capsys)
+    args = build_parser().parse_args(["up", "--env", "SLIPSTREAM_LEARNER__LR=1e-5", "--env", "SLIPSTREAM_A__B=x=y"])
+    assert dict(args.env) == {"SLIPSTREAM_LEARNER__LR": "1e-5", "SLIPSTREAM_A__B": "x=y"}
+
+
+def test_default_run_dir_does_not_reuse_a_taken_second(tmp_path: Path) -> None:
+    first = default_run_dir(tmp_path, now=0)
+    assert first.parent == tmp_path / "runs"
+    first.mkdir(parents=True)
+    second = default_run_dir(tmp_path, now=0)
+    assert second == first.with_name(first.name + "-2")
+
+
+def test_spec_normalized_fills_store_run_id_and_trace_files(tmp_path: Path) -> None:
+    spec = StackSpec(run_dir=tmp_path / "r7", traces=tmp_path / "t" / "traces.jsonl").normalized()
+    assert spec.run_id == "r7"
+    assert spec.store == StoreSpec(type="local", root=str(tmp_path / "r7" / "data" / "store"))
+    assert spec.traces_file("reward-model") == tmp_path / "t" / "traces.reward-model.jsonl"
+    assert StackSpec(run_dir=tmp_path).traces_file("learner") is None
+
+
+def _stack_with_fake_servers(tmp_path: Path, **kw: object) -> Stack:
+    stack = Stack(StackSpec(run_dir=tmp_path / "run", run_id="r1", drain_timeout_s=7.5, **kw))  # type: ignore[arg-type]
+    stack.servers = {
+        "nats": ServerHandle("nats", "nats://127.0.0.1:14222", None),
+        "redis": ServerHandle("redis", "redis://127.0.0.1:16379/0", None),
+    }
+    return stack
+
+
+def test_service_env_maps_onto_config_fields(tmp_path: Path) -> None:
+    stack = _stack_with_fake_servers(
+        tmp_path, traces=tmp_path / "tr.jsonl", env={"SLIPSTREAM_TELEMETRY__LOG_LEVEL": "debug"}
+    )
+    env = stack.service_env("learner", 18080)
+    assert env["SLIPSTREAM_BUS__URL"] == "nats://127.0.0.1:14222"
+    assert env["SLIPSTREAM_SERVICE__REDIS_URL"] == "redis://127.0.0.1:16379/0"
+    assert env["SLIPSTREAM_SERVICE__HTTP_PORT"] == "18080"
+    assert env["SLIPSTREAM_SERVICE__RUN_ID"] == "r1"
+    assert env["SLIPSTREAM_SERVICE__DRAIN_TIMEOUT_S"] == "7.5"
+    assert env["SLIPSTREAM_STORE__TYPE"] == "local"
+    assert env["SLIPSTREAM_STORE__ROOT"] == str(tmp_path / "run" / "data" / "store")
+    assert env["SLIPSTREAM_TELEMETRY__LOG_FORMAT"] == "json"
+    assert env["SLIPSTREAM_TELEMETRY__LOG_LEVEL"] == "debug"
+    assert env["SLIPSTREAM_TELEMETRY__TRACES"] == "file"
+    assert env["SLIPSTREAM_TELEMETRY__TRACES_FILE"] == str(tmp_path / "tr.learner.jsonl")
+    # Every SLIPSTREAM_ variable the stack sets names a real field of the section that owns it.
+    sections: dict[str, type[msgspec.Struct]] = {
+        "bus": BusConfig,
+        "store": StoreConfig,
+        "service": ServiceSection,
+        "telemetry": TelemetryConfig,
+    }
+    for key in [*OWNED_ENV, *(k for k in env if k.startswith("SLIPSTREAM_") and k not in stack.spec.env)]:
+        section, _, field = key.removeprefix("SLIPSTREAM_").lower().partition("__")
+        assert field in sections[section].__struct_fields__, key
+
+
+def test_env_flag_cannot_override_what_the_stack_sets(tmp_path: Path) -> None:
+    stack = Stack(StackSpec(run_dir=tmp_path / "run", services=(), env={"SLIPSTREAM_BUS__URL": "nats://x:1"}))
+    with pytest.raises(StackError, match="SLIPSTREAM_BUS__URL is set by the stack itself"):
+        stack.start()
+    assert not (tmp_path / "run").exists()  # refused before anything started
+
+
+def test_bench_reports_a_missing_module(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setattr(bench, "BENCHES", {"nope": "bench_nope_not_here"})
+    with pytest.raises(SystemExit) as exc:
+        main(["bench", "nope", "--json", "x.json"])
+    assert exc.value.code == 2
+    assert "'nope' is not available: module slipstream.cli.bench_nope_not_here is missing" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exc:
+        main(["bench", "--help"])
+    assert exc.value.code == 0
+    help_text = " ".join(capsys.readouterr().out.split())  # argparse wraps long help lines
+    assert "nope (unavailable: module slipstream.cli.bench_nope_not_here is missing)" in help_text
+
+
+def test_bench_runs_a_registered_module(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    calls: list[list[str]] = []
+
+    class FakeBench:
+        @staticmethod
+        def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+            p = sub.add_parser("fake")
+            p.add_argument("--json", type=Path)
+            p.set_defaults(func=lambda a: calls.append([str(a.json)]) or 3)
+
+    monkeypatch.setitem(sys.modules, "slipstream.cli.bench_fake", FakeBench)
+    monkeypatch.setattr(bench, "BENCHES", {"fake": "bench_fake"})
+    assert main(["bench", "fake", "--json", str(tmp_path / "b.json")]) == 3
+    assert calls == [[str(tmp_path / "b.json")]]
+
+
+def test_unknown_flag_is_an_error_of_the_subcommand(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["up", "--detach"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert "usage: slipstream up" in err
+    assert "unrecognized arguments: --detach" in err

@@ -1,0 +1,68 @@
+"""`slipstream bench <name>`: benchmarks, one module each (`bench_<name>.py`), found lazily.
+
+A bench module exposes `register(bench_subparsers)`, adding its sub-command and setting
+`func(args) -> int` with `set_defaults`. Modules are imported only when `slipstream bench ...`
+runs, so `slipstream --help` stays instant; a module that is absent is listed as unavailable
+and asking for it fails with a message saying which module is missing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+from typing import Any
+
+# sub-command -> module under slipstream.cli (later issues add theirs here)
+BENCHES: dict[str, str] = {"bus": "bench_bus"}
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser(
+        "bench",
+        help="benchmarks that print figures and write JSON (bench --help lists them)",
+        add_help=False,
+        description="Run a benchmark.",
+    )
+    p.add_argument("rest", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+    p.set_defaults(func=run, takes_extras=True)
+
+
+def build_parser() -> tuple[argparse.ArgumentParser, dict[str, str]]:
+    """The `slipstream bench` parser with every available bench module; also {name: why missing}."""
+    parser = argparse.ArgumentParser(prog="slipstream bench", description="Run a benchmark; figures are printed.")
+    subs = parser.add_subparsers(dest="bench", metavar="BENCH")
+    missing: dict[str, str] = {}
+    for name, module in BENCHES.items():
+        qualified = f"slipstream.cli.{module}"
+        try:
+            mod = importlib.import_module(qualified)
+        except ModuleNotFoundError as exc:
+            if exc.name != qualified:
+                raise  # the module exists but one of its own imports is missing: show that
+            missing[name] = f"module {qualified} is missing"
+            subs.add_parser(name, help=f"(unavailable: {missing[name]})", add_help=False)
+            continue
+        mod.register(subs)
+    return parser, missing
+
+
+def run(args: argparse.Namespace) -> int:
+    parser, missing = build_parser()
+    # Known-args first: a missing bench's flags are not errors, the missing module is.
+    bench_args, extras = parser.parse_known_args(args.rest)
+    if bench_args.bench is None:
+        parser.print_help()
+        return 2
+    if bench_args.bench in missing:
+        parser.exit(2, f"slipstream bench: {bench_args.bench!r} is not available: {missing[bench_args.bench]}\n")
+    if extras:
+        parser.error(f"unrecognized arguments: {' '.join(extras)}")
+    func = getattr(bench_args, "func", None)
+    if func is None:
+        parser.exit(2, f"slipstream bench: {bench_args.bench!r} registered no func (set_defaults(func=...))\n")
+    result = func(bench_args)
+    if hasattr(result, "__await__"):
+        import asyncio
+
+        result = asyncio.run(result)
+    return int(result or 0)

@@ -1,0 +1,327 @@
+"""What a local stack is made of: `StackSpec`, the CLI flags that build it, and their validation.
+
+`slipstream up`, `slipstream demo` and the e2e tests describe a stack the same way: which
+services, which servers (started here or given by URL), which object store, where the run's
+files go. Everything here is pure (no processes, no sockets) so it is cheap to import from the
+argument parser and to unit-test; `slipstream.cli.stack` turns a spec into processes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+from urllib.parse import urlsplit
+
+# Canonical names (as in services/<name>/ and DESIGN.md), in start order: consumers of the
+# weights first is not needed since every service waits for its own streams.
+SERVICES: tuple[str, ...] = ("rollout-worker", "reward-model", "learner", "weight-publisher", "eval-gate")
+
+HOME = Path(".slipstream")
+"""Per-checkout state: runs/<timestamp>/ and the `current` pointer to the latest run."""
+
+_BUCKET = re.compile(r"^[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9]$")
+_ENV_KEY = re.compile(r"^SLIPSTREAM_[A-Z0-9_]+__[A-Z0-9_]+$")
+
+
+def module_of(service: str) -> str:
+    """The Python module a service runs as: `reward-model` -> `slipstream.reward_model`."""
+    return "slipstream." + service.replace("-", "_")
+
+
+@dataclass(frozen=True)
+class StoreSpec:
+    """The object store every service shares: a local directory or an S3 bucket/prefix."""
+
+    type: Literal["local", "s3"]
+    root: str = ""
+    url: str = ""
+    endpoint_url: str = ""
+
+    def env(self) -> dict[str, str]:
+        """SLIPSTREAM_STORE__* variables (fields of slipstream.store.config.StoreConfig)."""
+        if self.type == "local":
+            return {"SLIPSTREAM_STORE__TYPE": "local", "SLIPSTREAM_STORE__ROOT": self.root}
+        out = {"SLIPSTREAM_STORE__TYPE": "s3", "SLIPSTREAM_STORE__URL": self.url}
+        if self.endpoint_url:
+            out["SLIPSTREAM_STORE__ENDPOINT_URL"] = self.endpoint_url
+        return out
+
+    def describe(self) -> str:
+        if self.type == "local":
+            return self.root
+        return self.url + (f" @ {self.endpoint_url}" if self.endpoint_url else "")
+
+
+@dataclass(frozen=True)
+class StackSpec:
+    """Everything needed to start one local stack. Paths are made absolute by `normalized()`."""
+
+    run_dir: Path
+    services: tuple[str, ...] = SERVICES
+    nats_url: str | None = None
+    redis_url: str | None = None
+    store: StoreSpec | None = None
+    traces: Path | None = None
+    run_id: str = ""
+    ready_timeout_s: float = 120.0
+    drain_timeout_s: float = 20.0
+    env: Mapping[str, str] = field(default_factory=dict)
+    home: Path = HOME
+    commands: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    """Per-service argv replacing `python -m slipstream.<pkg>` (a profiler, a test double)."""
+
+    @property
+    def log_dir(self) -> Path:
+        return self.run_dir / "logs"
+
+    @property
+    def data_dir(self) -> Path:
+        return self.run_dir / "data"
+
+    def normalized(self) -> StackSpec:
+        """Absolute paths, a run id and a store filled in (local directory under the run by default)."""
+        run_dir = self.run_dir.expanduser().resolve()
+        store = self.store or StoreSpec(type="local", root=str(run_dir / "data" / "store"))
+        if store.type == "local":
+            store = StoreSpec(type="local", root=str(Path(store.root).expanduser().resolve()))
+        return StackSpec(
+            run_dir=run_dir,
+            services=self.services,
+            nats_url=self.nats_url,
+            redis_url=self.redis_url,
+            store=store,
+            traces=self.traces.expanduser().resolve() if self.traces else None,
+            run_id=self.run_id or run_dir.name,
+            ready_timeout_s=self.ready_timeout_s,
+            drain_timeout_s=self.drain_timeout_s,
+            env=dict(self.env),
+            home=self.home.expanduser().resolve(),
+            commands={k: tuple(v) for k, v in self.commands.items()},
+        )
+
+    def traces_file(self, service: str) -> Path | None:
+        """One span file per service (`traces.jsonl` -> `traces.reward-model.jsonl`).
+
+        Separate files because several processes appending to one file can interleave lines
+        longer than the pipe-atomic size; readers glob `<stem>.*<suffix>`.
+        """
+        if self.traces is None:
+            return None
+        return self.traces.with_name(f"{self.traces.stem}.{service}{self.traces.suffix}")
+
+
+# ---- argument types: each raises ArgumentTypeError with a message naming what was wrong ----
+
+
+def parse_services(raw: str) -> tuple[str, ...]:
+    """`a,b,c` -> canonical names in start order; `all` (every service) or `none` (servers only).
+
+    Both spellings are accepted (`reward-model`, `reward_model`).
+    """
+    text = raw.strip().lower()
+    if text == "none":
+        return ()
+    if text in ("", "all"):
+        return SERVICES
+    wanted: list[str] = []
+    for part in text.split(","):
+        name = part.strip().replace("_", "-")
+        if not name:
+            continue
+        if name not in SERVICES:
+            raise argparse.ArgumentTypeError(
+                f"unknown service {part.strip()!r}; valid names: {', '.join(SERVICES)} (or 'all', 'none')"
+            )
+        if name not in wanted:
+            wanted.append(name)
+    if not wanted:
+        raise argparse.ArgumentTypeError(f"no service named in {raw!r}; valid names: {', '.join(SERVICES)}")
+    return tuple(s for s in SERVICES if s in wanted)
+
+
+def parse_store(raw: str) -> StoreSpec:
+    """A directory path (local store) or `s3://bucket/prefix`."""
+    text = raw.strip()
+    if not text:
+        raise argparse.ArgumentTypeError("empty store; give a directory or s3://bucket/prefix")
+    if "://" not in text:
+        return StoreSpec(type="local", root=text)
+    parts = urlsplit(text)
+    if parts.scheme != "s3":
+        raise argparse.ArgumentTypeError(
+            f"unsupported store URL scheme {parts.scheme!r} in {raw!r}; give a directory or s3://bucket/prefix"
+        )
+    bucket = parts.netloc
+    if not bucket:
+        raise argparse.ArgumentTypeError(f"store URL {raw!r} has no bucket; expected s3://bucket/prefix")
+    if not _BUCKET.match(bucket) or ".." in bucket:
+        raise argparse.ArgumentTypeError(
+            f"store URL {raw!r}: {bucket!r} is not a valid S3 bucket name "
+            "(3-63 characters: lowercase letters, digits, '.', '-')"
+        )
+    if parts.query or parts.fragment:
+        raise argparse.ArgumentTypeError(f"store URL {raw!r}: a query or fragment is not allowed")
+    prefix = parts.path.strip("/")
+    return StoreSpec(type="s3", url=f"s3://{bucket}/{prefix}" if prefix else f"s3://{bucket}")
+
+
+def parse_http_url(raw: str) -> str:
+    """An S3-compatible endpoint: http(s)://host[:port]."""
+    parts = urlsplit(raw.strip())
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise argparse.ArgumentTypeError(f"endpoint {raw!r} is not an http(s)://host[:port] URL")
+    try:
+        parts.port  # noqa: B018 - raises ValueError on a bad port
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"endpoint {raw!r}: {exc}") from None
+    return raw.strip().rstrip("/")
+
+
+def _server_url(raw: str, schemes: tuple[str, ...], what: str) -> str:
+    parts = urlsplit(raw.strip())
+    if parts.scheme not in schemes or not parts.hostname:
+        raise argparse.ArgumentTypeError(f"{what} URL {raw!r} must look like {schemes[0]}://host:port")
+    try:
+        parts.port  # noqa: B018 - raises ValueError on a bad port
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"{what} URL {raw!r}: {exc}") from None
+    return raw.strip()
+
+
+def parse_nats_url(raw: str) -> str:
+    return _server_url(raw, ("nats", "tls"), "NATS")
+
+
+def parse_redis_url(raw: str) -> str:
+    return _server_url(raw, ("redis", "rediss"), "Redis")
+
+
+def parse_env(raw: str) -> tuple[str, str]:
+    """`SLIPSTREAM_<SECTION>__<FIELD>=value`: extra config for the services, as env vars only."""
+    key, sep, value = raw.partition("=")
+    key = key.strip()
+    if not sep or not _ENV_KEY.match(key):
+        raise argparse.ArgumentTypeError(
+            f"--env {raw!r}: expected SLIPSTREAM_<SECTION>__<FIELD>=VALUE (e.g. SLIPSTREAM_TELEMETRY__LOG_LEVEL=debug)"
+        )
+    return key, value
+
+
+def positive_float(raw: str) -> float:
+    try:
+        value = float(raw)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{raw!r} is not a number") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{raw!r} must be > 0")
+    return value
+
+
+def default_run_dir(home: Path = HOME, now: float | None = None) -> Path:
+    """`<home>/runs/<YYYYmmdd-HHMMSS>`, with a suffix when that second is taken."""
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(now))
+    base = home / "runs" / stamp
+    candidate, n = base, 1
+    while candidate.exists():
+        n += 1
+        candidate = base.with_name(f"{stamp}-{n}")
+    return candidate
+
+
+def add_stack_arguments(parser: argparse.ArgumentParser) -> None:
+    """The flags `up` and `demo` share."""
+    g = parser.add_argument_group("stack")
+    g.add_argument(
+        "--run-dir",
+        type=Path,
+        metavar="DIR",
+        help="run directory: logs/<name>.log, data/, stack.json (default: .slipstream/runs/<timestamp>)",
+    )
+    g.add_argument(
+        "--run-id", default="", metavar="ID", help="SLIPSTREAM_SERVICE__RUN_ID (default: the run dir's name)"
+    )
+    g.add_argument(
+        "--services",
+        type=parse_services,
+        default=SERVICES,
+        metavar="A,B,C",
+        help=f"services to start: a subset of {','.join(SERVICES)}, 'all' (default) or 'none'",
+    )
+    g.add_argument(
+        "--nats-url",
+        type=parse_nats_url,
+        metavar="URL",
+        help="use this NATS (JetStream) server instead of starting one; it is left running",
+    )
+    g.add_argument(
+        "--redis-url",
+        type=parse_redis_url,
+        metavar="URL",
+        help="use this Redis instead of starting one; it is left running",
+    )
+    g.add_argument(
+        "--store",
+        type=parse_store,
+        metavar="PATH|s3://BUCKET/PREFIX",
+        help="object store (default: a directory under the run dir)",
+    )
+    g.add_argument(
+        "--s3-endpoint",
+        type=parse_http_url,
+        metavar="URL",
+        help="S3-compatible endpoint for an s3:// store (credentials from the AWS_* env)",
+    )
+    g.add_argument(
+        "--traces",
+        type=Path,
+        metavar="FILE",
+        help="write spans as JSON lines, one file per service: FILE=traces.jsonl -> traces.<service>.jsonl",
+    )
+    g.add_argument(
+        "--env",
+        type=parse_env,
+        action="append",
+        default=[],
+        metavar="SLIPSTREAM_S__F=V",
+        help="extra config for every service, as a config env var (repeatable)",
+    )
+    g.add_argument(
+        "--ready-timeout",
+        type=positive_float,
+        default=120.0,
+        metavar="S",
+        help="seconds to wait for every /readyz (default: 120)",
+    )
+    g.add_argument(
+        "--drain-timeout",
+        type=positive_float,
+        default=20.0,
+        metavar="S",
+        help="services' drain budget on stop (SLIPSTREAM_SERVICE__DRAIN_TIMEOUT_S), then SIGKILL (default: 20)",
+    )
+
+
+def spec_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser) -> StackSpec:
+    """Cross-flag checks (reported through `parser.error`) and the spec the flags describe."""
+    store: StoreSpec | None = args.store
+    if args.s3_endpoint:
+        if store is None or store.type != "s3":
+            parser.error("--s3-endpoint needs an S3 store: --store s3://bucket/prefix")
+        store = StoreSpec(type="s3", url=store.url, endpoint_url=args.s3_endpoint)
+    return StackSpec(
+        run_dir=args.run_dir or default_run_dir(),
+        services=tuple(args.services),
+        nats_url=args.nats_url,
+        redis_url=args.redis_url,
+        store=store,
+        traces=args.traces,
+        run_id=args.run_id,
+        ready_timeout_s=args.ready_timeout,
+        drain_timeout_s=args.drain_timeout,
+        env=dict(args.env),
+    )

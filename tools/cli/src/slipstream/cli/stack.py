@@ -1,0 +1,414 @@
+"""A running local stack: servers and the five services as processes, ready-checked and stopped by PID.
+
+`Stack(spec)` is what `slipstream up`, `slipstream demo` and the e2e tests share:
+
+    with Stack(StackSpec(run_dir=tmp, services=("reward-model",))) as stack:
+        stack.wait_ready()
+        ...                                   # stack.info() has every URL, port and PID
+
+`start()` starts nats-server (JetStream) and redis-server unless URLs were given, makes the local
+store directory, then one `python -m slipstream.<pkg>` per service, configured only through
+SLIPSTREAM_<SECTION>__<FIELD> variables. `stop()` sends SIGTERM to every service at once, waits
+their drain budget, SIGKILLs what is left, then stops the servers it started (Redis, then NATS)
+— never a server it was given by URL.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import signal
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from slipstream.cli.probe import HOST, probe_http, probe_tcp, url_endpoint
+from slipstream.cli.spec import StackSpec, module_of
+from slipstream.cli.stop_signals import StopFlag
+from slipstream.stack import ManagedProcess, ProcessGroup, Server, free_port, start_nats, start_redis
+
+STATE_FILE = "stack.json"
+KILL_GRACE_S = 5.0
+"""Extra wait past the services' own drain budget before SIGKILL (their shutdown needs a moment)."""
+
+# Variables the stack sets itself; `--env` may not override them (the stack.json would lie).
+OWNED_ENV = (
+    "SLIPSTREAM_BUS__TYPE",
+    "SLIPSTREAM_BUS__URL",
+    "SLIPSTREAM_STORE__TYPE",
+    "SLIPSTREAM_STORE__ROOT",
+    "SLIPSTREAM_STORE__URL",
+    "SLIPSTREAM_STORE__ENDPOINT_URL",
+    "SLIPSTREAM_SERVICE__REDIS_URL",
+    "SLIPSTREAM_SERVICE__RUN_ID",
+    "SLIPSTREAM_SERVICE__HTTP_HOST",
+    "SLIPSTREAM_SERVICE__HTTP_PORT",
+    "SLIPSTREAM_SERVICE__DRAIN_TIMEOUT_S",
+    "SLIPSTREAM_TELEMETRY__LOG_FORMAT",
+    "SLIPSTREAM_TELEMETRY__TRACES",
+    "SLIPSTREAM_TELEMETRY__TRACES_FILE",
+)
+
+
+class StackError(RuntimeError):
+    """The stack could not start or become ready; `tails` holds the last log lines of the culprits."""
+
+    def __init__(self, message: str, tails: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.tails = tails or {}
+
+
+class StackInterrupted(Exception):
+    """A stop was requested (SIGINT/SIGTERM) while the stack was starting or waiting."""
+
+
+@dataclass
+class ServerHandle:
+    """NATS or Redis: started here (`server` set, stopped by us) or given by URL (left alone)."""
+
+    name: str
+    url: str
+    server: Server | None
+
+    @property
+    def managed(self) -> bool:
+        return self.server is not None
+
+    @property
+    def pid(self) -> int | None:
+        return self.server.pid if self.server else None
+
+    @property
+    def log_path(self) -> Path | None:
+        return self.server.process.log_path if self.server else None
+
+    def alive(self) -> bool:
+        return self.server.process.alive() if self.server else True
+
+    def reachable(self) -> bool:
+        return probe_tcp(*url_endpoint(self.url, 4222 if self.name == "nats" else 6379))
+
+
+@dataclass
+class ServiceProcess:
+    name: str
+    port: int
+    process: ManagedProcess
+    traces_file: Path | None
+    ready_after_s: float | None = None
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    @property
+    def url(self) -> str:
+        return f"http://{HOST}:{self.port}"
+
+    def alive(self) -> bool:
+        return self.process.alive()
+
+    @property
+    def returncode(self) -> int | None:
+        return self.process.proc.poll()
+
+
+class Stack:
+    """One local stack. Not thread-safe; a signal handler may call `interrupt.set()` or `force_stop()`."""
+
+    def __init__(
+        self,
+        spec: StackSpec,
+        *,
+        interrupt: StopFlag | None = None,
+        log: Callable[[str], None] | None = None,
+        kill_grace_s: float = KILL_GRACE_S,
+    ) -> None:
+        self.spec = spec.normalized()
+        self.kill_grace_s = kill_grace_s
+        self.interrupt = interrupt or StopFlag()
+        self._log = log or (lambda _msg: None)
+        self._force = False
+        self.group = ProcessGroup()
+        self.servers: dict[str, ServerHandle] = {}
+        self.services: dict[str, ServiceProcess] = {}
+        self.state = "new"
+        self.started_at = 0.0
+        self.exit_codes: dict[str, int | None] = {}
+        self._reported: set[str] = set()
+        self._state_written = False
+
+    # ---- start ----
+
+    def start(self) -> Stack:
+        if self.state != "new":
+            raise StackError(f"stack already {self.state}")
+        self._check_buildable()
+        self.state = "starting"
+        self.started_at = time.monotonic()
+        spec = self.spec
+        try:
+            spec.log_dir.mkdir(parents=True, exist_ok=True)
+            spec.data_dir.mkdir(parents=True, exist_ok=True)
+            self.servers["nats"] = self._server("nats", spec.nats_url, start_nats)
+            self.servers["redis"] = self._server("redis", spec.redis_url, start_redis)
+            assert spec.store is not None
+            if spec.store.type == "local":
+                Path(spec.store.root).mkdir(parents=True, exist_ok=True)
+            for name in spec.services:
+                self._check_interrupt()
+                port = free_port()
+                argv = spec.commands.get(name) or (sys.executable, "-m", module_of(name))
+                proc = ManagedProcess(name, argv, spec.log_dir / f"{name}.log", self.service_env(name, port))
+                self.group.add(proc)
+                self.services[name] = ServiceProcess(name, port, proc, spec.traces_file(name))
+                self._log(f"started {name} (pid {proc.pid}, port {port})")
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _check_buildable(self) -> None:
+        clash = sorted(k for k in self.spec.env if k in OWNED_ENV)
+        if clash:
+            raise StackError(f"{', '.join(clash)} is set by the stack itself; use the matching flag instead of --env")
+        missing = [
+            n
+            for n in self.spec.services
+            if n not in self.spec.commands and importlib.util.find_spec(module_of(n) + ".__main__") is None
+        ]
+        if missing:
+            raise StackError(
+                "cannot run "
+                + ", ".join(f"{n} ({module_of(n)} has no __main__)" for n in missing)
+                + "; is the service installed (make install)?"
+            )
+
+    def _server(self, name: str, url: str | None, starter: Callable[[Path, Path], Server]) -> ServerHandle:
+        self._check_interrupt()
+        if url is not None:
+            handle = ServerHandle(name, url, None)
+            if not handle.reachable():
+                raise StackError(f"{name} at {url} is not reachable (nothing listening)")
+            self._log(f"using {name} at {url}")
+            return handle
+        server = starter(self.spec.data_dir / name, self.spec.log_dir)
+        self.group.on_stop(server.stop)  # ProcessGroup runs these last-first: Redis, then NATS
+        self._log(f"started {name} at {server.url} (pid {server.pid})")
+        return ServerHandle(name, server.url, server)
+
+    def service_env(self, name: str, port: int) -> dict[str, str]:
+        """The child's environment: inherited, plus --env, plus the stack's own config variables."""
+        spec = self.spec
+        assert spec.store is not None
+        env = dict(os.environ)
+        env.update(spec.env)
+        env.update(spec.store.env())
+        env.update(
+            {
+                "SLIPSTREAM_BUS__TYPE": "nats",
+                "SLIPSTREAM_BUS__URL": self.servers["nats"].url,
+                "SLIPSTREAM_SERVICE__REDIS_URL": self.servers["redis"].url,
+                "SLIPSTREAM_SERVICE__RUN_ID": spec.run_id,
+                "SLIPSTREAM_SERVICE__HTTP_HOST": HOST,
+                "SLIPSTREAM_SERVICE__HTTP_PORT": str(port),
+                "SLIPSTREAM_SERVICE__DRAIN_TIMEOUT_S": str(spec.drain_timeout_s),
+                "SLIPSTREAM_TELEMETRY__LOG_FORMAT": "json",
+                # Not a config field: Python's own switch, so a dying service's last lines reach its log.
+                "PYTHONUNBUFFERED": "1",
+            }
+        )
+        traces = spec.traces_file(name)
+        if traces is not None:
+            env["SLIPSTREAM_TELEMETRY__TRACES"] = "file"
+            env["SLIPSTREAM_TELEMETRY__TRACES_FILE"] = str(traces)
+        return env
+
+    def _check_interrupt(self) -> None:
+        if self.interrupt.is_set():
+            raise StackInterrupted("stop requested while starting")
+
+    # ---- readiness and supervision ----
+
+    def wait_ready(self, timeout_s: float | None = None) -> float:
+        """Block until every service's /readyz answers 200; returns seconds since start().
+
+        Raises StackError naming the service that exited or is still not ready (with its log
+        tail), StackInterrupted if a stop was requested. The stack is left running either way.
+        """
+        budget = self.spec.ready_timeout_s if timeout_s is None else timeout_s
+        deadline = time.monotonic() + budget
+        pending = [s for s in self.services.values() if s.ready_after_s is None]
+        while True:
+            self._check_interrupt()
+            for handle in self.servers.values():
+                if not handle.alive():
+                    tail = handle.server.process.tail() if handle.server else ""
+                    raise StackError(f"{handle.name} exited while the stack was starting", {handle.name: tail})
+            for svc in list(pending):
+                if not svc.alive():
+                    raise StackError(
+                        f"{svc.name} exited with code {svc.returncode} before it was ready",
+                        {svc.name: svc.process.tail()},
+                    )
+                if probe_http(svc.port, "/readyz", timeout_s=0.5) == 200:
+                    svc.ready_after_s = time.monotonic() - self.started_at
+                    pending.remove(svc)
+                    self._log(f"{svc.name} ready after {svc.ready_after_s:.1f} s")
+            if not pending:
+                self.state = "ready"
+                return time.monotonic() - self.started_at
+            if time.monotonic() >= deadline:
+                names = [s.name for s in pending]
+                raise StackError(
+                    f"not ready after {budget:.0f} s: {', '.join(names)}", {s.name: s.process.tail() for s in pending}
+                )
+            self.interrupt.sleep(0.2)
+
+    def poll_exits(self) -> list[tuple[str, int | None]]:
+        """Processes (services, and servers we started) that died since the last call."""
+        out: list[tuple[str, int | None]] = []
+        for svc in self.services.values():
+            if svc.name not in self._reported and not svc.alive():
+                self._reported.add(svc.name)
+                out.append((svc.name, svc.returncode))
+        for handle in self.servers.values():
+            if handle.server and handle.name not in self._reported and not handle.alive():
+                self._reported.add(handle.name)
+                out.append((handle.name, handle.server.process.proc.poll()))
+        return out
+
+    def tail(self, name: str, n: int = 40) -> str:
+        if name in self.services:
+            return self.services[name].process.tail(n)
+        handle = self.servers.get(name)
+        return handle.server.process.tail(n) if handle and handle.server else ""
+
+    def health(self) -> list[dict[str, Any]]:
+        """One row per process for the table: name, pid, url, health, log (probed now)."""
+        rows: list[dict[str, Any]] = []
+        for h in self.servers.values():
+            if not h.alive():
+                health = f"exited ({h.server.process.proc.poll() if h.server else '?'})"
+            else:
+                health = ("up" if h.reachable() else "unreachable") + ("" if h.managed else " (external)")
+            rows.append({"name": h.name, "pid": h.pid, "url": h.url, "health": health, "log": h.log_path})
+        for s in self.services.values():
+            if not s.alive():
+                health = f"exited ({s.returncode})"
+            else:
+                status = probe_http(s.port, "/readyz", timeout_s=0.5)
+                health = "ready" if status == 200 else f"not ready ({status or 'no answer'})"
+            rows.append({"name": s.name, "pid": s.pid, "url": s.url, "health": health, "log": s.process.log_path})
+        return rows
+
+    # ---- state file ----
+
+    def info(self) -> dict[str, Any]:
+        """What stack.json holds: later commands (`slipstream status`, ...) read it."""
+        spec = self.spec
+        assert spec.store is not None
+        return {
+            "version": 1,
+            "state": self.state,
+            "run_id": spec.run_id,
+            "run_dir": str(spec.run_dir),
+            "supervisor_pid": os.getpid(),
+            "started_at": time.time() - (time.monotonic() - self.started_at),
+            "servers": {
+                h.name: {
+                    "url": h.url,
+                    "port": url_endpoint(h.url, 0)[1],
+                    "pid": h.pid,
+                    "managed": h.managed,
+                    "log": str(h.log_path) if h.log_path else None,
+                }
+                for h in self.servers.values()
+            },
+            "store": {
+                "type": spec.store.type,
+                "root": spec.store.root,
+                "url": spec.store.url,
+                "endpoint_url": spec.store.endpoint_url,
+            },
+            "services": {
+                s.name: {
+                    "module": module_of(s.name),
+                    "pid": s.pid,
+                    "port": s.port,
+                    "url": s.url,
+                    "log": str(s.process.log_path),
+                    "traces_file": str(s.traces_file) if s.traces_file else None,
+                    "ready_after_s": s.ready_after_s,
+                }
+                for s in self.services.values()
+            },
+            "exit_codes": dict(self.exit_codes),
+        }
+
+    def write_state(self) -> Path:
+        """Write run_dir/stack.json (atomically) and point <home>/current at the run dir."""
+        path = self.spec.run_dir / STATE_FILE
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(json.dumps(self.info(), indent=2) + "\n")
+        os.replace(tmp, path)
+        self._state_written = True
+        home = self.spec.home
+        home.mkdir(parents=True, exist_ok=True)
+        try:
+            target = os.path.relpath(self.spec.run_dir, home)
+        except ValueError:
+            target = str(self.spec.run_dir)
+        link = home / "current"
+        tmp_link = home / f".current.{os.getpid()}"
+        try:
+            if tmp_link.is_symlink() or tmp_link.exists():
+                tmp_link.unlink()
+            tmp_link.symlink_to(target, target_is_directory=True)
+            os.replace(tmp_link, link)
+        except OSError as exc:
+            # The run is fine without the pointer; say why `slipstream status` will not find it.
+            if tmp_link.is_symlink():
+                tmp_link.unlink()
+            self._log(f"warning: could not point {link} at {self.spec.run_dir}: {exc}")
+        return path
+
+    # ---- stop ----
+
+    def force_stop(self) -> None:
+        """Make a stop in progress SIGKILL now (a second Ctrl-C)."""
+        self._force = True
+
+    def stop(self) -> dict[str, int | None]:
+        """Services first (SIGTERM together, drain budget, SIGKILL), then the servers we started. Idempotent."""
+        if self.state == "stopped":
+            return self.exit_codes
+        alive = [s for s in self.services.values() if s.alive()]
+        if alive:
+            self._log(f"stopping {len(alive)} service(s) (drain budget {self.spec.drain_timeout_s:.0f} s)")
+        for s in alive:
+            s.process.send(signal.SIGTERM)
+        deadline = time.monotonic() + self.spec.drain_timeout_s + self.kill_grace_s
+        while any(s.alive() for s in alive) and time.monotonic() < deadline and not self._force:
+            time.sleep(0.05)
+        for s in alive:
+            if s.alive():
+                self._log(f"{s.name} did not stop in time: SIGKILL")
+                s.process.send(signal.SIGKILL)
+        # Reaps every child, closes logs, then runs the server stops (Redis, then NATS).
+        self.group.stop(timeout_s=max(self.kill_grace_s, 1.0))
+        self.exit_codes = {s.name: s.returncode for s in self.services.values()}
+        self.state = "stopped"
+        if self._state_written:
+            self.write_state()
+        return self.exit_codes
+
+    def __enter__(self) -> Stack:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

@@ -1,0 +1,90 @@
+"""`slipstream up`: start the local stack, wait until every service is ready, supervise until Ctrl-C.
+
+Exit codes: 0 after an orderly stop (SIGINT/SIGTERM), 1 when the stack could not become ready or
+a process died (unless --keep-going), 2 for bad arguments, 130 when interrupted while starting.
+Only argparse is imported at module level so `slipstream --help` stays instant.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import TYPE_CHECKING, Any
+
+from slipstream.cli.spec import add_stack_arguments, spec_from_args
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from slipstream.cli.stack import Stack
+
+SUPERVISE_INTERVAL_S = 0.5
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser(
+        "up",
+        help="start NATS, Redis, the object store and the services; Ctrl-C stops everything",
+        description=(
+            "Start an embedded nats-server (JetStream), redis-server, a local object store and the five "
+            "services as processes on free loopback ports; wait for every /readyz; write RUN_DIR/stack.json "
+            "and .slipstream/current; supervise until SIGINT/SIGTERM, then stop services, Redis and NATS."
+        ),
+    )
+    add_stack_arguments(p)
+    p.add_argument(
+        "--keep-going", action="store_true", help="report a process that dies but keep the rest running (exit 0)"
+    )
+    p.set_defaults(func=run, parser=p)
+
+
+def run(args: argparse.Namespace) -> int:
+    spec = spec_from_args(args, args.parser)
+
+    from rich.console import Console
+
+    from slipstream.cli.health_table import health_table
+    from slipstream.cli.stack import Stack, StackError, StackInterrupted
+    from slipstream.cli.stop_signals import StopSignals
+
+    console = Console(highlight=False, soft_wrap=True)
+    stack = Stack(spec, log=lambda msg: console.print(f"[dim]·[/dim] {msg}"))
+    with StopSignals(stack):
+        console.print(f"slipstream up: run [bold]{stack.spec.run_id}[/bold] in {stack.spec.run_dir}")
+        try:
+            try:
+                stack.start()
+                took = stack.wait_ready()
+            except StackInterrupted:
+                console.print("interrupted while starting; stopping")
+                return 130
+            except StackError as exc:
+                console.print(f"[red]slipstream up: {exc}[/red]")
+                for name, tail in exc.tails.items():
+                    console.rule(f"last lines of {name}'s log")
+                    console.print(tail or "(empty)", markup=False)
+                return 1
+            state = stack.write_state()
+            console.print(health_table(stack.health()))
+            console.print(
+                f"ready in {took:.1f} s; logs in {stack.spec.log_dir}/<name>.log; state in {state}\n"
+                "Ctrl-C stops everything" + (" (--keep-going: deaths are reported only)" if args.keep_going else "")
+            )
+            return _supervise(stack, console, keep_going=args.keep_going)
+        finally:
+            # Every way out (signal, death, error, a bug above) stops what was started.
+            codes = stack.stop()
+            servers = [h.name for h in reversed(stack.servers.values()) if h.managed]
+            done = [f"{n} (exit {c})" for n, c in codes.items()] + servers
+            console.print("stopped" + (": " + ", ".join(done) if done else ""))
+
+
+def _supervise(stack: Stack, console: Console, *, keep_going: bool) -> int:
+    """Watch the processes until a stop is requested; 1 at the first death unless keep_going."""
+    while not stack.interrupt.sleep(SUPERVISE_INTERVAL_S):
+        for name, code in stack.poll_exits():
+            console.print(f"[red]{name} exited with code {code}[/red]")
+            console.rule(f"last lines of {name}'s log")
+            console.print(stack.tail(name) or "(empty)", markup=False)
+            if not keep_going:
+                return 1
+    return 0
