@@ -6,8 +6,10 @@ stops anything it spawned, and `ProcessGroup` stops its children in reverse star
 
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
+import sys
 import socket
 import subprocess
 import time
@@ -50,6 +52,18 @@ def pid_alive(pid: int) -> bool:
         return False
 
 
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:  # pragma: no cover - runs in the forked child
+    """Ask the kernel to SIGTERM this child when the process that started it dies (even by SIGKILL).
+
+    Without it a SIGKILLed `slipstream up` would leave servers and services running.
+    """
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+
+
 class ManagedProcess:
     """One child process with a name, a log file and a PID."""
 
@@ -60,6 +74,7 @@ class ManagedProcess:
         log_path: Path,
         env: Mapping[str, str] | None = None,
         cwd: str | Path | None = None,
+        die_with_parent: bool = True,
     ) -> None:
         self.name = name
         self.argv = list(argv)
@@ -74,6 +89,7 @@ class ManagedProcess:
             env=dict(env) if env is not None else None,
             cwd=cwd,
             start_new_session=True,
+            preexec_fn=_die_with_parent if die_with_parent and sys.platform == "linux" else None,
         )
 
     @property
