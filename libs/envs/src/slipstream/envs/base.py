@@ -1,0 +1,298 @@
+"""The environment interface: task specs, episodes, steps and scores.
+
+An environment is what a rollout plays against and what judges its outcome. The same object runs
+in the rollout worker (`generate`, `reset`, `step`), in the reward model (`score`) and in the eval
+gate (the held-out split), so a policy is trained in the harness it is deployed in.
+
+Episode contract, the same for single- and multi-turn environments:
+
+- `reset(task)` opens an `Episode`; its first observation is the task's prompt.
+- The worker generates a model output and calls `step(episode, output)`. The policy's tokens are
+  exactly the model outputs: they carry loss mask 1 and the policy version that sampled them.
+- A step that returns an observation (a tool result, a token-budget line) asks the worker to
+  append that text's tokens to the sequence with loss mask 0 (context, never trained; a `Turn`
+  with role "observation" in the trajectory) and to generate again.
+- `done=True` ends the episode. Single-turn environments are done after one step and return no
+  observation. `max_turns` bounds every episode; a step past it ends the episode with
+  `info["truncated"] = "max_turns"`.
+- `score(task, completion)` judges an outcome with named components that sum to the reward. It
+  never raises: a broken or unparsable completion is a failure score (reward 0.0, every component
+  0.0, `parse_ok=False`) whose `reason` says why.
+"""
+
+from __future__ import annotations
+
+import abc
+import hashlib
+import logging
+import random
+from typing import Annotated, Any, ClassVar, Generic, Literal, TypeVar, cast, get_args
+
+import msgspec
+
+from slipstream.schemas import Task
+
+Doc = msgspec.Meta
+Split = Literal["train", "heldout"]
+SPLITS: tuple[str, ...] = get_args(Split)
+Role = Literal["observation", "policy"]
+
+log = logging.getLogger(__name__)
+
+OptionsT = TypeVar("OptionsT", bound=msgspec.Struct)
+
+
+class TaskSpec(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
+    """One generated task, as the environment knows it; travels as a `slipstream.schemas.Task`."""
+
+    task_id: Annotated[str, Doc(description="Unique per (env, split, seed, index); the advantage group key.")]
+    env: Annotated[str, Doc(description="Registered environment name.")]
+    prompt: Annotated[str, Doc(description="First observation shown to the policy.")]
+    reference: Annotated[str, Doc(description="Reference answer for the verifier; never shown to the policy.")]
+    seed: Annotated[int, Doc(description="Seed of the `generate` call that produced this task.")]
+    split: Annotated[Split, Doc(description="'train' or 'heldout'.")]
+    metadata: Annotated[dict[str, str], Doc(description="String tags; 'key' is the canonical problem key.")] = {}
+
+    def to_task(self, *, run_id: str = "", group_size: int = 1, created_at: float = 0.0) -> Task:
+        """The wire form, with the dispatch fields only the task source knows."""
+        return Task(
+            task_id=self.task_id,
+            env=self.env,
+            prompt=self.prompt,
+            reference=self.reference,
+            seed=self.seed,
+            split=self.split,
+            metadata=dict(self.metadata),
+            run_id=run_id,
+            group_size=group_size,
+            created_at=created_at,
+        )
+
+    @classmethod
+    def from_task(cls, task: Task) -> TaskSpec:
+        """Back from the wire; a split other than 'train'/'heldout' is an error naming it."""
+        if task.split not in SPLITS:
+            raise ValueError(f"task {task.task_id!r} has split {task.split!r}; expected one of {SPLITS}")
+        return cls(
+            task_id=task.task_id,
+            env=task.env,
+            prompt=task.prompt,
+            reference=task.reference,
+            seed=task.seed,
+            split=cast(Split, task.split),
+            metadata=dict(task.metadata),
+        )
+
+
+class Problem(msgspec.Struct, kw_only=True, frozen=True):
+    """What an environment draws: a canonical key (the problem's identity), its prompt and answer."""
+
+    key: str
+    prompt: str
+    reference: str
+
+
+class Message(msgspec.Struct, kw_only=True, frozen=True):
+    """One span of an episode's text: an observation (not trained) or a policy output (trained)."""
+
+    role: Role
+    text: str
+
+
+class Episode(msgspec.Struct, kw_only=True):
+    """A rollout in progress: the task, the transcript so far and env-private state."""
+
+    task: TaskSpec
+    messages: list[Message]
+    done: bool = False
+    turns: Annotated[int, Doc(description="Policy outputs taken so far.")] = 0
+    state: Annotated[dict[str, Any], Doc(description="Environment-private state (budgets, seen ids).")] = {}
+
+    @property
+    def observation(self) -> str:
+        """The latest observation: what the worker feeds the model next."""
+        for message in reversed(self.messages):
+            if message.role == "observation":
+                return message.text
+        return ""
+
+    def completion(self) -> str:
+        """Everything after the prompt, policy outputs and later observations interleaved."""
+        return "".join(m.text for m in self.messages[1:])
+
+    def policy_text(self) -> str:
+        """Only the policy's outputs, concatenated: the tokens a loss is computed on."""
+        return "".join(m.text for m in self.messages if m.role == "policy")
+
+
+class StepResult(msgspec.Struct, kw_only=True, frozen=True):
+    """What one step returns: the next observation (None when there is none) and whether it ended."""
+
+    observation: str | None
+    done: bool
+    info: dict[str, str] = {}
+
+
+class Score(msgspec.Struct, kw_only=True, frozen=True):
+    """A verifier's judgement: `reward` is the sum of `components` (build it with `Score.of`)."""
+
+    reward: float
+    components: dict[str, float]
+    correct: bool
+    parse_ok: bool
+    reason: str
+
+    @classmethod
+    def of(cls, components: dict[str, float], *, correct: bool, parse_ok: bool, reason: str) -> Score:
+        return cls(
+            reward=sum(components.values()),
+            components=dict(components),
+            correct=correct,
+            parse_ok=parse_ok,
+            reason=reason,
+        )
+
+
+class Environment(abc.ABC, Generic[OptionsT]):
+    """Base of every environment; subclasses set `Options`, `components` and implement `sample`, `grade`.
+
+    Splits: a problem's canonical key is hashed with the environment name; one key in
+    `heldout_one_in` is held out. The split depends on the key alone (not on options or seeds), so
+    `generate("train", ...)` never yields a held-out problem, under any options.
+    """
+
+    name: ClassVar[str] = ""  # set by `registry.register`
+    version: ClassVar[str] = "1"  # bump when prompts, parsing or reward change; part of scorer_version
+    Options: ClassVar[type[msgspec.Struct]]
+    components: ClassVar[tuple[str, ...]]  # reward component names, all present in every Score
+    heldout_one_in: ClassVar[int] = 8
+    terminator: ClassVar[str] = "\n"  # ends an answer; workers may use it as a stop string
+    max_turns: ClassVar[int] = 1  # multi-turn environments raise it
+
+    def __init__(self, options: OptionsT | None = None) -> None:
+        if options is not None and not isinstance(options, self.Options):
+            raise TypeError(f"{type(self).__name__} takes {self.Options.__name__}, got {type(options).__name__}")
+        self.options: OptionsT = options if options is not None else cast(OptionsT, self.Options())
+
+    # -- identity -------------------------------------------------------------------------------
+
+    @property
+    def scorer_version(self) -> str:
+        """`name@version`, plus a digest of the options when they differ from the defaults."""
+        base = f"{self.name}@{self.version}"
+        if self.options == self.Options():
+            return base
+        digest = hashlib.blake2b(msgspec.json.encode(self.options), digest_size=4).hexdigest()
+        return f"{base}+{digest}"
+
+    @property
+    def max_completion_chars(self) -> int:
+        """Longest sensible single output in characters (answer + terminator): a decoding bound."""
+        return 256
+
+    # -- tasks ----------------------------------------------------------------------------------
+
+    def split_of(self, key: str) -> Split:
+        """Which split a canonical problem key belongs to (stable across processes and options)."""
+        digest = hashlib.blake2b(f"{self.name}:{key}".encode(), digest_size=8).digest()
+        return "heldout" if int.from_bytes(digest, "little") % self.heldout_one_in == 0 else "train"
+
+    @abc.abstractmethod
+    def sample(self, rng: random.Random) -> Problem:
+        """Draw one problem (of either split) from this environment's distribution."""
+
+    def generate(self, split: Split, n: int, seed: int) -> list[TaskSpec]:
+        """`n` tasks of `split`, a pure function of (name, options, split, n, seed).
+
+        Problems are drawn with replacement, so a small key space repeats; the first k tasks of a
+        call are the same for every n >= k.
+        """
+        if split not in SPLITS:
+            raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+            raise ValueError(f"n must be a non-negative int, got {n!r}")
+        if isinstance(seed, bool) or not isinstance(seed, int):
+            raise ValueError(f"seed must be an int, got {seed!r}")
+        # String seeds are hashed with SHA-512 by `random`, so streams do not depend on PYTHONHASHSEED.
+        rng = random.Random(f"{self.name}|{split}|{seed}")
+        max_draws = 1000 + 64 * n
+        tasks: list[TaskSpec] = []
+        draws = 0
+        while len(tasks) < n:
+            if draws >= max_draws:
+                raise ValueError(
+                    f"{self.name}: drew {draws} problems and found only {len(tasks)} of split {split!r}; "
+                    f"options {msgspec.json.encode(self.options).decode()} leave too few {split} problems"
+                )
+            problem = self.sample(rng)
+            draws += 1
+            if self.split_of(problem.key) != split:
+                continue
+            tasks.append(
+                TaskSpec(
+                    task_id=f"{self.name}-{split}-{seed}-{len(tasks)}",
+                    env=self.name,
+                    prompt=problem.prompt,
+                    reference=problem.reference,
+                    seed=seed,
+                    split=split,
+                    metadata={"key": problem.key},
+                )
+            )
+        return tasks
+
+    def sft_example(self, task: TaskSpec) -> str:
+        """The reference completion for supervised warm-start; the caller appends the tokenizer's eos."""
+        return task.reference + self.terminator
+
+    # -- episodes -------------------------------------------------------------------------------
+
+    def reset(self, task: TaskSpec) -> Episode:
+        """Open an episode; its first observation is the prompt."""
+        if task.env != self.name:
+            raise ValueError(f"task {task.task_id!r} is for env {task.env!r}, not {self.name!r}")
+        return Episode(task=task, messages=[Message(role="observation", text=task.prompt)])
+
+    def step(self, episode: Episode, model_output: str) -> StepResult:
+        """Record one policy output and advance; see the module docstring for the contract."""
+        if episode.done:
+            raise ValueError(f"episode of task {episode.task.task_id!r} is already done")
+        if not isinstance(model_output, str):
+            raise TypeError(f"model_output must be str, got {type(model_output).__name__}")
+        episode.messages.append(Message(role="policy", text=model_output))
+        episode.turns += 1
+        result = self.transition(episode, model_output)
+        if not result.done and episode.turns >= self.max_turns:
+            result = StepResult(observation=None, done=True, info={**result.info, "truncated": "max_turns"})
+        if result.observation is not None:
+            episode.messages.append(Message(role="observation", text=result.observation))
+        episode.done = result.done
+        return result
+
+    def transition(self, episode: Episode, model_output: str) -> StepResult:
+        """React to one policy output (tools, budgets). The default is single-turn: done, no observation."""
+        return StepResult(observation=None, done=True)
+
+    # -- scoring --------------------------------------------------------------------------------
+
+    def score(self, task: TaskSpec, completion: str) -> Score:
+        """Judge `completion` (the policy's output text) against `task`; never raises."""
+        if task.env != self.name:
+            return self.failure(f"task {task.task_id!r} is for env {task.env!r}, not {self.name!r}")
+        if not isinstance(completion, str):
+            return self.failure(f"completion is {type(completion).__name__}, not str")
+        try:
+            return self.grade(task, completion)
+        except Exception as exc:
+            # Fall back to a failure score: one bad task must not stop the reward model; the reason
+            # travels with the score so it is counted downstream.
+            log.warning("%s: scorer error on task %s: %r", self.name, task.task_id, exc)
+            return self.failure(f"scorer error: {type(exc).__name__}: {exc}")
+
+    @abc.abstractmethod
+    def grade(self, task: TaskSpec, completion: str) -> Score:
+        """The rule-based verifier behind `score`; may assume `completion` is a str."""
+
+    def failure(self, reason: str) -> Score:
+        """The failure score: every component 0.0, reward 0.0, not parsed."""
+        return Score.of(dict.fromkeys(self.components, 0.0), correct=False, parse_ok=False, reason=reason)
