@@ -1,0 +1,387 @@
+"""TorchEngine: continuous batching over a slot-pool KV cache, with in-flight weight refresh.
+
+Scheduling, one `step()` at a time:
+1. apply queued weights, if any (between two decode steps; see DESIGN.md "in-flight weight
+   refresh"), timing the pause; optionally recompute running rows' caches under them;
+2. retire aborted requests;
+3. admit waiting requests into free slots: one prefill forward each, which also samples their
+   first token;
+4. decode every running row in one batched forward (each row at its own position, attending to
+   its own slot's valid prefix), sample, and retire rows that hit eos, a stop string,
+   max_tokens or max_seq_len.
+
+`submit` + `step` are the synchronous core (deterministic tests drive them directly). The async
+face (`start`, `generate`, `stop`) runs `step` in a single worker thread so the event loop that
+talks to NATS stays responsive while torch works.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import threading
+import time
+from collections.abc import Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from slipstream.engine.interface import GenerationRequest, GenerationResult
+from slipstream.engine.model import CausalLM
+from slipstream.engine.sampling import sample
+from slipstream.engine.sequence import SequenceState
+from slipstream.engine.tokenizer import Tokenizer
+from slipstream.engine.weight_update import WeightUpdate, validate_update
+
+log = logging.getLogger(__name__)
+
+# Throughput in stats() is measured over this many recent steps.
+_RATE_WINDOW_STEPS = 64
+
+
+class EngineError(RuntimeError):
+    """The engine loop died; in-flight requests fail with this, carrying the cause."""
+
+
+class TorchEngine:
+    """The Engine protocol on a plain-torch CausalLM (CPU or CUDA)."""
+
+    def __init__(
+        self,
+        model: CausalLM,
+        tokenizer: Tokenizer,
+        *,
+        max_batch: int = 32,
+        max_seq_len: int | None = None,
+        device: str | torch.device | None = None,
+        dtype: torch.dtype = torch.float32,
+        seed: int = 0,
+        policy_version: int = 0,
+        recompute_kv_on_update: bool = False,
+        allow_partial_updates: bool = False,
+    ) -> None:
+        if max_batch < 1:
+            raise ValueError(f"TorchEngine max_batch must be >= 1, got {max_batch}")
+        if device is None:
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        self.device = torch.device(device)
+        self.model = model.to(device=self.device, dtype=dtype).eval()
+        self.tokenizer = tokenizer
+        cfg = model.config
+        self.max_seq_len = max_seq_len or min(cfg.max_position_embeddings, 2048)
+        if self.max_seq_len < 2:
+            raise ValueError(f"TorchEngine max_seq_len must be >= 2, got {self.max_seq_len}")
+        self.max_batch = max_batch
+        self.recompute_kv_on_update = recompute_kv_on_update
+        self.allow_partial_updates = allow_partial_updates
+        self.cache = self.model.new_cache(max_batch, self.max_seq_len)
+        self._slots: list[SequenceState | None] = [None] * max_batch
+        self._waiting: collections.deque[SequenceState] = collections.deque()
+        self._known_ids: set[str] = set()
+        self._abort_ids: set[str] = set()
+        self._pending: WeightUpdate | None = None
+        self._lock = threading.Lock()
+        self._seed_stream = torch.Generator().manual_seed(seed)
+        self._policy_version = policy_version
+        # counters for stats()
+        self._steps = 0
+        self._tokens = 0
+        self._prefill_tokens = 0
+        self._finished = 0
+        self._aborted = 0
+        self._weight_updates = 0
+        self._last_apply_ms = 0.0
+        self._recent: collections.deque[tuple[float, int]] = collections.deque(maxlen=_RATE_WINDOW_STEPS)
+        # async face
+        self._futures: dict[str, asyncio.Future[GenerationResult]] = {}
+        self._task: asyncio.Task[None] | None = None
+        self._wake: asyncio.Event | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._executor: ThreadPoolExecutor | None = None
+        self._closing = False
+        self._error: BaseException | None = None
+
+    # ----------------------------------------------------------------- protocol: weights & state
+    @property
+    def policy_version(self) -> int:
+        """Version of the weights in use; a queued update counts once a step has applied it."""
+        return self._policy_version
+
+    @property
+    def error(self) -> BaseException | None:
+        """Why the engine loop died, or None while it is healthy (a readiness probe reads this)."""
+        return self._error
+
+    @property
+    def pending_version(self) -> int | None:
+        with self._lock:
+            return None if self._pending is None else self._pending.version
+
+    def apply_weights(self, version: int, tensors: Mapping[str, Tensor], *, partial: bool | None = None) -> None:
+        """Queue new weights; the next step copies them in before sampling anything.
+
+        Raises ValueError naming the offending tensor (unknown name, wrong shape or dtype, or
+        missing names unless partial updates are allowed); nothing is queued then. The engine
+        holds on to `tensors` until the copy, so the caller must not modify them meanwhile.
+        """
+        partial = self.allow_partial_updates if partial is None else partial
+        update = validate_update(self.model, version, tensors, partial=partial)
+        with self._lock:
+            self._pending = update if self._pending is None else self._pending.merged(update)
+        self._notify()
+
+    def named_parameters(self) -> Iterator[tuple[str, nn.Parameter]]:
+        return self.model.named_parameters()
+
+    def state_dict(self) -> Mapping[str, Any]:
+        return self.model.state_dict()
+
+    def stats(self) -> dict[str, float]:
+        busy = sum(d for d, _ in self._recent)
+        made = sum(n for _, n in self._recent)
+        with self._lock:
+            waiting = len(self._waiting)
+        return {
+            "policy_version": float(self._policy_version),
+            "steps": float(self._steps),
+            "tokens_generated": float(self._tokens),
+            "prefill_tokens": float(self._prefill_tokens),
+            "running": float(self.num_running),
+            "waiting": float(waiting),
+            "tokens_per_s": made / busy if busy > 0 else 0.0,
+            "requests_finished": float(self._finished),
+            "requests_aborted": float(self._aborted),
+            "weight_updates": float(self._weight_updates),
+            "last_weight_apply_ms": self._last_apply_ms,
+        }
+
+    # ----------------------------------------------------------------- synchronous core
+    @property
+    def num_running(self) -> int:
+        return sum(s is not None for s in self._slots)
+
+    @property
+    def has_work(self) -> bool:
+        with self._lock:
+            queued = bool(self._waiting or self._pending is not None or self._abort_ids)
+        return queued or self.num_running > 0
+
+    def submit(self, request: GenerationRequest) -> None:
+        """Queue a request (validated here: a bad prompt or a duplicate id raises ValueError)."""
+        prompt = request.prompt_ids
+        if not prompt:
+            raise ValueError(f"request {request.request_id!r}: prompt_ids is empty")
+        vocab = self.model.config.vocab_size
+        bad = [t for t in prompt if not 0 <= t < vocab]
+        if bad:
+            raise ValueError(f"request {request.request_id!r}: token ids {bad[:5]} outside the vocabulary [0, {vocab})")
+        if len(prompt) >= self.max_seq_len:
+            raise ValueError(
+                f"request {request.request_id!r}: prompt has {len(prompt)} tokens, "
+                f"max_seq_len {self.max_seq_len} leaves no room to generate"
+            )
+        seed = request.params.seed
+        with self._lock:
+            if request.request_id in self._known_ids:
+                raise ValueError(f"request {request.request_id!r} is already in flight")
+            if seed is None:
+                # Unseeded requests still get their own stream, derived in submission order.
+                seed = int(torch.randint(0, 2**62, (1,), generator=self._seed_stream))
+            self._known_ids.add(request.request_id)
+            self._waiting.append(SequenceState(request, torch.Generator().manual_seed(seed)))
+        self._notify()
+
+    def abort(self, request_id: str) -> bool:
+        """Ask the next step to stop a request (its result comes back with finish_reason 'abort')."""
+        with self._lock:
+            if request_id not in self._known_ids:
+                return False
+            self._abort_ids.add(request_id)
+        self._notify()
+        return True
+
+    def step(self) -> list[GenerationResult]:
+        """One scheduler iteration; returns the requests that finished in it."""
+        t0 = time.perf_counter()
+        tokens_before = self._tokens
+        done: list[SequenceState] = []
+        with torch.no_grad():
+            self._apply_pending()
+            self._reap_aborted(done)
+            self._admit(done)
+            self._decode(done)
+        with self._lock:
+            for seq in done:
+                self._known_ids.discard(seq.request_id)
+                self._abort_ids.discard(seq.request_id)
+        self._steps += 1
+        self._recent.append((time.perf_counter() - t0, self._tokens - tokens_before))
+        self._finished += len(done)
+        return [seq.result() for seq in done]
+
+    def _apply_pending(self) -> None:
+        with self._lock:
+            update, self._pending = self._pending, None
+        if update is None:
+            return
+        t0 = time.perf_counter()
+        update.copy_into(self.model)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        self._policy_version = update.version
+        if self.recompute_kv_on_update:
+            for seq in self._running():
+                self._forward_prefix(seq, seq.tokens[: seq.cache_len])
+        self._last_apply_ms = (time.perf_counter() - t0) * 1000.0
+        self._weight_updates += 1
+        log.info("applied weights version %d in %.1f ms", update.version, self._last_apply_ms)
+
+    def _reap_aborted(self, done: list[SequenceState]) -> None:
+        with self._lock:
+            ids = set(self._abort_ids)
+            if not ids:
+                return
+            kept = [s for s in self._waiting if s.request_id not in ids]
+            dropped = [s for s in self._waiting if s.request_id in ids]
+            self._waiting = collections.deque(kept)
+        for seq in [*dropped, *(s for s in self._running() if s.request_id in ids)]:
+            self._retire(seq, "abort", done)
+            self._aborted += 1
+
+    def _admit(self, done: list[SequenceState]) -> None:
+        for slot, occupant in enumerate(self._slots):
+            if occupant is not None:
+                continue
+            with self._lock:
+                if not self._waiting:
+                    return
+                seq = self._waiting.popleft()
+            seq.slot = slot
+            seq.started_at = time.time()
+            self._slots[slot] = seq
+            logits = self._forward_prefix(seq, seq.tokens)
+            self._prefill_tokens += len(seq.tokens)
+            self._sample([seq], logits, done)
+
+    def _forward_prefix(self, seq: SequenceState, tokens: list[int]) -> Tensor:
+        """Fill seq's cache slot with `tokens` from position 0; logits of the last one [1, V]."""
+        ids = torch.tensor([tokens], dtype=torch.long, device=self.device)
+        pos = torch.arange(len(tokens), device=self.device)[None]
+        logits = self.model.forward_cached(ids, pos, self.cache, [seq.slot])
+        seq.cache_len = len(tokens)
+        return logits[:, -1]
+
+    def _decode(self, done: list[SequenceState]) -> None:
+        rows = self._running()
+        if not rows:
+            return
+        ids = torch.tensor([[s.tokens[-1]] for s in rows], dtype=torch.long, device=self.device)
+        pos = torch.tensor([[s.cache_len] for s in rows], dtype=torch.long, device=self.device)
+        logits = self.model.forward_cached(ids, pos, self.cache, [s.slot for s in rows])
+        for s in rows:
+            s.cache_len += 1
+        self._sample(rows, logits[:, 0], done)
+
+    def _sample(self, rows: list[SequenceState], logits: Tensor, done: list[SequenceState]) -> None:
+        ids, logps = sample(logits, [s.request.params for s in rows], [s.generator for s in rows])
+        version = self._policy_version
+        for seq, tok, lp in zip(rows, ids, logps, strict=True):
+            seq.append(tok, lp, version)
+            seq.check_stop(self.tokenizer, self.max_seq_len)
+            if seq.finished:
+                self._retire(seq, seq.finish_reason or "stop", done)
+        self._tokens += len(rows)
+
+    def _retire(self, seq: SequenceState, reason: str, done: list[SequenceState]) -> None:
+        seq.finish(reason)  # type: ignore[arg-type]
+        if seq.slot >= 0 and self._slots[seq.slot] is seq:
+            self._slots[seq.slot] = None
+        done.append(seq)
+
+    def _running(self) -> list[SequenceState]:
+        return [s for s in self._slots if s is not None]
+
+    # ----------------------------------------------------------------- async face
+    async def start(self) -> None:
+        if self._task is not None:
+            return
+        if self._closing:
+            raise RuntimeError("TorchEngine was stopped; build a new one")
+        self._loop = asyncio.get_running_loop()
+        self._wake = asyncio.Event()
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="slipstream-engine")
+        self._task = asyncio.create_task(self._run(), name="slipstream-engine-loop")
+
+    async def stop(self) -> None:
+        """Abort everything in flight, let the loop deliver those results, then shut down."""
+        self._closing = True
+        with self._lock:
+            self._abort_ids.update(self._known_ids)
+        self._notify()
+        if self._task is not None:
+            await asyncio.gather(self._task, return_exceptions=True)
+            self._task = None
+        if self._executor is not None:
+            self._executor.shutdown(wait=True)
+            self._executor = None
+
+    async def generate(self, request: GenerationRequest) -> GenerationResult:
+        if self._task is None or self._closing:
+            raise RuntimeError("TorchEngine is not running: await engine.start() first (and not after stop())")
+        if self._error is not None:
+            raise EngineError("engine loop failed") from self._error
+        fut: asyncio.Future[GenerationResult] = asyncio.get_running_loop().create_future()
+        if request.request_id in self._futures:
+            raise ValueError(f"request {request.request_id!r} is already in flight")
+        self._futures[request.request_id] = fut
+        try:
+            self.submit(request)
+            return await fut
+        except asyncio.CancelledError:
+            self.abort(request.request_id)
+            raise
+        finally:
+            self._futures.pop(request.request_id, None)
+
+    def _notify(self) -> None:
+        # submit/apply_weights/abort may come from another thread (a weight downloader, say);
+        # asyncio.Event is not thread-safe, so hop onto the engine's loop then.
+        if self._wake is None or self._loop is None:
+            return
+        try:
+            current = asyncio.get_running_loop()
+        except RuntimeError:
+            current = None
+        if current is self._loop:
+            self._wake.set()
+        elif not self._loop.is_closed():
+            self._loop.call_soon_threadsafe(self._wake.set)
+
+    async def _run(self) -> None:
+        assert self._wake is not None
+        loop = asyncio.get_running_loop()
+        try:
+            while True:
+                if not self.has_work:
+                    if self._closing:
+                        return
+                    self._wake.clear()
+                    if not self.has_work:
+                        await self._wake.wait()
+                    continue
+                results = await loop.run_in_executor(self._executor, self.step)
+                for res in results:
+                    fut = self._futures.get(res.request_id)
+                    if fut is not None and not fut.done():
+                        fut.set_result(res)
+        except Exception as exc:
+            # Fatal: report it to every waiter (and to later callers) instead of hanging them.
+            self._error = exc
+            log.exception("engine loop failed; failing %d in-flight requests", len(self._futures))
+            for fut in self._futures.values():
+                if not fut.done():
+                    fut.set_exception(EngineError(f"engine loop failed: {exc!r}"))
+            raise

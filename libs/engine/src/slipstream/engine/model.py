@@ -1,0 +1,276 @@
+"""A Llama/Qwen2 decoder in plain torch, parameter-for-parameter compatible with Hugging Face.
+
+Parameter names are Hugging Face's (`model.layers.N.self_attn.q_proj.weight`, ...), so an HF
+checkpoint loads with a plain `load_state_dict`, and `state_dict()` is the unit the learner
+publishes and the engine applies. Numerics follow HF's reference code (RMSNorm in float32,
+RoPE with rotate-half, cos/sin computed in float32) so logits agree to fp32 rounding.
+
+Two forward paths share the weights:
+- `forward(input_ids, attention_mask)` for training and for reference checks: causal over the
+  whole sequence, no cache;
+- `forward_cached(...)` for the engine: each row writes its new keys/values into its own slot of
+  a `KVCache` at its own positions and attends over that slot's valid prefix, so prefill
+  (one row, many tokens) and batched decode (many rows, one token each) are the same code.
+"""
+
+from __future__ import annotations
+
+from typing import cast
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from slipstream.engine.config import ModelConfig
+from slipstream.engine.kv_cache import KVCache, SlotSelection
+
+
+class RMSNorm(nn.Module):
+    """Root-mean-square norm computed in float32, as HF does, then cast back."""
+
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: Tensor) -> Tensor:
+        dtype = x.dtype
+        h = x.to(torch.float32)
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * h.to(dtype)
+
+
+class Rotary(nn.Module):
+    """RoPE tables on demand: cos/sin for arbitrary per-row positions.
+
+    The inverse frequencies are recomputed per call in float32 (a few dozen values) rather than
+    kept as a buffer, so casting the model to bf16 never degrades them.
+    """
+
+    def __init__(self, head_dim: int, theta: float) -> None:
+        super().__init__()
+        self.head_dim = head_dim
+        self.theta = theta
+
+    def forward(self, positions: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+        """cos, sin of shape [B, T, head_dim] for integer positions [B, T]."""
+        idx = torch.arange(0, self.head_dim, 2, dtype=torch.int64, device=positions.device).float()
+        inv_freq = 1.0 / (self.theta ** (idx / self.head_dim))
+        freqs = positions.to(torch.float32)[..., None] * inv_freq
+        emb = torch.cat((freqs, freqs), dim=-1)
+        return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+def _rotate_half(x: Tensor) -> Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """Rotate x [B, H, T, D] by cos/sin [B, T, D]."""
+    return x * cos[:, None] + _rotate_half(x) * sin[:, None]
+
+
+class Attention(nn.Module):
+    """Grouped-query self-attention with HF projection names."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.n_heads = cfg.num_attention_heads
+        self.n_kv = cfg.num_key_value_heads
+        self.head_dim = cfg.dim_per_head
+        h = cfg.hidden_size
+        self.q_proj = nn.Linear(h, self.n_heads * self.head_dim, bias=cfg.attention_bias)
+        self.k_proj = nn.Linear(h, self.n_kv * self.head_dim, bias=cfg.attention_bias)
+        self.v_proj = nn.Linear(h, self.n_kv * self.head_dim, bias=cfg.attention_bias)
+        self.o_proj = nn.Linear(self.n_heads * self.head_dim, h, bias=cfg.o_proj_bias)
+
+    def _qkv(self, x: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        b, t, _ = x.shape
+        q = self.q_proj(x).view(b, t, self.n_heads, self.head_dim).transpose(1, 2)
+        k = self.k_proj(x).view(b, t, self.n_kv, self.head_dim).transpose(1, 2)
+        v = self.v_proj(x).view(b, t, self.n_kv, self.head_dim).transpose(1, 2)
+        return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
+
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor | None) -> Tensor:
+        b, t, _ = x.shape
+        q, k, v = self._qkv(x, cos, sin)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None, enable_gqa=True)
+        return self.o_proj(out.transpose(1, 2).reshape(b, t, -1))
+
+    def forward_cached(
+        self,
+        x: Tensor,
+        cos: Tensor,
+        sin: Tensor,
+        layer: int,
+        cache: KVCache,
+        slots: SlotSelection,
+        positions: Tensor,
+        span: int,
+    ) -> Tensor:
+        b, t, _ = x.shape
+        q, k, v = self._qkv(x, cos, sin)
+        cache.write(layer, slots, positions, k.transpose(1, 2), v.transpose(1, 2))
+        keys, values = cache.read(layer, slots, span)  # [B, kv, span, D]
+        # Row b's query at position p sees its own slot's keys 0..p; later cache rows are stale.
+        mask = torch.arange(span, device=x.device)[None, None, None, :] <= positions[:, None, :, None]
+        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=True)
+        return self.o_proj(out.transpose(1, 2).reshape(b, t, -1))
+
+
+class MLP(nn.Module):
+    """SwiGLU feed-forward block."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nn.Module):
+    """Pre-norm attention + MLP with residuals."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.self_attn = Attention(cfg)
+        self.mlp = MLP(cfg)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+    def forward(self, h: Tensor, cos: Tensor, sin: Tensor, mask: Tensor | None) -> Tensor:
+        h = h + self.self_attn(self.input_layernorm(h), cos, sin, mask)
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+    def forward_cached(
+        self,
+        h: Tensor,
+        cos: Tensor,
+        sin: Tensor,
+        index: int,
+        cache: KVCache,
+        slots: SlotSelection,
+        positions: Tensor,
+        span: int,
+    ) -> Tensor:
+        attn = self.self_attn.forward_cached(self.input_layernorm(h), cos, sin, index, cache, slots, positions, span)
+        h = h + attn
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+
+class DecoderModel(nn.Module):
+    """The `model.` prefix of HF's CausalLM: embeddings, layers, final norm."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        # nn.Embedding's own init on the meta device goes through torch's Python reference ops,
+        # whose first use costs seconds of imports; pass the storage and init it only if real.
+        weight = torch.empty(cfg.vocab_size, cfg.hidden_size)
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size, _weight=weight)
+        if not weight.is_meta:
+            nn.init.normal_(self.embed_tokens.weight)
+        self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_hidden_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.rotary = Rotary(cfg.dim_per_head, cfg.rope_theta)
+
+
+class CausalLM(nn.Module):
+    """Decoder + lm_head; `model(input_ids, attention_mask)` returns logits [B, T, V]."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.config = cfg
+        self.model = DecoderModel(cfg)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.tie_weights()
+
+    def materialize(self, device: str | torch.device, dtype: torch.dtype) -> None:
+        """Give a meta-device model real, uninitialised storage (then fill it by init or copy).
+
+        `nn.Module.to_empty` does the same through torch's Python reference ops, whose first use
+        imports sympy (over a second); plain `torch.empty` per parameter does not.
+        """
+        for module in self.modules():
+            for name, p in list(module._parameters.items()):
+                if p is not None and p.is_meta:
+                    real = torch.empty(p.shape, dtype=dtype, device=device)
+                    module._parameters[name] = nn.Parameter(real, requires_grad=p.requires_grad)
+        self.tie_weights()
+
+    def tie_weights(self) -> None:
+        """Share lm_head with the embedding if the config says so (again after materialising, which unties)."""
+        if self.config.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+
+    @property
+    def decoder_layers(self) -> list[DecoderLayer]:
+        return [cast(DecoderLayer, layer) for layer in self.model.layers]
+
+    def init_weights(self, generator: torch.Generator | None = None, std: float = 0.02) -> None:
+        """HF-style init (normal(0, std) for matrices, zeros for biases, ones for norms)."""
+        with torch.no_grad():
+            for name, p in self.named_parameters():
+                if name.endswith("norm.weight"):
+                    p.fill_(1.0)
+                elif name.endswith(".bias"):
+                    p.zero_()
+                else:
+                    p.normal_(0.0, std, generator=generator)
+
+    def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None) -> Tensor:
+        """Logits [B, T, V]. `attention_mask` [B, T] (1 = token, 0 = pad) may pad on either side."""
+        h = self.model.embed_tokens(input_ids)
+        b, t = input_ids.shape
+        mask: Tensor | None = None
+        if attention_mask is None:
+            positions = torch.arange(t, device=input_ids.device).expand(b, t)
+        else:
+            valid = attention_mask.to(torch.bool)
+            positions = (valid.long().cumsum(-1) - 1).clamp(min=0)
+            causal = torch.ones(t, t, dtype=torch.bool, device=input_ids.device).tril()
+            # The diagonal keeps fully padded query rows finite; their outputs are ignored anyway.
+            eye = torch.eye(t, dtype=torch.bool, device=input_ids.device)
+            mask = ((causal[None] & valid[:, None, :]) | eye[None])[:, None]
+        cos, sin = self.model.rotary(positions, h.dtype)
+        for layer in self.decoder_layers:
+            h = layer(h, cos, sin, mask)
+        return self.lm_head(self.model.norm(h))
+
+    def forward_cached(self, input_ids: Tensor, positions: Tensor, cache: KVCache, slots: list[int]) -> Tensor:
+        """Logits [B, T, V] for new tokens [B, T] at `positions` [B, T], row b in cache slot `slots[b]`.
+
+        Positions of a row must be consecutive and its slot must already hold keys for every
+        earlier position; the new keys/values are written into the cache as a side effect.
+        """
+        sel = cache.select(slots)
+        span = int(positions.max()) + 1
+        if span > cache.max_seq_len:
+            raise ValueError(f"position {span - 1} is past the cache's max_seq_len {cache.max_seq_len}")
+        h = self.model.embed_tokens(input_ids)
+        cos, sin = self.model.rotary(positions, h.dtype)
+        for i, layer in enumerate(self.decoder_layers):
+            h = layer.forward_cached(h, cos, sin, i, cache, sel, positions, span)
+        return self.lm_head(self.model.norm(h))
+
+    def new_cache(self, slots: int, max_seq_len: int) -> KVCache:
+        """An empty KV cache on this model's device and dtype."""
+        p = self.lm_head.weight
+        cfg = self.config
+        return KVCache(
+            layers=cfg.num_hidden_layers,
+            slots=slots,
+            max_seq_len=max_seq_len,
+            kv_heads=cfg.num_key_value_heads,
+            head_dim=cfg.dim_per_head,
+            dtype=p.dtype,
+            device=p.device,
+        )
+
+
+def count_parameters(model: nn.Module) -> int:
+    """Distinct parameters (a tied embedding counts once)."""
+    return sum(p.numel() for p in model.parameters())

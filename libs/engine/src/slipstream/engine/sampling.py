@@ -1,0 +1,90 @@
+"""Batched token sampling with per-row parameters and per-request random streams.
+
+`process_logits` turns raw logits into the log-probabilities of the distribution actually
+sampled from (temperature, then top-k, then top-p, renormalised); the log-prob recorded for a
+sampled token is read from that same tensor, which is what the learner's importance ratio needs
+(vLLM's "processed_logprobs"). Greedy rows (temperature 0) take the argmax and report the
+log-prob under the raw logits (temperature 1, no filtering): the point mass actually "sampled
+from" would always say 0, which tells a learner or an eval nothing.
+
+Each row draws one uniform number from its own `torch.Generator` and inverts the CDF, so a
+seeded request yields the same tokens whatever else shares its batch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor
+
+from slipstream.engine.interface import SamplingParams
+
+
+def process_logits(logits: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tensor) -> Tensor:
+    """Log-probs [B, V] after temperature, top-k and top-p; removed tokens get -inf.
+
+    `temperature` [B] (> 0), `top_k` [B] (0 = off), `top_p` [B] (1 = off). Ties at the k-th
+    value are all kept. Top-p keeps the smallest prefix of the sorted distribution whose mass
+    reaches p (always at least one token).
+    """
+    scaled = logits.to(torch.float32) / temperature[:, None]
+    vocab = scaled.shape[-1]
+    k = torch.where(top_k > 0, top_k.clamp(max=vocab), torch.full_like(top_k, vocab))
+    needs_k = bool((k < vocab).any())
+    needs_p = bool((top_p < 1.0).any())
+    if needs_k or needs_p:
+        sorted_vals, order = scaled.sort(dim=-1, descending=True)
+        if needs_k:
+            kth = sorted_vals.gather(1, (k - 1)[:, None])
+            scaled = scaled.masked_fill(scaled < kth, float("-inf"))
+            sorted_vals = sorted_vals.masked_fill(sorted_vals < kth, float("-inf"))
+        if needs_p:
+            probs = sorted_vals.softmax(dim=-1)
+            mass_before = probs.cumsum(dim=-1) - probs
+            drop_sorted = mass_before >= top_p[:, None]
+            drop_sorted[:, 0] = False
+            drop = torch.zeros_like(drop_sorted).scatter(1, order, drop_sorted)
+            scaled = scaled.masked_fill(drop, float("-inf"))
+    return scaled.log_softmax(dim=-1)
+
+
+def sample(
+    logits: Tensor, params: Sequence[SamplingParams], generators: Sequence[torch.Generator]
+) -> tuple[list[int], list[float]]:
+    """One token per row of `logits` [B, V], and its log-prob (see the module docstring)."""
+    b = logits.shape[0]
+    if len(params) != b or len(generators) != b:
+        raise ValueError(f"sample: {b} rows but {len(params)} params and {len(generators)} generators")
+    device = logits.device
+    logits = logits.to(torch.float32)
+    greedy = [p.temperature == 0.0 for p in params]
+    ids = torch.empty(b, dtype=torch.long, device=device)
+    logp = torch.empty(b, dtype=torch.float32, device=device)
+    rows = [i for i in range(b) if not greedy[i]]
+    if rows:
+        sub = logits if len(rows) == b else logits[rows]
+        temp = torch.tensor([params[i].temperature for i in rows], device=device)
+        top_k = torch.tensor([params[i].top_k for i in rows], device=device)
+        top_p = torch.tensor([params[i].top_p for i in rows], device=device)
+        lp = process_logits(sub, temp, top_k, top_p)
+        # One uniform per row from that row's own stream, drawn on CPU so the stream does not
+        # depend on the device; inverse-CDF sampling then needs no further randomness.
+        u = torch.cat([torch.rand(1, generator=generators[i]) for i in rows]).to(device)
+        cdf = lp.exp().cumsum(dim=-1)
+        target = (u * cdf[:, -1])[:, None]
+        # First index whose cumulative mass exceeds the target: never a zero-probability token,
+        # except by rounding at the very top, which the cap to the last kept token covers.
+        vocab_idx = torch.arange(lp.shape[-1], device=device)
+        last_kept = (torch.isfinite(lp) * vocab_idx).argmax(dim=-1, keepdim=True)
+        picked = torch.minimum(torch.searchsorted(cdf, target, right=True), last_kept)
+        picked_lp = lp.gather(1, picked)
+        ids[rows] = picked[:, 0]
+        logp[rows] = picked_lp[:, 0]
+    grows = [i for i in range(b) if greedy[i]]
+    if grows:
+        sub = logits[grows]
+        top = sub.argmax(dim=-1)
+        ids[grows] = top
+        logp[grows] = sub.log_softmax(dim=-1).gather(1, top[:, None])[:, 0]
+    return ids.tolist(), logp.tolist()

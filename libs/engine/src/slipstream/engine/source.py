@@ -1,0 +1,101 @@
+"""The `[model]` config section every model-holding service shares, and `load_model` to act on it.
+
+The rollout worker, the learner and eval-gate must start from the same weights (version 0) and
+the same tokenizer, so where the model comes from is one section with one loader: a local Hugging
+Face directory (`path`), or, when no path is given, a named preset built from its config alone
+with a fixed seed (so every process that builds "tiny" with seed 0 holds identical weights).
+Nothing is ever fetched from a model hub.
+
+`load_model` also sets torch's intra-op thread count from `threads`: several services share a
+few CPU cores, and torch's default (one thread per core in every process) oversubscribes them.
+
+This module imports torch only inside its functions, so a service's config class can hold a
+`ModelSource` and still parse `--help` without loading torch.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Annotated, Literal
+
+import msgspec
+
+if TYPE_CHECKING:
+    import torch
+
+    from slipstream.engine.model import CausalLM
+    from slipstream.engine.tokenizer import ByteTokenizer, HFTokenizer
+
+Doc = msgspec.Meta
+
+DTypeName = Literal["float32", "bfloat16", "float16"]
+# The presets' names (presets.PRESETS holds their configs; importing it would import torch).
+PRESET_NAMES: tuple[str, ...] = ("tiny", "25m")
+
+
+class ModelSource(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """`[model]`: which weights and tokenizer a process starts from, and where they run."""
+
+    path: Annotated[
+        str, Doc(description="Local Hugging Face model directory (config.json + safetensors); empty = use preset.")
+    ] = ""
+    preset: Annotated[
+        str, Doc(description="Preset built from its config when path is empty: 'tiny' or '25m' (seeded).")
+    ] = "tiny"
+    dtype: Annotated[DTypeName, Doc(description="Parameter dtype: float32, bfloat16 or float16.")] = "float32"
+    device: Annotated[str, Doc(description="torch device: 'cpu', 'cuda', 'cuda:N', or 'auto' (cuda if present).")] = (
+        "cpu"
+    )
+    seed: Annotated[int, Doc(description="Seed of the preset's initial weights (same seed, same weights).")] = 0
+    threads: Annotated[
+        int, Doc(description="torch intra-op threads for this process; 0 keeps torch's default.", ge=0)
+    ] = 1
+
+    def __post_init__(self) -> None:
+        if not self.path and self.preset not in PRESET_NAMES:
+            raise ValueError(f"[model] preset {self.preset!r} is unknown (known: {', '.join(PRESET_NAMES)})")
+
+
+def torch_dtype(source: ModelSource) -> torch.dtype:
+    """The torch dtype named by `source.dtype`."""
+    import torch
+
+    dtype: torch.dtype = getattr(torch, source.dtype)
+    return dtype
+
+
+def resolve_device(source: ModelSource) -> torch.device:
+    """`source.device`, with 'auto' resolved to cuda when available, else cpu."""
+    import torch
+
+    if source.device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        return torch.device(source.device)
+    except RuntimeError as exc:
+        raise ValueError(f"[model] device {source.device!r} is not a torch device: {exc}") from None
+
+
+def apply_threads(source: ModelSource) -> None:
+    """Set torch's intra-op thread count from `source.threads` (0 leaves it alone)."""
+    import torch
+
+    if source.threads > 0:
+        torch.set_num_threads(source.threads)
+
+
+def load_model(source: ModelSource) -> tuple[CausalLM, ByteTokenizer | HFTokenizer]:
+    """Model (eval mode, on the configured device and dtype) and tokenizer for `[model]`.
+
+    Sets torch's thread count first (see the module docstring).
+    """
+    from slipstream.engine.loading import load_pretrained
+    from slipstream.engine.presets import build_tiny
+
+    apply_threads(source)
+    device = resolve_device(source)
+    dtype = torch_dtype(source)
+    if source.path:
+        model, tokenizer = load_pretrained(source.path, dtype=dtype, device=device)
+    else:
+        model, tokenizer = build_tiny(source.preset, seed=source.seed, dtype=dtype, device=device)
+    return model.eval(), tokenizer
