@@ -2,22 +2,38 @@
 
 Pure, typed functions over tensors or plain values, each tested on tiny inputs against
 hand-computed numbers (tests/unit/test_rl_*.py). Nothing here does I/O or knows the wire schema.
+
+Names are imported lazily (PEP 562): `from slipstream.rl import LossConfig` in a service config
+does not pull in torch; the tensor functions load it on first use.
 """
 
-from slipstream.rl.admission import DropReason, is_stale, staleness
-from slipstream.rl.advantages import group_advantages, is_uniform_group
-from slipstream.rl.batch import Batch, TrainItem, pack_batch, token_logprobs
-from slipstream.rl.kl import KL_ESTIMATORS, KLEstimator, kl_per_token
-from slipstream.rl.losses import (
-    LossConfig,
-    LossOutput,
-    PolicyLoss,
-    PolicyTerms,
-    compute_loss,
-    get_loss,
-    loss_types,
-    register_loss,
-)
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+_EXPORTS: dict[str, str] = {
+    "DropReason": "admission",
+    "is_stale": "admission",
+    "staleness": "admission",
+    "group_advantages": "advantages",
+    "is_uniform_group": "advantages",
+    "Batch": "batch",
+    "TrainItem": "batch",
+    "pack_batch": "batch",
+    "token_logprobs": "batch",
+    "KL_ESTIMATORS": "config",
+    "KLEstimator": "config",
+    "LossConfig": "config",
+    "kl_per_token": "kl",
+    "LossOutput": "losses",
+    "PolicyLoss": "losses",
+    "PolicyTerms": "losses",
+    "compute_loss": "losses",
+    "get_loss": "losses",
+    "loss_types": "losses",
+    "register_loss": "losses",
+}
 
 __all__ = [
     "KL_ESTIMATORS",
@@ -41,3 +57,28 @@ __all__ = [
     "staleness",
     "token_logprobs",
 ]
+
+if TYPE_CHECKING:
+    from slipstream.rl.admission import DropReason, is_stale, staleness
+    from slipstream.rl.advantages import group_advantages, is_uniform_group
+    from slipstream.rl.batch import Batch, TrainItem, pack_batch, token_logprobs
+    from slipstream.rl.config import KL_ESTIMATORS, KLEstimator, LossConfig
+    from slipstream.rl.kl import kl_per_token
+    from slipstream.rl.losses import (
+        LossOutput,
+        PolicyLoss,
+        PolicyTerms,
+        compute_loss,
+        get_loss,
+        loss_types,
+        register_loss,
+    )
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'slipstream.rl' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"slipstream.rl.{module}"), name)
+    globals()[name] = value
+    return value

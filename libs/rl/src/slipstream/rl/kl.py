@@ -14,13 +14,10 @@ the two policies drift apart (techniques.md §1.1); both are selectable by confi
 
 from __future__ import annotations
 
-from typing import Literal
-
 import torch
 from torch import Tensor
 
-KLEstimator = Literal["k1", "k2", "k3"]
-KL_ESTIMATORS: tuple[KLEstimator, ...] = ("k1", "k2", "k3")
+from slipstream.rl.config import KL_ESTIMATORS, KLEstimator
 
 LOG_RATIO_LIMIT = 20.0
 """Log-ratios are clamped to ±LOG_RATIO_LIMIT before exp(): e^20 ≈ 5e8 is already far past any clip,

@@ -38,79 +38,16 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Annotated, Literal, NamedTuple
+from typing import NamedTuple
 
 import msgspec
 import torch
 from torch import Tensor
 
-from slipstream.rl.kl import KL_ESTIMATORS, LOG_RATIO_LIMIT, KLEstimator, kl_per_token
+from slipstream.rl.config import LossConfig, declare_loss_type
+from slipstream.rl.kl import LOG_RATIO_LIMIT, kl_per_token
 
 Doc = msgspec.Meta
-
-
-class LossConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    """The `[loss]` section: which policy loss, its clipping, KL and normalisation."""
-
-    type: Annotated[str, Doc(description="Loss in the registry: 'grpo' (PPO-style clip) or 'cispo'.")] = "grpo"
-    clip_low: Annotated[float, Doc(description="grpo: the ratio is clipped from below at 1 - clip_low.")] = 0.2
-    clip_high: Annotated[float, Doc(description="grpo: the ratio is clipped from above at 1 + clip_high.")] = 0.2
-    cispo_clip_high: Annotated[
-        float,
-        Doc(
-            description="cispo: the detached weight is capped at 1 + cispo_clip_high. Default 3.0 = a cap of 4.0, "
-            "Tinker's default threshold, which Context-1 likely used (techniques.md §1.3)."
-        ),
-    ] = 3.0
-    cispo_clip_low: Annotated[
-        float | None,
-        Doc(description="cispo: weight floor 1 - cispo_clip_low; unset = no floor (MiniMax-M1 practice)."),
-    ] = None
-    tis_cap: Annotated[
-        float | None,
-        Doc(
-            description="Truncation of the ratio π_θ/π_behaviour (>= 1): grpo's unclipped branch uses "
-            "min(r, tis_cap) (dual clip: a negative-advantage token whose ratio blew up gets no gradient), "
-            "cispo's weight is capped at min(1 + cispo_clip_high, tis_cap). Unset = off."
-        ),
-    ] = None
-    kl_coef: Annotated[float, Doc(description="Weight of the KL penalty to the reference policy; 0 = off.")] = 0.0
-    kl_estimator: Annotated[
-        KLEstimator, Doc(description="Per-token KL estimator: 'k1' (Composer 2), 'k2' or 'k3'.")
-    ] = "k3"
-    normalizer: Annotated[
-        Literal["constant", "tokens"],
-        Doc(
-            description="'constant': sum of token terms / loss_constant (Dr. GRPO, no length normalisation); "
-            "'tokens': sum / trained tokens in the batch."
-        ),
-    ] = "constant"
-    loss_constant: Annotated[
-        float,
-        Doc(description="Divisor for normalizer='constant'; e.g. trajectories per step x max completion tokens."),
-    ] = 1024.0
-
-    def __post_init__(self) -> None:
-        get_loss(self.type)  # unknown types fail at config time, listing the valid ones
-        checks = [
-            (0.0 <= self.clip_low <= 1.0, f"clip_low must be in [0, 1], got {self.clip_low}"),
-            (self.clip_high >= 0.0, f"clip_high must be >= 0, got {self.clip_high}"),
-            (self.cispo_clip_high >= 0.0, f"cispo_clip_high must be >= 0, got {self.cispo_clip_high}"),
-            (
-                self.cispo_clip_low is None or 0.0 <= self.cispo_clip_low <= 1.0,
-                f"cispo_clip_low must be in [0, 1] or unset, got {self.cispo_clip_low}",
-            ),
-            (self.tis_cap is None or self.tis_cap >= 1.0, f"tis_cap must be >= 1 or unset, got {self.tis_cap}"),
-            (self.kl_coef >= 0.0, f"kl_coef must be >= 0, got {self.kl_coef}"),
-            (
-                self.kl_estimator in KL_ESTIMATORS,
-                f"kl_estimator must be one of {', '.join(KL_ESTIMATORS)}, got {self.kl_estimator!r}",
-            ),
-            (self.loss_constant > 0.0, f"loss_constant must be > 0, got {self.loss_constant}"),
-        ]
-        for ok, message in checks:
-            if not ok:
-                raise ValueError(message)
 
 
 class PolicyTerms(NamedTuple):
@@ -135,6 +72,7 @@ def register_loss(name: str) -> Callable[[PolicyLoss], PolicyLoss]:
         if name in _LOSSES:
             raise ValueError(f"loss type {name!r} is already registered")
         _LOSSES[name] = fn
+        declare_loss_type(name)
         return fn
 
     return add
