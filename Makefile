@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PYPROJECTS := $(wildcard libs/*/pyproject.toml services/*/pyproject.toml tools/*/pyproject.toml)
 
-.PHONY: help install test test-unit lint format demo up bench schemas clean
+.PHONY: help install test test-unit lint format demo up bench schemas images clean
 
 help:  ## list targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*##/\t/'
@@ -46,6 +46,9 @@ bench: install  ## all benchmarks, JSON under .slipstream/bench
 
 schemas: install  ## regenerate proto/ from the schema package
 	$(PY) tools/gen_proto.py
+
+images:  ## build every service image (needs a Docker engine; none on the CI/dev machines here)
+	deploy/docker/build.sh
 
 clean:
 	rm -rf $(VENV) .slipstream

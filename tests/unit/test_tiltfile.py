@@ -1,0 +1,243 @@
+"""The Tiltfile, evaluated offline by starlark-rust with Tilt's builtins stubbed (both modes).
+
+Cluster mode (`tilt up`): the images it builds must be Dockerfile targets referenced by the dev
+overlay, its live_update must sync into the paths the images install from, port-forwards must
+reach the ports the services' TOML sets. Local mode (`tilt up -- --local`): one local_resource
+per service running `python -m slipstream.<pkg>` against the embedded stack, ready on /readyz.
+Every path the Tiltfile names must exist. Also covers deploy/tilt/stack_env.py, the wrapper that
+hands the stack's URLs to local services.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+import tomllib
+from functools import cache
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+from slipstream.runtime import config as runtime_config
+
+pytestmark = pytest.mark.unit
+
+REPO = Path(__file__).resolve().parents[2]
+TILTFILE = REPO / "Tiltfile"
+ROLES = {"infra", "rollout", "scoring", "training", "eval"}
+INFRA = {"nats", "redis", "minio", "otel-collector", "provision-streams"}
+
+
+def _load(name: str, path: Path) -> ModuleType:
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+tilt = _load("tilt_harness", REPO / "deploy/tools/tilt_harness.py")
+kl = _load("kustomize_lite", REPO / "deploy/tools/kustomize_lite.py")
+table = _load("service_table", REPO / "deploy/tools/service_table.py")
+images = _load("image_stages", REPO / "deploy/tools/image_stages.py")
+stack_env = _load("stack_env", REPO / "deploy/tilt/stack_env.py")
+
+
+@cache
+def evaluate(*args: str) -> Any:
+    return tilt.evaluate(TILTFILE, args, environ={})
+
+
+def toml_port(service: str) -> int:
+    path = next((REPO / "deploy/k8s/base").rglob(f"{service}.toml"))
+    return int(tomllib.loads(path.read_text())["service"]["http_port"])
+
+
+def named_paths(run: Any) -> set[str]:
+    """Every repository path a Tiltfile call names (contexts, Dockerfiles, syncs, deps, scripts...)."""
+    paths: set[str] = set()
+    for c in run.calls:
+        a = c.args
+        if c.name in ("docker_build", "docker_build_with_restart"):
+            paths |= {a["context"], a["dockerfile"], *(a["only"] or [])}
+            for step in a["live_update"] or []:
+                if step["__tilt__"] == "sync":
+                    paths.add(step["local_path"])
+                elif step["__tilt__"] == "run":
+                    paths |= set(step["trigger"])
+                elif step["__tilt__"] == "fall_back_on":
+                    paths |= set(step["files"])
+        elif c.name == "kustomize":
+            paths.add(a["pathToDir"])
+        elif c.name == "local_resource":
+            paths |= set(a["deps"] or [])
+            paths |= {w for w in str(a["serve_cmd"]).split() if w.startswith(("deploy/", "libs/", "services/"))}
+    return paths
+
+
+# ---------------------------------------------------------------- cluster mode
+
+
+def test_cluster_mode_deploys_the_dev_overlay_and_defines_every_resource() -> None:
+    run = evaluate()
+    (k,) = run.of("kustomize")
+    assert k.args["pathToDir"] == "deploy/k8s/overlays/dev" and len(run.of("k8s_yaml")) == 1
+    workloads = {"rollout-worker", "reward-model", "learner", "eval-gate"}
+    assert set(run.resources) == INFRA | workloads
+    assert set(run.enabled) == INFRA | workloads | {"uncategorized"}
+    rendered = {o["metadata"]["name"] for o in kl.build(REPO / k.args["pathToDir"])}
+    assert set(run.resources) <= rendered, "a k8s_resource names a workload the overlay does not define"
+
+
+def test_every_image_built_is_a_dockerfile_target_used_by_the_dev_overlay() -> None:
+    targets = set(images.build_targets())
+    manifests = {
+        c["image"]
+        for o in kl.build(REPO / "deploy/k8s/overlays/dev")
+        for c in o.get("spec", {}).get("template", {}).get("spec", {}).get("containers", [])
+        + o.get("spec", {}).get("template", {}).get("spec", {}).get("initContainers", [])
+    }
+    for flags, cuda in (((), False), (("--gpu",), True)):
+        built = evaluate(*flags).images
+        assert set(built) == {f"slipstream/{s}" for s in table.SERVICES} | {"slipstream/provision"}
+        for ref, call in built.items():
+            assert call.args["target"] in targets and call.args["dockerfile"] == "deploy/docker/Dockerfile"
+            assert ref in manifests, f"{ref} is built but no dev manifest runs it"
+        gpu_targets = {built[f"slipstream/{s}"].args["target"] for s in ("rollout-worker", "learner")}
+        assert gpu_targets == ({"rollout-worker", "learner"} if cuda else {"rollout-worker-cpu", "learner-cpu"})
+
+
+def test_live_update_syncs_libs_and_service_code_where_the_image_installs_them() -> None:
+    for service in table.SERVICES:
+        call = evaluate().images[f"slipstream/{service}"]
+        assert call.name == "docker_build_with_restart"
+        assert call.args["entrypoint"] == [table.console_script(service)]
+        assert call.args["restart_file"].startswith("/app/")  # the non-root user owns /app, not /
+        steps = call.args["live_update"]
+        # Tilt's order rule: fall_back_on first (the extension appends its restart `run` last).
+        assert [s["__tilt__"] for s in steps] == ["fall_back_on", "sync", "sync"]
+        syncs = {s["local_path"]: s["remote_path"] for s in steps if s["__tilt__"] == "sync"}
+        src = f"services/{service}/src"
+        assert syncs == {"libs": "/app/libs", src: f"/app/{src}"}
+        # Whatever changes the installed venv rebuilds instead of syncing.
+        rebuild = {str((REPO / f).resolve().relative_to(REPO)) for f in steps[0]["files"]}
+        lib_pyprojects = {str(p.relative_to(REPO)) for p in REPO.glob("libs/*/pyproject.toml")}
+        assert rebuild >= {"deploy/docker/Dockerfile", "tools/constraints.txt", f"services/{service}/pyproject.toml"}
+        assert rebuild >= lib_pyprojects
+        assert set(call.args["only"]) >= {"libs", f"services/{service}"}
+
+
+def test_port_forwards_reach_the_services_http_ports_on_distinct_local_ports() -> None:
+    forwards = {}
+    for c in evaluate().of("k8s_resource"):
+        for pf in c.args["port_forwards"] or []:
+            forwards[pf["local_port"]] = (c.args["workload"], pf["container_port"], pf["name"])
+    for service in table.SERVICES:
+        hits = [(w, port) for w, port, name in forwards.values() if name.startswith(service + " ")]
+        assert len(hits) == 1, f"{service}: {hits}"
+        assert hits[0][1] == toml_port(service)
+    assert forwards[8103][0] == forwards[8104][0] == "learner"  # the publisher is the learner pod's sidecar
+
+
+def test_services_flag_selects_workloads_and_keeps_infra() -> None:
+    run = evaluate("--services", "learner,reward-model")
+    assert set(run.enabled) == INFRA | {"uncategorized", "learner", "reward-model"}
+    assert set(evaluate("--services", "weight_publisher").enabled) == INFRA | {"uncategorized", "learner"}
+    with pytest.raises(tilt.TiltfileError, match='unknown service "bogus"'):
+        tilt.evaluate(TILTFILE, ["--services", "bogus"], environ={})
+    with pytest.raises(tilt.TiltfileError, match="unknown flag --nope"):
+        tilt.evaluate(TILTFILE, ["--nope"], environ={})
+
+
+# ---------------------------------------------------------------- local mode
+
+
+def test_local_mode_runs_each_service_as_a_process_against_the_embedded_stack() -> None:
+    run = evaluate("--local")
+    assert not run.of("docker_build_with_restart") and not run.of("k8s_yaml")
+    calls = {c.args["name"]: c.args for c in run.of("local_resource")}
+    assert set(calls) == {"stack", *table.SERVICES}
+    stack = calls.pop("stack")
+    assert " up --services none " in stack["serve_cmd"] and "--run-dir .slipstream/tilt" in stack["serve_cmd"]
+    assert stack["readiness_probe"]["exec"]["command"] == ["test", "-f", ".slipstream/tilt/stack.json"]
+    ports = set()
+    for service, args in calls.items():
+        assert args["serve_cmd"].endswith(f" -m {table.package(service)}")
+        assert "deploy/tilt/stack_env.py .slipstream/tilt/stack.json --" in args["serve_cmd"]
+        assert args["resource_deps"] == ["stack"]
+        env = args["serve_env"]
+        probe = args["readiness_probe"]["http_get"]
+        assert probe["path"] == "/readyz" and probe["port"] == int(env["SLIPSTREAM_SERVICE__HTTP_PORT"])
+        ports.add(probe["port"])
+        cls = table.config_class(service)
+        cfg = runtime_config.build(cls, runtime_config.env_layer(cls, env))
+        assert cfg.store.type == "local" and cfg.service.http_host == "127.0.0.1"  # type: ignore[attr-defined]
+        assert set(args["deps"]) == {"libs", f"services/{service}/src"}
+    assert len(ports) == len(calls)
+    staging = calls["learner"]["serve_env"]["SLIPSTREAM_LEARNER__STAGING_DIR"]
+    assert calls["weight-publisher"]["serve_env"]["SLIPSTREAM_PUBLISHER__STAGING_DIR"] == staging
+
+
+def test_local_mode_honours_services_and_python_override() -> None:
+    run = tilt.evaluate(TILTFILE, ["--local", "--services", "eval-gate"], environ={"SLIPSTREAM_PYTHON": "/opt/py"})
+    names = [c.args["name"] for c in run.of("local_resource")]
+    assert names == ["stack", "eval-gate"]
+    assert run.of("local_resource")[1].args["serve_cmd"].startswith("exec /opt/py deploy/tilt/stack_env.py")
+
+
+# ---------------------------------------------------------------- both modes
+
+
+@pytest.mark.parametrize("args", [(), ("--gpu",), ("--local",)], ids=["cluster", "cluster-gpu", "local"])
+def test_every_path_the_tiltfile_names_exists_and_resources_carry_one_role(args: tuple[str, ...]) -> None:
+    run = evaluate(*args)
+    paths = named_paths(run)
+    assert len(paths) >= 5
+    missing = sorted(p for p in paths if not (REPO / p).exists())
+    assert not missing, f"Tiltfile names paths that do not exist: {missing}"
+    for c in run.of("k8s_resource") + run.of("local_resource"):
+        labels = c.args["labels"]
+        assert len(labels) == 1 and labels[0] in ROLES, (c.args, labels)
+
+
+# ---------------------------------------------------------------- deploy/tilt/stack_env.py
+
+
+def test_stack_env_maps_the_stack_urls_onto_config_variables() -> None:
+    doc = {"servers": {"nats": {"url": "nats://127.0.0.1:40123", "pid": 7}, "redis": "redis://127.0.0.1:40124/0"}}
+    env = stack_env.service_env(doc, {"PATH": "/bin", "SLIPSTREAM_SERVICE__REDIS_URL": "redis://mine:1/0"})
+    assert env["SLIPSTREAM_BUS__URL"] == "nats://127.0.0.1:40123"
+    assert env["SLIPSTREAM_SERVICE__REDIS_URL"] == "redis://mine:1/0"  # already set: the developer's value wins
+    assert env["PATH"] == "/bin"
+    assert stack_env.stack_urls({"nats_url": "nats://h:1"}) == {"SLIPSTREAM_BUS__URL": "nats://h:1"}
+
+
+@pytest.mark.parametrize(
+    ("doc", "error"),
+    [
+        ({"redis": "redis://h:1"}, "no nats:// URL"),
+        ({"a": "nats://h:1", "b": ["nats://h:2"]}, "several nats:// URLs"),
+    ],
+)
+def test_stack_env_rejects_a_stack_file_without_exactly_one_nats(doc: dict[str, Any], error: str) -> None:
+    with pytest.raises(stack_env.StackFileError, match=error):
+        stack_env.stack_urls(doc)
+
+
+def test_stack_env_waits_for_the_file_and_reports_a_timeout(tmp_path: Path) -> None:
+    path = tmp_path / "stack.json"
+    with pytest.raises(stack_env.StackFileError, match="does not exist"):
+        stack_env.wait_for(path, timeout_s=0.1)
+    path.write_text('{"nats": "nats://127.0.0.1:4')
+    with pytest.raises(stack_env.StackFileError, match="not complete JSON"):
+        stack_env.wait_for(path, timeout_s=0.1)
+    path.write_text('{"state": "stopped", "nats": "nats://127.0.0.1:4222"}')
+    with pytest.raises(stack_env.StackFileError, match="is stopped"):
+        stack_env.wait_for(path, timeout_s=0.1)
+    path.write_text('{"nats": "nats://127.0.0.1:4222"}')
+    assert stack_env.wait_for(path, timeout_s=0.1) == {"nats": "nats://127.0.0.1:4222"}
