@@ -1,0 +1,129 @@
+"""The consume loop services run: fetch a batch, hand each delivery to a handler, settle it.
+
+On `stop` (SIGTERM flips it) the loop fetches no more, lets the handlers already running finish,
+and hands back every fetched-but-unstarted delivery at once (a nak without delay), so a replica
+that is shutting down loses nothing and delays nothing. A handler that raises gets its delivery
+nak'd with a delay and counted; it never ends the loop. A handler that returns normally has its
+delivery acked unless it settled it itself (`auto_ack=False` leaves settlement to the handler,
+as the learner does when it acks after the step commits).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import msgspec
+
+from slipstream.bus.base import BusError, Consumer
+from slipstream.bus.delivery import Delivery
+from slipstream.bus.instruments import CONSUME_ERRORS
+from slipstream.bus.tracing import consumer_span, tracing_active
+
+T = TypeVar("T", bound=msgspec.Struct)
+Handler = Callable[[Delivery[T]], Awaitable[Any]]
+log = logging.getLogger(__name__)
+_MAX_BACKOFF_S = 5.0
+
+
+@dataclass
+class ConsumeStats:
+    handled: int = 0  # handler returned normally
+    failed: int = 0  # handler raised; delivery nak'd with a delay
+    released: int = 0  # fetched but not started when stop came; handed back
+    fetch_errors: int = 0
+
+
+async def _settle_quietly(what: str, op: Awaitable[bool]) -> None:
+    # A settlement that cannot reach the server is not fatal: the message comes back after ack_wait.
+    try:
+        await op
+    except Exception as exc:  # nats-py raises its own hierarchy; report it, never end the loop
+        CONSUME_ERRORS.add(1, reason="settle")
+        log.warning("could not %s a delivery: %r (it will be redelivered after ack_wait)", what, exc)
+
+
+async def _sleep_or_stop(stop: asyncio.Event, seconds: float) -> None:
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(stop.wait(), seconds)
+
+
+async def consume(
+    consumer: Consumer[T],
+    handler: Handler[T],
+    *,
+    stop: asyncio.Event,
+    concurrency: int = 1,
+    batch: int | None = None,
+    fetch_timeout_s: float | None = None,
+    auto_ack: bool = True,
+    error_delay_s: float = 1.0,
+) -> ConsumeStats:
+    """Run until `stop` is set; returns what happened. See the module docstring."""
+    if concurrency < 1:
+        raise ValueError(f"concurrency must be >= 1, not {concurrency}")
+    stats = ConsumeStats()
+    durable = getattr(consumer, "durable", "")
+    slots = asyncio.Semaphore(concurrency)
+    running: set[asyncio.Task[None]] = set()
+    fetched: list[Delivery[T]] = []
+    backoff = 0.1
+
+    async def run(d: Delivery[T]) -> None:
+        try:
+            if tracing_active():
+                with consumer_span(d.subject, d.context, durable):
+                    await handler(d)
+            else:
+                await handler(d)
+        except Exception as exc:
+            stats.failed += 1
+            CONSUME_ERRORS.add(1, reason="handler")
+            log.warning("handler failed on %r: %r; nak with %.1fs delay", d, exc, error_delay_s, exc_info=True)
+            if d.settled is None:
+                await _settle_quietly("nak", d.nak(error_delay_s))
+            return
+        stats.handled += 1
+        if auto_ack and d.settled is None:
+            await _settle_quietly("ack", d.ack())
+
+    def done(task: asyncio.Task[None]) -> None:
+        running.discard(task)
+        slots.release()
+
+    try:
+        while not stop.is_set():
+            try:
+                fetched = await consumer.fetch(batch, fetch_timeout_s)
+            except BusError as exc:
+                stats.fetch_errors += 1
+                CONSUME_ERRORS.add(1, reason="fetch")
+                log.warning("fetch from %s failed: %s; retrying in %.1fs", durable, exc, backoff)
+                await _sleep_or_stop(stop, backoff)
+                backoff = min(backoff * 2, _MAX_BACKOFF_S)
+                continue
+            backoff = 0.1
+            while fetched and not stop.is_set():
+                if concurrency == 1:
+                    await run(fetched.pop(0))
+                    continue
+                await slots.acquire()
+                if stop.is_set():
+                    slots.release()
+                    break
+                task = asyncio.create_task(run(fetched.pop(0)))
+                running.add(task)
+                task.add_done_callback(done)
+    finally:
+        if running:
+            await asyncio.gather(*running, return_exceptions=True)
+        for d in fetched:
+            if d.settled is None:
+                stats.released += 1
+                await _settle_quietly("release", d.release())
+        fetched = []
+    return stats

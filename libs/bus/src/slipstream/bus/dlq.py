@@ -1,0 +1,67 @@
+"""Dead-lettering: a message no consumer can use goes to `dlq.<STREAM>` with its original bytes.
+
+The body is never re-encoded. The headers are the original ones plus the reason and origin
+(`slipstream.schemas.dead_letter` names them), so `DeadLetter.from_message` rebuilds the full
+story and an operator can republish the original after a fix. The DLQ copy gets its own
+`Nats-Msg-Id` (`dlq:<stream>:<seq>`): a message dead-lettered twice (the source `term` was
+lost) is stored once, and two streams' messages that shared an id do not collide.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Literal
+
+from slipstream.bus.envelope import MSG_ID_HEADER
+from slipstream.bus.instruments import DLQ_MESSAGES
+from slipstream.schemas.dead_letter import H_CONSUMER, H_DELIVERIES, H_REASON, H_SEQUENCE, H_STREAM, H_SUBJECT
+from slipstream.schemas.subjects import dlq_subject
+
+# The original Nats-Msg-Id, kept because the DLQ copy needs an id of its own.
+H_ORIGINAL_MSG_ID = "Slipstream-Dlq-Msg-Id"
+ReasonKind = Literal["decode", "schema", "max_deliveries"]
+_MAX_REASON = 400
+log = logging.getLogger(__name__)
+
+
+def _one_line(text: str) -> str:
+    flat = " ".join(text.split())
+    return flat if len(flat) <= _MAX_REASON else flat[: _MAX_REASON - 3] + "..."
+
+
+def dead_letter_headers(
+    original: dict[str, str] | None,
+    *,
+    kind: ReasonKind,
+    detail: str,
+    subject: str,
+    stream: str,
+    consumer: str,
+    deliveries: int,
+    sequence: int,
+) -> dict[str, str]:
+    hdrs: dict[str, str] = {}
+    for k, v in (original or {}).items():
+        # Nats-* headers steer the server (dedup, expected stream/sequence); they must not apply
+        # to the copy. The id is kept under another name.
+        if k == MSG_ID_HEADER:
+            hdrs[H_ORIGINAL_MSG_ID] = v
+        elif not k.startswith("Nats-"):
+            hdrs[k] = v
+    hdrs[H_REASON] = f"{kind}: {_one_line(detail)}"
+    hdrs[H_SUBJECT] = subject
+    hdrs[H_STREAM] = stream
+    hdrs[H_CONSUMER] = consumer
+    hdrs[H_DELIVERIES] = str(deliveries)
+    hdrs[H_SEQUENCE] = str(sequence)
+    hdrs[MSG_ID_HEADER] = f"dlq:{stream}:{sequence}"
+    return hdrs
+
+
+def target(stream: str) -> str:
+    return dlq_subject(stream)
+
+
+def count(stream: str, kind: ReasonKind, subject: str, sequence: int, detail: str) -> None:
+    DLQ_MESSAGES.add(1, stream=stream, reason=kind)
+    log.warning("dead-lettered %s seq %d from %s (%s): %s", subject, sequence, stream, kind, _one_line(detail))

@@ -1,0 +1,113 @@
+"""Creating (or updating) JetStream streams and durable consumers from the topology.
+
+Safe to run from every replica at once: adding a stream or consumer whose configuration matches
+is a no-op on the server, a stream whose configuration drifted is updated, and a consumer create
+with a changed configuration updates it (nats-server ≥ 2.10). A JetStream that is still starting
+answers 503; that is retried for a few seconds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+
+import nats.errors
+import nats.js.errors
+from nats.js import JetStreamContext
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, RetentionPolicy, StorageType, StreamConfig
+
+from slipstream.bus.base import BusError
+from slipstream.bus.config import BusConfig
+from slipstream.bus.topology import Topology, server_max_deliver
+from slipstream.schemas.subjects import ConsumerSpec, StreamSpec
+
+log = logging.getLogger(__name__)
+_STREAM_DRIFT = 10058  # "stream name already in use with a different configuration"
+_RETENTION = {
+    "workqueue": RetentionPolicy.WORK_QUEUE,
+    "limits": RetentionPolicy.LIMITS,
+    "interest": RetentionPolicy.INTEREST,
+}
+_ATTEMPTS = 8
+
+
+def stream_config(spec: StreamSpec, subjects: list[str], cfg: BusConfig) -> StreamConfig:
+    return StreamConfig(
+        name=spec.name,
+        description=spec.description or None,
+        subjects=subjects,
+        retention=_RETENTION[spec.retention],
+        storage=StorageType.FILE if cfg.stream_storage == "file" else StorageType.MEMORY,
+        num_replicas=cfg.stream_replicas,
+        max_age=spec.max_age_s,
+        max_bytes=spec.max_bytes,
+        duplicate_window=spec.duplicate_window_s,
+    )
+
+
+def consumer_config(spec: ConsumerSpec) -> ConsumerConfig:
+    return ConsumerConfig(
+        name=spec.durable,
+        durable_name=spec.durable,
+        filter_subject=spec.filter_subject,
+        ack_policy=AckPolicy.EXPLICIT,
+        deliver_policy=DeliverPolicy.ALL,
+        ack_wait=spec.ack_wait_s,
+        max_deliver=server_max_deliver(spec),
+        max_ack_pending=spec.max_ack_pending,
+    )
+
+
+async def _with_retries(what: str, op: Callable[[], Awaitable[None]]) -> None:
+    delay = 0.1
+    for attempt in range(1, _ATTEMPTS + 1):
+        try:
+            await op()
+            return
+        except (nats.js.errors.ServiceUnavailableError, nats.errors.TimeoutError, nats.errors.NoRespondersError) as exc:
+            if attempt == _ATTEMPTS:
+                raise BusError(f"cannot {what}: JetStream did not answer after {attempt} attempts ({exc!r})") from exc
+            log.info("%s: JetStream not ready (%r); retrying in %.1fs", what, exc, delay)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 2.0)
+
+
+async def ensure_stream(js: JetStreamContext, spec: StreamSpec, subjects: list[str], cfg: BusConfig) -> None:
+    sc = stream_config(spec, subjects, cfg)
+
+    async def add_or_update() -> None:
+        try:
+            await js.add_stream(sc)
+        except nats.js.errors.BadRequestError as exc:
+            if exc.err_code != _STREAM_DRIFT:
+                raise BusError(f"cannot create stream {spec.name}: {exc.description}") from exc
+            log.info("stream %s exists with another configuration; updating it", spec.name)
+            try:
+                await js.update_stream(sc)
+            except nats.js.errors.BadRequestError as exc2:
+                raise BusError(
+                    f"stream {spec.name} exists with a configuration that cannot be updated to the table's "
+                    f"({exc2.description}); migrate or delete it"
+                ) from exc2
+
+    await _with_retries(f"create stream {spec.name}", add_or_update)
+    for c in spec.consumers:
+        await ensure_consumer(js, spec, c)
+
+
+async def ensure_consumer(js: JetStreamContext, stream: StreamSpec, spec: ConsumerSpec) -> None:
+    cc = consumer_config(spec)
+
+    async def add() -> None:
+        try:
+            await js.add_consumer(stream.name, cc)
+        except nats.js.errors.BadRequestError as exc:
+            raise BusError(f"cannot create consumer {spec.durable} on {stream.name}: {exc.description}") from exc
+
+    await _with_retries(f"create consumer {spec.durable}", add)
+
+
+async def ensure_all(js: JetStreamContext, topology: Topology, cfg: BusConfig) -> None:
+    for spec in topology.streams.values():
+        await ensure_stream(js, spec, topology.subjects[spec.name], cfg)
