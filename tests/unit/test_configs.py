@@ -24,6 +24,7 @@ CONFIG_CLASSES = {
     "learner": "slipstream.learner.config:LearnerConfig",
     "weight-publisher": "slipstream.weight_publisher.config:WeightPublisherConfig",
     "eval-gate": "slipstream.eval_gate.config:EvalGateConfig",
+    "task-source": "slipstream.task_source.config:TaskSourceConfig",
 }
 
 

@@ -1,22 +1,46 @@
-"""The reward-model service: scores raw trajectories with verifiers and rubric judges.
+"""The reward-model service: scores raw trajectories with their environment's verifier and passes them on.
 
-This version is the skeleton the runtime drives: `setup` connects the bus and provisions the
-streams and durable consumers of the subject table (idempotent, so every replica may do it),
-the service is ready while the bus is connected, and `run` waits for the stop signal. It
-consumes and publishes nothing yet.
+    traj.raw.<env> --(durable "reward-model", shared by all replicas)--> score --> traj.scored.<env>
+
+Every replica binds the same durable pull consumer, so N replicas split the backlog. A raw
+trajectory is acked only after JetStream acked its scored copy (published with
+msg_id = trajectory_id, so a redelivery after a lost ack is stored once). What can never be scored
+(unknown environment, bad split, a scored copy too large for the bus) is dead-lettered to
+dlq.TRAJ_RAW with its reason and counted; an unparsable answer is not an error: it is scored as a
+failure (reward 0) and counted as a parse failure.
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import TYPE_CHECKING, Any
 
-from slipstream.bus import connect_bus
+from slipstream.bus import PayloadTooLarge, connect_bus, consume
 from slipstream.reward_model.config import RewardModelConfig
+from slipstream.reward_model.rejection import reject
+from slipstream.reward_model.scorer import Scorer, Unscorable
 from slipstream.runtime.service import BaseService
+from slipstream.schemas import Trajectory
+from slipstream.schemas.subjects import traj_scored_subject
+from slipstream.telemetry.logs import get_logger
+from slipstream.telemetry.metrics import counter, histogram
 
 if TYPE_CHECKING:
-    from slipstream.bus import Bus
+    from slipstream.bus import Bus, Consumer, Delivery
+
+DURABLE = "reward-model"
+log = get_logger(__name__)
+
+REWARD = histogram(
+    "reward/score/reward",
+    "Reward of each scored trajectory (label env).",
+    buckets=(0.0, 0.1, 0.25, 0.5, 0.75, 1.0, 1.1),
+)
+SCORED = counter("reward/score/scored", "Trajectories scored and published (label env).")
+CORRECT = counter("reward/score/correct", "Scored trajectories the verifier judged correct (label env).")
+PARSE_FAILURES = counter("reward/score/parse_failures", "Answers that did not parse, scored as failures (label env).")
+DEAD_LETTERED = counter("reward/score/dead_lettered", "Trajectories sent to dlq.TRAJ_RAW (label reason).")
 
 
 class RewardModelService(BaseService):
@@ -25,13 +49,57 @@ class RewardModelService(BaseService):
     def __init__(self, cfg: RewardModelConfig) -> None:
         self.cfg = cfg
         self.bus: Bus | None = None
+        self.consumer: Consumer[Trajectory] | None = None
+        self.scorer: Scorer | None = None
+        self._inflight = 0
+        self.counts = {"scored": 0, "parse_failures": 0, "dead_lettered": 0}
 
     async def setup(self) -> None:
+        # Options first: a bad [reward] env_options fails setup before anything is consumed.
+        self.scorer = Scorer(self.cfg.reward.env_options)
         self.bus = await connect_bus(self.cfg.bus, name=f"{self.name}/{self.cfg.service.replica}")
         await self.bus.ensure_streams()
+        self.consumer = await self.bus.consumer(DURABLE, Trajectory)
 
     async def run(self, stop: asyncio.Event) -> None:
-        await stop.wait()
+        assert self.consumer is not None, "setup() was not run"
+        stats = await consume(self.consumer, self._handle, stop=stop, concurrency=self.cfg.reward.concurrency)
+        log.info("consume loop stopped", handled=stats.handled, failed=stats.failed, released=stats.released)
+
+    async def _handle(self, d: Delivery[Trajectory]) -> None:
+        assert self.bus is not None and self.scorer is not None and self.consumer is not None
+        traj = d.msg
+        self._inflight += 1
+        try:
+            try:
+                scored, score = self.scorer.score(traj, now=time.time())
+                await self.bus.publish(traj_scored_subject(traj.env), scored, msg_id=traj.trajectory_id)
+            except Unscorable as exc:
+                await self._reject(d, exc.kind, str(exc))
+                return
+            except PayloadTooLarge as exc:
+                await self._reject(d, "too_large", str(exc))
+                return
+        finally:
+            self._inflight -= 1
+        # Counted after the publish was acked: a redelivered message that failed before is counted once.
+        env = traj.env
+        REWARD.observe(scored.reward, env=env)
+        SCORED.add(1, env=env)
+        self.counts["scored"] += 1
+        if scored.correct:
+            CORRECT.add(1, env=env)
+        if not score.parse_ok:
+            PARSE_FAILURES.add(1, env=env)
+            self.counts["parse_failures"] += 1
+            log.debug("unparsable answer", trajectory_id=traj.trajectory_id, reason=score.reason)
+
+    async def _reject(self, d: Delivery[Trajectory], kind: str, detail: str) -> None:
+        assert self.bus is not None and self.consumer is not None
+        await reject(self.bus, d, reason=f"{kind}: {detail}", stream=self.consumer.stream, consumer=DURABLE)
+        DEAD_LETTERED.add(1, reason=kind)
+        self.counts["dead_lettered"] += 1
+        log.warning("dead-lettered", trajectory_id=d.msg.trajectory_id, kind=kind, detail=detail)
 
     async def close(self) -> None:
         if self.bus is not None:
@@ -40,5 +108,12 @@ class RewardModelService(BaseService):
     def ready(self) -> bool:
         return self.bus is not None and self.bus.connected
 
+    def in_flight(self) -> int:
+        return self._inflight
+
     def status(self) -> dict[str, Any]:
-        return {"bus": {"type": self.cfg.bus.type, "connected": self.bus is not None and self.bus.connected}}
+        return {
+            "bus": {"type": self.cfg.bus.type, "connected": self.bus is not None and self.bus.connected},
+            "inflight": self._inflight,
+            **self.counts,
+        }

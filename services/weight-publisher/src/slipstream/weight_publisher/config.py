@@ -18,6 +18,27 @@ from slipstream.telemetry.config import TelemetryConfig
 Doc = msgspec.Meta
 
 
+class PublisherSection(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """`[publisher]`: where the learner stages new weights, and how they are cut and cleaned up."""
+
+    staging_dir: Annotated[
+        str,
+        Doc(description="Directory the learner stages v<version>.safetensors into (same as [learner] staging_dir)."),
+    ] = ".slipstream/staging"
+    poll_interval_s: Annotated[
+        float, Doc(description="Pause between two scans of the staging directory when it is empty.", gt=0)
+    ] = 0.05
+    shard_bytes: Annotated[
+        int, Doc(description="Largest shard in bytes (a tensor never splits); shards upload in parallel.", ge=1)
+    ] = 64 * 1024 * 1024
+    delete_staged: Annotated[
+        bool, Doc(description="Remove a staged file once its version is announced (false keeps them, for debugging).")
+    ] = True
+    retry_max_s: Annotated[
+        float, Doc(description="Longest pause between retries of a version whose store or announce failed.", gt=0)
+    ] = 5.0
+
+
 class WeightPublisherConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     service: Annotated[ServiceSection, Doc(description="Process: run id, replica, probe port, drain budget.")] = (
         msgspec.field(default_factory=ServiceSection)
@@ -30,4 +51,7 @@ class WeightPublisherConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=
     )
     telemetry: Annotated[TelemetryConfig, Doc(description="Logs and traces.")] = msgspec.field(
         default_factory=TelemetryConfig
+    )
+    publisher: Annotated[PublisherSection, Doc(description="Staging directory, shard size, clean-up.")] = msgspec.field(
+        default_factory=PublisherSection
     )

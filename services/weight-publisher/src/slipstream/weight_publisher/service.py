@@ -1,22 +1,35 @@
-"""The weight-publisher service: stores new weight versions in the object store and announces them.
+"""The weight-publisher service: stores each version the learner stages and announces it on weights.announce.
 
-This version is the skeleton the runtime drives: `setup` connects the bus and provisions the
-streams and durable consumers of the subject table (idempotent, so every replica may do it),
-the service is ready while the bus is connected, and `run` waits for the stop signal. It
-consumes and publishes nothing yet.
+    staging dir (v<version>.safetensors, from the learner) --watcher--> publisher --> object store
+                                                                                  --> weights.announce
+
+One publisher runs beside each learner rank. Versions are published in order, one at a time; a
+version whose store or announce fails is retried (with a growing pause) before any later one, so
+announces never go backwards. On SIGTERM the version in flight is finished (manifest last, then
+the announce) and what is already staged gets one attempt each; a version cut short leaves no
+manifest and no announce, and its staged file is published by the next start.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from typing import TYPE_CHECKING, Any
 
 from slipstream.bus import connect_bus
 from slipstream.runtime.service import BaseService
+from slipstream.store import setup_store
+from slipstream.telemetry.logs import get_logger
 from slipstream.weight_publisher.config import WeightPublisherConfig
+from slipstream.weight_publisher.publisher import VersionPublisher
+from slipstream.weight_publisher.watcher import StagingWatcher
 
 if TYPE_CHECKING:
     from slipstream.bus import Bus
+    from slipstream.store import ObjectStore
+    from slipstream.weights.staging import Staged
+
+log = get_logger(__name__)
 
 
 class WeightPublisherService(BaseService):
@@ -25,20 +38,82 @@ class WeightPublisherService(BaseService):
     def __init__(self, cfg: WeightPublisherConfig) -> None:
         self.cfg = cfg
         self.bus: Bus | None = None
+        self.store: ObjectStore | None = None
+        self.publisher: VersionPublisher | None = None
+        self.watcher = StagingWatcher(cfg.publisher.staging_dir, cfg.publisher.poll_interval_s)
+        self._pending = 0
+        self.published = 0
 
     async def setup(self) -> None:
+        self.store = await asyncio.to_thread(setup_store, self.cfg.store)
         self.bus = await connect_bus(self.cfg.bus, name=f"{self.name}/{self.cfg.service.replica}")
         await self.bus.ensure_streams()
+        self.publisher = VersionPublisher(
+            self.bus,
+            self.store,
+            run_id=self.cfg.service.run_id,
+            shard_bytes=self.cfg.publisher.shard_bytes,
+            delete_staged=self.cfg.publisher.delete_staged,
+        )
+        log.info("watching", staging_dir=str(self.watcher.staging_dir), run_id=self.cfg.service.run_id)
 
     async def run(self, stop: asyncio.Event) -> None:
-        await stop.wait()
+        pause = self.cfg.publisher.poll_interval_s
+        while not stop.is_set():
+            batch = await self.watcher.wait(stop)
+            self._pending = len(batch)
+            for staged in batch:
+                if not await self._attempt(staged):
+                    # Retry this (the oldest) version before any later one; the rescan picks it up first.
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(stop.wait(), pause)
+                    pause = min(pause * 2, self.cfg.publisher.retry_max_s)
+                    break
+                pause = self.cfg.publisher.poll_interval_s
+                if stop.is_set():
+                    break
+        # Stopping: what the learner already staged gets one attempt each, within the drain budget.
+        leftover = await asyncio.to_thread(self.watcher.pending)
+        self._pending = len(leftover)
+        for staged in leftover:
+            if not await self._attempt(staged):
+                break
+
+    async def _attempt(self, staged: Staged) -> bool:
+        assert self.publisher is not None, "setup() was not run"
+        try:
+            await self.publisher.publish(staged)
+        except FileNotFoundError:
+            # Removed while we worked on it (by hand, or a second publisher on the same directory).
+            log.warning("staged version vanished", policy_version=staged.version, path=str(staged.path))
+            self.watcher.mark_done(staged.version)
+            return True
+        except Exception as exc:
+            # Store or bus trouble (S3 down, NATS reconnecting): reported and retried by `run`.
+            log.warning("publish failed; retrying", policy_version=staged.version, error=repr(exc), exc_info=True)
+            return False
+        self.watcher.mark_done(staged.version)
+        self.published += 1
+        self._pending = max(0, self._pending - 1)
+        return True
 
     async def close(self) -> None:
         if self.bus is not None:
             await self.bus.close()
+        if self.store is not None:
+            self.store.close()
 
     def ready(self) -> bool:
         return self.bus is not None and self.bus.connected
 
+    def in_flight(self) -> int:
+        return self._pending
+
     def status(self) -> dict[str, Any]:
-        return {"bus": {"type": self.cfg.bus.type, "connected": self.bus is not None and self.bus.connected}}
+        return {
+            "bus": {"type": self.cfg.bus.type, "connected": self.bus is not None and self.bus.connected},
+            "staging_dir": str(self.watcher.staging_dir),
+            "latest_version": self.publisher.latest_version if self.publisher is not None else -1,
+            "published": self.published,
+            "pending": self._pending,
+        }

@@ -1,0 +1,1 @@
+"""Slipstream task source service."""

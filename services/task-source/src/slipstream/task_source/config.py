@@ -1,0 +1,84 @@
+"""Configuration of the task source: one typed class, its sections owned by the libs.
+
+Resolved by `slipstream.runtime.config` from defaults, a TOML file (`--config`),
+`SLIPSTREAM_<SECTION>__<FIELD>` variables and `--section.field` flags, in that order. Lists and
+tables given as variables or flags are JSON: `SLIPSTREAM_TASKS__ENVS='["arith","reverse"]'`.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+import msgspec
+
+from slipstream.bus.config import BusConfig
+from slipstream.runtime.section import ServiceSection
+from slipstream.telemetry.config import TelemetryConfig
+
+Doc = msgspec.Meta
+
+
+class TasksSection(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """`[tasks]`: what to generate, how far ahead of the learner, and when to stop."""
+
+    envs: Annotated[
+        list[str], Doc(description="Environments to draw tasks from, round-robin (names in the env registry).")
+    ] = msgspec.field(default_factory=lambda: ["arith"])
+    env_options: Annotated[
+        dict[str, dict[str, Any]],
+        Doc(description="Options per environment, {env: {option: value}}; keep equal to the reward model's."),
+    ] = {}
+    group_size: Annotated[int, Doc(description="Completions sampled per task (one group per task).", ge=1)] = 8
+    groups_per_step: Annotated[
+        int,
+        Doc(description="Groups the learner trains on per optimizer step (same as [learner] groups_per_step).", ge=1),
+    ] = 4
+    max_staleness: Annotated[
+        int,
+        Doc(
+            description="Versions a rollout may lag the learner (same as [learner]); 0 is the synchronous baseline.",
+            ge=0,
+        ),
+    ] = 2
+    max_steps: Annotated[
+        int,
+        Doc(description="Stop once the learner reports this step (same as [learner] max_steps); 0 never stops.", ge=0),
+    ] = 0
+    seed: Annotated[int, Doc(description="Seed of task generation; with the run id it fixes every task id.")] = 0
+    split: Annotated[Literal["train", "heldout"], Doc(description="Split the tasks are drawn from.")] = "train"
+    poll_interval_s: Annotated[
+        float, Doc(description="Pause between two looks at the backlog (stream info of three streams).", gt=0)
+    ] = 0.1
+    learner_checkpoint_every: Annotated[
+        int,
+        Doc(
+            description=(
+                "The learner's checkpoint_every: trajectories it trained since its last checkpoint keep their "
+                "acks (so they look outstanding) and are not counted against the window."
+            ),
+            ge=1,
+        ),
+    ] = 1
+    sync_timeout_s: Annotated[
+        float,
+        Doc(description="At start, longest wait for the last learner.step / weights.announce already stored.", ge=0),
+    ] = 2.0
+
+    def __post_init__(self) -> None:
+        if not self.envs:
+            raise ValueError("[tasks] envs must name at least one environment")
+
+
+class TaskSourceConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    service: Annotated[ServiceSection, Doc(description="Process: run id, replica, probe port, drain budget.")] = (
+        msgspec.field(default_factory=ServiceSection)
+    )
+    bus: Annotated[BusConfig, Doc(description="Message bus (NATS JetStream or in-memory).")] = msgspec.field(
+        default_factory=BusConfig
+    )
+    telemetry: Annotated[TelemetryConfig, Doc(description="Logs and traces.")] = msgspec.field(
+        default_factory=TelemetryConfig
+    )
+    tasks: Annotated[TasksSection, Doc(description="Task generation, pacing and the stop condition.")] = msgspec.field(
+        default_factory=TasksSection
+    )

@@ -1,0 +1,104 @@
+"""The publisher: one staged version end to end — store it, announce it, remove the staged file.
+
+Store first (in a thread: loading the safetensors file, hashing and uploading are blocking), and
+announce only once `store_version` returned, that is once the manifest is committed after every
+shard: a worker never sees an announce for a version it cannot fully fetch. The announce carries
+msg_id `<run_id>:<version>`, so announcing again after a lost ack (or after a restart between
+store and announce) is deduplicated by the stream within its window, and a worker ignores a
+version it already holds after that. The staged file is removed last: a crash at any point leaves
+the file, and the next attempt finishes the job.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+from slipstream.bus import Bus
+from slipstream.schemas import WeightAnnounce
+from slipstream.schemas.subjects import WEIGHTS_ANNOUNCE
+from slipstream.store import ObjectStore
+from slipstream.telemetry.logs import get_logger
+from slipstream.telemetry.metrics import counter, gauge, histogram
+from slipstream.weight_publisher.codec import StoredVersion, store_version
+from slipstream.weights.staging import Staged, load_staged
+
+log = get_logger(__name__)
+
+SECONDS = histogram(
+    "publisher/publish/seconds",
+    "Seconds from picking up a staged version to its announce being acked.",
+    buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0),
+)
+BYTES = counter("publisher/publish/bytes", "Bytes of shards uploaded to the object store.")
+LATEST = gauge("publisher/publish/latest_version", "Newest policy version announced by this publisher.")
+ANNOUNCED = counter("publisher/publish/announced", "Versions announced (label stored=new|existing).")
+FAILURES = counter("publisher/publish/failures", "Attempts that failed and will be retried (label stage).")
+
+
+def announce_msg_id(run_id: str, version: int) -> str:
+    return f"{run_id}:{version}"
+
+
+class VersionPublisher:
+    """Stores and announces staged versions for one run."""
+
+    def __init__(self, bus: Bus, store: ObjectStore, *, run_id: str, shard_bytes: int, delete_staged: bool) -> None:
+        self.bus = bus
+        self.store = store
+        self.run_id = run_id
+        self.shard_bytes = shard_bytes
+        self.delete_staged = delete_staged
+        self.latest_version = -1
+
+    async def publish(self, staged: Staged) -> StoredVersion:
+        """Store, announce, clean up. Raises on failure; the staged file then stays for a retry."""
+        t0 = time.monotonic()
+        try:
+            stored = await asyncio.to_thread(
+                store_version,
+                self.store,
+                run_id=self.run_id,
+                version=staged.version,
+                load=lambda: load_staged(staged),
+                step_finished_at=staged.step_finished_at,
+                shard_bytes=self.shard_bytes,
+            )
+        except Exception:
+            FAILURES.add(1, stage="store")
+            raise
+        announce = WeightAnnounce(
+            policy_version=stored.version,
+            manifest_key=stored.manifest_key,
+            base_version=stored.manifest.base_version,
+            keyframe=stored.manifest.keyframe,
+            run_id=self.run_id,
+            step_finished_at=staged.step_finished_at,
+            announced_at=time.time(),
+        )
+        try:
+            await self.bus.publish(WEIGHTS_ANNOUNCE, announce, msg_id=announce_msg_id(self.run_id, stored.version))
+        except Exception:
+            FAILURES.add(1, stage="announce")
+            raise
+        if self.delete_staged:
+            # A file already gone (removed by hand) is not an error: the version is announced.
+            Path(staged.path).unlink(missing_ok=True)
+        seconds = time.monotonic() - t0
+        SECONDS.observe(seconds)
+        ANNOUNCED.add(1, stored="existing" if stored.already_stored else "new")
+        if not stored.already_stored:
+            BYTES.add(stored.manifest.stored_bytes)
+        self.latest_version = max(self.latest_version, stored.version)
+        LATEST.set(self.latest_version)
+        log.info(
+            "announced",
+            policy_version=stored.version,
+            manifest_key=stored.manifest_key,
+            stored_bytes=stored.manifest.stored_bytes,
+            shards=len(stored.manifest.shards),
+            already_stored=stored.already_stored,
+            seconds=round(seconds, 4),
+        )
+        return stored
