@@ -1,21 +1,127 @@
 """Configuration of the learner service: one typed class, its sections owned by the libs.
 
 Resolved by `slipstream.runtime.config` from defaults, a TOML file (`--config`),
-`SLIPSTREAM_<SECTION>__<FIELD>` variables and `--section.field` flags, in that order.
+`SLIPSTREAM_<SECTION>__<FIELD>` variables and `--section.field` flags, in that order. The
+`[learner]` section is this service's own; `[model]` (slipstream.engine) and `[loss]`
+(slipstream.rl) are shared with the other services that load the policy or compute the loss.
 """
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
 import msgspec
 
 from slipstream.bus.config import BusConfig
+from slipstream.engine.source import ModelSource
+from slipstream.rl import LossConfig
 from slipstream.runtime.section import ServiceSection
 from slipstream.store.config import StoreConfig
 from slipstream.telemetry.config import TelemetryConfig
 
 Doc = msgspec.Meta
+WeightsDtype = Literal["", "float32", "bfloat16", "float16"]
+
+
+class LearnerSection(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """The `[learner]` section: intake, optimizer, hand-off and checkpoint knobs."""
+
+    max_steps: Annotated[int, Doc(description="Optimizer steps to run in total (across restarts); 0 = forever.")] = 0
+    groups_per_step: Annotated[int, Doc(description="Complete, valid groups consumed by one optimizer step.")] = 4
+    max_staleness: Annotated[
+        int,
+        Doc(description="Drop a trajectory whose oldest token is over this many versions behind; 0 = synchronous."),
+    ] = 2
+    lr: Annotated[float, Doc(description="AdamW learning rate.")] = 1e-4
+    weight_decay: Annotated[float, Doc(description="AdamW decoupled weight decay.")] = 0.0
+    betas: Annotated[tuple[float, float], Doc(description="AdamW betas (beta1, beta2); JSON list on env/CLI.")] = (
+        0.9,
+        0.99,
+    )
+    adam_eps: Annotated[float, Doc(description="AdamW epsilon.")] = 1e-8
+    grad_clip: Annotated[float, Doc(description="Clip the global gradient norm to this; 0 = no clipping.")] = 1.0
+    sampling_temperature: Annotated[
+        float,
+        Doc(description="Temperature the workers sample with; log-probs are recomputed under it so ratios start at 1."),
+    ] = 1.0
+    normalize_std: Annotated[
+        bool, Doc(description="Divide group advantages by the group's reward std (off: Dr. GRPO / Composer 2).")
+    ] = False
+    uniform_tol: Annotated[
+        float, Doc(description="A group whose reward spread (max - min) is at most this is dropped as uniform_group.")
+    ] = 0.0
+    micro_batch: Annotated[
+        int, Doc(description="Trajectories per forward pass; gradients accumulate over a step's micro-batches.")
+    ] = 16
+    checkpoint_every: Annotated[
+        int,
+        Doc(
+            description="Commit a checkpoint (and ack its trajectories) at every step that is a multiple of N; "
+            "0 = only at stop. A paced task source must know N (it counts the held acks)."
+        ),
+    ] = 10
+    commit_when_idle_s: Annotated[
+        float,
+        Doc(
+            description="Also commit when steps are uncommitted and no batch has been ready for this long: a valve "
+            "for task sources that do not discount the held acks; 0 = never."
+        ),
+    ] = 0.0
+    keep_checkpoints: Annotated[
+        int, Doc(description="Committed checkpoints kept in the object store (older ones are deleted).")
+    ] = 3
+    group_timeout_s: Annotated[
+        float, Doc(description="Drop a group as incomplete_group when it is not full this long after its first member.")
+    ] = 120.0
+    staging_dir: Annotated[
+        str, Doc(description="Directory the new weights are staged in for the weight-publisher (shared with it).")
+    ] = ".slipstream/staging"
+    weights_dtype: Annotated[
+        WeightsDtype, Doc(description="dtype of the staged weights; empty = the model's own dtype.")
+    ] = ""
+    seed: Annotated[int, Doc(description="Seed of the learner's torch and python RNGs on a fresh run.")] = 0
+    ack_wait_s: Annotated[
+        float,
+        Doc(
+            description="Override of the `learner` durable's ack_wait (tests, single-service runs); 0 = the subject "
+            "table's. Other services provisioning the topology reset it to the table's value."
+        ),
+    ] = 0.0
+    announce_timeout_s: Annotated[
+        float, Doc(description="How long start-up waits for the last weights.announce when resuming.")
+    ] = 1.0
+    outcomes_path: Annotated[
+        str,
+        Doc(
+            description="JSONL file with one line per settled trajectory (trained at commit, dropped, duplicate), "
+            "for audits and tests; empty = off."
+        ),
+    ] = ""
+
+    def __post_init__(self) -> None:
+        checks = [
+            (self.max_steps >= 0, f"max_steps must be >= 0, got {self.max_steps}"),
+            (self.groups_per_step >= 1, f"groups_per_step must be >= 1, got {self.groups_per_step}"),
+            (self.max_staleness >= 0, f"max_staleness must be >= 0, got {self.max_staleness}"),
+            (self.lr > 0, f"lr must be > 0, got {self.lr}"),
+            (self.weight_decay >= 0, f"weight_decay must be >= 0, got {self.weight_decay}"),
+            (all(0.0 <= b < 1.0 for b in self.betas), f"betas must be in [0, 1), got {list(self.betas)}"),
+            (self.adam_eps > 0, f"adam_eps must be > 0, got {self.adam_eps}"),
+            (self.grad_clip >= 0, f"grad_clip must be >= 0, got {self.grad_clip}"),
+            (self.sampling_temperature > 0, f"sampling_temperature must be > 0, got {self.sampling_temperature}"),
+            (self.uniform_tol >= 0, f"uniform_tol must be >= 0, got {self.uniform_tol}"),
+            (self.micro_batch >= 1, f"micro_batch must be >= 1, got {self.micro_batch}"),
+            (self.checkpoint_every >= 0, f"checkpoint_every must be >= 0, got {self.checkpoint_every}"),
+            (self.commit_when_idle_s >= 0, f"commit_when_idle_s must be >= 0, got {self.commit_when_idle_s}"),
+            (self.keep_checkpoints >= 1, f"keep_checkpoints must be >= 1, got {self.keep_checkpoints}"),
+            (self.group_timeout_s > 0, f"group_timeout_s must be > 0, got {self.group_timeout_s}"),
+            (bool(self.staging_dir), "staging_dir must name a directory"),
+            (self.ack_wait_s >= 0, f"ack_wait_s must be >= 0, got {self.ack_wait_s}"),
+            (self.announce_timeout_s >= 0, f"announce_timeout_s must be >= 0, got {self.announce_timeout_s}"),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise ValueError(message)
 
 
 class LearnerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -25,9 +131,18 @@ class LearnerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     bus: Annotated[BusConfig, Doc(description="Message bus (NATS JetStream or in-memory).")] = msgspec.field(
         default_factory=BusConfig
     )
-    store: Annotated[StoreConfig, Doc(description="Object store (local directory or S3).")] = msgspec.field(
-        default_factory=StoreConfig
+    store: Annotated[StoreConfig, Doc(description="Object store (local directory or S3): checkpoints, weights.")] = (
+        msgspec.field(default_factory=StoreConfig)
     )
     telemetry: Annotated[TelemetryConfig, Doc(description="Logs and traces.")] = msgspec.field(
         default_factory=TelemetryConfig
+    )
+    model: Annotated[ModelSource, Doc(description="The policy to train: an HF directory or a seeded preset.")] = (
+        msgspec.field(default_factory=ModelSource)
+    )
+    loss: Annotated[LossConfig, Doc(description="Policy loss: grpo or cispo, clipping, KL, normalisation.")] = (
+        msgspec.field(default_factory=LossConfig)
+    )
+    learner: Annotated[LearnerSection, Doc(description="Intake, optimizer, weight hand-off and checkpoints.")] = (
+        msgspec.field(default_factory=LearnerSection)
     )

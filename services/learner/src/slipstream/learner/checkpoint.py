@@ -1,0 +1,223 @@
+"""Learner checkpoints in the object store: what a restarted learner resumes from.
+
+    checkpoints/<run_id>/step-<n>/model.safetensors   the policy's parameters
+    checkpoints/<run_id>/step-<n>/optimizer.pt         AdamW state (torch.save; never on the wire)
+    checkpoints/<run_id>/step-<n>/rng.pt               torch RNG states
+    checkpoints/<run_id>/step-<n>/meta.json            step, version, drop counts, python RNG,
+                                                       trained trajectory ids, file sha256s
+    checkpoints/<run_id>/latest.json                   the commit pointer, written last
+
+A checkpoint is committed when `latest.json` names it; files of a checkpoint that was being
+written when the process died are never read (and are deleted by the next commit). The pointer
+also lists the retained chain, newest first, so a restarted learner knows exactly which
+checkpoints are committed and which trajectory ids they cover: those ids form the idempotency
+ledger that turns a redelivered, already-trained trajectory into a counted duplicate.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import random
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+import torch
+from safetensors.torch import load as load_safetensors
+from safetensors.torch import save as save_safetensors
+from torch import nn
+
+from slipstream.learner.handoff import unique_state
+from slipstream.store import ObjectNotFound, ObjectStore
+
+MODEL = "model.safetensors"
+OPTIMIZER = "optimizer.pt"
+RNG = "rng.pt"
+META = "meta.json"
+
+
+class CheckpointError(RuntimeError):
+    """A committed checkpoint that cannot be read back (missing or corrupted file)."""
+
+
+class CheckpointMeta(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """What `meta.json` holds."""
+
+    step: int
+    policy_version: int
+    run_id: str
+    created_at: float
+    dropped: dict[str, int] = {}
+    trained_ids: list[str] = []
+    python_rng: list[Any] = []
+    files: dict[str, str] = {}
+
+
+class Pointer(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """What `latest.json` holds: the committed chain, newest first."""
+
+    step: int
+    policy_version: int
+    chain: list[str]
+
+
+@dataclass
+class Checkpoint:
+    """A committed checkpoint, read back and verified."""
+
+    meta: CheckpointMeta
+    model_state: dict[str, torch.Tensor]
+    optimizer_state: dict[str, Any]
+    rng_state: dict[str, Any]
+    chain_ids: list[list[str]]
+    """Trained trajectory ids of every retained checkpoint, oldest first (the ledger's windows)."""
+
+
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _torch_bytes(obj: object) -> bytes:
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    return buf.getvalue()
+
+
+class Checkpoints:
+    """Save, prune and load the checkpoints of one run (blocking; call off the event loop)."""
+
+    def __init__(self, store: ObjectStore, run_id: str, *, keep: int) -> None:
+        if keep < 1:
+            raise ValueError(f"keep must be >= 1, got {keep}")
+        self.store = store
+        self.run_id = run_id
+        self.keep = keep
+        self.root = f"checkpoints/{run_id}"
+
+    def prefix(self, step: int) -> str:
+        return f"{self.root}/step-{step:08d}"
+
+    @property
+    def pointer_key(self) -> str:
+        return f"{self.root}/latest.json"
+
+    # -- writing ----------------------------------------------------------------------------------
+    def save(
+        self,
+        *,
+        step: int,
+        policy_version: int,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        dropped: dict[str, int],
+        trained_ids: list[str],
+    ) -> str:
+        """Write every file, then the pointer (the commit); prune what fell out of the chain."""
+        prefix = self.prefix(step)
+        previous = self._pointer()
+        if previous is not None and step <= previous.step:
+            raise CheckpointError(f"checkpoint step {step} is not after the committed step {previous.step}")
+        rng: dict[str, Any] = {"torch": torch.get_rng_state()}
+        if torch.cuda.is_available():
+            rng["cuda"] = torch.cuda.get_rng_state_all()
+        blobs = {
+            MODEL: save_safetensors({k: v.detach().cpu().contiguous() for k, v in unique_state(model).items()}),
+            OPTIMIZER: _torch_bytes(optimizer.state_dict()),
+            RNG: _torch_bytes(rng),
+        }
+        self.store.put_many({f"{prefix}/{name}": data for name, data in blobs.items()})
+        meta = CheckpointMeta(
+            step=step,
+            policy_version=policy_version,
+            run_id=self.run_id,
+            created_at=time.time(),
+            dropped=dict(dropped),
+            trained_ids=list(trained_ids),
+            python_rng=msgspec.to_builtins(random.getstate()),
+            files={name: _sha256(data) for name, data in blobs.items()},
+        )
+        self.store.put(f"{prefix}/{META}", msgspec.json.encode(meta))
+        chain = [prefix, *(previous.chain if previous else [])][: self.keep]
+        pointer = Pointer(step=step, policy_version=policy_version, chain=chain)
+        self.store.put(self.pointer_key, msgspec.json.encode(pointer))
+        self._prune(set(chain))
+        return prefix
+
+    def _prune(self, keep: set[str]) -> None:
+        for key in self.store.list(f"{self.root}/step-"):
+            if key.rsplit("/", 1)[0] not in keep:
+                self.store.delete(key)
+
+    # -- reading ----------------------------------------------------------------------------------
+    def _pointer(self) -> Pointer | None:
+        try:
+            raw = self.store.get(self.pointer_key)
+        except ObjectNotFound:
+            return None
+        try:
+            return msgspec.json.decode(raw, type=Pointer)
+        except msgspec.DecodeError as exc:
+            raise CheckpointError(f"{self.pointer_key} is not a checkpoint pointer: {exc}") from exc
+
+    def _meta(self, prefix: str) -> CheckpointMeta:
+        key = f"{prefix}/{META}"
+        try:
+            return msgspec.json.decode(self.store.get(key), type=CheckpointMeta)
+        except ObjectNotFound:
+            raise CheckpointError(f"committed checkpoint file {key} is missing") from None
+        except msgspec.DecodeError as exc:
+            raise CheckpointError(f"{key} does not decode: {exc}") from exc
+
+    def _file(self, prefix: str, meta: CheckpointMeta, name: str) -> bytes:
+        key = f"{prefix}/{name}"
+        try:
+            data = self.store.get(key)
+        except ObjectNotFound:
+            raise CheckpointError(f"committed checkpoint file {key} is missing") from None
+        if _sha256(data) != meta.files.get(name):
+            raise CheckpointError(f"checkpoint file {key} does not match the sha256 in its meta.json")
+        return data
+
+    def latest_step(self) -> int:
+        """The committed step, or -1 when this run has no checkpoint."""
+        pointer = self._pointer()
+        return -1 if pointer is None else pointer.step
+
+    def load_latest(self) -> Checkpoint | None:
+        """The newest committed checkpoint, verified, or None on a fresh run."""
+        pointer = self._pointer()
+        if pointer is None:
+            return None
+        newest = pointer.chain[0]
+        meta = self._meta(newest)
+        model_state = load_safetensors(self._file(newest, meta, MODEL))
+        optimizer_state = torch.load(io.BytesIO(self._file(newest, meta, OPTIMIZER)), weights_only=True)
+        rng_state = torch.load(io.BytesIO(self._file(newest, meta, RNG)), weights_only=True)
+        older = [self._meta(p).trained_ids for p in pointer.chain[1:]]
+        chain_ids = [*reversed(older), meta.trained_ids]
+        return Checkpoint(meta, model_state, optimizer_state, rng_state, chain_ids)
+
+
+def restore(ckpt: Checkpoint, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+    """Load a checkpoint's model, optimizer and RNG states (hyperparameters from config win)."""
+    state = model.state_dict()
+    missing = sorted(set(state) - set(ckpt.model_state))
+    aliased = set(state) - set(unique_state(model))
+    if set(missing) - aliased or set(ckpt.model_state) - set(state):
+        raise CheckpointError(
+            f"checkpoint step {ckpt.meta.step} does not fit the model: missing {missing}, "
+            f"unexpected {sorted(set(ckpt.model_state) - set(state))}"
+        )
+    model.load_state_dict(ckpt.model_state, strict=False)
+    # The configured lr, betas, eps and weight decay apply after a restart (a run may change them).
+    configured = [{k: v for k, v in g.items() if k != "params"} for g in optimizer.param_groups]
+    optimizer.load_state_dict(ckpt.optimizer_state)
+    for group, hyper in zip(optimizer.param_groups, configured, strict=True):
+        group.update(hyper)
+    torch.set_rng_state(ckpt.rng_state["torch"])
+    if "cuda" in ckpt.rng_state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(ckpt.rng_state["cuda"])
+    version, internal, gauss = ckpt.meta.python_rng
+    random.setstate((version, tuple(internal), gauss))

@@ -1,0 +1,57 @@
+"""The weight hand-off: each new version's parameters go to the weight-publisher through a directory.
+
+The learner and its publisher share a directory (an in-memory volume in a pod, a local folder on
+a laptop). `slipstream.weights.staging` writes `v<version>.safetensors` atomically; the publisher
+picks staged versions up in order, stores them (manifest last) and announces them. The learner
+only writes and goes on training.
+
+Tied parameters (an lm_head sharing the embedding) are staged once, under their first name, as
+safetensors refuses aliased tensors and the engine accepts either name for a tied weight.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from slipstream.weights.staging import list_staged, stage
+
+DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def unique_state(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The model's state dict with aliases of an already listed tensor (tied weights) left out."""
+    seen: set[tuple[int, int]] = set()
+    out: dict[str, torch.Tensor] = {}
+    for name, tensor in model.state_dict().items():
+        key = (tensor.untyped_storage().data_ptr(), tensor.storage_offset())
+        if key in seen:
+            continue
+        seen.add(key)
+        out[name] = tensor
+    return out
+
+
+class WeightHandoff:
+    """Stages versions of one model for the weight-publisher."""
+
+    def __init__(self, staging_dir: str | Path, *, dtype: str = "") -> None:
+        if dtype and dtype not in DTYPES:
+            raise ValueError(f"staged weights dtype {dtype!r} is not one of {', '.join(DTYPES)} (or empty)")
+        self.staging_dir = Path(staging_dir)
+        self.dtype = DTYPES.get(dtype)
+
+    def stage(self, version: int, model: nn.Module, *, step_finished_at: float | None = None) -> Path:
+        """Write `version` of `model`'s weights (blocking; call it off the event loop)."""
+        tensors = unique_state(model)
+        if self.dtype is not None:
+            tensors = {k: v.detach().to(self.dtype) if v.is_floating_point() else v for k, v in tensors.items()}
+        return stage(self.staging_dir, version, tensors, step_finished_at=step_finished_at or time.time())
+
+    def highest_staged(self) -> int:
+        """The newest version waiting in the staging directory, or -1 when there is none."""
+        staged = list_staged(self.staging_dir)
+        return staged[-1].version if staged else -1

@@ -1,0 +1,319 @@
+"""The learner's intake: scored trajectories in, complete and valid groups out, every drop counted.
+
+Trajectories arrive one by one, in any order, from any number of reward-model replicas. The
+intake checks each one (`inspect`), groups them by `group_id` (one sampling of a task) until the
+group holds `group_size` arrivals, and queues the complete groups for the trainer. What cannot be
+trained on is dropped at once with a `DropReason` (plus `heldout`: held-out trajectories are for
+evaluation, never for training) and handed back to the caller to ack:
+
+- duplicate: its id is in a committed checkpoint (the ledger); a redelivery of a trajectory this
+  process still holds is not a drop: the new delivery joins the held one and is settled with it;
+- malformed: bad packed arrays, segments that do not cover the completion, token ids outside the
+  vocabulary, a non-finite reward, a policy version ahead of the learner;
+- no_trained_tokens, stale (at arrival and again when the trainer takes the group), heldout;
+- uniform_group: every remaining member got the same reward (no advantage signal);
+- incomplete_group: the group was not full `group_timeout_s` after its first member (late
+  members of such a group are dropped the same way).
+
+A member dropped on its own still counts as an arrival of its group, so the rest of the group
+completes and trains against the survivors' baseline. Nothing here does I/O: the caller passes an
+opaque delivery handle with each trajectory and settles the handles of the `Drop`s it gets back.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import OrderedDict, deque
+from collections.abc import Container, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Generic, TypeVar
+
+from slipstream.rl import DropReason, is_stale, is_uniform_group
+from slipstream.schemas import ScoredTrajectory
+
+H = TypeVar("H")
+HELDOUT = "heldout"
+"""Drop reason of a held-out trajectory (eval data that reached the training stream)."""
+TRAIN_SPLIT = "train"
+# Group keys of expired groups remembered so their late members are dropped, not regrouped.
+EXPIRED_MEMORY = 65536
+
+
+@dataclass(frozen=True)
+class Inspection:
+    """What `inspect` found: a problem ("" when none), the oldest version and the trained-token count."""
+
+    problem: str
+    oldest_version: int = -1
+    trained_tokens: int = 0
+
+
+def inspect(scored: ScoredTrajectory, vocab_size: int) -> Inspection:
+    """Check one scored trajectory's wire fields for consistency; names the first problem found."""
+    t = scored.trajectory
+    if not t.trajectory_id:
+        return Inspection("empty trajectory_id")
+    if not math.isfinite(scored.reward):
+        return Inspection(f"reward {scored.reward} is not finite")
+    if t.group_size < 1:
+        return Inspection(f"group_size must be >= 1, got {t.group_size}")
+    if len(t.token_ids) % 4 or len(t.logprobs) % 4:
+        return Inspection(f"token_ids ({len(t.token_ids)} B) or logprobs ({len(t.logprobs)} B) not a multiple of 4")
+    n_total = len(t.token_ids) // 4
+    completion = n_total - t.prompt_len
+    if t.prompt_len < 1 or completion < 1:
+        return Inspection(f"prompt_len {t.prompt_len} leaves no prompt or no completion in {n_total} tokens")
+    if len(t.logprobs) // 4 != completion:
+        return Inspection(f"{len(t.logprobs) // 4} logprobs for {completion} completion tokens")
+    if len(t.loss_mask) != completion:
+        return Inspection(f"{len(t.loss_mask)} loss_mask entries for {completion} completion tokens")
+    mask = t.mask()
+    if any(m > 1 for m in mask):
+        return Inspection("loss_mask entries must be 0 or 1")
+    if not t.segments:
+        return Inspection("no policy segments")
+    if any(s.n_tokens < 1 or s.policy_version < 0 for s in t.segments):
+        return Inspection("a policy segment has n_tokens < 1 or a negative policy_version")
+    covered = sum(s.n_tokens for s in t.segments)
+    if covered != completion:
+        return Inspection(f"segments cover {covered} tokens, the completion has {completion}")
+    ids = t.ids()
+    if min(ids) < 0 or max(ids) >= vocab_size:
+        return Inspection(f"token ids span [{min(ids)}, {max(ids)}], outside the vocabulary of {vocab_size}")
+    behaviour = t.behaviour_logprobs()
+    if not all(math.isfinite(lp) for lp, m in zip(behaviour, mask, strict=True) if m):
+        return Inspection("a trained token's behaviour log-prob is not finite")
+    return Inspection("", oldest_version=t.oldest_version(), trained_tokens=sum(mask))
+
+
+@dataclass
+class Member(Generic[H]):
+    """One admitted trajectory and every delivery of it still to be settled."""
+
+    scored: ScoredTrajectory
+    handles: list[H]
+    oldest_version: int
+    trained_tokens: int
+
+    @property
+    def trajectory_id(self) -> str:
+        return self.scored.trajectory.trajectory_id
+
+    @property
+    def reward(self) -> float:
+        return self.scored.reward
+
+
+@dataclass
+class Group(Generic[H]):
+    """Trajectories of one sampling of a task (one `group_id`)."""
+
+    key: str
+    size: int
+    first_seen: float
+    members: list[Member[H]] = field(default_factory=list)
+    arrived: int = 0
+
+
+@dataclass(frozen=True)
+class Drop(Generic[H]):
+    """A trajectory that will not be trained on: ack its handles, count `reason`."""
+
+    trajectory_id: str
+    reason: str
+    handles: tuple[H, ...]
+    detail: str = ""
+
+
+class Intake(Generic[H]):
+    """Grouping and admission; see the module docstring. Not thread-safe: one event loop drives it."""
+
+    def __init__(
+        self,
+        *,
+        max_staleness: int,
+        group_timeout_s: float,
+        vocab_size: int,
+        ledger: Container[str],
+        uniform_tol: float = 0.0,
+    ) -> None:
+        if max_staleness < 0:
+            raise ValueError(f"max_staleness must be >= 0, got {max_staleness}")
+        self.max_staleness = max_staleness
+        self.group_timeout_s = group_timeout_s
+        self.vocab_size = vocab_size
+        self.uniform_tol = uniform_tol
+        self._ledger = ledger
+        self._pending: dict[str, Group[H]] = {}
+        self._ready: deque[Group[H]] = deque()
+        self._inflight: dict[str, Member[H]] = {}
+        self._expired: OrderedDict[str, None] = OrderedDict()
+        self.dropped: dict[str, int] = {}
+        self.received = 0
+        self.redelivered = 0
+
+    # -- state ------------------------------------------------------------------------------------
+    @property
+    def ready_groups(self) -> int:
+        return len(self._ready)
+
+    @property
+    def pending_groups(self) -> int:
+        return len(self._pending)
+
+    @property
+    def in_flight(self) -> int:
+        """Trajectories held and not yet settled (pending, ready, or trained awaiting their commit)."""
+        return len(self._inflight)
+
+    def handles(self) -> Iterator[H]:
+        """Every unsettled delivery handle (for ack-wait heartbeats)."""
+        for member in self._inflight.values():
+            yield from member.handles
+
+    # -- arrival ----------------------------------------------------------------------------------
+    def offer(self, scored: ScoredTrajectory, handle: H, version: int, now: float) -> list[Drop[H]]:
+        """Take one delivery; returns the drops it caused (possibly a whole uniform group)."""
+        self.received += 1
+        t = scored.trajectory
+        held = self._inflight.get(t.trajectory_id) if t.trajectory_id else None
+        if held is not None:
+            # Redelivered while we hold it (its ack-wait ran out): settle both deliveries together.
+            held.handles.append(handle)
+            self.redelivered += 1
+            return []
+        if t.trajectory_id in self._ledger:
+            return [self._drop_handle(t.trajectory_id, handle, DropReason.DUPLICATE, "trained in a committed step")]
+        key = t.group_id or t.task_id
+        if key in self._expired:
+            return [self._drop_handle(t.trajectory_id, handle, DropReason.INCOMPLETE_GROUP, "its group expired")]
+        found = inspect(scored, self.vocab_size)
+        reason, detail = self._admission(scored, found, version)
+        group = self._pending.get(key)
+        if not reason and group is not None and t.group_size != group.size:
+            reason, detail = DropReason.MALFORMED, f"group_size {t.group_size} differs from its group's {group.size}"
+        if group is None and t.group_size >= 1:
+            group = self._pending[key] = Group(key=key, size=t.group_size, first_seen=now)
+        drops: list[Drop[H]] = []
+        if reason:
+            drops.append(self._drop_handle(t.trajectory_id, handle, reason, detail))
+        else:
+            assert group is not None
+            member = Member(scored, [handle], found.oldest_version, found.trained_tokens)
+            group.members.append(member)
+            self._inflight[member.trajectory_id] = member
+        if group is not None:
+            group.arrived += 1
+            if group.arrived >= group.size:
+                drops.extend(self._complete(group, version))
+        return drops
+
+    def _admission(self, scored: ScoredTrajectory, found: Inspection, version: int) -> tuple[str, str]:
+        if found.problem:
+            return DropReason.MALFORMED, found.problem
+        if found.oldest_version > version:
+            return DropReason.MALFORMED, f"sampled by version {found.oldest_version}, ahead of the learner's {version}"
+        split = scored.trajectory.split
+        if split != TRAIN_SPLIT:
+            return HELDOUT, f"split {split!r} is not trained on"
+        if found.trained_tokens == 0:
+            return DropReason.NO_TRAINED_TOKENS, "loss mask is all zeros"
+        if is_stale(found.oldest_version, version, self.max_staleness):
+            return DropReason.STALE, f"{version - found.oldest_version} versions behind, max {self.max_staleness}"
+        return "", ""
+
+    def _complete(self, group: Group[H], version: int) -> list[Drop[H]]:
+        del self._pending[group.key]
+        drops = self._screen(group, version)
+        if group.members:
+            self._ready.append(group)
+        return drops
+
+    # -- time and the trainer ---------------------------------------------------------------------
+    def expire(self, now: float) -> list[Drop[H]]:
+        """Drop every group still incomplete `group_timeout_s` after its first member."""
+        drops: list[Drop[H]] = []
+        for key in [k for k, g in self._pending.items() if now - g.first_seen > self.group_timeout_s]:
+            group = self._pending.pop(key)
+            self._expired[key] = None
+            if len(self._expired) > EXPIRED_MEMORY:
+                self._expired.popitem(last=False)
+            detail = f"{group.arrived} of {group.size} arrived within {self.group_timeout_s:g}s"
+            drops.extend(self._drop_member(m, DropReason.INCOMPLETE_GROUP, detail) for m in group.members)
+        return drops
+
+    def take(self, n: int, version: int) -> tuple[list[Group[H]], list[Drop[H]]]:
+        """`n` complete groups to train on at `version`, oldest first, or none if fewer are valid.
+
+        Every queued group is re-checked first: members that went stale since they arrived are
+        dropped, and a group left with uniform rewards (or no members) goes with them.
+        """
+        drops = self.screen_ready(version)
+        if len(self._ready) < n:
+            return [], drops
+        return [self._ready.popleft() for _ in range(n)], drops
+
+    def screen_ready(self, version: int) -> list[Drop[H]]:
+        """Drop what is no longer trainable at `version` from the queue, taking nothing."""
+        drops: list[Drop[H]] = []
+        kept: deque[Group[H]] = deque()
+        for group in self._ready:
+            drops.extend(self._screen(group, version))
+            if group.members:
+                kept.append(group)
+        self._ready = kept
+        return drops
+
+    def _screen(self, group: Group[H], version: int) -> list[Drop[H]]:
+        drops: list[Drop[H]] = []
+        keep: list[Member[H]] = []
+        for m in group.members:
+            if is_stale(m.oldest_version, version, self.max_staleness):
+                lag = version - m.oldest_version
+                drops.append(self._drop_member(m, DropReason.STALE, f"{lag} versions behind, max {self.max_staleness}"))
+            else:
+                keep.append(m)
+        if keep and is_uniform_group(group_rewards(keep), self.uniform_tol):
+            drops.extend(self._drop_member(m, DropReason.UNIFORM_GROUP, "equal rewards") for m in keep)
+            keep = []
+        group.members = keep
+        return drops
+
+    def drop(self, members: Sequence[Member[H]], reason: str, detail: str) -> list[Drop[H]]:
+        """Drop members the trainer could not use (a step whose gradient was not finite)."""
+        return [self._drop_member(m, reason, detail) for m in members]
+
+    def forget(self, trajectory_ids: Sequence[str]) -> None:
+        """These trajectories were settled by the caller (acked after their commit, or released)."""
+        for tid in trajectory_ids:
+            self._inflight.pop(tid, None)
+
+    def untrained(self) -> list[Member[H]]:
+        """Remove and return every member not yet taken by the trainer (to hand back on stop)."""
+        members = [m for g in self._pending.values() for m in g.members]
+        members += [m for g in self._ready for m in g.members]
+        self._pending.clear()
+        self._ready.clear()
+        self.forget([m.trajectory_id for m in members])
+        return members
+
+    def restore_counts(self, dropped: dict[str, int]) -> None:
+        """Cumulative drop counts from a checkpoint (a resumed run keeps counting from there)."""
+        self.dropped = dict(dropped)
+
+    # -- drops --------------------------------------------------------------------------------------
+    def _count(self, reason: str) -> None:
+        self.dropped[reason] = self.dropped.get(reason, 0) + 1
+
+    def _drop_handle(self, tid: str, handle: H, reason: str, detail: str) -> Drop[H]:
+        self._count(reason)
+        return Drop(tid, str(reason), (handle,), detail)
+
+    def _drop_member(self, member: Member[H], reason: str, detail: str) -> Drop[H]:
+        self._inflight.pop(member.trajectory_id, None)
+        self._count(reason)
+        return Drop(member.trajectory_id, str(reason), tuple(member.handles), detail)
+
+
+def group_rewards(members: Sequence[Member[H]]) -> list[float]:
+    return [m.reward for m in members]

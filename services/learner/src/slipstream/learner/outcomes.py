@@ -1,0 +1,62 @@
+"""The outcome log: one JSON line per trajectory the learner settled, and how.
+
+Written just before the acks it describes: a trained trajectory when the checkpoint covering its
+step is committed (never earlier, so a step lost in a crash leaves no line), a dropped one when
+it is dropped, with the reason (duplicate included). Read by audits and by the crash test to show
+that every published trajectory was trained exactly once or dropped with a reason. Off unless
+`[learner] outcomes_path` is set.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterable
+from pathlib import Path
+
+import msgspec
+
+TRAINED = "trained"
+DROPPED = "dropped"
+
+
+class Outcome(msgspec.Struct, kw_only=True):
+    """One line of the log."""
+
+    trajectory_id: str
+    outcome: str
+    """'trained' or 'dropped'."""
+    reason: str = ""
+    step: int = 0
+    policy_version: int = 0
+    at: float = 0.0
+    pid: int = 0
+
+
+class OutcomeLog:
+    """Appends outcomes to a JSONL file (a no-op without a path)."""
+
+    def __init__(self, path: str | Path | None) -> None:
+        self.path = Path(path) if path else None
+        if self.path is not None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._encoder = msgspec.json.Encoder()
+
+    def write(self, outcomes: Iterable[Outcome]) -> None:
+        if self.path is None:
+            return
+        now, pid = time.time(), os.getpid()
+        lines = []
+        for o in outcomes:
+            o.at, o.pid = o.at or now, o.pid or pid
+            lines.append(self._encoder.encode(o) + b"\n")
+        if lines:
+            # One write per batch, unbuffered: a killed process leaves whole lines behind.
+            with self.path.open("ab", buffering=0) as fh:
+                fh.write(b"".join(lines))
+
+
+def read_outcomes(path: str | Path) -> list[Outcome]:
+    """Every outcome in a log file, in order."""
+    decoder = msgspec.json.Decoder(Outcome)
+    return [decoder.decode(line) for line in Path(path).read_bytes().splitlines() if line.strip()]

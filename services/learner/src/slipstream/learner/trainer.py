@@ -1,0 +1,168 @@
+"""The optimizer step: groups of scored trajectories in, one AdamW update of the policy out.
+
+Per group, advantages are reward − group mean (`slipstream.rl.group_advantages`); every
+trajectory becomes a `TrainItem`, items are packed into micro-batches (`micro_batch`
+trajectories per forward, sorted by length so padding stays small), log-probs are recomputed
+under the workers' sampling temperature, and `compute_loss` (grpo or cispo, with the
+behaviour-policy correction) is backpropagated per micro-batch. Every micro-batch divides by the
+whole step's normaliser, so the accumulated gradient equals the full batch's. Then the global
+gradient norm is clipped and AdamW steps once: a single pass over each trajectory.
+
+A step whose gradient is not finite is not applied (the optimizer state stays as it was) and is
+reported as such; the caller decides what to do with its trajectories. This module runs in a
+worker thread (the service's event loop keeps draining NATS meanwhile) and does no I/O.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from slipstream.learner.config import LearnerSection
+from slipstream.rl import LossConfig, TrainItem, compute_loss, group_advantages, pack_batch, staleness, token_logprobs
+from slipstream.schemas import ScoredTrajectory
+
+# Loss figures averaged over trained tokens across micro-batches (the rest are summed or min/max'ed).
+_TOKEN_MEANS = ("ratio_mean", "clip_fraction", "behaviour_kl", "kl")
+
+
+@dataclass(frozen=True)
+class StepStats:
+    """What one step did, for `LearnerStep` and the metrics."""
+
+    applied: bool
+    """False when the gradient was not finite and the update was skipped."""
+    loss: float
+    reward_mean: float
+    accuracy: float
+    n_trajectories: int
+    n_groups: int
+    n_tokens: int
+    grad_norm: float
+    time_s: float
+    staleness: dict[str, int] = field(default_factory=dict)
+    """Versions behind (of each trajectory's oldest token) -> trajectories."""
+    figures: dict[str, float] = field(default_factory=dict)
+    """Loss diagnostics: ratio_mean/min/max, clip_fraction, behaviour_kl, policy_loss, ..."""
+
+
+def train_items(group: Sequence[ScoredTrajectory], *, normalize_std: bool = False) -> list[TrainItem]:
+    """One TrainItem per trajectory of a group, each carrying its group-relative advantage."""
+    advantages = group_advantages([s.reward for s in group], normalize_std=normalize_std).tolist()
+    out: list[TrainItem] = []
+    for scored, adv in zip(group, advantages, strict=True):
+        t = scored.trajectory
+        out.append(
+            TrainItem(
+                token_ids=t.ids(),
+                prompt_len=t.prompt_len,
+                behaviour_logprobs=t.behaviour_logprobs(),
+                loss_mask=t.mask(),
+                advantage=float(adv),
+            )
+        )
+    return out
+
+
+def staleness_histogram(trajectories: Sequence[ScoredTrajectory], version: int) -> dict[str, int]:
+    """{versions behind: count} of the trajectories' oldest tokens relative to `version`."""
+    hist: dict[str, int] = {}
+    for s in trajectories:
+        lag = str(staleness(s.trajectory.oldest_version(), version))
+        hist[lag] = hist.get(lag, 0) + 1
+    return dict(sorted(hist.items(), key=lambda kv: int(kv[0])))
+
+
+class Trainer:
+    """The policy, its AdamW optimizer, and the step that updates them."""
+
+    def __init__(self, model: nn.Module, section: LearnerSection, loss: LossConfig, *, pad_id: int) -> None:
+        self.model = model
+        self.section = section
+        self.loss_cfg = loss
+        self.pad_id = pad_id
+        self.device = next(model.parameters()).device
+        self.optimizer = torch.optim.AdamW(
+            model.parameters(),
+            lr=section.lr,
+            betas=section.betas,
+            eps=section.adam_eps,
+            weight_decay=section.weight_decay,
+        )
+
+    def step(self, groups: Sequence[Sequence[ScoredTrajectory]], version: int) -> StepStats:
+        """One optimizer step over `groups`, trained at policy `version` (the weights before the step)."""
+        if not groups or any(not g for g in groups):
+            raise ValueError("a step needs at least one group, and no group may be empty")
+        start = time.perf_counter()
+        trajectories = [s for g in groups for s in g]
+        items = [item for g in groups for item in train_items(g, normalize_std=self.section.normalize_std)]
+        total_tokens = sum(sum(item.loss_mask) for item in items)
+        # Sorting by length keeps each micro-batch's padding small; the summed gradient is the same.
+        order = sorted(range(len(items)), key=lambda i: len(items[i].token_ids))
+        size = self.section.micro_batch
+        self.model.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        sums: dict[str, float] = {}
+        for lo in range(0, len(order), size):
+            chunk = [items[i] for i in order[lo : lo + size]]
+            figures = self._backward(chunk, total_tokens)
+            _accumulate(sums, figures)
+        params = [p for p in self.model.parameters() if p.grad is not None]
+        max_norm = self.section.grad_clip if self.section.grad_clip > 0 else math.inf
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm))
+        applied = math.isfinite(grad_norm)
+        if applied:
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return StepStats(
+            applied=applied,
+            loss=sums.get("loss", 0.0),
+            reward_mean=sum(s.reward for s in trajectories) / len(trajectories),
+            accuracy=sum(1 for s in trajectories if s.correct) / len(trajectories),
+            n_trajectories=len(trajectories),
+            n_groups=len(groups),
+            n_tokens=total_tokens,
+            grad_norm=grad_norm,
+            time_s=time.perf_counter() - start,
+            staleness=staleness_histogram(trajectories, version),
+            figures=_finish(sums),
+        )
+
+    def _backward(self, chunk: list[TrainItem], total_tokens: int) -> dict[str, float]:
+        batch = pack_batch(chunk, pad_id=self.pad_id).to(self.device)
+        logits = self.model(batch.input_ids, batch.attention_mask)[:, :-1]
+        logprobs = token_logprobs(logits, batch.targets, temperature=self.section.sampling_temperature)
+        out = compute_loss(
+            self.loss_cfg,
+            logprobs=logprobs,
+            behaviour_logprobs=batch.behaviour_logprobs,
+            advantages=batch.advantages,
+            mask=batch.mask,
+            total_tokens=total_tokens,
+        )
+        out.loss.backward()
+        return out.metrics
+
+
+def _accumulate(sums: dict[str, float], figures: dict[str, float]) -> None:
+    tokens = figures.get("tokens", 0.0)
+    for name, value in figures.items():
+        if name in _TOKEN_MEANS:
+            sums[name] = sums.get(name, 0.0) + value * tokens
+        elif name == "ratio_min":
+            sums[name] = min(sums.get(name, math.inf), value)
+        elif name == "ratio_max":
+            sums[name] = max(sums.get(name, -math.inf), value)
+        else:  # loss, policy_loss, kl_loss, tokens: additive over micro-batches
+            sums[name] = sums.get(name, 0.0) + value
+
+
+def _finish(sums: dict[str, float]) -> dict[str, float]:
+    tokens = max(sums.get("tokens", 0.0), 1.0)
+    return {name: (value / tokens if name in _TOKEN_MEANS else value) for name, value in sums.items()}

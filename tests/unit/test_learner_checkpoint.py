@@ -1,0 +1,200 @@
+"""Learner checkpoints (local object store), the weight hand-off, the ledger and the outcome log."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+import torch._dynamo  # torch.optim's first use imports it (~2 s): pay that at collection
+
+from slipstream.engine import ModelConfig, build_tiny
+from slipstream.engine.presets import PRESETS
+from slipstream.learner.checkpoint import CheckpointError, Checkpoints, restore
+from slipstream.learner.config import LearnerSection
+from slipstream.learner.handoff import WeightHandoff, unique_state
+from slipstream.learner.ledger import TrainedLedger
+from slipstream.learner.outcomes import Outcome, OutcomeLog, read_outcomes
+from slipstream.learner.trainer import Trainer
+from slipstream.rl import LossConfig
+from slipstream.store import LocalObjectStore
+from slipstream.weights.staging import list_staged, load_staged
+
+pytestmark = pytest.mark.unit
+
+
+@pytest.fixture(autouse=True)
+def _one_torch_thread() -> Iterator[None]:
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def stepped_trainer(seed: int = 0, lr: float = 1e-3, preset: str | ModelConfig = "tiny") -> Trainer:
+    """A trainer whose AdamW has state (one step on a made-up gradient)."""
+    model, tok = build_tiny(preset, seed=seed)
+    t = Trainer(model, LearnerSection(lr=lr), LossConfig(), pad_id=tok.pad_id)
+    for p in model.parameters():
+        p.grad = torch.full_like(p, 0.01)
+    t.optimizer.step()
+    t.optimizer.zero_grad(set_to_none=True)
+    return t
+
+
+def save(c: Checkpoints, t: Trainer, step: int, ids: list[str], dropped: dict[str, int] | None = None) -> str:
+    return c.save(
+        step=step,
+        policy_version=step + 10,
+        model=t.model,
+        optimizer=t.optimizer,
+        dropped=dropped or {},
+        trained_ids=ids,
+    )
+
+
+def test_a_checkpoint_restores_model_optimizer_rng_and_counts(tmp_path: Path) -> None:
+    store = LocalObjectStore(tmp_path)
+    c = Checkpoints(store, "run", keep=3)
+    assert c.load_latest() is None and c.latest_step() == -1
+    t = stepped_trainer(seed=0)
+    random.seed(7)
+    torch.manual_seed(7)
+    save(c, t, 4, ["a", "b"], {"stale": 2})
+    expected_py, expected_torch = random.random(), torch.rand(3)
+
+    fresh = stepped_trainer(seed=1, lr=0.5)  # other weights, other optimizer state, other lr
+    ckpt = c.load_latest()
+    assert ckpt is not None
+    assert (ckpt.meta.step, ckpt.meta.policy_version, ckpt.meta.dropped) == (4, 14, {"stale": 2})
+    assert ckpt.chain_ids == [["a", "b"]]
+    restore(ckpt, fresh.model, fresh.optimizer)
+    for k, v in t.model.state_dict().items():
+        assert torch.equal(fresh.model.state_dict()[k], v), k
+    saved, loaded = t.optimizer.state_dict(), fresh.optimizer.state_dict()
+    for idx, st in saved["state"].items():
+        assert torch.equal(loaded["state"][idx]["exp_avg"], st["exp_avg"])
+    assert fresh.optimizer.param_groups[0]["lr"] == 0.5  # the configured lr wins over the checkpoint's
+    assert random.random() == expected_py and torch.equal(torch.rand(3), expected_torch)
+
+
+def test_the_pointer_keeps_a_chain_and_older_checkpoints_are_pruned(tmp_path: Path) -> None:
+    store = LocalObjectStore(tmp_path)
+    c = Checkpoints(store, "run", keep=2)
+    t = stepped_trainer()
+    for step in (2, 4, 6):
+        save(c, t, step, [f"t{step}a", f"t{step}b"])
+    prefixes = sorted({k.rsplit("/", 1)[0] for k in store.list("checkpoints/run/step-")})
+    assert prefixes == ["checkpoints/run/step-00000004", "checkpoints/run/step-00000006"]
+    ckpt = c.load_latest()
+    assert ckpt is not None and ckpt.meta.step == 6
+    assert ckpt.chain_ids == [["t4a", "t4b"], ["t6a", "t6b"]]  # oldest first: the ledger's windows
+    with pytest.raises(CheckpointError, match="not after the committed step 6"):
+        save(c, t, 6, [])
+
+
+def test_files_of_an_uncommitted_checkpoint_are_never_read_and_get_replaced(tmp_path: Path) -> None:
+    store = LocalObjectStore(tmp_path)
+    c = Checkpoints(store, "run", keep=3)
+    t = stepped_trainer()
+    save(c, t, 2, ["a"])
+    # A learner died while writing step 4: files, even its meta, but no pointer.
+    store.put("checkpoints/run/step-00000004/meta.json", b"{half")
+    store.put("checkpoints/run/step-00000005/model.safetensors", b"junk")
+    ckpt = c.load_latest()
+    assert ckpt is not None and ckpt.meta.step == 2
+    save(c, t, 4, ["b"])
+    assert sorted({k.rsplit("/", 1)[0] for k in store.list("checkpoints/run/step-")}) == [
+        "checkpoints/run/step-00000002",
+        "checkpoints/run/step-00000004",
+    ]
+    again = c.load_latest()
+    assert again is not None and again.chain_ids == [["a"], ["b"]]
+
+
+def test_a_corrupted_or_missing_committed_file_is_an_error_naming_it(tmp_path: Path) -> None:
+    store = LocalObjectStore(tmp_path)
+    c = Checkpoints(store, "run", keep=3)
+    save(c, stepped_trainer(), 3, ["a"])
+    key = "checkpoints/run/step-00000003/optimizer.pt"
+    store.put(key, store.get(key)[:-1] + b"x")
+    with pytest.raises(CheckpointError, match=r"optimizer\.pt does not match the sha256"):
+        c.load_latest()
+    store.delete(key)
+    with pytest.raises(CheckpointError, match=r"step-00000003/optimizer\.pt is missing"):
+        c.load_latest()
+
+
+def test_tied_embeddings_are_saved_once_and_restored(tmp_path: Path) -> None:
+    import msgspec
+
+    tied = msgspec.structs.replace(PRESETS["tiny"], tie_word_embeddings=True)
+    t = stepped_trainer(preset=tied)
+    assert "lm_head.weight" in t.model.state_dict() and "lm_head.weight" not in unique_state(t.model)
+    c = Checkpoints(LocalObjectStore(tmp_path), "run", keep=1)
+    save(c, t, 1, [])
+    other = stepped_trainer(seed=5, preset=tied)
+    ckpt = c.load_latest()
+    assert ckpt is not None
+    restore(ckpt, other.model, other.optimizer)
+    assert torch.equal(other.model.lm_head.weight, t.model.model.embed_tokens.weight)
+    assert other.model.lm_head.weight is other.model.model.embed_tokens.weight  # still tied
+
+
+def test_restore_rejects_a_checkpoint_of_another_model(tmp_path: Path) -> None:
+    import msgspec
+
+    c = Checkpoints(LocalObjectStore(tmp_path), "run", keep=1)
+    save(c, stepped_trainer(), 1, [])
+    wider = msgspec.structs.replace(PRESETS["tiny"], num_hidden_layers=5)
+    other = stepped_trainer(preset=wider)
+    ckpt = c.load_latest()
+    assert ckpt is not None
+    with pytest.raises(CheckpointError, match=r"does not fit the model: missing \['model\.layers\.4\."):
+        restore(ckpt, other.model, other.optimizer)
+
+
+def test_the_handoff_stages_versions_in_the_configured_dtype(tmp_path: Path) -> None:
+    model, _ = build_tiny("tiny", seed=0)
+    h = WeightHandoff(tmp_path / "staging", dtype="bfloat16")
+    assert h.highest_staged() == -1
+    h.stage(0, model, step_finished_at=123.0)
+    h.stage(1, model)
+    staged = list_staged(tmp_path / "staging")
+    assert [s.version for s in staged] == [0, 1] and staged[0].step_finished_at == 123.0
+    assert h.highest_staged() == 1
+    tensors = load_staged(staged[0])
+    assert set(tensors) == set(model.state_dict())
+    assert {t.dtype for t in tensors.values()} == {torch.bfloat16}
+    full = WeightHandoff(tmp_path / "f")
+    full.stage(0, model)
+    got = load_staged(list_staged(tmp_path / "f")[0])
+    assert all(torch.equal(got[k], v) for k, v in model.state_dict().items())
+    with pytest.raises(ValueError, match="int8"):
+        WeightHandoff(tmp_path, dtype="int8")
+
+
+def test_the_ledger_forgets_the_oldest_window() -> None:
+    ledger = TrainedLedger(2)
+    ledger.commit(["a", "b"])
+    ledger.commit(["c"])
+    assert "a" in ledger and "c" in ledger and len(ledger) == 3
+    ledger.commit(["d"])
+    assert "a" not in ledger and "c" in ledger and "d" in ledger
+
+
+def test_the_outcome_log_appends_whole_lines(tmp_path: Path) -> None:
+    path = tmp_path / "sub" / "outcomes.jsonl"
+    log = OutcomeLog(path)
+    log.write([Outcome(trajectory_id="a", outcome="trained", step=3, policy_version=4)])
+    log.write(iter([Outcome(trajectory_id="b", outcome="dropped", reason="stale")]))
+    log.write([])
+    got = read_outcomes(path)
+    assert [(o.trajectory_id, o.outcome, o.reason, o.step) for o in got] == [
+        ("a", "trained", "", 3),
+        ("b", "dropped", "stale", 0),
+    ]
+    assert all(o.pid > 0 and o.at > 0 for o in got)
+    OutcomeLog("").write([Outcome(trajectory_id="x", outcome="trained")])  # off: writes nothing, no error

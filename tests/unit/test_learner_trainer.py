@@ -1,0 +1,182 @@
+"""The learner's optimizer step on the tiny model: advantages, accumulation, on-policy ratios, skips, learning."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from typing import Literal
+
+import pytest
+import torch
+import torch._dynamo  # torch.optim's first use imports it (~2 s): pay that at collection
+
+from slipstream.engine import build_tiny
+from slipstream.learner.config import LearnerSection
+from slipstream.learner.trainer import Trainer, staleness_histogram, train_items
+from slipstream.rl import LossConfig, token_logprobs
+from slipstream.schemas import PolicySegment, ScoredTrajectory, Trajectory, pack_floats, pack_ids, pack_mask
+
+pytestmark = pytest.mark.unit
+
+PROMPT = [1, 50, 51, 52]
+
+
+@pytest.fixture(autouse=True)
+def _one_torch_thread() -> Iterator[None]:
+    # Two cores shared by several processes: more intra-op threads only oversubscribe them.
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def scored(
+    tid: str,
+    completion: list[int],
+    reward: float,
+    *,
+    version: int = 0,
+    behaviour: list[float] | None = None,
+    correct: bool = False,
+) -> ScoredTrajectory:
+    n = len(completion)
+    traj = Trajectory(
+        trajectory_id=tid,
+        task_id="t",
+        env="arith",
+        group_id="t/g",
+        group_size=2,
+        prompt_len=len(PROMPT),
+        token_ids=pack_ids(PROMPT + completion),
+        logprobs=pack_floats(behaviour if behaviour is not None else [-math.log(259.0)] * n),
+        loss_mask=pack_mask([1] * n),
+        segments=[PolicySegment(version, n)],
+    )
+    return ScoredTrajectory(trajectory=traj, reward=reward, correct=correct)
+
+
+def trainer(seed: int = 0, **section: object) -> Trainer:
+    model, tok = build_tiny("tiny", seed=seed)
+    return Trainer(model, LearnerSection(**section), LossConfig(), pad_id=tok.pad_id)  # type: ignore[arg-type]
+
+
+def behaviour_of(t: Trainer, completion: list[int], temperature: float) -> list[float]:
+    ids = torch.tensor([PROMPT + completion])
+    with torch.no_grad():
+        logits = t.model(ids)[:, :-1]
+        lp = token_logprobs(logits, ids[:, 1:], temperature=temperature)[0]
+    return lp[len(PROMPT) - 1 :].tolist()
+
+
+def test_train_items_carry_reward_minus_group_mean() -> None:
+    group = [scored("a", [60, 61], 1.0), scored("b", [62], 0.0), scored("c", [63, 64, 65], 0.5)]
+    items = train_items(group)
+    assert [i.advantage for i in items] == pytest.approx([0.5, -0.5, 0.0])
+    assert [list(i.token_ids) for i in items] == [[*PROMPT, 60, 61], [*PROMPT, 62], [*PROMPT, 63, 64, 65]]
+    assert all(i.prompt_len == 4 for i in items)
+    std = train_items(group, normalize_std=True)
+    assert std[0].advantage == pytest.approx(0.5 / math.sqrt(1 / 6), rel=1e-4)
+
+
+def test_staleness_histogram_counts_versions_behind_of_the_oldest_token() -> None:
+    a = scored("a", [60], 1.0, version=5)
+    b = scored("b", [60, 61], 0.0)
+    b.trajectory.segments = [PolicySegment(3, 1), PolicySegment(5, 1)]
+    c = scored("c", [60], 0.0, version=4)
+    assert staleness_histogram([a, b, c], version=5) == {"0": 1, "1": 1, "2": 1}
+
+
+def test_a_step_updates_the_policy_and_reports_what_it_trained_on() -> None:
+    t = trainer(lr=1e-3)
+    before = {k: v.clone() for k, v in t.model.state_dict().items()}
+    groups = [
+        [scored("a", [60, 61, 62], 1.0, correct=True), scored("b", [70, 71], 0.0)],
+        [scored("c", [80], 0.0, version=1), scored("d", [81, 82], 1.0, version=1, correct=True)],
+    ]
+    stats = t.step(groups, version=1)
+    assert stats.applied
+    assert (stats.n_trajectories, stats.n_groups, stats.n_tokens) == (4, 2, 8)
+    assert stats.reward_mean == pytest.approx(0.5) and stats.accuracy == pytest.approx(0.5)
+    assert stats.staleness == {"0": 2, "1": 2}
+    assert stats.grad_norm > 0 and math.isfinite(stats.loss)
+    changed = [k for k, v in t.model.state_dict().items() if not torch.equal(v, before[k])]
+    assert len(changed) == len(before)  # every parameter moved (embeddings of the seen tokens included)
+    assert all(p.grad is None for p in t.model.parameters())  # nothing left over for the next step
+
+
+@pytest.mark.parametrize("normalizer", ["constant", "tokens"])
+def test_micro_batches_accumulate_to_the_full_batch_gradient(normalizer: Literal["constant", "tokens"]) -> None:
+    groups = [
+        [scored("a", [60, 61, 62], 1.0), scored("b", [70, 71], 0.0), scored("c", [72], 0.5)],
+        [scored("d", [80, 81, 82, 83], 0.0), scored("e", [84], 1.0)],
+    ]
+    grads = []
+    for micro in (1, 2, 16):
+        model, tok = build_tiny("tiny", seed=3)
+        t = Trainer(
+            model,
+            LearnerSection(micro_batch=micro, grad_clip=0.0),
+            LossConfig(normalizer=normalizer),
+            pad_id=tok.pad_id,
+        )  # type: ignore[arg-type]
+        captured: dict[str, torch.Tensor] = {}
+
+        def capture(t: Trainer = t, captured: dict[str, torch.Tensor] = captured) -> None:
+            captured.update({n: p.grad.clone() for n, p in t.model.named_parameters() if p.grad is not None})
+
+        t.optimizer.step = capture  # type: ignore[method-assign]
+        t.step(groups, version=0)
+        grads.append(captured)
+    for other in grads[1:]:
+        assert other.keys() == grads[0].keys()
+        for name, g in grads[0].items():
+            torch.testing.assert_close(other[name], g, rtol=1e-4, atol=1e-7)
+
+
+def test_on_policy_ratios_are_one_when_the_temperature_matches() -> None:
+    t = trainer(sampling_temperature=0.7)
+    comps = [[60, 61, 62], [70, 71]]
+    group = [scored(str(i), c, float(i), behaviour=behaviour_of(t, c, 0.7)) for i, c in enumerate(comps)]
+    stats = t.step([group], version=0)
+    assert stats.figures["ratio_mean"] == pytest.approx(1.0, abs=1e-4)
+    assert stats.figures["clip_fraction"] == 0.0
+    # Recomputed at the wrong temperature, the same behaviour log-probs are off-policy from step one.
+    t2 = trainer(sampling_temperature=1.0)
+    stats2 = t2.step([group], version=0)
+    assert abs(stats2.figures["ratio_mean"] - 1.0) > 1e-3
+
+
+def test_a_non_finite_gradient_skips_the_update() -> None:
+    t = trainer()
+    with torch.no_grad():
+        t.model.lm_head.weight[0, 0] = float("nan")
+    before = {k: v.clone() for k, v in t.model.state_dict().items()}
+    stats = t.step([[scored("a", [60], 1.0), scored("b", [61], 0.0)]], version=0)
+    assert not stats.applied and not math.isfinite(stats.grad_norm)
+    after = t.model.state_dict()
+    assert all(torch.equal(after[k], v) or k == "lm_head.weight" for k, v in before.items())
+    assert torch.equal(after["model.embed_tokens.weight"], before["model.embed_tokens.weight"])
+    assert t.optimizer.state == {}  # AdamW never stepped
+
+
+def test_repeated_steps_raise_the_rewarded_completion_and_lower_the_other() -> None:
+    t = trainer(lr=3e-3)
+    good, bad = [60, 61], [70, 71]
+
+    def logprob(c: list[int]) -> float:
+        return sum(behaviour_of(t, c, 1.0))
+
+    start = (logprob(good), logprob(bad))
+    for _ in range(4):
+        group = [
+            scored("g", good, 1.0, behaviour=behaviour_of(t, good, 1.0)),
+            scored("b", bad, 0.0, behaviour=behaviour_of(t, bad, 1.0)),
+        ]
+        assert t.step([group], version=0).applied
+    assert logprob(good) > start[0] + 0.5
+    assert logprob(bad) < start[1] - 0.5
+
+
+def test_a_step_needs_groups() -> None:
+    with pytest.raises(ValueError, match="at least one group"):
+        trainer().step([], version=0)
