@@ -1,21 +1,75 @@
 """Configuration of the rollout-worker service: one typed class, its sections owned by the libs.
 
 Resolved by `slipstream.runtime.config` from defaults, a TOML file (`--config`),
-`SLIPSTREAM_<SECTION>__<FIELD>` variables and `--section.field` flags, in that order.
+`SLIPSTREAM_<SECTION>__<FIELD>` variables and `--section.field` flags, in that order. `[model]`
+is the shared `slipstream.engine.source.ModelSource`; `[worker]` is this service's own.
 """
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any, Literal
 
 import msgspec
 
 from slipstream.bus.config import BusConfig
+from slipstream.engine.source import ModelSource
 from slipstream.runtime.section import ServiceSection
 from slipstream.store.config import StoreConfig
 from slipstream.telemetry.config import TelemetryConfig
 
 Doc = msgspec.Meta
+
+
+class WorkerSection(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """`[worker]`: how tasks are taken, sampled and handed on, and how weights are followed."""
+
+    max_batch: Annotated[int, Doc(description="Engine slots: completions decoded together in one batch.", ge=1)] = 32
+    max_seq_len: Annotated[
+        int, Doc(description="Longest prompt + completion in the engine; 0 = the model's (at most 2048).", ge=0)
+    ] = 0
+    max_tasks_in_flight: Annotated[
+        int,
+        Doc(description="Tasks taken from the shared consumer and not yet acked (each is group_size requests).", ge=1),
+    ] = 8
+    temperature: Annotated[
+        float, Doc(description="Sampling temperature; the learner must use the same one for its log-probs.", ge=0)
+    ] = 1.0
+    top_p: Annotated[float, Doc(description="Nucleus mass kept, in (0, 1]; 1 disables.", gt=0, le=1)] = 1.0
+    top_k: Annotated[int, Doc(description="Sample from the k most likely tokens; 0 disables.", ge=0)] = 0
+    max_tokens: Annotated[int, Doc(description="Most tokens one generation (one turn) may produce.", ge=1)] = 32
+    stop: Annotated[list[str], Doc(description="Extra stop strings for every generation.")] = []
+    stop_at_terminator: Annotated[
+        bool, Doc(description="Also stop each generation at the environment's answer terminator (arith: newline).")
+    ] = True
+    ignore_eos: Annotated[bool, Doc(description="Generate past eos up to max_tokens (benchmarks and tests only).")] = (
+        False
+    )
+    follow: Annotated[
+        Literal["latest"], Doc(description="Which weights to follow: 'latest' (every weights.announce of this run).")
+    ] = "latest"
+    recompute_kv_on_update: Annotated[
+        bool, Doc(description="Recompute running rows' KV caches under new weights (default keeps them).")
+    ] = False
+    weight_fetch_retries: Annotated[
+        int, Doc(description="Retries of a failed weight fetch before the version is skipped.", ge=0)
+    ] = 3
+    weight_fetch_backoff_s: Annotated[
+        float, Doc(description="First pause between weight fetch retries (doubles each retry).", ge=0)
+    ] = 0.5
+    version_wait_timeout_s: Annotated[
+        float, Doc(description="Longest wait for the engine to reach a task's min_policy_version before a nak.", gt=0)
+    ] = 120.0
+    retry_delay_s: Annotated[
+        float, Doc(description="Redelivery delay of a task handed back after a failure (version wait, publish).", ge=0)
+    ] = 2.0
+    heartbeat_s: Annotated[
+        float,
+        Doc(description="Interval of in-progress signals on held tasks (keep it well under ack_wait, 300 s).", gt=0),
+    ] = 30.0
+    env_options: Annotated[
+        dict[str, dict[str, Any]],
+        Doc(description='Options per environment, e.g. {"arith": {"max_operand": 19}}; others use defaults.'),
+    ] = {}
 
 
 class RolloutWorkerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -25,9 +79,15 @@ class RolloutWorkerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=Tr
     bus: Annotated[BusConfig, Doc(description="Message bus (NATS JetStream or in-memory).")] = msgspec.field(
         default_factory=BusConfig
     )
-    store: Annotated[StoreConfig, Doc(description="Object store (local directory or S3).")] = msgspec.field(
-        default_factory=StoreConfig
-    )
+    store: Annotated[
+        StoreConfig, Doc(description="Object store (local directory or S3) the weights are read from.")
+    ] = msgspec.field(default_factory=StoreConfig)
     telemetry: Annotated[TelemetryConfig, Doc(description="Logs and traces.")] = msgspec.field(
         default_factory=TelemetryConfig
+    )
+    model: Annotated[
+        ModelSource, Doc(description="Initial weights (version 0), tokenizer, dtype, device, threads.")
+    ] = msgspec.field(default_factory=ModelSource)
+    worker: Annotated[WorkerSection, Doc(description="Task intake, sampling and weight following.")] = msgspec.field(
+        default_factory=WorkerSection
     )

@@ -1,22 +1,41 @@
-"""The rollout-worker service: rolls out tasks into trajectories with the inference engine and an environment harness.
+"""The rollout-worker service: wires the source, the work, the sink and the weight watcher.
 
-This version is the skeleton the runtime drives: `setup` connects the bus and provisions the
-streams and durable consumers of the subject table (idempotent, so every replica may do it),
-the service is ready while the bus is connected, and `run` waits for the stop signal. It
-consumes and publishes nothing yet.
+    intake (tasks.>, shared durable) -> pipeline: sampler (engine + env harness) -> outbox (traj.raw.<env>)
+    follower (weights.announce) -> engine.apply_weights, between two decode steps
+
+`setup` loads the model ([model]) into a TorchEngine, connects the bus and the object store and
+binds the `rollout-worker` durable. `run` takes tasks until SIGTERM; then it stops fetching, gives
+in-flight groups the drain budget (less a grace period) to finish and be published and acked,
+and hands back (releases) the rest. Everything the loops do is in their own modules.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from typing import TYPE_CHECKING, Any
 
 from slipstream.bus import connect_bus
+from slipstream.engine.engine import TorchEngine
+from slipstream.engine.source import load_model, resolve_device, torch_dtype
 from slipstream.rollout_worker.config import RolloutWorkerConfig
+from slipstream.rollout_worker.follower import WeightFollower
+from slipstream.rollout_worker.instruments import sample_gauges
+from slipstream.rollout_worker.intake import TaskIntake
+from slipstream.rollout_worker.outbox import Outbox
+from slipstream.rollout_worker.pipeline import TaskPipeline
+from slipstream.rollout_worker.sampler import Sampler, check_env_options
 from slipstream.runtime.service import BaseService
+from slipstream.schemas import Task
+from slipstream.store import setup_store
+from slipstream.telemetry.logs import get_logger
 
 if TYPE_CHECKING:
-    from slipstream.bus import Bus
+    from slipstream.bus import Bus, Consumer
+    from slipstream.store import ObjectStore
+
+log = get_logger(__name__)
+DURABLE = "rollout-worker"
 
 
 class RolloutWorkerService(BaseService):
@@ -24,21 +43,136 @@ class RolloutWorkerService(BaseService):
 
     def __init__(self, cfg: RolloutWorkerConfig) -> None:
         self.cfg = cfg
+        self.worker_id = f"{self.name}/{cfg.service.replica or 'local'}"
         self.bus: Bus | None = None
+        self.store: ObjectStore | None = None
+        self.engine: TorchEngine | None = None
+        self.consumer: Consumer[Task] | None = None
+        self.intake: TaskIntake | None = None
+        self.follower: WeightFollower | None = None
+        self.pipeline: TaskPipeline | None = None
+        self.outbox: Outbox | None = None
 
     async def setup(self) -> None:
-        self.bus = await connect_bus(self.cfg.bus, name=f"{self.name}/{self.cfg.service.replica}")
+        cfg, w = self.cfg, self.cfg.worker
+        check_env_options(w.env_options)
+        model, tokenizer = await asyncio.to_thread(load_model, cfg.model)
+        self.engine = TorchEngine(
+            model,
+            tokenizer,
+            max_batch=w.max_batch,
+            max_seq_len=w.max_seq_len or None,
+            device=resolve_device(cfg.model),
+            dtype=torch_dtype(cfg.model),
+            seed=cfg.model.seed,
+            policy_version=0,
+            recompute_kv_on_update=w.recompute_kv_on_update,
+        )
+        await self.engine.start()
+        self.store = await asyncio.to_thread(setup_store, cfg.store)
+        self.bus = await connect_bus(cfg.bus, name=f"{self.name}/{cfg.service.replica}")
         await self.bus.ensure_streams()
+        self.consumer = await self.bus.consumer(DURABLE, Task)
+        run_id = cfg.service.run_id
+        self.follower = WeightFollower(
+            self.bus,
+            self.store,
+            self.engine,
+            run_id=run_id,
+            retries=w.weight_fetch_retries,
+            backoff_s=w.weight_fetch_backoff_s,
+        )
+        sampler = Sampler(self.engine, tokenizer, w, worker_id=self.worker_id, run_id=run_id)
+        self.outbox = Outbox(self.bus)
+        self.pipeline = TaskPipeline(
+            self.bus,
+            sampler,
+            self.outbox,
+            self.follower,
+            version_wait_timeout_s=w.version_wait_timeout_s,
+            retry_delay_s=w.retry_delay_s,
+        )
+        self.intake = TaskIntake(
+            self.consumer,
+            max_in_flight=w.max_tasks_in_flight,
+            heartbeat_s=w.heartbeat_s,
+            fetch_timeout_s=cfg.bus.fetch_timeout_s,
+            error_delay_s=w.retry_delay_s,
+        )
 
     async def run(self, stop: asyncio.Event) -> None:
-        await stop.wait()
+        assert self.engine and self.intake and self.follower and self.pipeline
+        intake, pipeline = self.intake, self.pipeline
+        quit_follow = asyncio.Event()
+        follow = asyncio.create_task(self.follower.run(quit_follow), name="worker.follow")
+        gauges = asyncio.create_task(sample_gauges(self.engine, lambda: intake.in_flight, quit_follow))
+        fetch_stop = asyncio.Event()
+        fetch = asyncio.create_task(intake.run(pipeline.handle, fetch_stop), name="worker.intake")
+        stopped = asyncio.create_task(stop.wait())
+        failed = asyncio.create_task(pipeline.failed.wait())
+        try:
+            done, _ = await asyncio.wait({stopped, failed, follow, fetch}, return_when=asyncio.FIRST_COMPLETED)
+            fetch_stop.set()
+            await fetch
+            if follow in done:
+                follow.result()  # the watcher ended on its own: raise why
+            budget = self.cfg.service.drain_timeout_s
+            grace = min(3.0, budget / 4)
+            if not await intake.wait_idle(budget - grace):
+                log.warning("drain budget spent; handing back unfinished tasks", in_flight=intake.in_flight)
+                pipeline.abort.set()
+                await intake.wait_idle(grace)
+            if pipeline.fatal is not None:
+                raise pipeline.fatal
+        finally:
+            fetch_stop.set()
+            quit_follow.set()
+            for job in (stopped, failed):
+                job.cancel()
+            await asyncio.gather(fetch, follow, gauges, stopped, failed, return_exceptions=True)
 
     async def close(self) -> None:
+        if self.engine is not None:
+            await self.engine.stop()
+        if self.consumer is not None:
+            with contextlib.suppress(Exception):
+                await self.consumer.close()
         if self.bus is not None:
             await self.bus.close()
+        if self.store is not None:
+            await asyncio.to_thread(self.store.close)
 
     def ready(self) -> bool:
-        return self.bus is not None and self.bus.connected
+        return (
+            self.bus is not None
+            and self.bus.connected
+            and self.engine is not None
+            and self.pipeline is not None
+            and self.pipeline.fatal is None
+        )
+
+    def in_flight(self) -> int:
+        return self.intake.in_flight if self.intake is not None else 0
 
     def status(self) -> dict[str, Any]:
-        return {"bus": {"type": self.cfg.bus.type, "connected": self.bus is not None and self.bus.connected}}
+        out: dict[str, Any] = {
+            "bus": {"type": self.cfg.bus.type, "connected": self.bus is not None and self.bus.connected}
+        }
+        if self.engine is not None:
+            stats = self.engine.stats()
+            out["engine"] = {
+                "policy_version": self.engine.policy_version,
+                "tokens_per_s": round(stats.get("tokens_per_s", 0.0), 1),
+                "running": int(stats.get("running", 0)),
+                "waiting": int(stats.get("waiting", 0)),
+                "tokens_generated": int(stats.get("tokens_generated", 0)),
+            }
+            out["policy_version"] = self.engine.policy_version
+        if self.intake is not None and self.pipeline is not None:
+            out["tasks"] = {"inflight": self.intake.in_flight, "taken": self.intake.taken, **self.pipeline.outcomes}
+            out["inflight"] = self.intake.in_flight
+        if self.outbox is not None:
+            out["trajectories_published"] = self.outbox.published
+        if self.follower is not None:
+            out["weights"] = self.follower.status()
+        return out

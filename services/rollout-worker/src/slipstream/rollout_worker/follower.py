@@ -1,0 +1,235 @@
+"""The watcher: follow `weights.announce` and move the engine to each newer version in flight.
+
+Two coroutines share one slot, "the newest announced version": the reader fills it from an
+ordered subscription (`deliver="last"`, so a worker that starts late begins from the newest
+version, never replays history), and the applier takes whatever is newest when it is free, so a
+worker that falls behind skips intermediate versions instead of queueing them.
+
+Applying a version: fetch the manifest and every shard from the object store in a thread
+(`fetch_version` verifies each shard's sha256 and size), retrying with backoff; cast to the
+engine's dtype and device; then `engine.apply_weights`, which takes effect between two decode
+steps of the rollouts in flight. A version that cannot be fetched or applied is skipped, counted
+and logged, and the worker keeps generating with what it has: a half-written or corrupt version
+is never applied.
+
+Time-to-policy is the optimizer step's end (`step_finished_at`, from the announcement) to the
+first token sampled under the version: the moment the engine switched if a rollout was running
+then, else the start of the first rollout after it. Rollouts report back through `note_rollout`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from slipstream.bus import Bus
+from slipstream.engine.interface import Engine
+from slipstream.rollout_worker.instruments import (
+    ANNOUNCES_SKIPPED,
+    APPLIED_VERSION,
+    FETCH_FAILURES,
+    FETCH_S,
+    PAUSE_MS,
+    TIME_TO_POLICY_S,
+)
+from slipstream.schemas import Trajectory, WeightAnnounce
+from slipstream.schemas.subjects import WEIGHTS_ANNOUNCE
+from slipstream.store import ObjectStore
+from slipstream.telemetry.logs import get_logger
+from slipstream.weights import fetch_version
+
+log = get_logger(__name__)
+_TIED_ALIAS = {"lm_head.weight": "model.embed_tokens.weight"}
+_APPLY_POLL_S = 0.005
+# Versions applied but not yet seen in a rollout are forgotten once this many newer ones exist.
+_PENDING_KEEP = 8
+
+
+class WeightFollower:
+    """Reads announcements, fetches and verifies versions, applies them to the engine."""
+
+    def __init__(
+        self,
+        bus: Bus,
+        store: ObjectStore,
+        engine: Engine,
+        *,
+        run_id: str,
+        retries: int,
+        backoff_s: float,
+        apply_timeout_s: float = 60.0,
+    ) -> None:
+        self.bus = bus
+        self.store = store
+        self.engine = engine
+        self.run_id = run_id
+        self.retries = retries
+        self.backoff_s = backoff_s
+        self.apply_timeout_s = apply_timeout_s
+        self._newest: WeightAnnounce | None = None
+        self._wake = asyncio.Event()
+        self._first_token: dict[int, tuple[float, float]] = {}  # version -> (applied_at, step_finished_at)
+        self.announced = -1
+        self.applied = 0
+        self.failures = 0
+        self.last_pause_ms = 0.0
+        self.last_time_to_policy_s: float | None = None
+
+    # -- the two loops ---------------------------------------------------------------------------
+    async def run(self, stop: asyncio.Event) -> None:
+        """Follow announcements until `stop`."""
+        # Opened by the reader's first iteration; "last" makes that moment irrelevant.
+        reader = self.bus.subscribe(WEIGHTS_ANNOUNCE, WeightAnnounce, deliver="last")
+        jobs: list[asyncio.Task[Any]] = [
+            asyncio.create_task(self._read(reader), name="weights.read"),
+            asyncio.create_task(self._apply_loop(), name="weights.apply"),
+        ]
+        waiter = asyncio.create_task(stop.wait())
+        try:
+            done, _ = await asyncio.wait([*jobs, waiter], return_when=asyncio.FIRST_COMPLETED)
+            if not stop.is_set():
+                # A loop that ended on its own is a failure: raise its error, or say so.
+                for job in done:
+                    job.result()
+                raise RuntimeError(f"weight follower loop {next(iter(done)).get_name()} ended unexpectedly")
+        finally:
+            await reader.close()
+            for job in [*jobs, waiter]:
+                job.cancel()
+            await asyncio.gather(*jobs, waiter, return_exceptions=True)
+
+    async def _read(self, reader: Any) -> None:
+        async for delivery in reader:
+            self.offer(delivery.msg)
+
+    def offer(self, announce: WeightAnnounce) -> bool:
+        """Consider one announcement; True if it became the version to apply next."""
+        if announce.run_id and announce.run_id != self.run_id:
+            ANNOUNCES_SKIPPED.add(reason="other_run")
+            return False
+        self.announced = max(self.announced, announce.policy_version)
+        floor = max(self.engine.policy_version, self._newest.policy_version if self._newest else -1)
+        if announce.policy_version <= floor:
+            ANNOUNCES_SKIPPED.add(reason="not_newer")
+            return False
+        self._newest = announce
+        self._wake.set()
+        return True
+
+    async def _apply_loop(self) -> None:
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            announce = self._newest
+            if announce is not None and announce.policy_version > self.engine.policy_version:
+                await self.apply(announce)
+
+    # -- one version -----------------------------------------------------------------------------
+    async def apply(self, announce: WeightAnnounce) -> bool:
+        """Fetch, verify and apply one version; False (counted, logged) if it was skipped."""
+        version = announce.policy_version
+        tensors = await self._fetch(announce)
+        if tensors is None:
+            return False
+        try:
+            self.engine.apply_weights(version, tensors)
+        except ValueError as exc:
+            return self._fail(version, "apply", str(exc))
+        deadline = time.monotonic() + self.apply_timeout_s
+        while self.engine.policy_version < version:
+            if time.monotonic() >= deadline:
+                return self._fail(version, "timeout", f"engine did not switch within {self.apply_timeout_s}s")
+            await asyncio.sleep(_APPLY_POLL_S)
+        applied_at = time.time()
+        self.applied = version
+        self.last_pause_ms = float(self.engine.stats().get("last_weight_apply_ms", 0.0))
+        PAUSE_MS.observe(self.last_pause_ms)
+        APPLIED_VERSION.set(float(version))
+        self._first_token[version] = (applied_at, announce.step_finished_at)
+        for old in [v for v in self._first_token if v <= version - _PENDING_KEEP]:
+            del self._first_token[old]
+        log.info("applied weights", policy_version=version, pause_ms=round(self.last_pause_ms, 2))
+        return True
+
+    async def _fetch(self, announce: WeightAnnounce) -> dict[str, torch.Tensor] | None:
+        version = announce.policy_version
+        for attempt in range(self.retries + 1):
+            t0 = time.perf_counter()
+            try:
+                manifest, tensors = await asyncio.to_thread(fetch_version, self.store, announce.manifest_key)
+            except Exception as exc:  # store backends raise their own errors (OSError, botocore, WeightsError)
+                if attempt == self.retries:
+                    self._fail(version, "fetch", repr(exc))
+                    return None
+                pause = self.backoff_s * 2**attempt
+                log.warning("weight fetch failed; retrying", policy_version=version, error=repr(exc), retry_in_s=pause)
+                await asyncio.sleep(pause)
+                if self._newest is not None and self._newest.policy_version > version:
+                    ANNOUNCES_SKIPPED.add(reason="superseded")
+                    return None
+                continue
+            FETCH_S.observe(time.perf_counter() - t0)
+            if manifest.policy_version != version:
+                self._fail(
+                    version, "mismatch", f"manifest {announce.manifest_key} holds version {manifest.policy_version}"
+                )
+                return None
+            return await asyncio.to_thread(self._cast, tensors)
+        return None
+
+    def _cast(self, tensors: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Tensors in the engine's dtype and device (a bf16 snapshot into an fp32 engine, say)."""
+        params = dict(self.engine.named_parameters())
+        out: dict[str, torch.Tensor] = {}
+        for name, value in tensors.items():
+            target = params.get(name) if name in params else params.get(_TIED_ALIAS.get(name, ""))
+            # Unknown names pass through unchanged: apply_weights rejects them, naming the tensor.
+            out[name] = value if target is None else value.to(device=target.device, dtype=target.dtype)
+        return out
+
+    def _fail(self, version: int, reason: str, detail: str) -> bool:
+        self.failures += 1
+        FETCH_FAILURES.add(reason=reason)
+        log.error(
+            "weight version skipped; still sampling with the current one",
+            policy_version=version,
+            current=self.engine.policy_version,
+            reason=reason,
+            detail=detail,
+        )
+        return False
+
+    # -- time to policy --------------------------------------------------------------------------
+    def note_rollout(self, trajectories: list[Trajectory]) -> None:
+        """Record time-to-policy for versions seen in these rollouts for the first time."""
+        if not self._first_token:
+            return
+        for version in list(self._first_token):
+            starts = [
+                t.timings.started_at for t in trajectories if any(s.policy_version == version for s in t.segments)
+            ]
+            if not starts:
+                continue
+            applied_at, step_finished_at = self._first_token.pop(version)
+            first_token_at = max(applied_at, min(starts))
+            if step_finished_at > 0:
+                self.last_time_to_policy_s = first_token_at - step_finished_at
+                TIME_TO_POLICY_S.observe(self.last_time_to_policy_s)
+
+    def status(self) -> dict[str, Any]:
+        return {
+            "policy_version": self.engine.policy_version,
+            "announced_version": self.announced,
+            "pending_version": (
+                self._newest.policy_version
+                if self._newest and self._newest.policy_version > self.engine.policy_version
+                else None
+            ),
+            "fetch_failures": self.failures,
+            "last_pause_ms": round(self.last_pause_ms, 3),
+            "last_time_to_policy_s": self.last_time_to_policy_s,
+        }

@@ -1,0 +1,266 @@
+"""The rollout harness: rollout_group's trajectories, the multi-turn contract, evaluate, the SFT
+warm-start, and the shared `[model]` section (slipstream.engine.source)."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import AsyncIterator, Iterator
+from typing import ClassVar
+
+import msgspec
+import pytest
+import torch
+
+from slipstream.engine import ByteTokenizer, CausalLM, SamplingParams, TorchEngine, build_tiny
+from slipstream.engine.presets import PRESETS
+from slipstream.engine.source import PRESET_NAMES, ModelSource, load_model
+from slipstream.envs import Environment, Episode, Problem, Score, StepResult, TaskSpec, get_env
+from slipstream.harness import (
+    RolloutAborted,
+    TaskRejected,
+    evaluate,
+    prompt_ids,
+    rollout_group,
+    sft_sequence,
+    sft_warmstart,
+)
+from slipstream.schemas import Task, Trajectory, decode, encode
+
+pytestmark = pytest.mark.unit
+
+TOK = ByteTokenizer()
+ARITH = get_env("arith")
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread() -> Iterator[None]:
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def model() -> CausalLM:
+    m, _ = build_tiny("tiny", seed=5)
+    return m.eval()
+
+
+@pytest.fixture
+async def engine(model: CausalLM) -> AsyncIterator[TorchEngine]:
+    eng = TorchEngine(model, TOK, max_batch=8, max_seq_len=256, device="cpu")
+    await eng.start()
+    yield eng
+    await eng.stop()
+
+
+def _task(group_size: int = 4) -> Task:
+    spec = ARITH.generate("train", 1, seed=7)[0]
+    return spec.to_task(run_id="run-a", group_size=group_size)
+
+
+def _check_arrays(t: Trajectory) -> int:
+    n = t.completion_len()
+    assert n >= 1
+    assert len(t.behaviour_logprobs()) == n
+    assert len(t.mask()) == n
+    assert sum(s.n_tokens for s in t.segments) == n
+    assert all(s.n_tokens > 0 for s in t.segments)
+    return n
+
+
+async def test_rollout_group_yields_one_consistent_trajectory_per_completion(engine: TorchEngine) -> None:
+    task = _task(group_size=4)
+    params = SamplingParams(temperature=1.0, max_tokens=12)
+    trajs = await rollout_group(engine, TOK, ARITH, task, params=params, worker_id="w0", group_id="g1")
+    assert len(trajs) == 4
+    assert [t.trajectory_id for t in trajs] == [f"g1/{i}" for i in range(4)]
+    prompt = [TOK.BOS, *TOK.encode(task.prompt)]
+    for i, t in enumerate(trajs):
+        n = _check_arrays(t)
+        assert t.prompt_len == len(prompt)
+        assert t.ids()[: t.prompt_len] == prompt
+        assert t.mask() == [1] * n
+        assert all(lp <= 0.0 for lp in t.behaviour_logprobs())
+        assert t.versions() == [0]
+        completion = t.ids()[t.prompt_len :]
+        assert t.completion_text == TOK.decode([c for c in completion if c != TOK.EOS])
+        assert t.finish_reason == ("stop" if completion[-1] == TOK.EOS else "length")
+        assert n <= 12
+        assert (t.group_index, t.group_size, t.group_id) == (i, 4, "g1")
+        assert (t.task_id, t.env, t.run_id, t.worker_id) == (task.task_id, "arith", "run-a", "w0")
+        assert (t.split, t.reference) == (task.split, task.reference)
+        assert t.timings.finished_at >= t.timings.started_at >= t.timings.queued_at > 0
+        assert [(turn.role, turn.start, turn.end) for turn in t.turns] == [("policy", t.prompt_len, t.prompt_len + n)]
+        # It survives the wire.
+        assert decode(encode(t), Trajectory) == t
+    # Distinct seeds: four samples of a random model at temperature 1 are not all the same.
+    assert len({t.token_ids for t in trajs}) > 1
+
+
+async def test_rollout_group_is_reproducible_from_group_id(engine: TorchEngine) -> None:
+    task = _task(group_size=3)
+    params = SamplingParams(temperature=1.0, max_tokens=10)
+    a = await rollout_group(engine, TOK, ARITH, task, params=params, group_id="same")
+    b = await rollout_group(engine, TOK, ARITH, task, params=params, group_id="same")
+    c = await rollout_group(engine, TOK, ARITH, task, params=params)
+    assert [t.token_ids for t in a] == [t.token_ids for t in b]
+    assert c[0].group_id.startswith(task.task_id + "/") and c[0].group_id != "same"
+
+
+async def test_rollout_group_records_a_weight_update_mid_completion(engine: TorchEngine, model: CausalLM) -> None:
+    spec = ARITH.generate("train", 1, seed=3)[0]
+    params = SamplingParams(temperature=1.0, max_tokens=40, ignore_eos=True)
+    job = asyncio.create_task(rollout_group(engine, TOK, ARITH, spec, group_size=2, params=params))
+    while engine.stats()["tokens_generated"] < 4:
+        await asyncio.sleep(0.002)
+    engine.apply_weights(1, {k: v.clone() for k, v in model.state_dict().items()})
+    trajs = await job
+    for t in trajs:
+        assert _check_arrays(t) == 40
+        assert t.versions() == [0, 1]
+        assert t.oldest_version() == 0
+
+
+async def test_rollout_group_rejects_tasks_it_can_never_run(model: CausalLM) -> None:
+    eng = TorchEngine(model, TOK, max_batch=2, max_seq_len=4, device="cpu")
+    await eng.start()
+    try:
+        params = SamplingParams(max_tokens=4)
+        with pytest.raises(TaskRejected, match="max_seq_len 4"):
+            await rollout_group(eng, TOK, ARITH, _task(), params=params)
+        with pytest.raises(TaskRejected, match="not 'reverse'"):
+            await rollout_group(eng, TOK, get_env("reverse"), _task(), params=params)
+        with pytest.raises(TaskRejected, match="group_size must be >= 1"):
+            await rollout_group(eng, TOK, ARITH, _task(), group_size=0, params=params)
+        bad = msgspec.structs.replace(_task(), split="dev")
+        with pytest.raises(TaskRejected, match="split 'dev'"):
+            await rollout_group(eng, TOK, ARITH, bad, params=params)
+    finally:
+        await eng.stop()
+
+
+async def test_rollout_group_raises_aborted_when_the_engine_stops(model: CausalLM) -> None:
+    eng = TorchEngine(model, TOK, max_batch=2, max_seq_len=512, device="cpu")
+    await eng.start()
+    params = SamplingParams(max_tokens=400, ignore_eos=True)
+    job = asyncio.create_task(rollout_group(eng, TOK, ARITH, _task(), group_size=2, params=params))
+    while eng.stats()["tokens_generated"] < 2:
+        await asyncio.sleep(0.002)
+    await eng.stop()
+    with pytest.raises(RolloutAborted):
+        await job
+
+
+class _TwoTurn(Environment[msgspec.Struct]):
+    """A test env: the first output gets an observation back, the second ends the episode."""
+
+    class Options(msgspec.Struct, frozen=True):
+        pass
+
+    name: ClassVar[str] = "twoturn"
+    components: ClassVar[tuple[str, ...]] = ("done",)
+    max_turns: ClassVar[int] = 2
+
+    def sample(self, rng: random.Random) -> Problem:
+        return Problem(key="k", prompt="go:", reference="x")
+
+    def transition(self, episode: Episode, model_output: str) -> StepResult:
+        return (
+            StepResult(observation="<obs>", done=False)
+            if episode.turns == 1
+            else StepResult(observation=None, done=True)
+        )
+
+    def grade(self, task: TaskSpec, completion: str) -> Score:
+        return Score.of({"done": 1.0}, correct=True, parse_ok=True, reason="ok")
+
+
+async def test_multi_turn_rollout_masks_observations_and_records_turns(engine: TorchEngine) -> None:
+    env = _TwoTurn()
+    spec = TaskSpec(task_id="t2", env="twoturn", prompt="go:", reference="x", seed=0, split="train")
+    params = SamplingParams(temperature=1.0, max_tokens=5, ignore_eos=True)
+    (t,) = await rollout_group(engine, TOK, env, spec, group_size=1, params=params, group_id="mt")
+    n = _check_arrays(t)
+    obs = TOK.encode("<obs>")
+    assert n == 5 + len(obs) + 5
+    assert t.mask() == [1] * 5 + [0] * len(obs) + [1] * 5
+    lps = t.behaviour_logprobs()
+    assert lps[5 : 5 + len(obs)] == [0.0] * len(obs)
+    assert all(lp < 0.0 for lp in lps[:5] + lps[5 + len(obs) :])
+    assert t.ids()[t.prompt_len + 5 : t.prompt_len + 5 + len(obs)] == obs
+    p = t.prompt_len
+    assert [(x.role, x.start, x.end) for x in t.turns] == [
+        ("policy", p, p + 5),
+        ("observation", p + 5, p + 5 + len(obs)),
+        ("policy", p + 5 + len(obs), p + n),
+    ]
+    assert "<obs>" in t.completion_text
+    assert t.versions() == [0] and t.finish_reason == "length"
+
+
+async def test_evaluate_scores_every_task_with_the_env_verifier(engine: TorchEngine) -> None:
+    tasks = ARITH.generate("heldout", 6, seed=2)
+    report = await evaluate(engine, TOK, ARITH, tasks, concurrency=3)
+    assert (report.env, report.n_tasks, report.samples_per_task, report.n) == ("arith", 6, 1, 6)
+    assert 0.0 <= report.accuracy <= 1.0
+    assert [r.task_id for r in report.tasks] == [t.task_id for t in tasks]
+    for rec, spec in zip(report.tasks, tasks, strict=True):
+        assert len(rec.completions) == 1
+        score = ARITH.score(spec, rec.completions[0])
+        assert (rec.rewards[0], rec.correct[0], rec.parse_ok[0]) == (score.reward, score.correct, score.parse_ok)
+    assert report.accuracy == sum(r.correct[0] for r in report.tasks) / 6
+    assert report.mean_reward == pytest.approx(sum(r.rewards[0] for r in report.tasks) / 6)
+    assert report.parse_failures == sum(not r.parse_ok[0] for r in report.tasks)
+    assert report.policy_versions == [0]
+    # Greedy: the same weights give the same answers.
+    again = await evaluate(engine, TOK, ARITH, tasks, samples_per_task=2)
+    assert again.n == 12
+    assert [r.completions[0] for r in again.tasks] == [r.completions[0] for r in report.tasks]
+    assert all(r.completions[0] == r.completions[1] for r in again.tasks)
+    with pytest.raises(ValueError, match="at least one task"):
+        await evaluate(engine, TOK, ARITH, [])
+
+
+def test_sft_sequence_is_laid_out_like_a_rollout() -> None:
+    spec = ARITH.generate("train", 1, seed=1)[0]
+    ids, prompt_len = sft_sequence(TOK, ARITH, spec)
+    assert prompt_len == len(prompt_ids(TOK, spec.prompt)) == 1 + len(spec.prompt)
+    assert ids == [TOK.BOS, *TOK.encode(spec.prompt), *TOK.encode(spec.reference + "\n"), TOK.EOS]
+
+
+@pytest.fixture(scope="module")
+def _optimizers_imported() -> None:
+    # torch's first optimizer construction imports its compile machinery (~2 s, once per
+    # process); pay it in setup so the test measures the warm-start itself.
+    torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))])
+
+
+@pytest.mark.usefixtures("_optimizers_imported")
+def test_sft_warmstart_lowers_the_loss() -> None:
+    m, _ = build_tiny("tiny", seed=1)
+    before = {k: v.clone() for k, v in m.state_dict().items()}
+    report = sft_warmstart(m, TOK, ARITH, steps=8, batch_size=4, lr=3e-3, seed=0, warmup_steps=2)
+    assert (report["steps"], report["examples"], len(report["losses"])) == (8, 32, 8)
+    assert report["tokens"] >= 32 * 3  # answer digit(s) + terminator + eos per example
+    assert report["loss_last"] < report["loss_first"] - 0.5
+    assert not m.training
+    assert any(not torch.equal(before[k], v) for k, v in m.state_dict().items())
+    with pytest.raises(ValueError, match="steps and batch_size"):
+        sft_warmstart(m, TOK, ARITH, steps=0)
+
+
+def test_model_source_builds_the_seeded_preset_and_sets_threads() -> None:
+    assert set(PRESET_NAMES) == set(PRESETS)
+    before = torch.get_num_threads()
+    try:
+        m, tok = load_model(ModelSource(preset="tiny", seed=5, threads=1))
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)
+    ref, _ = build_tiny("tiny", seed=5)
+    assert isinstance(tok, ByteTokenizer) and not m.training
+    assert all(torch.equal(v, ref.state_dict()[k]) for k, v in m.state_dict().items())
+    with pytest.raises(msgspec.ValidationError, match="preset 'huge' is unknown"):
+        msgspec.convert({"preset": "huge"}, ModelSource)
