@@ -155,22 +155,6 @@ def test_up_refuses_an_unreachable_nats(tmp_path: Path) -> None:
     assert not (tmp_path / "run" / "stack.json").exists()
 
 
-def test_demo_servers_only_writes_its_summary_and_leaves_nothing_running(tmp_path: Path) -> None:
-    out = subprocess.run(
-        [sys.executable, "-m", "slipstream.cli", "demo", "--run-dir", "run", "--services", "none",
-         "--summary-json", "summary.json"],
-        cwd=tmp_path, capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
-    assert out.returncode == 0, out.stdout + out.stderr
-    assert "demo: 0/0 services ready, stack stopped" in out.stdout
-    summary = json.loads((tmp_path / "summary.json").read_text())
-    assert summary["ok"] is True and summary["services"] == {}
-    assert 0 < summary["wall_time_s"] < 60
-    state = json.loads((tmp_path / "run" / "stack.json").read_text())
-    assert state["state"] == "stopped"
-    assert not any(pid_alive(s["pid"]) for s in state["servers"].values())
-
-
 # ---- the Stack API with fake services ----
 
 

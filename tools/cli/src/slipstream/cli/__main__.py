@@ -11,8 +11,8 @@ import importlib
 import sys
 from collections.abc import Sequence
 
-# Order shown in --help. Later issues add status, top, report, eval, promote, rollback.
-COMMANDS: tuple[str, ...] = ("up", "demo", "bench")
+# Order shown in --help (promotion registers eval, promote and rollback).
+COMMANDS: tuple[str, ...] = ("up", "demo", "bench", "status", "top", "report", "promotion")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -13,7 +13,7 @@ import importlib
 from typing import Any
 
 # sub-command -> module under slipstream.cli (later issues add theirs here)
-BENCHES: dict[str, str] = {"bus": "bench_bus"}
+BENCHES: dict[str, str] = {"bus": "bench_bus", "async": "bench_async", "weights": "bench_weights"}
 
 
 def register(sub: Any) -> None:

@@ -19,7 +19,14 @@ from urllib.parse import urlsplit
 
 # Canonical names (as in services/<name>/ and DESIGN.md), in start order: consumers of the
 # weights first is not needed since every service waits for its own streams.
-SERVICES: tuple[str, ...] = ("rollout-worker", "reward-model", "learner", "weight-publisher", "eval-gate")
+SERVICES: tuple[str, ...] = (
+    "rollout-worker",
+    "reward-model",
+    "learner",
+    "weight-publisher",
+    "eval-gate",
+    "task-source",
+)
 
 HOME = Path(".slipstream")
 """Per-checkout state: runs/<timestamp>/ and the `current` pointer to the latest run."""

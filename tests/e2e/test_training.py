@@ -1,0 +1,51 @@
+"""The loop that learns: the five-process pipeline on real NATS trains the tiny model.
+
+One run of `run_training` (what `slipstream demo` runs) with a shrunk plan: warm-start, then
+rollout-worker, reward-model, learner, weight-publisher and task-source as separate processes
+against a real nats-server and Redis. Asserted:
+
+- held-out accuracy (sampled at the rollout temperature, 256 tasks x 4 samples) rises by at
+  least MARGIN. Repeated runs of this plan on a 2-core machine gave rises of +0.11 to +0.14
+  (before ~0.10, after 0.21-0.24); the standard error of each estimate is ~0.01, so 0.05 is
+  well clear of noise while leaving room for slower machines;
+- every trajectory published is accounted for: scored, dead-lettered or left in the raw stream;
+  every scored one trained, dropped with a reason, or left in the learner's stream;
+- some rollout spanned a weight update and carries two versions in its segments.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from slipstream.cli.demo import demo_plan
+from slipstream.cli.training import run_training
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+MARGIN = 0.05
+
+
+@pytest.mark.timeout(900)
+def test_pipeline_learns_and_accounts_for_every_trajectory(tmp_path: Path) -> None:
+    plan = demo_plan()
+    plan.max_steps = 45
+    plan.eval_every = 0
+    summary = run_training(plan, tmp_path / "run")
+    assert summary.ok, summary.error
+
+    assert summary.steps == plan.max_steps
+    assert summary.versions_published == plan.max_steps + 1  # version 0 (initial weights) + one per step
+    rise = summary.heldout_accuracy_after - summary.heldout_accuracy_before
+    assert rise >= MARGIN, (
+        f"held-out accuracy {summary.heldout_accuracy_before:.3f} -> {summary.heldout_accuracy_after:.3f}"
+    )
+
+    tr = summary.trajectories
+    assert tr["published"] > 0
+    assert tr["accounted_raw"], tr
+    assert tr["accounted_scored"], tr
+    assert tr["trained"] == plan.max_steps * plan.groups_per_step * plan.group_size
+    assert set(tr["dropped"]) <= {"stale", "uniform_group", "incomplete_group", "duplicate", "malformed"}, tr
+
+    assert summary.spanning_versions >= 1

@@ -1,0 +1,145 @@
+"""The demo's live progress view and its closing summary table (rich).
+
+`ProgressView.on_event(kind, data)` receives what `run_training` reports (phases, warm-start
+figures, learner steps, versions, held-out evals, log lines) and redraws a small dashboard:
+step, reward, train accuracy, held-out accuracy, versions, staleness and throughput. Without a
+terminal (or with live=False) it prints one line per event instead.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from rich.console import Console, Group
+from rich.live import Live
+from rich.table import Table
+from rich.text import Text
+
+BARS = "▁▂▃▄▅▆▇█"
+
+
+def sparkline(values: list[float], width: int = 40) -> str:
+    if not values:
+        return ""
+    vals = values[-width:]
+    lo, hi = min(vals), max(vals)
+    span = (hi - lo) or 1.0
+    return "".join(BARS[min(len(BARS) - 1, int((v - lo) / span * (len(BARS) - 1)))] for v in vals)
+
+
+class ProgressView:
+    def __init__(self, console: Console, plan: Any, *, live: bool = True) -> None:
+        self.console = console
+        self.plan = plan
+        self.live_enabled = live and console.is_terminal
+        self.phase = "starting"
+        self.detail = ""
+        self.steps: list[dict[str, Any]] = []
+        self.evals: list[dict[str, float]] = []
+        self.version = 0
+        self.t0 = time.monotonic()
+        self._live: Live | None = None
+
+    def __enter__(self) -> ProgressView:
+        if self.live_enabled:
+            self._live = Live(self.render(), console=self.console, refresh_per_second=4, transient=False)
+            self._live.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._live is not None:
+            self._live.update(self.render())
+            self._live.__exit__(None, None, None)
+
+    def on_event(self, kind: str, data: dict[str, Any]) -> None:
+        if kind == "phase":
+            self.phase, self.detail = data["phase"], data.get("detail", "")
+            self._line(f"[bold]{self.phase}[/bold]: {self.detail}")
+        elif kind == "warmstart":
+            self._line(
+                f"warm-start: {data.get('steps')} steps in {data.get('seconds', 0):.1f} s, "
+                f"loss {data.get('loss_first', 0):.2f} -> {data.get('loss_last', 0):.2f}"
+            )
+        elif kind == "step":
+            self.steps.append(data)
+            self.phase, self.detail = "train", f"step {data['step']}/{self.plan.max_steps}"
+            if not self.live_enabled:
+                self._line(
+                    f"step {data['step']:>4}  v{data['version']:<4} reward {data['reward']:.3f}  "
+                    f"acc {data['accuracy']:.3f}  loss {data['loss']:+.4f}  staleness {data['staleness']}"
+                )
+        elif kind == "version":
+            self.version = max(self.version, int(data["version"]))
+        elif kind == "eval":
+            self.evals.append(data)
+            self._line(
+                f"held-out accuracy of v{int(data['version'])}: {data['accuracy']:.3f} sampled, "
+                f"{data.get('greedy', 0.0):.3f} greedy"
+            )
+        elif kind == "log" and not self.live_enabled:
+            self.console.print(f"[dim]·[/dim] {data['message']}")
+        if self._live is not None:
+            self._live.update(self.render())
+
+    def _line(self, text: str) -> None:
+        self.console.print(text)
+
+    def render(self) -> Group:
+        t = Table(title=f"slipstream demo — {self.phase} {self.detail}", expand=False)
+        for col in ("step", "version", "reward", "train acc", "held-out acc", "staleness", "traj/s", "elapsed"):
+            t.add_column(col, justify="right")
+        last = self.steps[-1] if self.steps else None
+        held = f"{self.evals[-1]['accuracy']:.3f} (v{int(self.evals[-1]['version'])})" if self.evals else "-"
+        if last is not None:
+            trained = sum(s["trajectories"] for s in self.steps)
+            rate = trained / max(1e-6, last["t"]) if last["t"] else 0.0
+            stale = last["staleness"]
+            t.add_row(
+                f"{last['step']}/{self.plan.max_steps}",
+                str(self.version),
+                f"{last['reward']:.3f}",
+                f"{last['accuracy']:.3f}",
+                held,
+                " ".join(f"{k}:{v}" for k, v in sorted(stale.items())) or "-",
+                f"{rate:.1f}",
+                f"{time.monotonic() - self.t0:.0f} s",
+            )
+        else:
+            t.add_row("-", str(self.version), "-", "-", held, "-", "-", f"{time.monotonic() - self.t0:.0f} s")
+        rewards = [s["reward"] for s in self.steps]
+        spark = Text(f"reward  {sparkline(rewards)}\n")
+        spark.append(f"held-out {sparkline([e['accuracy'] for e in self.evals], 20)}")
+        return Group(t, spark)
+
+
+def summary_table(summary: Any) -> Table:
+    t = Table(title="slipstream demo — summary", show_header=False)
+    t.add_column("what")
+    t.add_column("value", justify="right")
+    tr = summary.trajectories or {}
+    greedy = f"{summary.heldout_greedy_before:.3f} / {summary.heldout_greedy_after:.3f}"
+    left = tr.get("left_unscored", 0) + tr.get("left_in_learner_stream", 0)
+    rows = [
+        ("result", "ok" if summary.ok else "FAILED"),
+        ("held-out accuracy before RL", f"{summary.heldout_accuracy_before:.3f}"),
+        ("held-out accuracy after RL", f"{summary.heldout_accuracy_after:.3f}"),
+        ("  (greedy decoding before / after)", greedy),
+        (
+            "held-out tasks",
+            f"{summary.heldout_tasks} x {summary.plan.heldout_samples} samples at T={summary.plan.temperature:g}",
+        ),
+        ("learner steps", str(summary.steps)),
+        ("versions published", f"{summary.versions_published} (final v{summary.final_version})"),
+        ("trajectories published", str(tr.get("published", "-"))),
+        ("  scored / trained", f"{tr.get('scored', '-')} / {tr.get('trained', '-')}"),
+        ("  dropped", ", ".join(f"{k} {v}" for k, v in sorted((tr.get("dropped") or {}).items())) or "none"),
+        ("  dead-lettered / left unconsumed", f"{tr.get('dead_lettered', '-')} / {left}"),
+        ("  all accounted for", str(bool(tr.get("accounted_raw")) and bool(tr.get("accounted_scored")))),
+        ("rollouts spanning a weight update", str(summary.spanning_versions)),
+        ("training time", f"{summary.train_time_s:.0f} s"),
+        ("wall time", f"{summary.wall_time_s:.0f} s"),
+    ]
+    for k, v in rows:
+        t.add_row(k, v)
+    return t

@@ -1,0 +1,460 @@
+"""`slipstream report RUN --out DIR`: after a run, an HTML page and PNG plots, readable offline.
+
+From the run directory it reads `summary.json` (what `slipstream demo` writes; without it, the
+learner's `step` log lines), the services' JSON logs under `logs/`, and the span files when the
+stack ran with `--traces` (named in `stack.json`). It plots reward and accuracy per step (with
+held-out accuracy where it was measured), the staleness distribution, throughput per service
+over time, time-to-policy per version and where time went per stage. A plot whose data is
+missing is skipped with a note saying why. `DIR/report.json` holds every plotted series, so a
+script or a test can check what was drawn.
+"""
+
+from __future__ import annotations
+
+import argparse
+import html
+import json
+import time
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from slipstream.cli.spec import HOME
+
+Series = dict[str, list[float]]
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser(
+        "report",
+        help="write an HTML page and PNG plots of a finished run",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "run", nargs="?", default=str(HOME / "current"), help="run directory, or a run id under .slipstream/runs"
+    )
+    p.add_argument("--out", type=Path, default=None, metavar="DIR", help="where to write (default RUN/report)")
+    p.add_argument(
+        "--traces", type=Path, action="append", default=[], metavar="FILE", help="span files (default: from stack.json)"
+    )
+    p.add_argument("--json-only", action="store_true", help="write only report.json (the series, no PNGs or HTML)")
+    p.set_defaults(func=run, parser=p)
+
+
+@dataclass
+class Panel:
+    title: str
+    xlabel: str
+    ylabel: str
+    kind: str  # "line", "bar" or "barh"
+    series: dict[str, Series]
+    labels: list[str] = field(default_factory=list)
+    """Tick labels of a "barh" panel, one per bar."""
+
+
+@dataclass
+class Plot:
+    name: str
+    title: str
+    caption: str
+    panels: list[Panel] = field(default_factory=list)
+
+
+# ---- reading the run ----
+
+
+@dataclass
+class Run:
+    run_dir: Path
+    summary: dict[str, Any]
+    steps: list[dict[str, Any]]
+    steps_source: str
+    logs: dict[str, list[dict[str, Any]]]
+    spans: list[dict[str, Any]]
+    span_files: list[Path]
+    notes: list[str]
+
+
+def resolve_run(raw: str) -> Path:
+    path = Path(raw)
+    if not path.exists() and (HOME / "runs" / raw).is_dir():
+        path = HOME / "runs" / raw
+    if not path.is_dir():
+        raise ReportError(f"no run directory {raw!r} (give a path, or a run id under {HOME / 'runs'})")
+    return path.resolve()
+
+
+class ReportError(Exception):
+    """The run cannot be reported on (no such directory, no steps anywhere)."""
+
+
+def read_logs(log_dir: Path) -> tuple[dict[str, list[dict[str, Any]]], int]:
+    """JSON log lines per service (file stem), and how many lines were something else.
+
+    Services log JSON lines; anything else (a traceback printed before logging was set up, a
+    server's own log format) is skipped and counted.
+    """
+    out: dict[str, list[dict[str, Any]]] = {}
+    skipped = 0
+    for path in sorted(log_dir.glob("*.log")) if log_dir.is_dir() else []:
+        rows = out.setdefault(path.stem, [])
+        for line in path.read_text(errors="replace").splitlines():
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line) if line.startswith("{") else None
+            except ValueError:
+                row = None
+            if isinstance(row, dict):
+                rows.append(row)
+            else:
+                skipped += 1
+    return out, skipped
+
+
+def _ts(row: dict[str, Any]) -> float | None:
+    try:
+        return datetime.fromisoformat(str(row["timestamp"])).timestamp()
+    except (KeyError, ValueError):
+        return None
+
+
+def steps_from_logs(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The learner's `step` log lines in the shape of summary.json's steps_log."""
+    steps = [r for r in rows if r.get("event") == "step" and "step" in r]
+    t0 = min((_ts(r) or 0.0 for r in steps), default=0.0)
+    return [
+        {
+            "step": int(r["step"]),
+            "version": int(r.get("policy_version", r["step"])),
+            "reward": float(r.get("reward_mean", 0.0)),
+            "accuracy": float(r.get("accuracy", 0.0)),
+            "trajectories": int(r.get("n_trajectories", 0)),
+            "staleness": {str(k): int(v) for k, v in (r.get("staleness") or {}).items()},
+            "step_time_s": float(r.get("time_s", 0.0)),
+            "t": (_ts(r) or t0) - t0,
+        }
+        for r in steps
+    ]
+
+
+def load_run(run_dir: Path, traces: list[Path]) -> Run:
+    from slipstream.telemetry.spanfile import read_spans
+
+    notes: list[str] = []
+    summary: dict[str, Any] = {}
+    if (run_dir / "summary.json").exists():
+        summary = json.loads((run_dir / "summary.json").read_text())
+    logs, skipped = read_logs(run_dir / "logs")
+    if skipped:
+        notes.append(f"{skipped} log lines were not JSON objects and were skipped")
+    steps, source = list(summary.get("steps_log") or []), "summary.json"
+    if not steps:
+        steps, source = steps_from_logs(logs.get("learner", [])), "logs/learner.log"
+    if not steps:
+        raise ReportError(
+            f"{run_dir} has no learner steps (no summary.json steps_log, no `step` lines in logs/learner.log)"
+        )
+    steps.sort(key=lambda s: s["step"])
+    files = list(traces)
+    if not files and (run_dir / "stack.json").exists():
+        services = json.loads((run_dir / "stack.json").read_text()).get("services", {})
+        files = [Path(s["traces_file"]) for s in services.values() if s.get("traces_file")]
+    files = [f for f in files if f.exists()]
+    spans, bad = read_spans(files) if files else ([], 0)
+    if bad:
+        notes.append(f"{bad} span lines could not be read and were skipped")
+    return Run(run_dir, summary, steps, source, logs, spans, files, notes)
+
+
+# ---- what to plot ----
+
+
+def reward_plot(run: Run) -> Plot:
+    xs = [float(s["step"]) for s in run.steps]
+    series: dict[str, Series] = {
+        "reward (mean per step)": {"x": xs, "y": [float(s["reward"]) for s in run.steps]},
+        "train accuracy": {"x": xs, "y": [float(s["accuracy"]) for s in run.steps]},
+    }
+    step_of = {int(s["version"]): float(s["step"]) for s in run.steps}
+    held: list[tuple[float, float]] = []
+    if run.summary.get("heldout_tasks"):
+        held.append((0.0, float(run.summary.get("heldout_accuracy_before", 0.0))))
+    for e in run.summary.get("eval_curve") or []:
+        held.append((step_of.get(int(e["version"]), float(e["version"])), float(e["accuracy"])))
+    if run.summary.get("heldout_tasks") and run.summary.get("ok"):
+        held.append((xs[-1], float(run.summary.get("heldout_accuracy_after", 0.0))))
+    if held:
+        held.sort()
+        series["held-out accuracy"] = {"x": [h[0] for h in held], "y": [h[1] for h in held]}
+    return Plot(
+        "reward",
+        "Reward and accuracy per step",
+        f"Mean reward and training accuracy of each learner step ({len(xs)} steps, from {run.steps_source}); "
+        "held-out accuracy where it was measured (greedy, before RL, during and after).",
+        [Panel("reward and accuracy", "learner step", "value", "line", series)],
+    )
+
+
+def staleness_plot(run: Run) -> Plot:
+    total: dict[int, int] = {}
+    means: list[float] = []
+    for s in run.steps:
+        hist = {int(k): int(v) for k, v in (s.get("staleness") or {}).items()}
+        for k, v in hist.items():
+            total[k] = total.get(k, 0) + v
+        n = sum(hist.values())
+        means.append(sum(k * v for k, v in hist.items()) / n if n else 0.0)
+    lags = list(range(max(total) + 1)) if total else []
+    return Plot(
+        "staleness",
+        "Staleness",
+        "How many versions behind the learner each trained trajectory was: over the whole run, and the mean per step.",
+        [
+            Panel(
+                "distribution", "versions behind", "trajectories", "bar",
+                {"trajectories": {"x": [float(k) for k in lags], "y": [float(total.get(k, 0)) for k in lags]}},
+            ),
+            Panel(
+                "mean per step", "learner step", "versions behind", "line",
+                {"mean staleness": {"x": [float(s["step"]) for s in run.steps], "y": means}},
+            ),
+        ],
+    )  # fmt: skip
+
+
+def throughput_plot(run: Run) -> Plot:
+    from slipstream.telemetry.trace_stats import throughput
+
+    panels: list[Panel] = []
+    starts, rates = throughput(run.spans)
+    if rates:
+        panels.append(
+            Panel(
+                "messages handled per second (from traces)", "seconds since the first span", "messages/s", "line",
+                {svc: {"x": starts, "y": ys} for svc, ys in rates.items()},
+            )
+        )  # fmt: skip
+    xs, ys, prev = [], [], 0.0
+    for s in run.steps:
+        t = float(s.get("t", 0.0))
+        if t > prev:
+            xs.append(t)
+            ys.append(float(s["trajectories"]) / (t - prev))
+        prev = max(prev, t)
+    if xs:
+        panels.append(
+            Panel(
+                "learner: trajectories trained per second", "seconds since training began", "trajectories/s", "line",
+                {"learner": {"x": xs, "y": ys}},
+            )
+        )  # fmt: skip
+    note = "" if rates else " No span files, so only the learner's rate (from its steps) is shown."
+    return Plot(
+        "throughput", "Throughput per service", "Messages each service handled per second over the run." + note, panels
+    )
+
+
+def time_to_policy_plot(run: Run) -> Plot:
+    """Per version: learner step logged -> announced by the publisher -> first applied by a worker."""
+    stepped: dict[int, float] = {}
+    announced: dict[int, float] = {}
+    applied: dict[int, float] = {}
+    for service, rows in run.logs.items():
+        for r in rows:
+            t, v = _ts(r), r.get("policy_version")
+            if t is None or not isinstance(v, int):
+                continue
+            ev = r.get("event")
+            target = (
+                stepped if (service == "learner" and ev == "step")
+                else announced if (service.startswith("weight-publisher") and ev == "announced")
+                else applied if (service.startswith("rollout-worker") and ev == "applied weights")
+                else None
+            )  # fmt: skip
+            if target is not None:
+                target[v] = min(t, target.get(v, t))
+    versions = sorted(v for v in stepped if v in applied)
+    panels = []
+    if versions:
+        series: dict[str, Series] = {
+            "step -> first worker applied": {
+                "x": [float(v) for v in versions],
+                "y": [applied[v] - stepped[v] for v in versions],
+            }
+        }
+        pub = [v for v in versions if v in announced]
+        if pub:
+            series["step -> announced"] = {"x": [float(v) for v in pub], "y": [announced[v] - stepped[v] for v in pub]}
+        panels.append(Panel("time to policy", "policy version", "seconds", "line", series))
+    return Plot(
+        "time_to_policy",
+        "Time to policy per version",
+        "Seconds from the learner logging a step to the weight publisher announcing its version and to the first "
+        "rollout worker applying it (from the services' log timestamps; the worker samples with it from then on).",
+        panels,
+    )
+
+
+def stages_plot(run: Run) -> Plot:
+    from slipstream.telemetry.trace_stats import time_by_stage
+
+    stages = time_by_stage(run.spans)[:20]
+    panels = []
+    if stages:
+        panels.append(
+            Panel(
+                "total seconds in each stage's outermost spans", "seconds", "", "barh",
+                {"seconds": {"x": [float(i) for i in range(len(stages))], "y": [s.total_s for s in stages]}},
+                labels=[f"{s.service}: {s.name} (x{s.count})" for s in stages],
+            )
+        )  # fmt: skip
+    return Plot(
+        "stages",
+        "Where time went per stage",
+        "Seconds spent in each service's outermost spans (handling a message, a step, a publish), summed over the run.",
+        panels,
+    )
+
+
+# ---- drawing and writing ----
+
+
+def draw(plot: Plot, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")  # no display: files only
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(plot.panels), figsize=(6.5 * len(plot.panels), 4.2), squeeze=False)
+    for ax, panel in zip(axes[0], plot.panels, strict=True):
+        for label, s in panel.series.items():
+            if panel.kind == "bar":
+                ax.bar(s["x"], s["y"], label=label)
+            elif panel.kind == "barh":
+                ax.barh(s["x"], s["y"], label=label)
+                ax.set_yticks(s["x"], panel.labels, fontsize=7)
+                ax.invert_yaxis()
+            else:
+                ax.plot(s["x"], s["y"], marker="o" if len(s["x"]) < 40 else None, markersize=3, label=label)
+        ax.set_title(panel.title if len(plot.panels) > 1 else f"{plot.title}: {panel.title}", fontsize=10)
+        ax.set_xlabel(panel.xlabel)
+        ax.set_ylabel(panel.ylabel)
+        ax.grid(alpha=0.3)
+        if len(panel.series) > 1:
+            ax.legend(fontsize=8)
+    if len(plot.panels) > 1:
+        fig.suptitle(plot.title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _summary_rows(run: Run) -> list[tuple[str, str]]:
+    s, tr = run.summary, run.summary.get("trajectories") or {}
+    rows = [("run", run.run_dir.name), ("learner steps", str(len(run.steps))), ("steps from", run.steps_source)]
+    if s:
+        rows += [
+            ("result", "ok" if s.get("ok") else f"FAILED: {s.get('error', '')[:200]}"),
+            ("held-out accuracy before / after", f"{s.get('heldout_accuracy_before', 0):.3f} / "
+             f"{s.get('heldout_accuracy_after', 0):.3f} ({s.get('heldout_tasks', 0)} tasks)"),
+            ("versions published", f"{s.get('versions_published', 0)} (final v{s.get('final_version', 0)})"),
+            ("trajectories published / scored / trained",
+             f"{tr.get('published', '-')} / {tr.get('scored', '-')} / {tr.get('trained', '-')}"),
+            ("dropped", ", ".join(f"{k} {v}" for k, v in sorted((tr.get("dropped") or {}).items())) or "none"),
+            ("training / wall time", f"{s.get('train_time_s', 0):.0f} s / {s.get('wall_time_s', 0):.0f} s"),
+        ]  # fmt: skip
+    rows.append(("span files", str(len(run.span_files)) + f" ({len(run.spans)} spans)"))
+    return rows
+
+
+def write_html(run: Run, drawn: list[Plot], skipped: dict[str, str], path: Path) -> None:
+    esc = html.escape
+    table = "\n".join(f"<tr><th>{esc(k)}</th><td>{esc(v)}</td></tr>" for k, v in _summary_rows(run))
+    figures = "\n".join(
+        f'<h2>{esc(p.title)}</h2>\n<img src="{esc(p.name)}.png" alt="{esc(p.title)}">\n<p>{esc(p.caption)}</p>'
+        for p in drawn
+    )
+    missing = "".join(f"<li><b>{esc(n)}</b>: {esc(why)}</li>" for n, why in skipped.items())
+    notes = "".join(f"<li>{esc(n)}</li>" for n in run.notes)
+    path.write_text(
+        f"""<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>Slipstream run {esc(run.run_dir.name)}</title>
+<style>body{{font-family:sans-serif;max-width:1100px;margin:2em auto;color:#222}}
+table{{border-collapse:collapse}}th,td{{border:1px solid #ccc;padding:4px 10px;text-align:left}}
+img{{max-width:100%;border:1px solid #eee}}</style></head><body>
+<h1>Slipstream run {esc(run.run_dir.name)}</h1>
+<p>{esc(str(run.run_dir))} · report written {esc(time.strftime("%Y-%m-%d %H:%M:%S"))}</p>
+<table>{table}</table>
+{figures}
+{f"<h2>Not plotted</h2><ul>{missing}</ul>" if missing else ""}
+{f"<h2>Notes</h2><ul>{notes}</ul>" if notes else ""}
+</body></html>
+"""
+    )
+
+
+def build_report(
+    run_dir: Path, out: Path, traces: list[Path] | None = None, *, pictures: bool = True
+) -> dict[str, Any]:
+    """Write out/index.html, out/<plot>.png and out/report.json (only the JSON without `pictures`).
+
+    Returns what report.json holds.
+    """
+    run = load_run(run_dir, list(traces or []))
+    out.mkdir(parents=True, exist_ok=True)
+    plots = [reward_plot(run), staleness_plot(run), throughput_plot(run), time_to_policy_plot(run), stages_plot(run)]
+    reasons = {
+        "time_to_policy": "no version was both stepped by the learner and applied by a rollout worker in the logs",
+        "stages": "no span files; start the stack with --traces FILE (or pass --traces to the report)",
+        "throughput": "no span files and no step timings",
+        "staleness": "no staleness histogram in the steps",
+    }
+    drawn, skipped = [], {}
+    for p in plots:
+        if not p.panels or not any(s["y"] for panel in p.panels for s in panel.series.values()):
+            skipped[p.name] = reasons.get(p.name, "no data")
+            continue
+        if pictures:
+            draw(p, out / f"{p.name}.png")
+        drawn.append(p)
+    if pictures:
+        write_html(run, drawn, skipped, out / "index.html")
+    result = {
+        "run_dir": str(run.run_dir),
+        "steps": len(run.steps),
+        "steps_source": run.steps_source,
+        "span_files": [str(f) for f in run.span_files],
+        "spans": len(run.spans),
+        "plots": {
+            p.name: {
+                "file": f"{p.name}.png",
+                "title": p.title,
+                "panels": [
+                    {"title": pa.title, "kind": pa.kind, "series": pa.series, "labels": pa.labels} for pa in p.panels
+                ],
+            }
+            for p in drawn
+        },
+        "skipped": skipped,
+        "notes": run.notes,
+    }
+    (out / "report.json").write_text(json.dumps(result, indent=1) + "\n")
+    return result
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        run_dir = resolve_run(args.run)
+        out = args.out or run_dir / "report"
+        result = build_report(run_dir, out, args.traces, pictures=not args.json_only)
+    except ReportError as exc:
+        print(f"slipstream report: {exc}")
+        return 1
+    page = out / ("report.json" if args.json_only else "index.html")
+    print(f"report of {result['steps']} steps: {page} ({len(result['plots'])} plots)")
+    for name, why in result["skipped"].items():
+        print(f"  skipped {name}: {why}")
+    return 0

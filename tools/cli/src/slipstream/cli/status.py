@@ -1,0 +1,395 @@
+"""`slipstream status`: one look at a running stack, from its stack.json.
+
+For the run in `--run-dir` (default `.slipstream/current`, the latest `slipstream up` or demo):
+NATS and Redis reachability; each service's /readyz (state, and the policy version a worker
+samples with); every stream of the subject table with its messages and each durable's backlog
+(pending) and unacked deliveries (ack pending); dead letters per source stream (`dlq.<STREAM>`);
+the latest announced and the promoted version (Redis's eval history, else the last
+`weights.promoted`), the last eval result; the learner's last step with its staleness histogram.
+`--json` prints the same as one JSON object. Exit 0 when the servers answer and every service is
+ready, 1 otherwise, 2 when there is no stack.json to read.
+
+`load_stack` is shared with `slipstream eval/promote/rollback` (promotion.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+from pathlib import Path
+from typing import Any
+
+from slipstream.cli.probe import HOST, probe_tcp, url_endpoint
+from slipstream.cli.spec import HOME
+
+DEFAULT_RUN_DIR = HOME / "current"
+_READ_LAST_S = 1.0
+
+
+class StatusError(Exception):
+    """No usable stack.json (no run, or not a stack directory)."""
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser(
+        "status",
+        help="services and health, versions, backlog per stream, staleness, DLQ counts of a running stack",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add_run_dir_argument(p)
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
+    p.add_argument("--timeout", type=float, default=3.0, metavar="S", help="connect budget for NATS/Redis (default 3)")
+    p.set_defaults(func=run, parser=p)
+
+
+def add_run_dir_argument(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--run-dir",
+        type=Path,
+        default=DEFAULT_RUN_DIR,
+        metavar="DIR",
+        help=f"the run whose stack.json names the servers (default: {DEFAULT_RUN_DIR})",
+    )
+
+
+def load_stack(run_dir: Path) -> dict[str, Any]:
+    """The run's stack.json, checked for what the commands need; StatusError says what is missing."""
+    path = run_dir / "stack.json"
+    if not path.exists():
+        hint = " (start one with `slipstream up`)" if run_dir == DEFAULT_RUN_DIR else ""
+        raise StatusError(f"no stack.json in {run_dir}: not a running stack{hint}")
+    try:
+        info = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise StatusError(f"cannot read {path}: {exc}") from None
+    if not isinstance(info, dict):
+        raise StatusError(f"{path} is not a JSON object")
+    for key in ("run_id", "servers", "services", "store"):
+        if key not in info:
+            raise StatusError(f"{path} has no {key!r}: written by an older or foreign tool?")
+    for server in ("nats", "redis"):
+        if not isinstance(info["servers"].get(server), dict) or "url" not in info["servers"][server]:
+            raise StatusError(f"{path} names no {server} server URL")
+    return info
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        info = load_stack(args.run_dir)
+    except StatusError as exc:
+        print(f"slipstream status: {exc}")
+        return 2
+    import asyncio
+
+    status = asyncio.run(collect(info, timeout_s=args.timeout))
+    if args.json:
+        print(json.dumps(status, indent=2, default=str))
+    else:
+        from rich.console import Console
+
+        console = Console(highlight=False, soft_wrap=True)
+        for part in render(status):
+            console.print(part)
+    return exit_code(status)
+
+
+# ---- collecting ---------------------------------------------------------------------------------
+
+
+async def collect(info: dict[str, Any], *, timeout_s: float = 3.0) -> dict[str, Any]:
+    """Everything `status` shows, probed now. Unreachable parts are reported in `errors`, never raised."""
+    status: dict[str, Any] = {
+        "run_id": info["run_id"],
+        "run_dir": info.get("run_dir", ""),
+        "state": info.get("state", "?"),
+        "servers": [server_row(name, s) for name, s in info["servers"].items()],
+        "services": [
+            service_row(name, s, *read_json(int(s["port"]), "/readyz")) for name, s in info["services"].items()
+        ],
+        "streams": [],
+        "dlq": {},
+        "versions": {},
+        "learner": None,
+        "errors": [],
+    }
+    servers = {row["name"]: row for row in status["servers"]}
+    if servers["nats"]["up"]:
+        await _from_bus(status, info["servers"]["nats"]["url"], timeout_s)
+    else:
+        status["errors"].append(f"nats at {info['servers']['nats']['url']} is not reachable")
+    if servers["redis"]["up"]:
+        await _from_redis(status, info["servers"]["redis"]["url"], timeout_s)
+    else:
+        status["errors"].append(f"redis at {info['servers']['redis']['url']} is not reachable")
+    latest = status["versions"].get("latest")
+    for row in status["services"]:
+        v = row.get("policy_version")
+        row["versions_behind"] = latest - v if isinstance(v, int) and isinstance(latest, int) else None
+    return status
+
+
+def server_row(name: str, server: dict[str, Any]) -> dict[str, Any]:
+    url = str(server["url"])
+    return {"name": name, "url": url, "up": probe_tcp(*url_endpoint(url, 4222 if name == "nats" else 6379))}
+
+
+def read_json(port: int, path: str, timeout_s: float = 1.0) -> tuple[int | None, dict[str, Any] | None]:
+    """(HTTP status, JSON body) of GET path on the loopback port; (None, None) when nothing answers."""
+    conn = http.client.HTTPConnection(HOST, port, timeout=timeout_s)
+    try:
+        conn.request("GET", path)
+        resp = conn.getresponse()
+        raw = resp.read()
+    except (OSError, http.client.HTTPException):
+        return None, None
+    finally:
+        conn.close()
+    try:
+        body = json.loads(raw)
+    except ValueError:
+        return resp.status, None
+    return resp.status, body if isinstance(body, dict) else None
+
+
+def service_row(name: str, svc: dict[str, Any], code: int | None, body: dict[str, Any] | None) -> dict[str, Any]:
+    """One service's line: health from its /readyz answer, and the version it works with."""
+    if code is None:
+        health = "no answer"
+    elif code == 200:
+        health = "ready"
+    else:
+        health = f"not ready ({(body or {}).get('state', code)})"
+    st = (body or {}).get("status") or {}
+    weights = st.get("weights") or {}
+    row: dict[str, Any] = {"name": name, "pid": svc.get("pid"), "url": svc.get("url", ""), "health": health}
+    version = st.get("policy_version")
+    row["policy_version"] = version if isinstance(version, int) else None
+    if weights.get("follow"):
+        row["follow"] = weights["follow"]
+    control = st.get("control")
+    if isinstance(control, dict) and control.get("redis"):
+        row["redis"] = control["redis"]
+    return row
+
+
+def stream_row(info: dict[str, Any]) -> dict[str, Any]:
+    """A stream's messages and, per durable, pending (not yet delivered) and ack pending (unacked)."""
+    return {
+        "name": info["name"],
+        "messages": int(info.get("messages", 0)),
+        "consumers": {
+            name: {"pending": int(c.get("num_pending", 0)), "ack_pending": int(c.get("num_ack_pending", 0))}
+            for name, c in sorted((info.get("consumers") or {}).items())
+        },
+    }
+
+
+def dlq_counts(subject_counts: dict[str, int], streams: list[str]) -> dict[str, int]:
+    """Dead letters per source stream, from the DLQ stream's per-subject counts (`dlq.<STREAM>`)."""
+    return {s: int(subject_counts.get(f"dlq.{s}", 0)) for s in streams if s != "DLQ"}
+
+
+async def _from_bus(status: dict[str, Any], url: str, timeout_s: float) -> None:
+    from slipstream.bus import BusConfig, BusError, connect_bus
+    from slipstream.schemas import LearnerStep, WeightAnnounce, WeightsPromoted
+    from slipstream.schemas.subjects import LEARNER_STEP, STREAMS, WEIGHTS_ANNOUNCE, WEIGHTS_PROMOTED
+
+    try:
+        bus = await connect_bus(BusConfig(url=url, connect_budget_s=timeout_s), name="slipstream-status")
+    except BusError as exc:
+        status["errors"].append(f"nats: {exc}")
+        return
+    try:
+        names = [s.name for s in STREAMS]
+        for name in names:
+            try:
+                status["streams"].append(stream_row(await bus.stream_info(name)))
+            except BusError as exc:
+                status["errors"].append(str(exc))
+        status["dlq"] = dlq_counts(await _dlq_subjects(bus, names), names)
+        announce = await read_last(bus, WEIGHTS_ANNOUNCE, WeightAnnounce)
+        if announce is not None:
+            status["versions"]["latest"] = announce.policy_version
+            status["versions"]["latest_run_id"] = announce.run_id
+        promoted = await read_last(bus, WEIGHTS_PROMOTED, WeightsPromoted)
+        if promoted is not None:
+            status["versions"]["last_promoted_message"] = {
+                "policy_version": promoted.policy_version,
+                "previous_version": promoted.previous_version,
+                "reason": promoted.reason,
+                "run_id": promoted.run_id,
+            }
+        step = await read_last(bus, LEARNER_STEP, LearnerStep)
+        if step is not None:
+            status["learner"] = {
+                "step": step.step,
+                "policy_version": step.policy_version,
+                "run_id": step.run_id,
+                "reward_mean": step.reward_mean,
+                "accuracy": step.accuracy,
+                "staleness": dict(sorted(step.staleness.items(), key=lambda kv: _as_int(kv[0]))),
+                "dropped": dict(step.dropped),
+            }
+    finally:
+        await bus.close()
+
+
+async def _dlq_subjects(bus: Any, streams: list[str]) -> dict[str, int]:
+    """Per-subject message counts of the DLQ stream (one request on NATS; reading letters otherwise)."""
+    js = getattr(bus, "js", None)
+    if js is not None:
+        import nats.js.errors
+
+        try:
+            info = await js.stream_info("DLQ", subjects_filter="dlq.>")
+        except nats.js.errors.NotFoundError:
+            return {}
+        return {k: int(v) for k, v in (info.state.subjects or {}).items()}
+    return {f"dlq.{s}": len(await bus.dead_letters(s, limit=100_000)) for s in streams if s != "DLQ"}
+
+
+async def read_last(bus: Any, subject: str, cls: type[Any]) -> Any:
+    """The newest message on a fan-out subject, or None when there is none (within a second)."""
+    import asyncio
+    import contextlib
+
+    reader = bus.subscribe(subject, cls, deliver="last")
+    try:
+        return (await asyncio.wait_for(anext(reader), _READ_LAST_S)).msg
+    except (TimeoutError, StopAsyncIteration):
+        return None
+    finally:
+        with contextlib.suppress(Exception):  # closing a reader that never opened may complain
+            await reader.close()
+
+
+async def _from_redis(status: dict[str, Any], url: str, timeout_s: float) -> None:
+    from slipstream.control import ControlUnavailable, connect_control
+
+    try:
+        control = await connect_control(url, status["run_id"], timeout_s=timeout_s)
+    except ControlUnavailable as exc:
+        status["errors"].append(str(exc))
+        return
+    try:
+        evals = control.evals
+        versions = status["versions"]
+        versions["promoted"] = await evals.promoted()
+        versions["promotion_stack"] = await evals.promotion_stack()
+        last = await evals.history(limit=1)
+        if last:
+            r = last[-1]
+            versions["last_eval"] = {
+                "policy_version": r.policy_version,
+                "suite": r.suite,
+                "score": r.score,
+                "ci": [r.ci_low, r.ci_high],
+                "baseline_version": r.baseline_version,
+                "decision": r.decision,
+                "reason": r.reason,
+            }
+    except ControlUnavailable as exc:
+        status["errors"].append(str(exc))
+    finally:
+        await control.close()
+
+
+# ---- showing --------------------------------------------------------------------------------------
+
+
+def exit_code(status: dict[str, Any]) -> int:
+    servers_up = all(s["up"] for s in status["servers"])
+    services_ready = all(s["health"] == "ready" for s in status["services"])
+    return 0 if servers_up and services_ready and not status["errors"] else 1
+
+
+def render(status: dict[str, Any]) -> list[Any]:
+    """Rich renderables: a header, then services, streams and versions tables."""
+    from rich.table import Table
+
+    out: list[Any] = [f"run [bold]{status['run_id']}[/bold] ({status['state']}) in {status['run_dir']}"]
+    svc = Table(title="processes", title_justify="left")
+    for col in ("name", "pid", "url", "health", "version", "behind"):
+        svc.add_column(col, no_wrap=True)
+    for s in status["servers"]:
+        health = "up" if s["up"] else "unreachable"
+        svc.add_row(s["name"], "-", s["url"], _colour(health), "", "")
+    for s in status["services"]:
+        version = "" if s.get("policy_version") is None else f"v{s['policy_version']}"
+        if s.get("follow"):
+            version += f" ({s['follow']})"
+        behind = "" if s.get("versions_behind") is None else str(s["versions_behind"])
+        health = s["health"] + (f", redis {s['redis']}" if s.get("redis") == "degraded" else "")
+        svc.add_row(s["name"], str(s.get("pid") or "-"), s["url"], _colour(health), version, behind)
+    out.append(svc)
+
+    streams = Table(title="streams", title_justify="left")
+    for col in ("stream", "messages", "consumer", "pending", "ack pending", "dead letters"):
+        streams.add_column(col, no_wrap=True, justify="left" if col in ("stream", "consumer") else "right")
+    for st in status["streams"]:
+        consumers = list(st["consumers"].items()) or [("-", None)]
+        dead = status["dlq"].get(st["name"])
+        for i, (name, c) in enumerate(consumers):
+            streams.add_row(
+                st["name"] if i == 0 else "",
+                str(st["messages"]) if i == 0 else "",
+                name,
+                "" if c is None else str(c["pending"]),
+                "" if c is None else str(c["ack_pending"]),
+                ("" if dead is None else (f"[red]{dead}[/red]" if dead else "0")) if i == 0 else "",
+            )
+    out.append(streams)
+
+    out.append(_versions_table(status))
+    for err in status["errors"]:
+        out.append(f"[red]{err}[/red]")
+    return out
+
+
+def _versions_table(status: dict[str, Any]) -> Any:
+    from rich.table import Table
+
+    v = status["versions"]
+    t = Table(title="versions", title_justify="left", show_header=False)
+    t.add_column("what", no_wrap=True)
+    t.add_column("value")
+    t.add_row("latest announced", _v(v.get("latest")))
+    promoted = _v(v.get("promoted"))
+    if v.get("promotion_stack"):
+        promoted += f"  (stack {' -> '.join(f'v{x}' for x in v['promotion_stack'])})"
+    elif v.get("promoted") is None and v.get("last_promoted_message"):
+        promoted = _v(v["last_promoted_message"]["policy_version"]) + " (last weights.promoted; Redis has none)"
+    t.add_row("promoted", promoted)
+    ev = v.get("last_eval")
+    if ev:
+        t.add_row(
+            "last eval",
+            f"v{ev['policy_version']} {ev['decision']}: score {ev['score']:.3f} "
+            f"(CI {ev['ci'][0]:.3f}..{ev['ci'][1]:.3f}) - {ev['reason']}",
+        )
+    learner = status.get("learner")
+    if learner:
+        hist = ", ".join(f"{k}:{n}" for k, n in learner["staleness"].items()) or "-"
+        t.add_row(
+            "learner", f"step {learner['step']} -> v{learner['policy_version']}, reward {learner['reward_mean']:.3f}"
+        )
+        t.add_row("staleness", f"versions behind: trajectories  {hist}")
+        if learner["dropped"]:
+            t.add_row("dropped", ", ".join(f"{k}: {n}" for k, n in sorted(learner["dropped"].items())))
+    return t
+
+
+def _as_int(text: str) -> int:
+    return int(text) if text.lstrip("-").isdigit() else 1 << 30
+
+
+def _v(version: Any) -> str:
+    return "-" if version is None else f"v{version}"
+
+
+def _colour(health: str) -> str:
+    if health in ("ready", "up"):
+        return f"[green]{health}[/green]"
+    return f"[red]{health}[/red]" if health.startswith(("no answer", "unreachable")) else f"[yellow]{health}[/yellow]"

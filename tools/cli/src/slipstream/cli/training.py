@@ -1,0 +1,257 @@
+"""One training run on a local stack: warm-start, the five-process pipeline, held-out eval, accounting.
+
+`slipstream demo`, `slipstream bench async` and the e2e test all run this: a `TrainingPlan` says
+what to train and how big; `run_training` warm-starts the tiny model with a short supervised
+phase (so RL starts from a policy that sometimes succeeds), measures held-out accuracy, starts
+nats-server, Redis and the services as separate processes (rollout-worker, reward-model, learner,
+weight-publisher, task-source), follows the run on the bus until the learner has made its last
+step, measures held-out accuracy again on the last published version, and accounts for every
+trajectory that was published.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from slipstream.cli.spec import StackSpec, StoreSpec
+
+PIPELINE = ("rollout-worker", "reward-model", "learner", "weight-publisher", "task-source")
+
+
+class TrainingPlan(msgspec.Struct, kw_only=True):
+    """What one run trains, and how big it is. Defaults are the demo's."""
+
+    env: str = "reverse"
+    env_options: dict[str, Any] = {}
+    preset: str = "tiny"
+    seed: int = 0
+    sft_steps: int = 90
+    sft_batch: int = 32
+    sft_lr: float = 3e-3
+    group_size: int = 8
+    groups_per_step: int = 8
+    max_staleness: int = 2
+    max_steps: int = 60
+    lr: float = 5e-4
+    loss: str = "grpo"
+    loss_constant: float = 256.0
+    temperature: float = 0.7
+    max_tokens: int = 8
+    worker_max_batch: int = 64
+    worker_tasks_in_flight: int = 16
+    heldout_tasks: int = 256
+    heldout_samples: int = 4
+    """Samples per held-out task at the rollout temperature (the headline accuracy is their mean)."""
+    eval_every: int = 0
+    """Held-out eval on the latest version every N versions during the run (0: before and after only)."""
+    timeout_s: float = 900.0
+
+
+class RunSummary(msgspec.Struct, kw_only=True):
+    """What a run did; `slipstream demo --summary-json` writes it."""
+
+    ok: bool
+    error: str = ""
+    run_dir: str = ""
+    plan: TrainingPlan
+    heldout_accuracy_before: float = 0.0
+    """Held-out accuracy of the policy as it samples (rollout temperature, mean over heldout_samples)."""
+    heldout_accuracy_after: float = 0.0
+    heldout_greedy_before: float = 0.0
+    """Held-out accuracy of greedy (argmax) decoding, for comparison."""
+    heldout_greedy_after: float = 0.0
+    heldout_reward_before: float = 0.0
+    heldout_reward_after: float = 0.0
+    heldout_tasks: int = 0
+    warmstart: dict[str, Any] = {}
+    steps: int = 0
+    final_version: int = 0
+    versions_published: int = 0
+    trajectories: dict[str, Any] = {}
+    """published / scored / trained / dropped (by reason) / dead-lettered / left in streams."""
+    spanning_versions: int = 0
+    """Trajectories whose tokens were sampled under two or more policy versions (mid-rollout refresh)."""
+    weights: dict[str, Any] = {}
+    eval_curve: list[dict[str, float]] = []
+    steps_log: list[dict[str, Any]] = []
+    wall_time_s: float = 0.0
+    train_time_s: float = 0.0
+    """From the stack being ready to the learner's last step."""
+
+
+def service_env(plan: TrainingPlan, model_dir: Path, staging_dir: Path, outcomes: Path) -> dict[str, str]:
+    """Config of every pipeline service, as SLIPSTREAM_<SECTION>__<FIELD> variables.
+
+    One environment for all: each service reads only the sections it has.
+    """
+    env_options = json.dumps({plan.env: plan.env_options}) if plan.env_options else ""
+    env = {
+        "SLIPSTREAM_MODEL__PATH": str(model_dir),
+        "SLIPSTREAM_MODEL__THREADS": "1",
+        # learner
+        "SLIPSTREAM_LEARNER__MAX_STEPS": str(plan.max_steps),
+        "SLIPSTREAM_LEARNER__GROUPS_PER_STEP": str(plan.groups_per_step),
+        "SLIPSTREAM_LEARNER__MAX_STALENESS": str(plan.max_staleness),
+        "SLIPSTREAM_LEARNER__LR": str(plan.lr),
+        "SLIPSTREAM_LEARNER__SAMPLING_TEMPERATURE": str(plan.temperature),
+        "SLIPSTREAM_LEARNER__CHECKPOINT_EVERY": "1",
+        "SLIPSTREAM_LEARNER__STAGING_DIR": str(staging_dir),
+        "SLIPSTREAM_LEARNER__SEED": str(plan.seed),
+        "SLIPSTREAM_LEARNER__OUTCOMES_PATH": str(outcomes),
+        "SLIPSTREAM_LOSS__TYPE": plan.loss,
+        "SLIPSTREAM_LOSS__LOSS_CONSTANT": str(plan.loss_constant),
+        # weight-publisher
+        "SLIPSTREAM_PUBLISHER__STAGING_DIR": str(staging_dir),
+        # task-source
+        "SLIPSTREAM_TASKS__ENVS": json.dumps([plan.env]),
+        "SLIPSTREAM_TASKS__GROUP_SIZE": str(plan.group_size),
+        "SLIPSTREAM_TASKS__GROUPS_PER_STEP": str(plan.groups_per_step),
+        "SLIPSTREAM_TASKS__MAX_STALENESS": str(plan.max_staleness),
+        "SLIPSTREAM_TASKS__MAX_STEPS": str(plan.max_steps),
+        "SLIPSTREAM_TASKS__SEED": str(plan.seed),
+        "SLIPSTREAM_TASKS__LEARNER_CHECKPOINT_EVERY": "1",
+        # rollout-worker
+        "SLIPSTREAM_WORKER__TEMPERATURE": str(plan.temperature),
+        "SLIPSTREAM_WORKER__MAX_TOKENS": str(plan.max_tokens),
+        "SLIPSTREAM_WORKER__MAX_BATCH": str(plan.worker_max_batch),
+        "SLIPSTREAM_WORKER__MAX_TASKS_IN_FLIGHT": str(plan.worker_tasks_in_flight),
+    }
+    if env_options:
+        env["SLIPSTREAM_TASKS__ENV_OPTIONS"] = env_options
+        env["SLIPSTREAM_REWARD__ENV_OPTIONS"] = env_options
+        env["SLIPSTREAM_WORKER__ENV_OPTIONS"] = env_options
+    return env
+
+
+def warm_start(plan: TrainingPlan, model_dir: Path) -> dict[str, Any]:
+    """Build the tiny model, train it briefly on reference answers, save it as version 0."""
+    from slipstream.engine import build_tiny, save_pretrained
+    from slipstream.envs import get_env
+    from slipstream.harness.warmstart import sft_warmstart
+
+    env = get_env(plan.env, **plan.env_options)
+    model, tokenizer = build_tiny(plan.preset, seed=plan.seed)
+    figures = sft_warmstart(
+        model, tokenizer, env, steps=plan.sft_steps, batch_size=plan.sft_batch, lr=plan.sft_lr, seed=plan.seed
+    )
+    save_pretrained(model, tokenizer, model_dir)
+    figures.pop("losses", None)
+    return figures
+
+
+class HeldOutScore(msgspec.Struct):
+    accuracy: float
+    reward: float
+    greedy: float
+
+
+class HeldOut:
+    """Greedy held-out evaluation of any stored version, in this process (one engine, reused)."""
+
+    def __init__(self, plan: TrainingPlan, model_dir: Path) -> None:
+        from slipstream.engine import TorchEngine, load_pretrained
+        from slipstream.envs import get_env
+
+        self.env = get_env(plan.env, **plan.env_options)
+        model, self.tokenizer = load_pretrained(model_dir)
+        self.engine = TorchEngine(model, self.tokenizer, max_batch=64)
+        self.tasks = self.env.generate("heldout", plan.heldout_tasks, plan.seed + 7)
+        self.temperature = plan.temperature
+        self.samples = plan.heldout_samples
+
+    async def evaluate(self, version: int | None = None, tensors: Any = None) -> HeldOutScore:
+        """Sampled (rollout temperature) and greedy accuracy on the fixed held-out tasks."""
+        from slipstream.engine import SamplingParams
+        from slipstream.harness.evaluate import evaluate, greedy_params
+
+        if tensors is not None and version is not None:
+            self.engine.apply_weights(version, tensors)
+        greedy = greedy_params(self.env)
+        sampled = SamplingParams(temperature=self.temperature, max_tokens=greedy.max_tokens, stop=greedy.stop)
+        s = await evaluate(
+            self.engine,
+            self.tokenizer,
+            self.env,
+            self.tasks,
+            samples_per_task=self.samples,
+            params=sampled,
+            concurrency=32,
+        )
+        g = await evaluate(self.engine, self.tokenizer, self.env, self.tasks, concurrency=64)
+        return HeldOutScore(accuracy=s.accuracy, reward=s.mean_reward, greedy=g.accuracy)
+
+    async def start(self) -> None:
+        await self.engine.start()
+
+    async def stop(self) -> None:
+        await self.engine.stop()
+
+
+def run_training(
+    plan: TrainingPlan,
+    run_dir: Path,
+    *,
+    on_event: Callable[[str, dict[str, Any]], None] | None = None,
+    stack_env: dict[str, str] | None = None,
+) -> RunSummary:
+    """Run one training end to end; never raises for a failed run (the summary says why)."""
+    from slipstream.cli.follow import follow_run, held_out
+
+    t0 = time.monotonic()
+    emit = on_event or (lambda _kind, _data: None)
+    run_dir = run_dir.resolve()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    model_dir, staging_dir = run_dir / "model-init", run_dir / "staging"
+    summary = RunSummary(ok=False, plan=plan, run_dir=str(run_dir))
+    emit("phase", {"phase": "warm-start", "detail": f"{plan.sft_steps} supervised steps on {plan.env}"})
+    summary.warmstart = warm_start(plan, model_dir)
+    emit("warmstart", summary.warmstart)
+    detail = f"held-out accuracy of the warm-started model ({plan.heldout_tasks} tasks)"
+    emit("phase", {"phase": "eval", "detail": detail})
+    summary.heldout_tasks = plan.heldout_tasks
+    before = asyncio.run(held_out(plan, model_dir, None, None))
+    summary.heldout_accuracy_before, summary.heldout_reward_before = before.accuracy, before.reward
+    summary.heldout_greedy_before = before.greedy
+    row = {"version": 0, "accuracy": before.accuracy, "reward": before.reward, "greedy": before.greedy}
+    summary.eval_curve.append(row)
+    emit("eval", row)
+
+    from slipstream.cli.stack import Stack, StackError
+
+    spec = StackSpec(
+        run_dir=run_dir,
+        services=PIPELINE,
+        store=StoreSpec(type="local", root=str(run_dir / "data" / "store")),
+        run_id=run_dir.name,
+        env={**service_env(plan, model_dir, staging_dir, run_dir / "learner-outcomes.jsonl"), **(stack_env or {})},
+        drain_timeout_s=10.0,
+    )
+    stack = Stack(spec, log=lambda msg: emit("log", {"message": msg}))
+    try:
+        emit("phase", {"phase": "stack", "detail": "starting nats-server, redis and the services"})
+        stack.start()
+        stack.write_state()
+        stack.wait_ready()
+        stack.write_state()
+        asyncio.run(follow_run(plan, stack, summary, model_dir, emit))
+    except StackError as exc:
+        summary.error = f"{exc}\n" + "\n".join(f"--- {k}\n{v}" for k, v in exc.tails.items())
+    except KeyboardInterrupt:
+        summary.error = "interrupted"
+    finally:
+        codes = stack.stop()
+        stack.write_state()
+        bad = {k: v for k, v in codes.items() if v not in (0, None)}
+        if bad and not summary.error:
+            summary.error = f"services exited with errors: {bad}"
+    summary.wall_time_s = time.monotonic() - t0
+    summary.ok = not summary.error
+    (run_dir / "summary.json").write_bytes(msgspec.json.format(msgspec.json.encode(summary)))
+    return summary
