@@ -6,6 +6,10 @@ that is shutting down loses nothing and delays nothing. A handler that raises ge
 nak'd with a delay and counted; it never ends the loop. A handler that returns normally has its
 delivery acked unless it settled it itself (`auto_ack=False` leaves settlement to the handler,
 as the learner does when it acks after the step commits).
+
+With a tracer provider installed, each handler runs inside a CONSUMER span whose parent is the
+producer's context from the message headers (`tracing.consumer_span`), so whatever the handler
+publishes continues the same trace. Without one, the loop does not touch trace context at all.
 """
 
 from __future__ import annotations
@@ -76,7 +80,7 @@ async def consume(
     async def run(d: Delivery[T]) -> None:
         try:
             if tracing_active():
-                with consumer_span(d.subject, d.context, durable):
+                with consumer_span(d, durable):
                     await handler(d)
             else:
                 await handler(d)

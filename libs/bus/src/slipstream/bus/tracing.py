@@ -3,19 +3,32 @@
 Context always travels (so a trace can follow a task through the services), but spans are only
 opened when a real tracer provider is installed: with the API's default proxy provider a span per
 message would cost microseconds for nothing.
+
+Spans follow the OpenTelemetry messaging conventions: a PRODUCER span per publish (its context is
+what the headers carry), a CONSUMER span per handled delivery, child of the producer's, and for
+work that uses many messages at once (a learner step) a span with one link per message.
+Consumer spans also carry the ids that matter to a reader of the trace (run, task, trajectory,
+group, policy version, worker) when the message has them, as `slipstream.<field>`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from opentelemetry import propagate, trace
 from opentelemetry.context import Context, get_current
-from opentelemetry.trace import NoOpTracerProvider, ProxyTracerProvider, SpanKind
+from opentelemetry.trace import Link, NoOpTracerProvider, ProxyTracerProvider, SpanKind
+
+if TYPE_CHECKING:
+    from slipstream.bus.delivery import Delivery
 
 _TRACER_NAME = "slipstream.bus"
+MSG_ID_HEADER = "Nats-Msg-Id"
+# Fields copied onto consumer spans when the message (or the trajectory it wraps) has them.
+ID_FIELDS = ("run_id", "task_id", "trajectory_id", "group_id", "policy_version", "worker_id", "env")
+AttributeValue = str | int | float | bool
 
 
 def _provider_installed() -> bool:
@@ -63,21 +76,88 @@ def producer_span(subject: str) -> Iterator[Any]:
         yield span
 
 
+def message_ids(msg: Any) -> dict[str, AttributeValue]:
+    """`slipstream.<field>` attributes for the ids a message carries (a ScoredTrajectory's from its trajectory)."""
+    out: dict[str, AttributeValue] = {}
+    inner = getattr(msg, "trajectory", None)
+    for source in (msg, inner):
+        if source is None:
+            continue
+        for name in ID_FIELDS:
+            value = getattr(source, name, None)
+            if isinstance(value, str | int | float) and value != "" and f"slipstream.{name}" not in out:
+                out[f"slipstream.{name}"] = value
+    return out
+
+
+def delivery_attributes(delivery: Delivery[Any], durable: str) -> dict[str, AttributeValue]:
+    """Messaging attributes of one delivery, plus the ids its message carries."""
+    attrs: dict[str, AttributeValue] = {
+        "messaging.system": "nats",
+        "messaging.operation.type": "process",
+        "messaging.destination.name": delivery.subject,
+        "messaging.consumer.group.name": durable,
+        "messaging.nats.stream_sequence": delivery.stream_seq,
+        "messaging.nats.delivery_count": delivery.num_delivered,
+    }
+    msg_id = delivery.headers.get(MSG_ID_HEADER)
+    if msg_id:
+        attrs["messaging.message.id"] = msg_id
+    attrs.update(message_ids(delivery.msg))
+    return attrs
+
+
 @contextmanager
-def consumer_span(subject: str, ctx: Context, durable: str) -> Iterator[Any]:
-    """A CONSUMER span, child of the producer's, around handling one delivery."""
+def consumer_span(delivery: Delivery[Any], durable: str) -> Iterator[Any]:
+    """A CONSUMER span, child of the producer's (from the headers), around handling one delivery.
+
+    A handler exception passing through is recorded on the span, which then has status ERROR.
+    """
     if not tracing_active():
         yield None
         return
     tracer = trace.get_tracer(_TRACER_NAME)
     with tracer.start_as_current_span(
-        f"process {subject}",
-        context=ctx,
+        f"process {delivery.subject}",
+        context=delivery.context,
         kind=SpanKind.CONSUMER,
-        attributes={
-            "messaging.system": "nats",
-            "messaging.destination.name": subject,
-            "messaging.consumer.group.name": durable,
-        },
+        attributes=delivery_attributes(delivery, durable),
     ) as span:
+        yield span
+
+
+def link_to(delivery: Delivery[Any]) -> Link | None:
+    """A span link to the producer of `delivery` (None when its headers carried no valid context)."""
+    ctx = trace.get_current_span(delivery.context).get_span_context()
+    if not ctx.is_valid:
+        return None
+    attrs: dict[str, AttributeValue] = {"messaging.destination.name": delivery.subject}
+    msg_id = delivery.headers.get(MSG_ID_HEADER)
+    if msg_id:
+        attrs["messaging.message.id"] = msg_id
+    return Link(ctx, attrs)
+
+
+@contextmanager
+def batch_span(
+    name: str,
+    deliveries: Iterable[Delivery[Any]],
+    attributes: Mapping[str, AttributeValue] | None = None,
+    *,
+    root: bool = True,
+) -> Iterator[Any]:
+    """A span over work that used many messages (a learner step), linked to each message's producer.
+
+    Links are given at span start, as samplers only see them there. With `root` (the default) the
+    span starts a new trace, since it belongs to no single message's; otherwise it is a child of
+    the current span. The SDK keeps at most OTEL_SPAN_LINK_COUNT_LIMIT links (128 unless set).
+    """
+    if not tracing_active():
+        yield None
+        return
+    items = list(deliveries)
+    links = [link for link in (link_to(d) for d in items) if link is not None]
+    attrs: dict[str, AttributeValue] = {"messaging.batch.message_count": len(items), **(attributes or {})}
+    tracer = trace.get_tracer(_TRACER_NAME)
+    with tracer.start_as_current_span(name, context=Context() if root else None, links=links, attributes=attrs) as span:
         yield span

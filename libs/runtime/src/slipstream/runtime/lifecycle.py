@@ -305,14 +305,17 @@ async def serve(service: Service, cfg: ServiceSection, *, replica: str = "", han
 
 
 def run_service(service: Service, cfg: ServiceSection, telemetry: TelemetryConfig) -> int:
-    """Set up logs and traces for `service`, run it to the end in a new event loop, flush traces."""
+    """Set up logs, traces and metrics export for `service`, run it in a new event loop, flush them."""
     from slipstream.telemetry.logs import setup_logging
+    from slipstream.telemetry.metrics_export import setup_metrics, shutdown_metrics
     from slipstream.telemetry.tracing import setup_tracing, shutdown_tracing
 
     replica = replica_id(cfg)
     setup_logging(service.name, telemetry, replica=replica, run_id=cfg.run_id)
     setup_tracing(service.name, telemetry, replica=replica)
+    setup_metrics(service.name, telemetry, replica=replica)  # OTLP push when configured; /metrics always
     try:
         return asyncio.run(serve(service, cfg, replica=replica))
     finally:
+        shutdown_metrics()
         shutdown_tracing()

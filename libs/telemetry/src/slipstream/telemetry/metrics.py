@@ -46,6 +46,10 @@ class _Instrument:
     def render(self) -> list[str]:
         raise NotImplementedError
 
+    def snapshot(self) -> dict[LabelKey, float] | dict[LabelKey, list[float]]:
+        """A copy of every labelled value, taken under the lock (safe while other threads record)."""
+        raise NotImplementedError
+
 
 class Counter(_Instrument):
     kind = "counter"
@@ -65,11 +69,15 @@ class Counter(_Instrument):
         return self.values.get(_labels(labels), 0.0)
 
     def total(self) -> float:
-        return sum(self.values.values())
+        return sum(self.snapshot().values())
+
+    def snapshot(self) -> dict[LabelKey, float]:
+        with self._lock:
+            return dict(self.values)
 
     def render(self) -> list[str]:
         n = prom_name(self.name) + "_total"
-        return [f"{n}{_fmt_labels(k)} {v:g}" for k, v in sorted(self.values.items())]
+        return [f"{n}{_fmt_labels(k)} {v:g}" for k, v in sorted(self.snapshot().items())]
 
 
 class Gauge(_Instrument):
@@ -86,9 +94,13 @@ class Gauge(_Instrument):
     def value(self, **labels: str) -> float:
         return self.values.get(_labels(labels), math.nan)
 
+    def snapshot(self) -> dict[LabelKey, float]:
+        with self._lock:
+            return dict(self.values)
+
     def render(self) -> list[str]:
         n = prom_name(self.name)
-        return [f"{n}{_fmt_labels(k)} {v:g}" for k, v in sorted(self.values.items())]
+        return [f"{n}{_fmt_labels(k)} {v:g}" for k, v in sorted(self.snapshot().items())]
 
 
 DEFAULT_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
@@ -115,10 +127,15 @@ class Histogram(_Instrument):
         s = self.series.get(_labels(labels))
         return int(sum(s[:-1])) if s else 0
 
+    def snapshot(self) -> dict[LabelKey, list[float]]:
+        """Per label set: one count per bucket (not cumulative), the +Inf overflow count, then the sum."""
+        with self._lock:
+            return {k: list(v) for k, v in self.series.items()}
+
     def render(self) -> list[str]:
         n = prom_name(self.name)
         out: list[str] = []
-        for key, s in sorted(self.series.items()):
+        for key, s in sorted(self.snapshot().items()):
             cum = 0.0
             for b, c in zip(self.buckets, s, strict=False):
                 cum += c
@@ -156,12 +173,16 @@ class Registry:
     def names(self) -> list[str]:
         return sorted(self._instruments)
 
+    def instruments(self) -> list[Counter | Gauge | Histogram]:
+        """Every registered instrument, sorted by name (what exporters walk)."""
+        with self._lock:
+            return [self._instruments[n] for n in sorted(self._instruments)]  # type: ignore[misc]
+
     def render_prometheus(self) -> str:
         lines: list[str] = []
-        for name in sorted(self._instruments):
-            inst = self._instruments[name]
-            pn = prom_name(name)
-            lines.append(f"# HELP {pn} {inst.description or name}")
+        for inst in self.instruments():
+            pn = prom_name(inst.name)
+            lines.append(f"# HELP {pn} {inst.description or inst.name}")
             lines.append(f"# TYPE {pn} {inst.kind}")
             lines.extend(inst.render())
         return "\n".join(lines) + "\n"

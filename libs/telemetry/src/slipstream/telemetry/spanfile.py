@@ -3,7 +3,8 @@
 `slipstream up --traces FILE` points every service of the local stack at one file, so a whole
 trace (task -> rollout -> scoring -> learner step, joined by parent ids and links) can be read
 back without a collector. Each batch is written with a single O_APPEND `write`, which keeps
-lines from several processes whole on a local filesystem.
+lines from several processes whole on a local filesystem. `read_spans` reads such files back
+(`slipstream report`, the trace tests).
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -98,3 +99,27 @@ class SpanFileExporter(SpanExporter):
 
     def force_flush(self, timeout_millis: int = 30000) -> bool:
         return True
+
+
+def read_spans(paths: Iterable[str | Path]) -> tuple[list[dict[str, Any]], int]:
+    """Every span record in these files, and how many lines could not be read.
+
+    A process killed mid-write can leave a torn last line; such lines are skipped, counted and
+    logged rather than failing the whole read. A missing file is an error (a wrong path).
+    """
+    spans: list[dict[str, Any]] = []
+    bad = 0
+    for path in paths:
+        for n, line in enumerate(Path(path).read_bytes().splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                record = msgspec.json.decode(line)
+            except msgspec.DecodeError:
+                record = None
+            if not isinstance(record, dict) or "span_id" not in record or "trace_id" not in record:
+                bad += 1
+                _log.warning("%s:%d is not a span record; skipped", path, n)
+                continue
+            spans.append(record)
+    return spans, bad

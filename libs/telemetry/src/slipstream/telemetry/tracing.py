@@ -44,7 +44,8 @@ def effective_mode(cfg: TelemetryConfig, environ: Mapping[str, str] | None = Non
     return "otlp" if any(env.get(v) for v in OTLP_ENDPOINT_VARS) else "none"
 
 
-def _resource(service: str, replica: str) -> Resource:
+def service_resource(service: str, replica: str = "") -> Resource:
+    """The OTel resource of this process: service.name (unless OTEL_SERVICE_NAME says) and instance id."""
     # OTEL_SERVICE_NAME / OTEL_RESOURCE_ATTRIBUTES win over our name, as the OTel spec expects.
     base = Resource.create()
     extra: dict[str, str] = {}
@@ -94,7 +95,7 @@ def setup_tracing(
             _log.warning("a TracerProvider is already installed; slipstream traces=%s not applied", mode)
             _provider, _mode = current, "external"
             return current
-        provider = TracerProvider(resource=_resource(service, replica))
+        provider = TracerProvider(resource=service_resource(service, replica))
         processor = _processor(mode, cfg)
         if processor is not None:
             provider.add_span_processor(processor)

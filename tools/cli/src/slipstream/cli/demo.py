@@ -38,6 +38,7 @@ def register(sub: Any) -> None:
     p.add_argument("--temperature", type=float, default=None, help="sampling temperature of the rollouts")
     p.add_argument("--eval-every", type=int, default=None, help="held-out eval every N versions (default 15)")
     p.add_argument("--no-live", action="store_true", help="plain log lines instead of the live view")
+    p.add_argument("--traces", action="store_true", help="write each service's spans to RUN_DIR/traces.<service>.jsonl")
     p.set_defaults(func=run, parser=p)
 
 
@@ -83,7 +84,7 @@ def run(args: argparse.Namespace) -> int:
     view = ProgressView(console, plan, live=not args.no_live)
     t0 = time.monotonic()
     with view:
-        summary = run_training(plan, run_dir, on_event=view.on_event)
+        summary = run_training(plan, run_dir, on_event=view.on_event, traces=args.traces)
     console.print(summary_table(summary))
     if args.summary_json:
         args.summary_json.parent.mkdir(parents=True, exist_ok=True)

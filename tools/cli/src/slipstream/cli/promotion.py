@@ -6,10 +6,10 @@ Redis and object-store addresses and the run id, and use eval-gate's own code:
 - `eval VERSION` runs the gate's evaluation of VERSION in this process (the same suite, engine
   and decision rule as the service; gate settings from `--config FILE` and SLIPSTREAM_GATE__*
   variables, the model from `--model-path`, else the run's `model-init/` when the demo made one)
-  and prints the decision it would take against the promoted version. The promoted version's
-  per-task details are reused from the store, or measured and stored when missing. `--publish`
-  then commits it like the service: details, `eval.result`, the eval history, and on promotion
-  the pointer and `weights.promoted`.
+  and prints the decision it would take against the promoted version (whose per-task details
+  are reused from the store, or measured again when missing or from another suite). Nothing is
+  written unless `--publish`, which then commits it like the service: details, `eval.result`,
+  the eval history, and on promotion the pointer and `weights.promoted`.
 - `promote VERSION` moves the pointer (Redis) and publishes `weights.promoted`; it refuses a
   version whose manifest is not in the object store.
 - `rollback` returns to the version promoted before the current one and publishes it with
@@ -80,6 +80,11 @@ def _guarded(command: str, args: argparse.Namespace, body: Any) -> int:
     except StatusError as exc:
         print(f"slipstream {command}: {exc}")
         return 2
+    from slipstream.telemetry.config import TelemetryConfig
+    from slipstream.telemetry.logs import setup_logging
+
+    # The services' log lines go to stderr (warnings only), so stdout stays the command's answer.
+    setup_logging(f"slipstream-{command}", TelemetryConfig(log_format="console", log_level="warning"))
     try:
         return int(asyncio.run(body(info, args)))
     except Refused as exc:
@@ -170,7 +175,15 @@ async def _eval(info: dict[str, Any], args: argparse.Namespace) -> int:
     control, bus = await _connect(info)
     evaluator = await build_evaluator(cfg.model, cfg.gate, store, run_id)
     try:
-        gate = Gate(cfg.gate, run_id=run_id, evaluator=evaluator, store=store, evals=control.evals, bus=bus)
+        gate = Gate(
+            cfg.gate,
+            run_id=run_id,
+            evaluator=evaluator,
+            store=store,
+            evals=control.evals,
+            bus=bus,
+            store_baselines=args.publish,
+        )
         verdict = await gate.judge(args.version, key)
         promoted = await gate.commit(verdict) if args.publish else None
     finally:

@@ -99,7 +99,8 @@ def read_logs(log_dir: Path) -> tuple[dict[str, list[dict[str, Any]]], int]:
     out: dict[str, list[dict[str, Any]]] = {}
     skipped = 0
     for path in sorted(log_dir.glob("*.log")) if log_dir.is_dir() else []:
-        rows = out.setdefault(path.stem, [])
+        rows: list[dict[str, Any]] = []
+        other = 0
         for line in path.read_text(errors="replace").splitlines():
             if not line.strip():
                 continue
@@ -110,7 +111,10 @@ def read_logs(log_dir: Path) -> tuple[dict[str, list[dict[str, Any]]], int]:
             if isinstance(row, dict):
                 rows.append(row)
             else:
-                skipped += 1
+                other += 1
+        if rows:  # a file without one JSON line is a server's own log (nats, redis), not a service's
+            out[path.stem] = rows
+            skipped += other
     return out, skipped
 
 
@@ -178,17 +182,18 @@ def reward_plot(run: Run) -> Plot:
         "reward (mean per step)": {"x": xs, "y": [float(s["reward"]) for s in run.steps]},
         "train accuracy": {"x": xs, "y": [float(s["accuracy"]) for s in run.steps]},
     }
-    step_of = {int(s["version"]): float(s["step"]) for s in run.steps}
-    held: list[tuple[float, float]] = []
-    if run.summary.get("heldout_tasks"):
-        held.append((0.0, float(run.summary.get("heldout_accuracy_before", 0.0))))
+    # Held-out accuracy by the step that produced the evaluated version (version 0: before RL).
+    step_of = {0: 0.0, **{int(s["version"]): float(s["step"]) for s in run.steps}}
+    held: dict[float, float] = {}
     for e in run.summary.get("eval_curve") or []:
-        held.append((step_of.get(int(e["version"]), float(e["version"])), float(e["accuracy"])))
-    if run.summary.get("heldout_tasks") and run.summary.get("ok"):
-        held.append((xs[-1], float(run.summary.get("heldout_accuracy_after", 0.0))))
+        held[step_of.get(int(e["version"]), float(e["version"]))] = float(e["accuracy"])
+    if run.summary.get("heldout_tasks"):
+        held.setdefault(0.0, float(run.summary.get("heldout_accuracy_before", 0.0)))
+        if run.summary.get("ok"):
+            last = step_of.get(int(run.summary.get("final_version", -1)), xs[-1])
+            held.setdefault(last, float(run.summary.get("heldout_accuracy_after", 0.0)))
     if held:
-        held.sort()
-        series["held-out accuracy"] = {"x": [h[0] for h in held], "y": [h[1] for h in held]}
+        series["held-out accuracy"] = {"x": sorted(held), "y": [held[k] for k in sorted(held)]}
     return Plot(
         "reward",
         "Reward and accuracy per step",
@@ -288,7 +293,7 @@ def time_to_policy_plot(run: Run) -> Plot:
         pub = [v for v in versions if v in announced]
         if pub:
             series["step -> announced"] = {"x": [float(v) for v in pub], "y": [announced[v] - stepped[v] for v in pub]}
-        panels.append(Panel("time to policy", "policy version", "seconds", "line", series))
+        panels.append(Panel("seconds after the learner's step", "policy version", "seconds", "line", series))
     return Plot(
         "time_to_policy",
         "Time to policy per version",
@@ -327,12 +332,14 @@ def draw(plot: Plot, path: Path) -> None:
 
     matplotlib.use("Agg")  # no display: files only
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     fig, axes = plt.subplots(1, len(plot.panels), figsize=(6.5 * len(plot.panels), 4.2), squeeze=False)
     for ax, panel in zip(axes[0], plot.panels, strict=True):
         for label, s in panel.series.items():
             if panel.kind == "bar":
                 ax.bar(s["x"], s["y"], label=label)
+                ax.set_xticks(s["x"])
             elif panel.kind == "barh":
                 ax.barh(s["x"], s["y"], label=label)
                 ax.set_yticks(s["x"], panel.labels, fontsize=7)
@@ -340,6 +347,8 @@ def draw(plot: Plot, path: Path) -> None:
             else:
                 ax.plot(s["x"], s["y"], marker="o" if len(s["x"]) < 40 else None, markersize=3, label=label)
         ax.set_title(panel.title if len(plot.panels) > 1 else f"{plot.title}: {panel.title}", fontsize=10)
+        if panel.kind == "line" and all(float(x).is_integer() for s in panel.series.values() for x in s["x"]):
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps and versions are whole numbers
         ax.set_xlabel(panel.xlabel)
         ax.set_ylabel(panel.ylabel)
         ax.grid(alpha=0.3)

@@ -240,25 +240,32 @@ class StackWatch:
         if self.bus is not None:
             await self.bus.close()
 
-    async def _stages(self) -> tuple[list[Stage], int | None]:
+    async def _stream(self, name: str, problems: list[str]) -> dict[str, Any] | None:
+        """A stream's info, or None (a stream not created yet is normal; other failures are noted)."""
         from slipstream.bus import BusError
+
+        assert self.bus is not None
+        try:
+            return await asyncio.wait_for(self.bus.stream_info(name), self.timeout_s * 2)
+        except BusError:
+            return None  # the service that owns it has not started yet
+        except Exception as exc:  # a slow or disconnected server: show what we have, say what is missing
+            problems.append(f"stream {name}: {exc!r}")
+            return None
+
+    async def _stages(self, problems: list[str]) -> tuple[list[Stage], int | None]:
         from slipstream.schemas.subjects import STREAMS
 
         stages = [Stage(s.name, c.durable, c.service) for s in STREAMS for c in s.consumers]
         if self.bus is None:
             return stages, None
-        dead: int | None = None
         for stage in stages:
-            try:
-                info = await self.bus.stream_info(stage.stream)
-            except BusError:
-                continue  # not created yet: the service that owns it has not started
-            c = info.get("consumers", {}).get(stage.durable)
+            info = await self._stream(stage.stream, problems)
+            c = (info or {}).get("consumers", {}).get(stage.durable)
             if c is not None:
                 stage.pending, stage.in_progress = int(c["num_pending"]), int(c["num_ack_pending"])
-        with contextlib.suppress(BusError):
-            dead = int((await self.bus.stream_info("DLQ"))["messages"])
-        return stages, dead
+        dlq = await self._stream("DLQ", problems)
+        return stages, None if dlq is None else int(dlq["messages"])
 
     async def sample(self) -> Frame:
         """Probe every service and the bus once; rates are against the previous sample."""
@@ -268,7 +275,8 @@ class StackWatch:
         services = await asyncio.gather(
             *(asyncio.to_thread(_probe, n, i, self.timeout_s) for n, i in self.info.get("services", {}).items())
         )
-        stages, dead = await self._stages()
+        problems: list[str] = []
+        stages, dead = await self._stages(problems)
         by_durable: dict[str, float] = {}
         for s in services:
             if s.metrics is None:
@@ -296,7 +304,7 @@ class StackWatch:
             steps=list(self.steps),
             announced=self.announced,
             promoted=self.promoted,
-            notes=list(self.notes),
+            notes=self.notes + problems,
         )
 
 

@@ -200,8 +200,14 @@ def run_training(
     *,
     on_event: Callable[[str, dict[str, Any]], None] | None = None,
     stack_env: dict[str, str] | None = None,
+    traces: bool = False,
+    extra_services: tuple[str, ...] = (),
 ) -> RunSummary:
-    """Run one training end to end; never raises for a failed run (the summary says why)."""
+    """Run one training end to end; never raises for a failed run (the summary says why).
+
+    `traces` writes each service's spans to run_dir/traces.<service>.jsonl (for `slipstream
+    report`); `extra_services` adds services beyond the pipeline (e.g. eval-gate).
+    """
     from slipstream.cli.follow import follow_run, held_out
 
     t0 = time.monotonic()
@@ -227,11 +233,12 @@ def run_training(
 
     spec = StackSpec(
         run_dir=run_dir,
-        services=PIPELINE,
+        services=PIPELINE + tuple(s for s in extra_services if s not in PIPELINE),
         store=StoreSpec(type="local", root=str(run_dir / "data" / "store")),
         run_id=run_dir.name,
         env={**service_env(plan, model_dir, staging_dir, run_dir / "learner-outcomes.jsonl"), **(stack_env or {})},
         drain_timeout_s=10.0,
+        traces=run_dir / "traces.jsonl" if traces else None,
     )
     stack = Stack(spec, log=lambda msg: emit("log", {"message": msg}))
     try:
