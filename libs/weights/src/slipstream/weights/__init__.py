@@ -1,7 +1,31 @@
-"""Weight versions in the object store: sharded snapshots, manifest last, sha256-verified reads."""
+"""Weight versions in the object store: keyframes and lossless deltas, manifest last, sha256-verified reads.
 
+- snapshot.py: full raw snapshots (`publish_snapshot`, `fetch_version`).
+- chain.py: versions as zstd keyframes every K versions and XOR/sparse deltas between them
+  (`publish_version`), and the way back for a worker (`resolve_chain`, `load_version`).
+- encoder.py / decoder.py: one version to shard bytes and back, bit-exact, on several cores.
+"""
+
+from slipstream.weights.chain import (
+    DEFAULT_FETCH_ATTEMPTS,
+    DEFAULT_KEYFRAME_EVERY,
+    Published,
+    apply_chain,
+    fetch_verified,
+    is_keyframe_version,
+    latest_version,
+    load_version,
+    publish_version,
+    resolve_chain,
+    store_coded,
+)
+from slipstream.weights.container import ShardFormatError
+from slipstream.weights.decoder import BaseMismatch, decode_version
+from slipstream.weights.encoder import DEFAULT_FRAME_BYTES, DEFAULT_LEVEL, CodedVersion, encode_version
+from slipstream.weights.fingerprint import fingerprint
 from slipstream.weights.layout import manifest_key, shard_key, version_prefix
 from slipstream.weights.snapshot import (
+    DEFAULT_SHARD_BYTES,
     CorruptShard,
     VersionExists,
     WeightsError,
@@ -14,16 +38,36 @@ from slipstream.weights.snapshot import (
 )
 
 __all__ = [
+    "DEFAULT_FETCH_ATTEMPTS",
+    "DEFAULT_FRAME_BYTES",
+    "DEFAULT_KEYFRAME_EVERY",
+    "DEFAULT_LEVEL",
+    "DEFAULT_SHARD_BYTES",
+    "BaseMismatch",
+    "CodedVersion",
     "CorruptShard",
+    "Published",
+    "ShardFormatError",
     "VersionExists",
     "WeightsError",
+    "apply_chain",
     "cut_shards",
     "decode_snapshot",
+    "decode_version",
+    "encode_version",
     "fetch_shards",
+    "fetch_verified",
     "fetch_version",
+    "fingerprint",
+    "is_keyframe_version",
+    "latest_version",
+    "load_version",
     "manifest_key",
     "publish_snapshot",
+    "publish_version",
     "read_manifest",
+    "resolve_chain",
     "shard_key",
+    "store_coded",
     "version_prefix",
 ]

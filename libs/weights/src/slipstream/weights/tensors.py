@@ -39,8 +39,8 @@ def as_bytes_view(t: torch.Tensor) -> memoryview:
     t = t.detach()
     if t.device.type != "cpu":
         t = t.cpu()
-    t = t.contiguous()
-    return memoryview(t.view(torch.uint8).numpy()).cast("B")
+    # reshape(-1) first: a 0-dim tensor cannot change its element size with view().
+    return memoryview(t.contiguous().reshape(-1).view(torch.uint8).numpy())
 
 
 def from_bytes(buf: bytes | bytearray | memoryview, dtype: str, shape: list[int]) -> torch.Tensor:
