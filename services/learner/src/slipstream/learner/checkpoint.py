@@ -61,6 +61,8 @@ class Pointer(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     step: int
     policy_version: int
     chain: list[str]
+    fence_token: int = 0
+    """The leader lease's fencing token of the learner that committed it (0 without a control plane)."""
 
 
 @dataclass
@@ -113,10 +115,20 @@ class Checkpoints:
         optimizer: torch.optim.Optimizer,
         dropped: dict[str, int],
         trained_ids: list[str],
+        fence_token: int = 0,
     ) -> str:
-        """Write every file, then the pointer (the commit); prune what fell out of the chain."""
+        """Write every file, then the pointer (the commit); prune what fell out of the chain.
+
+        With a control plane (`fence_token` > 0), a pointer written under a higher token means a
+        newer leader committed: this learner was fenced and must not overwrite it.
+        """
         prefix = self.prefix(step)
         previous = self._pointer()
+        if fence_token and previous is not None and previous.fence_token > fence_token:
+            raise CheckpointError(
+                f"the committed checkpoint (step {previous.step}) was written under fencing token "
+                f"{previous.fence_token}, above this learner's {fence_token}: another learner leads the run"
+            )
         if previous is not None and step <= previous.step:
             raise CheckpointError(f"checkpoint step {step} is not after the committed step {previous.step}")
         rng: dict[str, Any] = {"torch": torch.get_rng_state()}
@@ -140,7 +152,7 @@ class Checkpoints:
         )
         self.store.put(f"{prefix}/{META}", msgspec.json.encode(meta))
         chain = [prefix, *(previous.chain if previous else [])][: self.keep]
-        pointer = Pointer(step=step, policy_version=policy_version, chain=chain)
+        pointer = Pointer(step=step, policy_version=policy_version, chain=chain, fence_token=fence_token)
         self.store.put(self.pointer_key, msgspec.json.encode(pointer))
         self._prune(set(chain))
         return prefix
@@ -184,6 +196,11 @@ class Checkpoints:
         """The committed step, or -1 when this run has no checkpoint."""
         pointer = self._pointer()
         return -1 if pointer is None else pointer.step
+
+    def fence_token(self) -> int:
+        """The fencing token the committed checkpoint was written under (0: none, or no control plane)."""
+        pointer = self._pointer()
+        return 0 if pointer is None else pointer.fence_token
 
     def load_latest(self) -> Checkpoint | None:
         """The newest committed checkpoint, verified, or None on a fresh run."""

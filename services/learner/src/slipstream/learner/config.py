@@ -90,6 +90,30 @@ class LearnerSection(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     announce_timeout_s: Annotated[
         float, Doc(description="How long start-up waits for the last weights.announce when resuming.")
     ] = 1.0
+    lease_ttl_s: Annotated[
+        float,
+        Doc(
+            description="TTL of the run's leader lease in Redis ([service] redis_url), renewed every ttl/3; a standby "
+            "takes over this long after the leader died. Unused without a control plane."
+        ),
+    ] = 10.0
+    lease_wait: Annotated[
+        bool,
+        Doc(
+            description="When another learner holds the run's lease: true = wait as a standby and take over when it "
+            "goes away; false = exit 1 with a message naming the holder."
+        ),
+    ] = True
+    lease_handover_s: Annotated[
+        float,
+        Doc(
+            description="On stop, keep the lease up to this long while the weight-publisher announces the versions "
+            "already staged (it announces only while their learner leads); then release it for a standby."
+        ),
+    ] = 5.0
+    control_timeout_s: Annotated[
+        float, Doc(description="Bound on every Redis operation of the control plane; must be below lease_ttl_s.")
+    ] = 2.0
     outcomes_path: Annotated[
         str,
         Doc(
@@ -118,6 +142,12 @@ class LearnerSection(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             (bool(self.staging_dir), "staging_dir must name a directory"),
             (self.ack_wait_s >= 0, f"ack_wait_s must be >= 0, got {self.ack_wait_s}"),
             (self.announce_timeout_s >= 0, f"announce_timeout_s must be >= 0, got {self.announce_timeout_s}"),
+            (self.lease_ttl_s > 0, f"lease_ttl_s must be > 0, got {self.lease_ttl_s}"),
+            (self.lease_handover_s >= 0, f"lease_handover_s must be >= 0, got {self.lease_handover_s}"),
+            (
+                0 < self.control_timeout_s < self.lease_ttl_s,
+                f"control_timeout_s must be in (0, lease_ttl_s={self.lease_ttl_s}), got {self.control_timeout_s}",
+            ),
         ]
         for ok, message in checks:
             if not ok:

@@ -12,6 +12,7 @@ safetensors refuses aliased tensors and the engine accepts either name for a tie
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 import torch
@@ -44,12 +45,23 @@ class WeightHandoff:
         self.staging_dir = Path(staging_dir)
         self.dtype = DTYPES.get(dtype)
 
-    def stage(self, version: int, model: nn.Module, *, step_finished_at: float | None = None) -> Path:
-        """Write `version` of `model`'s weights (blocking; call it off the event loop)."""
+    def stage(
+        self,
+        version: int,
+        model: nn.Module,
+        *,
+        step_finished_at: float | None = None,
+        fence: Mapping[str, str] | None = None,
+    ) -> Path:
+        """Write `version` of `model`'s weights (blocking; call it off the event loop).
+
+        `fence` (the lease holder and fencing token) goes into the file's metadata: the
+        publisher announces the version only while that holder still leads the run.
+        """
         tensors = unique_state(model)
         if self.dtype is not None:
             tensors = {k: v.detach().to(self.dtype) if v.is_floating_point() else v for k, v in tensors.items()}
-        return stage(self.staging_dir, version, tensors, step_finished_at=step_finished_at or time.time())
+        return stage(self.staging_dir, version, tensors, step_finished_at=step_finished_at or time.time(), extra=fence)
 
     def highest_staged(self) -> int:
         """The newest version waiting in the staging directory, or -1 when there is none."""

@@ -123,6 +123,8 @@ class Drop(Generic[H]):
     reason: str
     handles: tuple[H, ...]
     detail: str = ""
+    scored: ScoredTrajectory | None = None
+    """The trajectory, when it was admitted before being dropped (its reward counts in task statistics)."""
 
 
 class Intake(Generic[H]):
@@ -279,6 +281,24 @@ class Intake(Generic[H]):
         group.members = keep
         return drops
 
+    def ready_ids(self) -> list[str]:
+        """Ids of the members of every queued (complete) group, for a check before they are taken."""
+        return [m.trajectory_id for g in self._ready for m in g.members]
+
+    def evict(self, trajectory_ids: Container[str], reason: str, detail: str) -> list[Drop[H]]:
+        """Drop these members from their groups (queued or pending), e.g. ids the shared ledger already counted.
+
+        A pending group keeps counting them as arrivals, so it still completes; a queued group left
+        uniform or empty goes at the next `take`/`screen_ready`.
+        """
+        drops: list[Drop[H]] = []
+        for group in [*self._pending.values(), *self._ready]:
+            gone = [m for m in group.members if m.trajectory_id in trajectory_ids]
+            if gone:
+                group.members = [m for m in group.members if m.trajectory_id not in trajectory_ids]
+                drops.extend(self._drop_member(m, reason, detail) for m in gone)
+        return drops
+
     def drop(self, members: Sequence[Member[H]], reason: str, detail: str) -> list[Drop[H]]:
         """Drop members the trainer could not use (a step whose gradient was not finite)."""
         return [self._drop_member(m, reason, detail) for m in members]
@@ -312,7 +332,7 @@ class Intake(Generic[H]):
     def _drop_member(self, member: Member[H], reason: str, detail: str) -> Drop[H]:
         self._inflight.pop(member.trajectory_id, None)
         self._count(reason)
-        return Drop(member.trajectory_id, str(reason), tuple(member.handles), detail)
+        return Drop(member.trajectory_id, str(reason), tuple(member.handles), detail, member.scored)
 
 
 def group_rewards(members: Sequence[Member[H]]) -> list[float]:

@@ -28,5 +28,9 @@ class TrainedLedger:
     def __contains__(self, trajectory_id: object) -> bool:
         return any(trajectory_id in w for w in self._windows)
 
+    def ids(self) -> list[str]:
+        """Every id of the retained windows, oldest window first (to re-mark them in the shared ledger)."""
+        return [tid for w in self._windows for tid in w]
+
     def __len__(self) -> int:
         return sum(len(w) for w in self._windows)

@@ -7,8 +7,10 @@
 
 `service.py` only wires the parts: `intake.py` (grouping, admission, drops), `trainer.py` (the
 AdamW step, in a worker thread so the intake keeps draining NATS), `handoff.py` (staging for the
-publisher), `checkpoint.py` (object-store checkpoints), `resume.py` (where versions continue)
-and `ledger.py` (trained ids of committed checkpoints, for duplicates).
+publisher), `checkpoint.py` (object-store checkpoints), `resume.py` (where versions continue),
+`ledger.py` (trained ids of committed checkpoints, for duplicates), and with `[service]
+redis_url` `leadership.py` (the run's leader lease and fencing token) and `claims.py` (ledger
+claims and task statistics in Redis).
 
 Acks and checkpoints: a trained trajectory is acked only after the checkpoint covering its step
 is committed (at every step that is a multiple of `checkpoint_every`, at stop, and, when
@@ -17,12 +19,17 @@ Until then its delivery is kept alive with `in_progress()` every ack_wait/3. A l
 between two commits therefore loses no trajectory (its uncommitted ones are redelivered and
 trained again from the checkpoint's weights) and counts none twice (the checkpoint's ids turn a
 redelivery into a `duplicate`).
+
+With a control plane, every step, staged version and commit happens only under a confirmed
+lease (README, "The control plane"); while Redis is unreachable training pauses, acks stay held,
+and it goes on by itself when Redis is back.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import secrets
 import time
 from collections.abc import Awaitable, Sequence
 from typing import Any
@@ -30,8 +37,10 @@ from typing import Any
 import msgspec
 
 from slipstream.bus import Bus, Consumer, Delivery, PublishError, connect_bus, consume
+from slipstream.control import Control, ControlClient, ControlUnavailable
 from slipstream.engine.source import load_model
 from slipstream.learner.checkpoint import Checkpoints
+from slipstream.learner.claims import Claims, Committed
 from slipstream.learner.config import LearnerConfig
 from slipstream.learner.handoff import WeightHandoff
 from slipstream.learner.instruments import (
@@ -52,9 +61,10 @@ from slipstream.learner.instruments import (
     STEP_VERSION,
 )
 from slipstream.learner.intake import Drop, Group, Intake, Member
+from slipstream.learner.leadership import FENCE_TOKEN_KEY, LEASE_HOLDER_KEY, Leadership, LeadershipLost
 from slipstream.learner.ledger import TrainedLedger
 from slipstream.learner.outcomes import DROPPED, TRAINED, Outcome, OutcomeLog
-from slipstream.learner.resume import resume
+from slipstream.learner.resume import last_announced, last_published, resume
 from slipstream.learner.trainer import StepStats, Trainer
 from slipstream.rl import DropReason
 from slipstream.runtime.service import BaseService
@@ -107,10 +117,18 @@ class LearnerService(BaseService):
         self.handoff = WeightHandoff(self.section.staging_dir, dtype=self.section.weights_dtype)
         self.ledger = TrainedLedger(self.section.keep_checkpoints)
         self.outcomes = OutcomeLog(self.section.outcomes_path)
+        self.control: Control | None = None
+        self.leadership: Leadership | None = None
+        self.claims: Claims[Delivery[ScoredTrajectory]] = Claims(None, self._ack_members)
         self.step = 0
         self.version = 0
         self.committed_step = 0
         self._held: list[Member[Delivery[ScoredTrajectory]]] = []
+        # Taken by the step in progress; handed back if the step never becomes a staged version.
+        self._training: list[Member[Delivery[ScoredTrajectory]]] = []
+        # A step was trained but could not be confirmed as the leader's: the model no longer matches
+        # any staged version, so nothing of this process may be committed any more.
+        self._diverged = False
         self._group_ready = asyncio.Event()
         self._intake_stop = asyncio.Event()
         self._ack_wait_s = self.section.ack_wait_s or consumer(DURABLE)[1].ack_wait_s
@@ -127,7 +145,12 @@ class LearnerService(BaseService):
         model, tokenizer = await asyncio.to_thread(load_model, cfg.model)
         self.trainer = Trainer(model, self.section, cfg.loss, pad_id=tokenizer.pad_id)
         self.checkpoints = Checkpoints(self.store, cfg.service.run_id, keep=self.section.keep_checkpoints)
+        if cfg.service.redis_url:
+            # Before the checkpoint is read: a standby waits here, and resumes from what the leader left.
+            await self._take_the_lead(cfg.service.redis_url)
         dropped = await self._resume()
+        if self.control is not None:
+            await self._mark_ledger()
         self.intake = Intake(
             max_staleness=self.section.max_staleness,
             group_timeout_s=self.section.group_timeout_s,
@@ -168,6 +191,72 @@ class LearnerService(BaseService):
         )
         return point.dropped
 
+    async def _take_the_lead(self, redis_url: str) -> None:
+        """Connect the control plane and take the run's leader lease (waiting for it, or failing, per config)."""
+        assert self.checkpoints is not None
+        cfg = self.cfg
+        # No ping first: with lease_wait a learner started while Redis is down waits for it.
+        self.control = Control(ControlClient(redis_url, timeout_s=self.section.control_timeout_s), cfg.service.run_id)
+        self.claims = Claims(self.control, self._ack_members)
+        # Unique per process: a restarted learner is a new holder, so its predecessor's staged versions are fenced.
+        holder = f"{cfg.service.replica or self.name}:{secrets.token_hex(3)}"
+        self.leadership = Leadership(
+            self.control, holder_id=holder, ttl_s=self.section.lease_ttl_s, wait=self.section.lease_wait
+        )
+        # Tokens keep growing past the checkpoint's even if Redis lost its counter.
+        min_token = await asyncio.to_thread(self.checkpoints.fence_token)
+        token = await self.leadership.acquire(min_token=min_token)
+        log.info("leading the run", run_id=cfg.service.run_id, holder=holder, token=token)
+
+    async def _mark_ledger(self) -> None:
+        """Put the retained checkpoints' ids in the shared ledger (crash mid-commit; Redis that lost them)."""
+        assert self.control is not None
+        waiting = set(self.claims.pending_ids())  # claimed under their own step when Redis lets them
+        ids = [tid for tid in self.ledger.ids() if tid not in waiting]
+        if not ids:
+            return
+        try:
+            restored = await self.control.ledger.mark(ids, self.committed_step)
+        except ControlUnavailable as exc:
+            # The local ledger still covers them; the next start (or reclaim) marks them again.
+            log.warning("ledger not restored from the checkpoints", ids=len(ids), error=str(exc))
+            return
+        log.info("ledger restored from the checkpoints", ids=len(ids), restored=restored)
+
+    async def _lead(self, stop: asyncio.Event | None) -> bool:
+        """Confirm this learner leads the run; while Redis is away wait (until `stop`; once without it).
+
+        False: not confirmed (stopping, or Redis down with no wait). Raises `LeadershipLost`.
+        """
+        if self.leadership is None:
+            return True
+        while True:
+            reclaimed = self.leadership.reclaimed
+            if await self.leadership.confirm(self._run_unchanged):
+                if self.leadership.reclaimed != reclaimed:
+                    await self._mark_ledger()  # Redis may have restarted empty
+                return True
+            if stop is None or stop.is_set():
+                return False
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), 0.5)
+
+    async def _run_unchanged(self) -> str | None:
+        """Why the run moved on without this learner while its lease had lapsed, or None."""
+        assert self.checkpoints is not None and self.store is not None
+        latest = await asyncio.to_thread(self.checkpoints.latest_step)
+        if latest > self.committed_step:
+            return f"checkpoint step {latest} was committed by another learner (this one: {self.committed_step})"
+        published = await asyncio.to_thread(last_published, self.store, self.cfg.service.run_id)
+        if published > self.version:
+            return f"version {published} was published by another learner (this one holds {self.version})"
+        return None
+
+    def _fence(self) -> dict[str, str] | None:
+        if self.leadership is None:
+            return None
+        return {FENCE_TOKEN_KEY: str(self.leadership.token), LEASE_HOLDER_KEY: self.leadership.holder_id}
+
     # -- run --------------------------------------------------------------------------------------
     async def run(self, stop: asyncio.Event) -> None:
         assert self.consumer is not None and self.intake is not None
@@ -179,6 +268,9 @@ class LearnerService(BaseService):
         try:
             await self._train_loop(stop)
             ok = True
+        except LeadershipLost as exc:
+            log.error("leader lease lost: stopped without staging or committing anything more", reason=str(exc))
+            raise
         finally:
             self._intake_stop.set()
             results = await asyncio.gather(intake, housekeeping, return_exceptions=True)
@@ -195,36 +287,70 @@ class LearnerService(BaseService):
             if section.max_steps and self.step >= section.max_steps:
                 log.info("max_steps reached", step=self.step, policy_version=self.version)
                 return
+            lost = self.leadership.lost_event if self.leadership is not None else asyncio.Event()
+            if lost.is_set():
+                # Stop at once if another learner took over; otherwise take the lapsed lease back.
+                await self._lead(stop)
+                continue
             self._group_ready.clear()
-            groups, drops = self.intake.take(section.groups_per_step, self.version)
+            groups, drops = await self._take(stop)
             await self._settle_drops(drops)
             if groups:
-                await self._train(groups)
+                await self._train(groups, stop)
                 idle_since = time.monotonic()
                 # At multiples of checkpoint_every, so a task source can tell which steps' acks are held.
                 if section.checkpoint_every and self.step % section.checkpoint_every == 0:
-                    await self._commit()
+                    await self._commit(stop)
                 continue
             idle = time.monotonic() - idle_since
             if self._held and section.commit_when_idle_s and idle >= section.commit_when_idle_s:
-                await self._commit()
+                await self._commit(stop)
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(_first(self._group_ready, stop), 0.5)
+                await asyncio.wait_for(_first(self._group_ready, stop, lost), 0.5)
 
-    async def _train(self, groups: Sequence[Group[Delivery[ScoredTrajectory]]]) -> None:
+    async def _take(self, stop: asyncio.Event) -> tuple[list[Group[Delivery[ScoredTrajectory]]], list[Drop[Any]]]:
+        """The next step's groups, once this learner is confirmed as the leader and the ledger has had its say."""
+        assert self.intake is not None
+        n = self.section.groups_per_step
+        if self.control is None:
+            return self.intake.take(n, self.version)
+        drops = self.intake.screen_ready(self.version)
+        if self.intake.ready_groups < n or not await self._lead(stop):
+            return [], drops
+        try:
+            ids = self.intake.ready_ids()
+            counted = await self.control.ledger.counted(ids)
+        except ControlUnavailable:
+            return [], drops  # not trained unchecked: the next round asks again
+        seen = {tid for tid, c in zip(ids, counted, strict=True) if c}
+        if seen:
+            drops += self.intake.evict(seen, DropReason.DUPLICATE, "counted in the shared ledger")
+        groups, more = self.intake.take(n, self.version)
+        return groups, drops + more
+
+    async def _train(self, groups: Sequence[Group[Delivery[ScoredTrajectory]]], stop: asyncio.Event) -> None:
         assert self.trainer is not None and self.intake is not None
         members = [m for g in groups for m in g.members]
         batch = [[m.scored for m in g.members] for g in groups]
+        self._training = members
         stats = await asyncio.to_thread(self.trainer.step, batch, self.version)
         if not stats.applied:
+            self._training = []
             log.error("gradient not finite; step skipped", grad_norm=stats.grad_norm, n_trajectories=len(members))
             await self._settle_drops(self.intake.drop(members, NONFINITE, f"grad_norm {stats.grad_norm}"))
             return
+        # The lease may have gone while the step ran: its weights leave only under a confirmed lead.
+        if not await self._lead(stop):
+            self._diverged = True  # stopping with Redis away: the step is discarded, its trajectories handed back
+            return
+        self._training = []
         self.step += 1
         self.version += 1
         self._held.extend(members)
         finished_at = time.time()
-        await asyncio.to_thread(self.handoff.stage, self.version, self.trainer.model, step_finished_at=finished_at)
+        await asyncio.to_thread(
+            self.handoff.stage, self.version, self.trainer.model, step_finished_at=finished_at, fence=self._fence()
+        )
         self._observe(stats)
         await self._publish_step(stats, finished_at)
 
@@ -279,10 +405,14 @@ class LearnerService(BaseService):
             log.warning("learner.step not published", step=self.step, error=str(exc))
 
     # -- commit and acks --------------------------------------------------------------------------
-    async def _commit(self) -> None:
-        """Checkpoint the current state, then ack every trajectory trained since the last commit."""
+    async def _commit(self, stop: asyncio.Event | None) -> None:
+        """Checkpoint the current state, then ack (after its ledger claim) every trajectory trained since the last one.
+
+        Only as the confirmed leader: with Redis away it waits (until `stop`; without one it gives
+        up and the trajectories stay held, to be handed back or committed later).
+        """
         assert self.trainer is not None and self.checkpoints is not None and self.intake is not None
-        if self.step == self.committed_step:
+        if self.step == self.committed_step or self._diverged or not await self._lead(stop):
             return
         ids = [m.trajectory_id for m in self._held]
         started = time.perf_counter()
@@ -294,6 +424,7 @@ class LearnerService(BaseService):
             optimizer=self.trainer.optimizer,
             dropped=dict(self.intake.dropped),
             trained_ids=ids,
+            fence_token=self.leadership.token if self.leadership is not None else 0,
         )
         CHECKPOINT_S.set(time.perf_counter() - started)
         CHECKPOINTS.add(1)
@@ -303,16 +434,30 @@ class LearnerService(BaseService):
         self.outcomes.write(
             Outcome(trajectory_id=tid, outcome=TRAINED, step=self.step, policy_version=self.version) for tid in ids
         )
-        for member in held:
+        HELD.set(0)
+        await self.claims.committed(Committed(self.step, held))
+        log.info(
+            "checkpoint committed",
+            step=self.step,
+            policy_version=self.version,
+            acked=len(ids) if not self.claims.pending else 0,
+            unclaimed=self.claims.pending,
+        )
+
+    async def _ack_members(self, members: Sequence[Member[Delivery[ScoredTrajectory]]]) -> None:
+        """Ack committed (and claimed) trajectories, every delivery of each, and forget them."""
+        assert self.intake is not None
+        for member in members:
             for handle in member.handles:
                 await _quietly("ack", handle.ack())
-        self.intake.forget(ids)
-        HELD.set(0)
-        log.info("checkpoint committed", step=self.step, policy_version=self.version, acked=len(ids))
+        self.intake.forget([m.trajectory_id for m in members])
 
     async def _settle_drops(self, drops: Sequence[Drop[Delivery[ScoredTrajectory]]]) -> None:
         if not drops:
             return
+        await self.claims.uniform_group(
+            [d.scored for d in drops if d.reason == DropReason.UNIFORM_GROUP and d.scored is not None], self.step
+        )
         self.outcomes.write(
             Outcome(trajectory_id=d.trajectory_id, outcome=DROPPED, reason=d.reason, step=self.step) for d in drops
         )
@@ -350,6 +495,8 @@ class LearnerService(BaseService):
                 last_beat = time.monotonic()
                 for handle in list(self.intake.handles()):
                     await _quietly("in_progress", handle.in_progress())
+            if self.claims.pending and self.control is not None and self.control.healthy:
+                await self.claims.settle()  # committed while Redis was away: claim and ack them now
             READY_GROUPS.set(self.intake.ready_groups)
             PENDING_GROUPS.set(self.intake.pending_groups)
 
@@ -360,10 +507,18 @@ class LearnerService(BaseService):
         self._finished = True
         if commit and self._held:
             try:
-                await self._commit()
+                await self._commit(None)
             except Exception as exc:
                 log.error("final checkpoint failed; trained trajectories handed back", error=repr(exc), exc_info=True)
-        released = self.intake.untrained()
+        released = self.intake.untrained() + self._training
+        self.intake.forget([m.trajectory_id for m in self._training])
+        self._training = []
+        if not await self.claims.settle():
+            # Committed, but Redis never took the claims: handed back, the redeliveries are duplicates
+            # of the checkpoint (the next start marks its ids in the ledger).
+            unclaimed = self.claims.drain()
+            released += unclaimed
+            self.intake.forget([m.trajectory_id for m in unclaimed])
         if self._held:
             # Never committed: their step is lost, so they must be trained again by the next run.
             released += self._held
@@ -378,6 +533,11 @@ class LearnerService(BaseService):
         await self._finish(commit=False)
 
     async def close(self) -> None:
+        if self.leadership is not None:
+            await self._hand_over()
+            await self.leadership.release()  # a standby takes over at once instead of after the ttl
+        if self.control is not None:
+            await self.control.close()
         if self.consumer is not None:
             with contextlib.suppress(Exception):  # the bus close below tears it down anyway
                 await self.consumer.close()
@@ -385,6 +545,25 @@ class LearnerService(BaseService):
             await self.bus.close()
         if self.store is not None:
             self.store.close()
+
+    async def _hand_over(self) -> None:
+        """Keep the lease while the publisher announces what was staged (it announces only under a held lease)."""
+        assert self.leadership is not None
+        if self.bus is None or self.intake is None or not self.leadership.valid():
+            return
+        deadline = time.monotonic() + self.section.lease_handover_s
+        announced = -1
+        while time.monotonic() < deadline:
+            # Announced, not just stored: the publisher checks the lease once more right before the announce.
+            announced = await last_announced(self.bus, self.cfg.service.run_id, 0.5)
+            if announced >= self.version:
+                return
+            await asyncio.sleep(0.1)
+        log.warning(
+            "lease released before the last staged versions were announced; a successor fences them",
+            announced=announced,
+            policy_version=self.version,
+        )
 
     # -- probes -----------------------------------------------------------------------------------
     def ready(self) -> bool:
@@ -401,6 +580,11 @@ class LearnerService(BaseService):
             "committed_step": self.committed_step,
             "held": len(self._held),
         }
+        if self.control is not None and self.leadership is not None:
+            # Degraded, not unready: the learner pauses safely and recovers by itself (README, "Redis outages").
+            out["control"] = self.control.readiness()
+            out["lease"] = self.leadership.status()
+            out["unclaimed"] = self.claims.pending
         if self.intake is not None:
             out.update(
                 ready_groups=self.intake.ready_groups,

@@ -64,9 +64,31 @@ class TasksSection(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         Doc(description="At start, longest wait for the last learner.step / weights.announce already stored.", ge=0),
     ] = 2.0
 
+    skip_min_attempts: Annotated[
+        int,
+        Doc(
+            description="Difficulty filter ([service] redis_url): skip a task once it has this many scored attempts "
+            "and is always or never solved; 0 = filter off.",
+            ge=0,
+        ),
+    ] = 0
+    skip_solved_above: Annotated[
+        float,
+        Doc(description="Skip a task as always_solved when its solve rate is at or above this.", ge=0, le=1),
+    ] = 1.0
+    skip_solved_below: Annotated[
+        float,
+        Doc(description="Skip a task as never_solved when its solve rate is at or below this.", ge=0, le=1),
+    ] = 0.0
+
     def __post_init__(self) -> None:
         if not self.envs:
             raise ValueError("[tasks] envs must name at least one environment")
+        if self.skip_min_attempts and not self.skip_solved_below < self.skip_solved_above:
+            raise ValueError(
+                f"[tasks] skip_solved_below ({self.skip_solved_below}) must be below skip_solved_above "
+                f"({self.skip_solved_above})"
+            )
 
 
 class TaskSourceConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):

@@ -7,6 +7,9 @@ Every `poll_interval_s` it reads the backlog, and publishes as many tasks as kee
 groups within the window (see `pacing`), each with min_policy_version = latest − max_staleness.
 When the learner reports step `max_steps` it stops publishing and `run` returns (exit 0). One
 replica per run: a second one would double the window.
+
+With `[service] redis_url` and `[tasks] skip_min_attempts` > 0, candidates pass the difficulty
+filter (`difficulty.py`) first: tasks always or never solved are skipped (counted) and replaced.
 """
 
 from __future__ import annotations
@@ -14,16 +17,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import msgspec
 
 from slipstream.bus import BusError, connect_bus
+from slipstream.control import Control, ControlClient
 from slipstream.runtime.service import BaseService
 from slipstream.schemas import LearnerStep, Task, WeightAnnounce
 from slipstream.schemas.subjects import LEARNER_STEP, WEIGHTS_ANNOUNCE, spec_for, tasks_subject
 from slipstream.task_source.config import TaskSourceConfig
+from slipstream.task_source.difficulty import DifficultyFilter
 from slipstream.task_source.generator import TaskGenerator
 from slipstream.task_source.pacing import (
     PACED_STREAMS,
@@ -41,6 +47,9 @@ if TYPE_CHECKING:
 
 M = TypeVar("M", bound=msgspec.Struct)
 log = get_logger(__name__)
+# Candidates drawn per task to publish when the filter skips some; bounds the work of one look.
+DRAWS_PER_TASK = 8
+PROBE_INTERVAL_S = 2.0
 
 PUBLISHED = counter("tasks/source/published", "Tasks published (label env).")
 OUTSTANDING = gauge("tasks/source/outstanding", "Groups outstanding in the pipeline at the last look.")
@@ -62,7 +71,10 @@ class TaskSourceService(BaseService):
         self.generator: TaskGenerator | None = None
         self.published = 0
         self.outstanding = 0.0
-        self._retry: Task | None = None  # a task whose publish failed: sent again before any new one
+        self.control: Control | None = None
+        self.filter: DifficultyFilter | None = None
+        # Drawn and admitted, not yet published (a failed publish goes back to the front): sent before new ones.
+        self._queue: deque[Task] = deque()
         self._news = asyncio.Event()
 
     async def setup(self) -> None:
@@ -78,6 +90,15 @@ class TaskSourceService(BaseService):
         self.bus = await connect_bus(self.cfg.bus, name=f"{self.name}/{self.cfg.service.replica}")
         await self.bus.ensure_streams()
         WINDOW.set(self.window)
+        if self.cfg.service.redis_url and t.skip_min_attempts:
+            # No ping: a source started while Redis is down publishes unfiltered until it is back.
+            self.control = Control(ControlClient(self.cfg.service.redis_url), self.cfg.service.run_id)
+            self.filter = DifficultyFilter(
+                self.control,
+                min_attempts=t.skip_min_attempts,
+                solved_above=t.skip_solved_above,
+                solved_below=t.skip_solved_below,
+            )
 
     async def run(self, stop: asyncio.Event) -> None:
         subjects = (LEARNER_STEP, WEIGHTS_ANNOUNCE)
@@ -86,6 +107,8 @@ class TaskSourceService(BaseService):
             asyncio.create_task(self._follow(LEARNER_STEP, LearnerStep, self.progress.on_step, synced[0])),
             asyncio.create_task(self._follow(WEIGHTS_ANNOUNCE, WeightAnnounce, self.progress.on_announce, synced[1])),
         ]
+        if self.control is not None:
+            followers.append(asyncio.create_task(self._probe(stop)))
         try:
             await self._initial_sync(synced, subjects)
             while not stop.is_set() and not self._finished():
@@ -110,6 +133,14 @@ class TaskSourceService(BaseService):
                 max_steps=self.cfg.tasks.max_steps,
                 published=self.published,
             )
+
+    async def _probe(self, stop: asyncio.Event) -> None:
+        """Ping Redis now and then, so /readyz shows the control plane's state between filter look-ups."""
+        assert self.control is not None
+        while not stop.is_set():
+            await self.control.ping()  # returns the health flag; failures are counted by the client
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), PROBE_INTERVAL_S)
 
     def _finished(self) -> bool:
         return self.progress.finished(self.cfg.tasks.max_steps)
@@ -172,27 +203,41 @@ class TaskSourceService(BaseService):
         OUTSTANDING.set(self.outstanding)
         n = tasks_to_publish(self.outstanding, self.window)
         mpv = min_policy_version(self.progress.latest_version, t.max_staleness)
-        for _ in range(n):
+        if n:
+            await self._draw(n, mpv)
+        for _ in range(min(n, len(self._queue))):
             if stop.is_set() or self._finished():
                 return
-            if self._retry is not None:
-                task = msgspec.structs.replace(self._retry, min_policy_version=max(mpv, self._retry.min_policy_version))
-            else:
-                task = self.generator.next(min_policy_version=mpv, now=time.time())
+            task = self._queue.popleft()
+            if task.min_policy_version < mpv:
+                task = msgspec.structs.replace(task, min_policy_version=mpv)
             try:
                 await self.bus.publish(tasks_subject(task.env), task, msg_id=task.task_id)
             except BusError as exc:  # PublishError included
                 ERRORS.add(1, stage="publish")
                 log.warning("task publish failed; retrying", task_id=task.task_id, error=repr(exc))
-                self._retry = task
+                self._queue.appendleft(task)
                 return
-            self._retry = None
             self.published += 1
             PUBLISHED.add(1, env=task.env)
         if n:
             log.debug("published", n=n, outstanding=self.outstanding, window=self.window, min_policy_version=mpv)
 
+    async def _draw(self, n: int, mpv: int) -> None:
+        """Fill the queue to `n` tasks from the generator, leaving out what the difficulty filter skips."""
+        assert self.generator is not None
+        budget = n * DRAWS_PER_TASK
+        while len(self._queue) < n and budget > 0:
+            want = min(n - len(self._queue), budget)
+            budget -= want
+            now = time.time()
+            batch = [self.generator.next(min_policy_version=mpv, now=now) for _ in range(want)]
+            reasons = await self.filter.reasons(batch) if self.filter is not None else [None] * want
+            self._queue.extend(task for task, reason in zip(batch, reasons, strict=True) if reason is None)
+
     async def close(self) -> None:
+        if self.control is not None:
+            await self.control.close()
         if self.bus is not None:
             await self.bus.close()
 
@@ -208,4 +253,14 @@ class TaskSourceService(BaseService):
             "latest_version": self.progress.latest_version,
             "latest_step": self.progress.latest_step,
             "finished": self._finished(),
+            **self._filter_status(),
+        }
+
+    def _filter_status(self) -> dict[str, Any]:
+        if self.filter is None or self.control is None:
+            return {"filter": "off"}
+        return {
+            "filter": "unfiltered (control plane unreachable)" if self.filter.degraded else "on",
+            "skipped": dict(self.filter.skipped),
+            "control": self.control.readiness(),
         }

@@ -37,6 +37,17 @@ class PublisherSection(msgspec.Struct, kw_only=True, forbid_unknown_fields=True)
     retry_max_s: Annotated[
         float, Doc(description="Longest pause between retries of a version whose store or announce failed.", gt=0)
     ] = 5.0
+    fence_min_remaining_s: Annotated[
+        float,
+        Doc(
+            description="With [service] redis_url: announce a fenced version only while its learner's lease has more "
+            "than this many seconds left (else wait for the renewal).",
+            ge=0,
+        ),
+    ] = 0.5
+    control_timeout_s: Annotated[
+        float, Doc(description="Bound on each Redis operation of the fence check ([service] redis_url).", gt=0)
+    ] = 2.0
 
 
 class WeightPublisherConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):

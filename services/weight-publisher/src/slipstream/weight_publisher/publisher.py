@@ -7,6 +7,9 @@ msg_id `<run_id>:<version>`, so announcing again after a lost ack (or after a re
 store and announce) is deduplicated by the stream within its window, and a worker ignores a
 version it already holds after that. The staged file is removed last: a crash at any point leaves
 the file, and the next attempt finishes the job.
+
+With a control plane, the fence (`fence.py`) is asked right before the store and again right
+before the announce: a version whose learner no longer leads the run is never announced.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from slipstream.store import ObjectStore
 from slipstream.telemetry.logs import get_logger
 from slipstream.telemetry.metrics import counter, gauge, histogram
 from slipstream.weight_publisher.codec import StoredVersion, store_version
+from slipstream.weight_publisher.fence import Fence, Fenced, read_fence
 from slipstream.weights.staging import Staged, load_staged
 
 log = get_logger(__name__)
@@ -44,8 +48,18 @@ def announce_msg_id(run_id: str, version: int) -> str:
 class VersionPublisher:
     """Stores and announces staged versions for one run."""
 
-    def __init__(self, bus: Bus, store: ObjectStore, *, run_id: str, shard_bytes: int, delete_staged: bool) -> None:
+    def __init__(
+        self,
+        bus: Bus,
+        store: ObjectStore,
+        *,
+        run_id: str,
+        shard_bytes: int,
+        delete_staged: bool,
+        fence: Fence | None = None,
+    ) -> None:
         self.bus = bus
+        self.fence = fence
         self.store = store
         self.run_id = run_id
         self.shard_bytes = shard_bytes
@@ -53,8 +67,19 @@ class VersionPublisher:
         self.latest_version = -1
 
     async def publish(self, staged: Staged) -> StoredVersion:
-        """Store, announce, clean up. Raises on failure; the staged file then stays for a retry."""
+        """Store, announce, clean up. Raises on failure; the staged file then stays for a retry.
+
+        With a fence: `FenceWait` (retry later) or `Fenced` (the caller discards the file) before
+        anything is stored or announced.
+        """
         t0 = time.monotonic()
+        staged_fence = None
+        if self.fence is not None:
+            try:
+                staged_fence = await asyncio.to_thread(read_fence, staged.path)
+            except ValueError as exc:
+                raise Fenced(str(exc)) from exc  # cannot tell who staged it: fail closed
+            await self.fence.admit(staged_fence, staged.version)
         try:
             stored = await asyncio.to_thread(
                 store_version,
@@ -77,6 +102,9 @@ class VersionPublisher:
             step_finished_at=staged.step_finished_at,
             announced_at=time.time(),
         )
+        if self.fence is not None:
+            # Again, as late as possible: the store may have taken long enough for the lease to move.
+            await self.fence.admit(staged_fence, staged.version)
         try:
             await self.bus.publish(WEIGHTS_ANNOUNCE, announce, msg_id=announce_msg_id(self.run_id, stored.version))
         except Exception:

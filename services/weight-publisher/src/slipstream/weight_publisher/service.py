@@ -8,19 +8,27 @@ version whose store or announce fails is retried (with a growing pause) before a
 announces never go backwards. On SIGTERM the version in flight is finished (manifest last, then
 the announce) and what is already staged gets one attempt each; a version cut short leaves no
 manifest and no announce, and its staged file is published by the next start.
+
+With `[service] redis_url`, every version passes the fence (`fence.py`): it is published only
+while the learner that staged it leads the run. A fenced version's staged file is discarded
+(renamed `*.fenced` when `delete_staged` is false); while the fence cannot decide (Redis away,
+lease vacant) the version waits and is retried, and `/readyz` shows the control plane degraded.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from slipstream.bus import connect_bus
+from slipstream.control import Control, ControlClient
 from slipstream.runtime.service import BaseService
 from slipstream.store import setup_store
 from slipstream.telemetry.logs import get_logger
 from slipstream.weight_publisher.config import WeightPublisherConfig
+from slipstream.weight_publisher.fence import Fence, Fenced, FenceWait
 from slipstream.weight_publisher.publisher import VersionPublisher
 from slipstream.weight_publisher.watcher import StagingWatcher
 
@@ -30,6 +38,7 @@ if TYPE_CHECKING:
     from slipstream.weights.staging import Staged
 
 log = get_logger(__name__)
+PROBE_INTERVAL_S = 2.0
 
 
 class WeightPublisherService(BaseService):
@@ -43,21 +52,50 @@ class WeightPublisherService(BaseService):
         self.watcher = StagingWatcher(cfg.publisher.staging_dir, cfg.publisher.poll_interval_s)
         self._pending = 0
         self.published = 0
+        self.fenced = 0
+        self.control: Control | None = None
+        self._waiting: tuple[int, str] | None = None  # the version the fence holds back, and why (logged once)
 
     async def setup(self) -> None:
         self.store = await asyncio.to_thread(setup_store, self.cfg.store)
         self.bus = await connect_bus(self.cfg.bus, name=f"{self.name}/{self.cfg.service.replica}")
         await self.bus.ensure_streams()
+        fence = None
+        if self.cfg.service.redis_url:
+            # No ping: a publisher started while Redis is down waits at the fence, it does not fail.
+            p = self.cfg.publisher
+            client = ControlClient(self.cfg.service.redis_url, timeout_s=p.control_timeout_s)
+            self.control = Control(client, self.cfg.service.run_id)
+            fence = Fence(self.control, min_remaining_s=p.fence_min_remaining_s)
         self.publisher = VersionPublisher(
             self.bus,
             self.store,
             run_id=self.cfg.service.run_id,
             shard_bytes=self.cfg.publisher.shard_bytes,
             delete_staged=self.cfg.publisher.delete_staged,
+            fence=fence,
         )
         log.info("watching", staging_dir=str(self.watcher.staging_dir), run_id=self.cfg.service.run_id)
 
     async def run(self, stop: asyncio.Event) -> None:
+        probe = asyncio.create_task(self._probe(stop), name="publisher.probe") if self.control is not None else None
+        try:
+            await self._publish_loop(stop)
+        finally:
+            if probe is not None:
+                probe.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await probe
+
+    async def _probe(self, stop: asyncio.Event) -> None:
+        """Ping Redis now and then, so /readyz shows the control plane's state even with nothing to publish."""
+        assert self.control is not None
+        while not stop.is_set():
+            await self.control.ping()  # returns the health flag; failures are counted by the client
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), PROBE_INTERVAL_S)
+
+    async def _publish_loop(self, stop: asyncio.Event) -> None:
         pause = self.cfg.publisher.poll_interval_s
         while not stop.is_set():
             batch = await self.watcher.wait(stop)
@@ -83,6 +121,19 @@ class WeightPublisherService(BaseService):
         assert self.publisher is not None, "setup() was not run"
         try:
             await self.publisher.publish(staged)
+        except FenceWait as exc:
+            if self._waiting != (staged.version, str(exc)):
+                self._waiting = (staged.version, str(exc))
+                log.warning("version held back by the fence; retrying", policy_version=staged.version, reason=str(exc))
+            return False
+        except Fenced as exc:
+            self._discard(staged)
+            self._waiting = None
+            self.fenced += 1
+            log.error(
+                "staged version fenced: discarded, never announced", policy_version=staged.version, reason=str(exc)
+            )
+            return True
         except FileNotFoundError:
             # Removed while we worked on it (by hand, or a second publisher on the same directory).
             log.warning("staged version vanished", policy_version=staged.version, path=str(staged.path))
@@ -93,11 +144,22 @@ class WeightPublisherService(BaseService):
             log.warning("publish failed; retrying", policy_version=staged.version, error=repr(exc), exc_info=True)
             return False
         self.watcher.mark_done(staged.version)
+        self._waiting = None
         self.published += 1
         self._pending = max(0, self._pending - 1)
         return True
 
+    def _discard(self, staged: Staged) -> None:
+        path = Path(staged.path)
+        if self.cfg.publisher.delete_staged:
+            path.unlink(missing_ok=True)
+        elif path.exists():
+            path.rename(path.with_name(path.name + ".fenced"))  # kept for a post-mortem, ignored by the watcher
+        self.watcher.mark_done(staged.version)
+
     async def close(self) -> None:
+        if self.control is not None:
+            await self.control.close()
         if self.bus is not None:
             await self.bus.close()
         if self.store is not None:
@@ -116,4 +178,13 @@ class WeightPublisherService(BaseService):
             "latest_version": self.publisher.latest_version if self.publisher is not None else -1,
             "published": self.published,
             "pending": self._pending,
+            **self._fence_status(),
         }
+
+    def _fence_status(self) -> dict[str, Any]:
+        if self.control is None:
+            return {}
+        out: dict[str, Any] = {"control": self.control.readiness(), "fenced": self.fenced}
+        if self._waiting is not None:
+            out["held_back"] = {"policy_version": self._waiting[0], "reason": self._waiting[1]}
+        return out
