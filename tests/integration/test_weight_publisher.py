@@ -95,7 +95,9 @@ async def running(svc: WeightPublisherService) -> AsyncIterator[tuple[WeightPubl
 
 def assert_stored(store: ObjectStore, version: int) -> None:
     manifest, tensors = fetch_version(store, manifest_key(RUN, version))  # verifies every shard's sha256
-    assert manifest.policy_version == version and manifest.keyframe and manifest.base_version is None
+    assert manifest.policy_version == version
+    # keyframes stand alone; deltas apply onto the previous version (keyframe every 10 by default)
+    assert manifest.base_version == (None if manifest.keyframe else version - 1)
     assert len(manifest.shards) > 1
     expected = weights(version)
     assert sorted(tensors) == sorted(expected)
@@ -125,7 +127,7 @@ async def test_staged_versions_are_stored_announced_in_order_and_removed(nats_se
         for a in got:
             v = a.policy_version
             assert a.manifest_key == manifest_key(RUN, v) and a.run_id == RUN
-            assert a.keyframe is True and a.base_version is None
+            assert a.keyframe is (v == 0) and a.base_version == (None if v == 0 else v - 1)
             assert a.step_finished_at == 1000.0 + v and a.announced_at >= a.step_finished_at
             assert_stored(store, v)
         manifests = [k for k in store.list(f"weights/{RUN}/") if k.endswith("manifest.json")]

@@ -148,8 +148,14 @@ def fetch_shards(store: ObjectStore, manifest: WeightManifest) -> list[bytes]:
 
 
 def decode_snapshot(manifest: WeightManifest, shards: list[bytes]) -> dict[str, torch.Tensor]:
+    """Tensors of a raw (uncompressed) snapshot written by `publish_snapshot`."""
     if not manifest.keyframe:
         raise WeightsError(f"version {manifest.policy_version} is a delta; decode it onto its base")
+    codecs = {s.codec for s in manifest.shards}
+    if codecs - {"raw"}:
+        raise WeightsError(
+            f"version {manifest.policy_version} has {sorted(codecs)} shards; use slipstream.weights.chain"
+        )
     out: dict[str, torch.Tensor] = {}
     for e in manifest.tensors:
         buf = memoryview(shards[e.shard])[e.offset : e.offset + e.nbytes]
@@ -158,6 +164,11 @@ def decode_snapshot(manifest: WeightManifest, shards: list[bytes]) -> dict[str, 
 
 
 def fetch_version(store: ObjectStore, manifest_key: str) -> tuple[WeightManifest, dict[str, torch.Tensor]]:
-    """Manifest + verified tensors of a full snapshot."""
+    """Manifest + verified tensors of any committed version: a raw snapshot, a keyframe, or a delta
+    (resolved from the latest keyframe at or before it plus the deltas after it)."""
     manifest = read_manifest(store, manifest_key)
-    return manifest, decode_snapshot(manifest, fetch_shards(store, manifest))
+    if manifest.keyframe and all(s.codec == "raw" for s in manifest.shards):
+        return manifest, decode_snapshot(manifest, fetch_shards(store, manifest))
+    from slipstream.weights.chain import load_version  # chain builds on this module
+
+    return manifest, load_version(store, manifest.run_id, manifest.policy_version)

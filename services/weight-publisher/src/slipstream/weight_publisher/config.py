@@ -6,7 +6,7 @@ Resolved by `slipstream.runtime.config` from defaults, a TOML file (`--config`),
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
 import msgspec
 
@@ -31,6 +31,15 @@ class PublisherSection(msgspec.Struct, kw_only=True, forbid_unknown_fields=True)
     shard_bytes: Annotated[
         int, Doc(description="Largest shard in bytes (a tensor never splits); shards upload in parallel.", ge=1)
     ] = 64 * 1024 * 1024
+    codec: Annotated[
+        Literal["delta", "snapshot"],
+        Doc(description="'delta': XOR/sparse + zstd against the previous version, keyframe every K; 'snapshot': full."),
+    ] = "delta"
+    keyframe_every: Annotated[
+        int, Doc(description="A full (compressed) snapshot every this many versions, so new workers join fast.", ge=1)
+    ] = 10
+    zstd_level: Annotated[int, Doc(description="zstd level of shard frames (1 is the measured sweet spot).", ge=1)] = 1
+    codec_threads: Annotated[int, Doc(description="Threads encoding zstd frames; 0 = one per CPU core.", ge=0)] = 0
     delete_staged: Annotated[
         bool, Doc(description="Remove a staged file once its version is announced (false keeps them, for debugging).")
     ] = True

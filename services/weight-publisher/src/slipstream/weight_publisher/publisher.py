@@ -24,7 +24,7 @@ from slipstream.schemas.subjects import WEIGHTS_ANNOUNCE
 from slipstream.store import ObjectStore
 from slipstream.telemetry.logs import get_logger
 from slipstream.telemetry.metrics import counter, gauge, histogram
-from slipstream.weight_publisher.codec import StoredVersion, store_version
+from slipstream.weight_publisher.codec import StoredVersion, VersionStore
 from slipstream.weight_publisher.fence import Fence, Fenced, read_fence
 from slipstream.weights.staging import Staged, load_staged
 
@@ -54,7 +54,7 @@ class VersionPublisher:
         store: ObjectStore,
         *,
         run_id: str,
-        shard_bytes: int,
+        versions: VersionStore,
         delete_staged: bool,
         fence: Fence | None = None,
     ) -> None:
@@ -62,7 +62,7 @@ class VersionPublisher:
         self.fence = fence
         self.store = store
         self.run_id = run_id
-        self.shard_bytes = shard_bytes
+        self.versions = versions
         self.delete_staged = delete_staged
         self.latest_version = -1
 
@@ -82,13 +82,10 @@ class VersionPublisher:
             await self.fence.admit(staged_fence, staged.version)
         try:
             stored = await asyncio.to_thread(
-                store_version,
-                self.store,
-                run_id=self.run_id,
+                self.versions.store_version,
                 version=staged.version,
                 load=lambda: load_staged(staged),
                 step_finished_at=staged.step_finished_at,
-                shard_bytes=self.shard_bytes,
             )
         except Exception:
             FAILURES.add(1, stage="store")

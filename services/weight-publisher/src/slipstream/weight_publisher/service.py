@@ -27,6 +27,7 @@ from slipstream.control import Control, ControlClient
 from slipstream.runtime.service import BaseService
 from slipstream.store import setup_store
 from slipstream.telemetry.logs import get_logger
+from slipstream.weight_publisher.codec import VersionStore
 from slipstream.weight_publisher.config import WeightPublisherConfig
 from slipstream.weight_publisher.fence import Fence, Fenced, FenceWait
 from slipstream.weight_publisher.publisher import VersionPublisher
@@ -71,7 +72,15 @@ class WeightPublisherService(BaseService):
             self.bus,
             self.store,
             run_id=self.cfg.service.run_id,
-            shard_bytes=self.cfg.publisher.shard_bytes,
+            versions=VersionStore(
+                self.store,
+                run_id=self.cfg.service.run_id,
+                shard_bytes=self.cfg.publisher.shard_bytes,
+                codec=self.cfg.publisher.codec,
+                keyframe_every=self.cfg.publisher.keyframe_every,
+                zstd_level=self.cfg.publisher.zstd_level,
+                threads=self.cfg.publisher.codec_threads,
+            ),
             delete_staged=self.cfg.publisher.delete_staged,
             fence=fence,
         )
