@@ -43,6 +43,8 @@ up: install  ## start the local stack (Ctrl-C stops everything)
 bench: install  ## all benchmarks, JSON under .slipstream/bench
 	mkdir -p .slipstream/bench
 	$(VENV)/bin/slipstream bench bus --json .slipstream/bench/bus.json
+	$(VENV)/bin/slipstream bench weights --json .slipstream/bench/weights.json
+	$(VENV)/bin/slipstream bench async --json .slipstream/bench/async.json
 
 schemas: install  ## regenerate proto/ from the schema package
 	$(PY) tools/gen_proto.py

@@ -150,6 +150,8 @@ async def follow_run(plan: TrainingPlan, stack: Stack, summary: RunSummary, mode
                 await asyncio.to_thread(svc.process.stop, stack.spec.drain_timeout_s + 5)
         await asyncio.sleep(0.2)  # let the tap see the last publishes
         summary.trajectories = await account(bus, summary, stack)
+        if store_root is not None:
+            summary.weights = await asyncio.to_thread(weight_bytes, store_root, stack.spec.run_id)
         summary.spanning_versions = spanning
         emit("phase", {"phase": "eval", "detail": f"held-out accuracy of version {summary.final_version}"})
         key = last_manifest.get(summary.final_version)
@@ -198,6 +200,29 @@ async def account(bus: Any, summary: RunSummary, stack: Stack) -> dict[str, Any]
     out["accounted_raw"] = published == scored_published + len(dead) + int(raw["messages"])
     out["accounted_scored"] = scored_published == trained + sum(dropped.values()) + int(scored["messages"])
     return out
+
+
+def weight_bytes(store_root: Path, run_id: str) -> dict[str, Any]:
+    """Bytes the weight-publisher stored per version (deltas and keyframes) against full snapshots."""
+    from slipstream.store import setup_store
+    from slipstream.store.config import StoreConfig
+    from slipstream.weights import read_manifest
+
+    store = setup_store(StoreConfig(type="local", root=str(store_root)))
+    manifests = [read_manifest(store, k) for k in store.list(f"weights/{run_id}/") if k.endswith("/manifest.json")]
+    stored = sum(m.stored_bytes for m in manifests)
+    raw = sum(m.raw_bytes for m in manifests)
+    return {
+        "versions": len(manifests),
+        "keyframes": sum(1 for m in manifests if m.keyframe),
+        "stored_bytes": stored,
+        "full_snapshot_bytes": raw,
+        "stored_fraction": stored / raw if raw else 0.0,
+        "delta_stored_fraction": (
+            sum(m.stored_bytes for m in manifests if not m.keyframe)
+            / max(1, sum(m.raw_bytes for m in manifests if not m.keyframe))
+        ),
+    }
 
 
 def outcome_counts(path: Path) -> dict[str, int]:

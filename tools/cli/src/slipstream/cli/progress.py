@@ -113,6 +113,16 @@ class ProgressView:
         return Group(t, spark)
 
 
+def weights_line(w: dict[str, Any]) -> str:
+    if not w or not w.get("full_snapshot_bytes"):
+        return "-"
+    mb = 1e6
+    return (
+        f"{w['stored_bytes'] / mb:.1f} MB vs {w['full_snapshot_bytes'] / mb:.1f} MB "
+        f"({w['stored_fraction']:.1%}; deltas {w['delta_stored_fraction']:.1%}, {w['keyframes']} keyframes)"
+    )
+
+
 def summary_table(summary: Any) -> Table:
     t = Table(title="slipstream demo — summary", show_header=False)
     t.add_column("what")
@@ -137,6 +147,7 @@ def summary_table(summary: Any) -> Table:
         ("  dead-lettered / left unconsumed", f"{tr.get('dead_lettered', '-')} / {left}"),
         ("  all accounted for", str(bool(tr.get("accounted_raw")) and bool(tr.get("accounted_scored")))),
         ("rollouts spanning a weight update", str(summary.spanning_versions)),
+        ("weights stored vs full snapshots", weights_line(summary.weights)),
         ("training time", f"{summary.train_time_s:.0f} s"),
         ("wall time", f"{summary.wall_time_s:.0f} s"),
     ]
