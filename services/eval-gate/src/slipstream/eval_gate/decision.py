@@ -20,6 +20,8 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+# What decided, one word per rule (metric labels: gate/decision/rejected{reason}).
+KINDS = ("promote", "too_few_samples", "below_floor", "worse_than_promoted")
 # Past this many degrees of freedom the Cornish-Fisher series is accurate to ~1e-9 and cheaper.
 _CF_DF = 200
 
@@ -38,6 +40,7 @@ class Decision:
     diff_ci_high: float | None
     n: int
     baseline_score: float | None = None  # mean baseline score on the same tasks
+    kind: str = ""  # the rule that decided, a metric label: one of KINDS
 
     @property
     def decision(self) -> str:
@@ -69,21 +72,21 @@ def decide(
         base_score = statistics.fmean(baseline) if n else math.nan
         diff_mean, diff_low, diff_high = mean_ci([c - b for c, b in zip(candidate, baseline, strict=True)], confidence)
 
-    def verdict(promote: bool, reason: str) -> Decision:
-        return Decision(promote, reason, score, ci_low, ci_high, diff_mean, diff_low, diff_high, n, base_score)
+    def verdict(promote: bool, reason: str, kind: str = "promote") -> Decision:
+        return Decision(promote, reason, score, ci_low, ci_high, diff_mean, diff_low, diff_high, n, base_score, kind)
 
     if n < min_samples:
-        return verdict(False, f"too few samples: {n} < {min_samples}")
+        return verdict(False, f"too few samples: {n} < {min_samples}", "too_few_samples")
     if score < floor:
         s, f = _pair(score, floor)
-        return verdict(False, f"below floor: {s} < {f}")
+        return verdict(False, f"below floor: {s} < {f}", "below_floor")
     summary = f"score {_num(score)} (CI {_num(ci_low)}..{_num(ci_high)}) >= floor {_num(floor)}"
     if baseline is None or diff_low is None or diff_mean is None or diff_high is None:
         return verdict(True, f"promote: {summary}; no promoted version to compare with")
     who = f"v{baseline_version}" if baseline_version is not None else "version"
     if diff_low < -margin:
         lo, m = _pair(diff_low, -margin)
-        return verdict(False, f"worse than promoted {who} beyond margin: diff CI low {lo} < {m}")
+        return verdict(False, f"worse than promoted {who} beyond margin: diff CI low {lo} < {m}", "worse_than_promoted")
     return verdict(
         True,
         f"promote: {summary}; diff vs promoted {who} {diff_mean:+.2f} "

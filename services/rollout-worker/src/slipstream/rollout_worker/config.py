@@ -45,10 +45,20 @@ class WorkerSection(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         False
     )
     follow: Annotated[
-        Literal["latest"], Doc(description="Which weights to follow: 'latest' (every weights.announce of this run).")
+        Literal["latest", "promoted"],
+        Doc(
+            description=(
+                "Which weights to follow: 'latest' (every weights.announce of this run: training) or 'promoted' "
+                "(only weights.promoted, including rollbacks to older versions: serving)."
+            )
+        ),
     ] = "latest"
     recompute_kv_on_update: Annotated[
         bool, Doc(description="Recompute running rows' KV caches under new weights (default keeps them).")
+    ] = False
+    weights_digest: Annotated[
+        bool,
+        Doc(description="After each applied version, report a sha256 of the engine weights on /readyz (tests)."),
     ] = False
     weight_fetch_retries: Annotated[
         int, Doc(description="Retries of a failed weight fetch before the version is skipped.", ge=0)

@@ -1,16 +1,26 @@
-"""The watcher: follow `weights.announce` and move the engine to each newer version in flight.
+"""The watcher: follow `weights.announce` (or `weights.promoted`) and move the engine there in flight.
 
-Two coroutines share one slot, "the newest announced version": the reader fills it from an
-ordered subscription (`deliver="last"`, so a worker that starts late begins from the newest
-version, never replays history), and the applier takes whatever is newest when it is free, so a
+Two coroutines share one slot, "the version to apply next": the reader fills it from an ordered
+subscription (`deliver="last"`, so a worker that starts late begins from the newest message,
+never replays history), and the applier takes whatever is in the slot when it is free, so a
 worker that falls behind skips intermediate versions instead of queueing them.
 
-Applying a version: fetch the manifest and every shard from the object store in a thread
-(`fetch_version` verifies each shard's sha256 and size), retrying with backoff; cast to the
-engine's dtype and device; then `engine.apply_weights`, which takes effect between two decode
-steps of the rollouts in flight. A version that cannot be fetched or applied is skipped, counted
-and logged, and the worker keeps generating with what it has: a half-written or corrupt version
-is never applied.
+Two modes (`[worker] follow`):
+
+- `latest` (training): every `weights.announce` of the run; only newer versions are applied.
+- `promoted` (serving): only `weights.promoted` of the run, i.e. the versions eval-gate (or an
+  operator) promoted. The newest promotion message is the target whatever its number, so a
+  rollback to an older version moves the engine back. An announced but unpromoted version is
+  never even read. Before the first promotion the engine keeps its initial weights (`[model]`).
+
+Applying a version: fetch the manifest and its shards from the object store in a thread and
+decode them (`slipstream.weights.chain.load_version`: a delta is applied only onto the exact
+version it was made from — the one this worker holds — otherwise the latest keyframe plus the
+deltas after it is fetched; every shard's sha256 is verified and a bad shard refetched a bounded
+number of times), retrying with backoff; cast to the engine's dtype and device; then
+`engine.apply_weights`, which takes effect between two decode steps of the rollouts in flight.
+A version that cannot be fetched or applied is skipped, counted and logged, and the worker
+keeps generating with what it has: a half-written or corrupt version is never applied.
 
 Time-to-policy is the optimizer step's end (`step_finished_at`, from the announcement) to the
 first token sampled under the version: the moment the engine switched if a rollout was running
@@ -21,8 +31,9 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections import deque
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
@@ -36,17 +47,33 @@ from slipstream.rollout_worker.instruments import (
     PAUSE_MS,
     TIME_TO_POLICY_S,
 )
-from slipstream.schemas import Trajectory, WeightAnnounce
-from slipstream.schemas.subjects import WEIGHTS_ANNOUNCE
+from slipstream.schemas import Trajectory, WeightAnnounce, WeightsPromoted
+from slipstream.schemas.subjects import WEIGHTS_ANNOUNCE, WEIGHTS_PROMOTED
 from slipstream.store import ObjectStore
 from slipstream.telemetry.logs import get_logger
-from slipstream.weights import fetch_version
+from slipstream.weights import read_manifest
+from slipstream.weights.chain import load_version
 
 log = get_logger(__name__)
 _TIED_ALIAS = {"lm_head.weight": "model.embed_tokens.weight"}
 _APPLY_POLL_S = 0.005
 # Versions applied but not yet seen in a rollout are forgotten once this many newer ones exist.
 _PENDING_KEEP = 8
+_HISTORY = 32  # applied versions listed in status(), newest last
+FollowMode = Literal["latest", "promoted"]
+
+
+def engine_digest(engine: Engine) -> str:
+    """sha256 over the engine's parameters (names, dtypes, bytes): equal digests = bit-identical weights."""
+    import hashlib
+
+    from slipstream.weights.tensors import as_bytes_view
+
+    h = hashlib.sha256()
+    for name, value in sorted(engine.state_dict().items()):
+        h.update(f"{name}:{value.dtype}:{tuple(value.shape)};".encode())
+        h.update(as_bytes_view(value))
+    return h.hexdigest()
 
 
 class WeightFollower:
@@ -62,7 +89,12 @@ class WeightFollower:
         retries: int,
         backoff_s: float,
         apply_timeout_s: float = 60.0,
+        mode: FollowMode = "latest",
+        digest: bool = False,
     ) -> None:
+        if mode not in ("latest", "promoted"):
+            raise ValueError(f"follow mode must be 'latest' or 'promoted', got {mode!r}")
+        self.mode = mode
         self.bus = bus
         self.store = store
         self.engine = engine
@@ -74,16 +106,27 @@ class WeightFollower:
         self._wake = asyncio.Event()
         self._first_token: dict[int, tuple[float, float]] = {}  # version -> (applied_at, step_finished_at)
         self.announced = -1
+        self.promoted: int | None = None  # newest promotion seen (promoted mode)
+        self.history: deque[int] = deque(maxlen=_HISTORY)
         self.applied = 0
         self.failures = 0
         self.last_pause_ms = 0.0
         self.last_time_to_policy_s: float | None = None
+        # The exact decoded tensors of the version last applied: deltas decode onto them (a copy,
+        # in the published dtype, since the engine's own may be cast to another dtype or device).
+        self._held: tuple[int, dict[str, torch.Tensor]] | None = None
+        self.digest_enabled = digest
+        self.weights_digest = ""
 
     # -- the two loops ---------------------------------------------------------------------------
     async def run(self, stop: asyncio.Event) -> None:
-        """Follow announcements until `stop`."""
+        """Follow announcements (or promotions) until `stop`."""
         # Opened by the reader's first iteration; "last" makes that moment irrelevant.
-        reader = self.bus.subscribe(WEIGHTS_ANNOUNCE, WeightAnnounce, deliver="last")
+        reader: Any
+        if self.mode == "promoted":
+            reader = self.bus.subscribe(WEIGHTS_PROMOTED, WeightsPromoted, deliver="last")
+        else:
+            reader = self.bus.subscribe(WEIGHTS_ANNOUNCE, WeightAnnounce, deliver="last")
         jobs: list[asyncio.Task[Any]] = [
             asyncio.create_task(self._read(reader), name="weights.read"),
             asyncio.create_task(self._apply_loop(), name="weights.apply"),
@@ -104,10 +147,51 @@ class WeightFollower:
 
     async def _read(self, reader: Any) -> None:
         async for delivery in reader:
-            self.offer(delivery.msg)
+            if self.mode == "promoted":
+                self.offer_promoted(delivery.msg)
+            else:
+                self.offer(delivery.msg)
+
+    def offer_promoted(self, promoted: WeightsPromoted) -> bool:
+        """Consider one promotion (promoted mode); True if it became the version to apply next.
+
+        The newest promotion wins even when its version is lower (a rollback).
+        """
+        if promoted.run_id and promoted.run_id != self.run_id:
+            ANNOUNCES_SKIPPED.add(reason="other_run")
+            return False
+        version = promoted.policy_version
+        self.promoted = version
+        moving = self._newest is not None and self._wanted(self._newest)
+        if version == self.engine.policy_version and not moving:
+            ANNOUNCES_SKIPPED.add(reason="current")
+            return False
+        self._newest = WeightAnnounce(
+            policy_version=version, manifest_key=promoted.manifest_key, run_id=promoted.run_id
+        )
+        self._wake.set()
+        log.info(
+            "following promotion",
+            policy_version=version,
+            current=self.engine.policy_version,
+            previous_version=promoted.previous_version,
+            reason=promoted.reason,
+        )
+        return True
+
+    def _wanted(self, announce: WeightAnnounce) -> bool:
+        """Should the engine move to `announce`? Latest: only forward. Promoted: wherever it points."""
+        if self.mode == "promoted":
+            return announce.policy_version != self.engine.policy_version
+        return announce.policy_version > self.engine.policy_version
+
+    def _reached(self, version: int) -> bool:
+        if self.mode == "promoted":
+            return self.engine.policy_version == version
+        return self.engine.policy_version >= version
 
     def offer(self, announce: WeightAnnounce) -> bool:
-        """Consider one announcement; True if it became the version to apply next."""
+        """Consider one announcement (latest mode); True if it became the version to apply next."""
         if announce.run_id and announce.run_id != self.run_id:
             ANNOUNCES_SKIPPED.add(reason="other_run")
             return False
@@ -125,7 +209,7 @@ class WeightFollower:
             await self._wake.wait()
             self._wake.clear()
             announce = self._newest
-            if announce is not None and announce.policy_version > self.engine.policy_version:
+            if announce is not None and self._wanted(announce):
                 await self.apply(announce)
 
     # -- one version -----------------------------------------------------------------------------
@@ -140,12 +224,15 @@ class WeightFollower:
         except ValueError as exc:
             return self._fail(version, "apply", str(exc))
         deadline = time.monotonic() + self.apply_timeout_s
-        while self.engine.policy_version < version:
+        while not self._reached(version):
             if time.monotonic() >= deadline:
                 return self._fail(version, "timeout", f"engine did not switch within {self.apply_timeout_s}s")
             await asyncio.sleep(_APPLY_POLL_S)
         applied_at = time.time()
         self.applied = version
+        if self.digest_enabled:
+            self.weights_digest = await asyncio.to_thread(engine_digest, self.engine)
+        self.history.append(version)
         self.last_pause_ms = float(self.engine.stats().get("last_weight_apply_ms", 0.0))
         PAUSE_MS.observe(self.last_pause_ms)
         APPLIED_VERSION.set(float(version))
@@ -160,7 +247,7 @@ class WeightFollower:
         for attempt in range(self.retries + 1):
             t0 = time.perf_counter()
             try:
-                manifest, tensors = await asyncio.to_thread(fetch_version, self.store, announce.manifest_key)
+                manifest, tensors = await asyncio.to_thread(self._load, announce)
             except Exception as exc:  # store backends raise their own errors (OSError, botocore, WeightsError)
                 if attempt == self.retries:
                     self._fail(version, "fetch", repr(exc))
@@ -168,7 +255,7 @@ class WeightFollower:
                 pause = self.backoff_s * 2**attempt
                 log.warning("weight fetch failed; retrying", policy_version=version, error=repr(exc), retry_in_s=pause)
                 await asyncio.sleep(pause)
-                if self._newest is not None and self._newest.policy_version > version:
+                if self._superseded(announce):
                     ANNOUNCES_SKIPPED.add(reason="superseded")
                     return None
                 continue
@@ -180,6 +267,22 @@ class WeightFollower:
                 return None
             return await asyncio.to_thread(self._cast, tensors)
         return None
+
+    def _load(self, announce: WeightAnnounce) -> tuple[Any, dict[str, torch.Tensor]]:
+        """Manifest + tensors of the announced version, decoded onto the held version when it is the
+        delta's exact base (else from the latest keyframe plus the deltas after it). Every shard's
+        sha256 is verified and corrupt shards refetched (bounded) by `load_version`."""
+        manifest = read_manifest(self.store, announce.manifest_key)
+        tensors = load_version(self.store, manifest.run_id, manifest.policy_version, have=self._held)
+        self._held = (manifest.policy_version, tensors)
+        return manifest, tensors
+
+    def _superseded(self, announce: WeightAnnounce) -> bool:
+        """A newer message replaced `announce` while it was being fetched."""
+        newest = self._newest
+        if newest is None or newest is announce:
+            return False
+        return self.mode == "promoted" or newest.policy_version > announce.policy_version
 
     def _cast(self, tensors: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Tensors in the engine's dtype and device (a bf16 snapshot into an fp32 engine, say)."""
@@ -222,12 +325,14 @@ class WeightFollower:
 
     def status(self) -> dict[str, Any]:
         return {
+            "weights_sha256": self.weights_digest,
+            "follow": self.mode,
             "policy_version": self.engine.policy_version,
             "announced_version": self.announced,
+            "promoted_version": self.promoted,
+            "applied_versions": list(self.history),
             "pending_version": (
-                self._newest.policy_version
-                if self._newest and self._newest.policy_version > self.engine.policy_version
-                else None
+                self._newest.policy_version if self._newest is not None and self._wanted(self._newest) else None
             ),
             "fetch_failures": self.failures,
             "last_pause_ms": round(self.last_pause_ms, 3),

@@ -41,7 +41,8 @@ FETCH_FAILURES = REGISTRY.counter(
     "worker/weights/fetch_failures", "Weight versions not applied, by reason: fetch, mismatch, apply, timeout."
 )
 ANNOUNCES_SKIPPED = REGISTRY.counter(
-    "worker/weights/announces_skipped", "Announcements ignored, by reason: other_run, not_newer, superseded."
+    "worker/weights/announces_skipped",
+    "Announcements ignored, by reason: other_run, not_newer, superseded, current (serving worker already on it).",
 )
 
 

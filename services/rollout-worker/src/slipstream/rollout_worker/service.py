@@ -81,6 +81,8 @@ class RolloutWorkerService(BaseService):
             run_id=run_id,
             retries=w.weight_fetch_retries,
             backoff_s=w.weight_fetch_backoff_s,
+            mode=w.follow,
+            digest=w.weights_digest,
         )
         sampler = Sampler(self.engine, tokenizer, w, worker_id=self.worker_id, run_id=run_id)
         self.outbox = Outbox(self.bus)

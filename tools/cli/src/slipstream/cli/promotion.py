@@ -211,6 +211,9 @@ async def _promote(info: dict[str, Any], args: argparse.Namespace) -> int:
     finally:
         await bus.close()
         await control.close()
+    if not moved.changed:
+        print(f"v{moved.version} was already the promoted version; weights.promoted published again")
+        return 0
     was = "nothing" if moved.previous is None else f"v{moved.previous}"
     print(f"promoted v{moved.version} (before: {was}); weights.promoted published")
     return 0
@@ -271,7 +274,8 @@ def _print_verdict(verdict: Verdict, *, published: bool, promoted: bool | None) 
     else:
         t.add_row("promoted", "none to compare with")
     colour = "green" if d.promote else "red"
-    t.add_row("decision", f"[{colour}]{r.decision}[/{colour}]: {r.reason}")
+    reason = r.reason.removeprefix(f"{r.decision}: ")
+    t.add_row("decision", f"[{colour}]{r.decision}[/{colour}]: {reason}")
     if published:
         t.add_row("published", "eval.result + eval history" + (" + promoted" if promoted else ""))
     else:

@@ -174,15 +174,22 @@ def service_row(name: str, svc: dict[str, Any], code: int | None, body: dict[str
     return row
 
 
-def stream_row(info: dict[str, Any]) -> dict[str, Any]:
-    """A stream's messages and, per durable, pending (not yet delivered) and ack pending (unacked)."""
+def stream_row(info: dict[str, Any], durables: frozenset[str] = frozenset()) -> dict[str, Any]:
+    """A stream's messages and, per durable, pending (not yet delivered) and ack pending (unacked).
+
+    Consumers not in `durables` are the ephemeral readers of fan-out subjects (weight followers,
+    `slipstream top`): counted as `readers`, not listed.
+    """
+    consumers = info.get("consumers") or {}
     return {
         "name": info["name"],
         "messages": int(info.get("messages", 0)),
         "consumers": {
             name: {"pending": int(c.get("num_pending", 0)), "ack_pending": int(c.get("num_ack_pending", 0))}
-            for name, c in sorted((info.get("consumers") or {}).items())
+            for name, c in sorted(consumers.items())
+            if name in durables
         },
+        "readers": sum(1 for name in consumers if name not in durables),
     }
 
 
@@ -203,9 +210,10 @@ async def _from_bus(status: dict[str, Any], url: str, timeout_s: float) -> None:
         return
     try:
         names = [s.name for s in STREAMS]
-        for name in names:
+        for spec in STREAMS:
             try:
-                status["streams"].append(stream_row(await bus.stream_info(name)))
+                info = await bus.stream_info(spec.name)
+                status["streams"].append(stream_row(info, frozenset(c.durable for c in spec.consumers)))
             except BusError as exc:
                 status["errors"].append(str(exc))
         status["dlq"] = dlq_counts(await _dlq_subjects(bus, names), names)
@@ -311,22 +319,22 @@ def render(status: dict[str, Any]) -> list[Any]:
 
     out: list[Any] = [f"run [bold]{status['run_id']}[/bold] ({status['state']}) in {status['run_dir']}"]
     svc = Table(title="processes", title_justify="left")
-    for col in ("name", "pid", "url", "health", "version", "behind"):
-        svc.add_column(col, no_wrap=True)
+    for col in ("name", "pid", "port", "health", "version", "behind"):
+        svc.add_column(col, no_wrap=col != "health")
     for s in status["servers"]:
         health = "up" if s["up"] else "unreachable"
-        svc.add_row(s["name"], "-", s["url"], _colour(health), "", "")
+        svc.add_row(s["name"], "-", _port(s["url"]), _colour(health), "", "")
     for s in status["services"]:
         version = "" if s.get("policy_version") is None else f"v{s['policy_version']}"
-        if s.get("follow"):
-            version += f" ({s['follow']})"
+        if s.get("follow") == "promoted":
+            version += " (promoted)"
         behind = "" if s.get("versions_behind") is None else str(s["versions_behind"])
         health = s["health"] + (f", redis {s['redis']}" if s.get("redis") == "degraded" else "")
-        svc.add_row(s["name"], str(s.get("pid") or "-"), s["url"], _colour(health), version, behind)
+        svc.add_row(s["name"], str(s.get("pid") or "-"), _port(s["url"]), _colour(health), version, behind)
     out.append(svc)
 
-    streams = Table(title="streams", title_justify="left")
-    for col in ("stream", "messages", "consumer", "pending", "ack pending", "dead letters"):
+    streams = Table(title="streams (pending: not yet delivered; unacked: delivered, not acked)", title_justify="left")
+    for col in ("stream", "msgs", "consumer", "pending", "unacked", "dlq"):
         streams.add_column(col, no_wrap=True, justify="left" if col in ("stream", "consumer") else "right")
     for st in status["streams"]:
         consumers = list(st["consumers"].items()) or [("-", None)]
@@ -379,6 +387,10 @@ def _versions_table(status: dict[str, Any]) -> Any:
         if learner["dropped"]:
             t.add_row("dropped", ", ".join(f"{k}: {n}" for k, n in sorted(learner["dropped"].items())))
     return t
+
+
+def _port(url: str) -> str:
+    return url.rsplit(":", 1)[-1].split("/", 1)[0] if url else "-"
 
 
 def _as_int(text: str) -> int:

@@ -1,0 +1,179 @@
+"""Scoring one weight version on the pinned suite, with the same engine and harness as training.
+
+`Evaluator` owns one TorchEngine (built from `[model]`: architecture and tokenizer; the weights
+are replaced per version). `score(version, manifest_key)` fetches the version from the object
+store (sha256-verified), applies it, waits until the engine samples with it, and rolls out every
+suite task through `slipstream.harness.evaluate` — the rollout loop the workers train with.
+
+Fetching reads a full snapshot directly; a delta version (from the chain codec) is rebuilt from
+its last keyframe. A version that cannot be fetched or applied raises `Unloadable`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
+from slipstream.engine.source import ModelSource
+from slipstream.eval_gate.config import GateSection
+from slipstream.eval_gate.suite import EnvSummary, EvalDetails, Suite, TaskScore
+from slipstream.harness import evaluate
+from slipstream.schemas import WeightManifest
+from slipstream.store import ObjectStore
+from slipstream.telemetry.logs import get_logger
+
+if TYPE_CHECKING:
+    import torch
+
+    from slipstream.engine.engine import TorchEngine
+    from slipstream.engine.tokenizer import Tokenizer
+
+log = get_logger(__name__)
+_TIED_ALIAS = {"lm_head.weight": "model.embed_tokens.weight"}
+_SWITCH_TIMEOUT_S = 60.0
+
+
+class Unloadable(Exception):
+    """The version's weights could not be fetched, verified or applied."""
+
+
+def fetch_weights(store: ObjectStore, manifest_key: str, run_id: str) -> tuple[WeightManifest, dict[str, torch.Tensor]]:
+    """Manifest and verified tensors of the version at `manifest_key` (blocking: run it in a thread)."""
+    import msgspec
+
+    from slipstream.weights import WeightsError, fetch_version, read_manifest
+
+    try:
+        manifest = read_manifest(store, manifest_key)
+        if manifest.keyframe and all(s.codec == "raw" for s in manifest.shards):
+            return fetch_version(store, manifest_key)
+        # A zstd keyframe or a delta: the chain codec knows how to rebuild it.
+        from slipstream.weights import load_version
+
+        return manifest, load_version(store, manifest.run_id or run_id, manifest.policy_version)
+    except (WeightsError, ValueError, msgspec.DecodeError) as exc:
+        # Missing, corrupt or malformed: it will not get better. Store outages (OSError, botocore)
+        # propagate instead, so the announcement is retried.
+        raise Unloadable(f"cannot load weights at {manifest_key}: {exc}") from exc
+
+
+class Evaluator:
+    """One engine, one suite: `score` any stored version on it."""
+
+    def __init__(
+        self, engine: TorchEngine, tokenizer: Tokenizer, suite: Suite, store: ObjectStore, run_id: str
+    ) -> None:
+        self.engine = engine
+        self.tokenizer = tokenizer
+        self.suite = suite
+        self.store = store
+        self.run_id = run_id
+        self._lock = asyncio.Lock()  # one evaluation at a time: the engine holds one version
+
+    async def score(self, version: int, manifest_key: str) -> EvalDetails:
+        """Evaluate `version` (stored at `manifest_key`) on the suite; raises Unloadable."""
+        async with self._lock:
+            t0 = time.perf_counter()
+            manifest, tensors = await asyncio.to_thread(fetch_weights, self.store, manifest_key, self.run_id)
+            if manifest.policy_version != version:
+                raise Unloadable(f"manifest {manifest_key} holds version {manifest.policy_version}, not {version}")
+            await self._apply(version, tensors)
+            details = await self._rollouts(version)
+            details.manifest_key = manifest_key
+            details.seconds = time.perf_counter() - t0
+            return details
+
+    async def _apply(self, version: int, tensors: Mapping[str, torch.Tensor]) -> None:
+        try:
+            self.engine.apply_weights(version, self._cast(tensors))
+        except ValueError as exc:
+            raise Unloadable(f"version {version} does not fit the model: {exc}") from exc
+        deadline = time.monotonic() + _SWITCH_TIMEOUT_S
+        # The engine copies queued weights in at its next step; it is idle, so that is at once.
+        while self.engine.policy_version != version or self.engine.pending_version is not None:
+            if self.engine.error is not None:
+                raise Unloadable(f"engine failed while applying version {version}: {self.engine.error!r}")
+            if time.monotonic() >= deadline:
+                raise Unloadable(f"engine did not switch to version {version} within {_SWITCH_TIMEOUT_S}s")
+            await asyncio.sleep(0.005)
+
+    def _cast(self, tensors: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Tensors in the engine's dtype and device (a bf16 snapshot into an fp32 engine, say)."""
+        params = dict(self.engine.named_parameters())
+        out: dict[str, torch.Tensor] = {}
+        for name, value in tensors.items():
+            target = params.get(name) if name in params else params.get(_TIED_ALIAS.get(name, ""))
+            # Unknown names pass through: apply_weights rejects them, naming the tensor.
+            out[name] = value if target is None else value.to(device=target.device, dtype=target.dtype)
+        return out
+
+    async def _rollouts(self, version: int) -> EvalDetails:
+        suite = self.suite
+        scores: list[TaskScore] = []
+        envs: dict[str, EnvSummary] = {}
+        for name, env in suite.envs.items():
+            report = await evaluate(
+                self.engine,
+                self.tokenizer,
+                env,
+                suite.tasks[name],
+                samples_per_task=suite.samples_per_task,
+                params=suite.params[name],
+                concurrency=max(1, self.engine.max_batch // suite.samples_per_task),
+            )
+            if report.policy_versions != [version]:
+                # Nothing else applies weights to this engine; if it happened, the scores are not this version's.
+                raise RuntimeError(f"evaluation of version {version} sampled under versions {report.policy_versions}")
+            for t in report.tasks:
+                per_sample = t.rewards if suite.metric == "reward" else [float(c) for c in t.correct]
+                scores.append(
+                    TaskScore(
+                        task_id=t.task_id,
+                        env=name,
+                        score=sum(per_sample) / len(per_sample),
+                        rewards=list(t.rewards),
+                        correct=list(t.correct),
+                        completions=list(t.completions),
+                    )
+                )
+            envs[name] = EnvSummary(
+                tasks=report.n_tasks,
+                samples=report.n,
+                accuracy=report.accuracy,
+                mean_reward=report.mean_reward,
+                parse_failures=report.parse_failures,
+                scorer_version=report.scorer_version,
+            )
+        return EvalDetails(
+            run_id=self.run_id,
+            policy_version=version,
+            suite=suite.name,
+            fingerprint=suite.fingerprint,
+            metric=suite.metric,
+            score=sum(s.score for s in scores) / len(scores),
+            tasks=scores,
+            envs=envs,
+            evaluated_at=time.time(),
+        )
+
+
+async def build_evaluator(model_source: ModelSource, gate: GateSection, store: ObjectStore, run_id: str) -> Evaluator:
+    """Load `[model]` into a started TorchEngine and pin the suite of `[gate]`."""
+    from slipstream.engine.engine import TorchEngine
+    from slipstream.engine.source import load_model, resolve_device, torch_dtype
+
+    suite = Suite(gate)  # first: a bad env or option fails before the model loads
+    model, tokenizer = await asyncio.to_thread(load_model, model_source)
+    engine = TorchEngine(
+        model,
+        tokenizer,
+        max_batch=gate.max_batch,
+        device=resolve_device(model_source),
+        dtype=torch_dtype(model_source),
+        seed=gate.seed,
+        policy_version=-1,  # holds no stored version until the first `score`
+    )
+    await engine.start()
+    return Evaluator(engine, tokenizer, suite, store, run_id)

@@ -1,0 +1,159 @@
+"""The source loop: take announcements from the `eval-gate` durable and settle each one exactly once.
+
+    fetch (only while Redis answers) -> classify -> gate.consider (heartbeats meanwhile) -> ack / nak
+
+- Redis down: nothing is fetched (so no announcement uses up deliveries and reaches the DLQ
+  while the control plane is away); Redis is pinged every `retry_delay_s` and fetching resumes
+  by itself. An outage in the middle of a judgement naks that announcement with the delay.
+- Of several due announcements fetched together, only the newest is evaluated when
+  `skip_superseded` (the others are acked and counted): a gate that fell behind catches up
+  instead of queueing evaluations of versions nobody will serve.
+- An evaluation longer than the consumer's ack wait is kept alive with in-progress signals.
+- On stop, what was fetched and not started is released (redelivered at once, to any replica).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections import Counter
+from collections.abc import Awaitable
+from typing import TYPE_CHECKING
+
+from slipstream.bus import BusError
+from slipstream.control import Control, ControlUnavailable
+from slipstream.eval_gate.gate import Gate
+from slipstream.eval_gate.instruments import RETRIED, SKIPPED
+from slipstream.schemas import WeightAnnounce
+from slipstream.telemetry.logs import get_logger
+
+if TYPE_CHECKING:
+    from slipstream.bus import Consumer, Delivery
+
+log = get_logger(__name__)
+_MAX_BACKOFF_S = 5.0
+
+
+class AnnounceIntake:
+    """Runs `gate.consider` over the durable consumer until stopped."""
+
+    def __init__(
+        self,
+        consumer: Consumer[WeightAnnounce],
+        gate: Gate,
+        control: Control,
+        *,
+        batch: int,
+        fetch_timeout_s: float,
+        retry_delay_s: float,
+        heartbeat_s: float,
+        skip_superseded: bool,
+    ) -> None:
+        self.consumer = consumer
+        self.gate = gate
+        self.control = control
+        self.batch = batch
+        self.fetch_timeout_s = fetch_timeout_s
+        self.retry_delay_s = retry_delay_s
+        self.heartbeat_s = heartbeat_s
+        self.skip_superseded = skip_superseded
+        self.outcomes: Counter[str] = Counter()
+        self.in_flight = 0
+
+    async def run(self, stop: asyncio.Event) -> None:
+        backoff = 0.1
+        while not stop.is_set():
+            if not self.control.healthy and not await self.control.ping():
+                await _sleep_or_stop(stop, self.retry_delay_s)
+                continue
+            try:
+                fetched = await self.consumer.fetch(self.batch, self.fetch_timeout_s)
+            except BusError as exc:
+                log.warning("fetch failed; retrying", error=str(exc), retry_in_s=backoff)
+                await _sleep_or_stop(stop, backoff)
+                backoff = min(backoff * 2, _MAX_BACKOFF_S)
+                continue
+            backoff = 0.1
+            await self.handle(fetched, stop)
+
+    async def handle(self, fetched: list[Delivery[WeightAnnounce]], stop: asyncio.Event) -> None:
+        """Settle every delivery of one fetch (see the module docstring for the order)."""
+        work = list(fetched)
+        if self.skip_superseded:
+            work = await self._drop_superseded(work)
+        for i, d in enumerate(work):
+            if stop.is_set():
+                for rest in work[i:]:
+                    await self._settle(rest, "released", rest.release())
+                return
+            await self._one(d)
+
+    async def _drop_superseded(self, fetched: list[Delivery[WeightAnnounce]]) -> list[Delivery[WeightAnnounce]]:
+        gate = self.gate
+        due = [
+            d for d in fetched if (not d.msg.run_id or d.msg.run_id == gate.run_id) and gate.due(d.msg.policy_version)
+        ]
+        if len(due) < 2:
+            return fetched
+        newest = max(due, key=lambda d: d.msg.policy_version)
+        keep: list[Delivery[WeightAnnounce]] = []
+        for d in fetched:
+            if d in due and d is not newest and d.msg.policy_version < newest.msg.policy_version:
+                SKIPPED.add(reason="superseded")
+                log.info(
+                    "superseded before evaluation",
+                    policy_version=d.msg.policy_version,
+                    newest=newest.msg.policy_version,
+                )
+                await self._settle(d, "superseded", d.ack())
+            else:
+                keep.append(d)
+        return keep
+
+    async def _one(self, d: Delivery[WeightAnnounce]) -> None:
+        self.in_flight += 1
+        beat = asyncio.create_task(self._heartbeat(d))
+        try:
+            outcome = await self.gate.consider(d.msg)
+        except ControlUnavailable as exc:
+            RETRIED.add(reason="control")
+            log.warning(
+                "control plane unavailable; announcement handed back", version=d.msg.policy_version, error=str(exc)
+            )
+            await self._settle(d, "nak_control", d.nak(self.retry_delay_s))
+        except asyncio.CancelledError:
+            # Shutdown past the drain budget: give it back now rather than after the ack wait.
+            with contextlib.suppress(Exception):
+                await asyncio.shield(d.release())
+            raise
+        except Exception as exc:  # store or bus trouble, or a bug: retried, then dead-lettered after max_deliver
+            RETRIED.add(reason="error")
+            log.error(
+                "judging failed; announcement handed back", version=d.msg.policy_version, error=repr(exc), exc_info=True
+            )
+            await self._settle(d, "nak_error", d.nak(self.retry_delay_s))
+        else:
+            await self._settle(d, outcome, d.ack())
+        finally:
+            beat.cancel()
+            self.in_flight -= 1
+
+    async def _heartbeat(self, d: Delivery[WeightAnnounce]) -> None:
+        while True:
+            await asyncio.sleep(self.heartbeat_s)
+            try:
+                await d.in_progress()
+            except Exception as exc:  # the ack wait may lapse and the version be judged twice: harmless
+                log.warning("in-progress signal failed", version=d.msg.policy_version, error=repr(exc))
+
+    async def _settle(self, d: Delivery[WeightAnnounce], outcome: str, op: Awaitable[bool]) -> None:
+        self.outcomes[outcome] += 1
+        try:
+            await op
+        except Exception as exc:  # redelivered after the ack wait; consider() is idempotent
+            log.warning("could not settle an announcement", outcome=outcome, error=repr(exc))
+
+
+async def _sleep_or_stop(stop: asyncio.Event, seconds: float) -> None:
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(stop.wait(), seconds)
