@@ -1,13 +1,14 @@
 """The stages of deploy/docker/Dockerfile and the final targets deploy/docker/build.sh builds.
 
 Why: tests compare images with the code (the libs a service image copies against the service's
-dependencies, entry points against console scripts) and with the manifests and the Tiltfile
-(every image used is a target). A line-level reader of the few instructions the Dockerfile uses
-is enough for that and needs no Docker engine.
+dependencies and against what the copied code imports, entry points against console scripts) and
+with the manifests and the Tiltfile (every image used is a target). A line-level reader of the
+few instructions the Dockerfile uses is enough for that and needs no Docker engine.
 """
 
 from __future__ import annotations
 
+import ast
 import json
 import re
 from dataclasses import dataclass, field
@@ -73,3 +74,41 @@ def build_targets(path: Path = BUILD_SCRIPT) -> list[str]:
     if not m:
         raise ValueError(f"{path}: no TARGETS=(...) line")
     return m[1].split()
+
+
+def builder(all_stages: dict[str, Stage], name: str) -> str:
+    """The `*-builder` stage (cpu-builder, cuda-builder) a build stage installs into."""
+    while all_stages[name].base in all_stages and not all_stages[name].base.endswith("-builder"):
+        name = all_stages[name].base
+    return all_stages[name].base
+
+
+def package_dirs() -> dict[str, str]:
+    """`bus` -> `libs/bus`: the repository directory of each `slipstream.<pkg>`."""
+    return {
+        p.name: str(p.parents[2].relative_to(REPO))
+        for p in REPO.glob("*/*/src/slipstream/*")
+        if p.is_dir() and not p.name.startswith(("_", "."))
+    }
+
+
+def runtime_imports(source: str) -> set[str]:
+    """The `<pkg>` of every `slipstream.<pkg>` a module imports at run time (imports under
+    `if TYPE_CHECKING:` never run, so an image need not carry them)."""
+    tree = ast.parse(source)
+    typing_only = {
+        id(n)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
+        for stmt in node.body
+        for n in ast.walk(stmt)
+    }
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if id(node) in typing_only:
+            continue
+        names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names = [node.module]
+        found |= {n.split(".")[1] for n in names if n.startswith("slipstream.")}
+    return found

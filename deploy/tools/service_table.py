@@ -1,6 +1,6 @@
 """The deployables as deploy/ sees them: name, Python package, console script, config class.
 
-Why: the images, manifests, Tiltfile and their tests all name the same five services; this table
+Why: the images, manifests, Tiltfile and their tests all name the same six services; this table
 says once how a service name maps onto its package (`reward-model` -> `slipstream.reward_model`),
 its entry point and its typed config class, so the checks compare manifests against the code.
 """
@@ -14,14 +14,16 @@ from pathlib import Path
 
 import msgspec
 
-from slipstream.bus.config import BusConfig
-from slipstream.runtime.section import ServiceSection
-from slipstream.store.config import StoreConfig
-from slipstream.telemetry.config import TelemetryConfig
-
 REPO = Path(__file__).resolve().parents[2]
 
-SERVICES: tuple[str, ...] = ("rollout-worker", "reward-model", "learner", "weight-publisher", "eval-gate")
+SERVICES: tuple[str, ...] = (
+    "rollout-worker",
+    "reward-model",
+    "learner",
+    "weight-publisher",
+    "eval-gate",
+    "task-source",
+)
 
 CONFIG_CLASSES: dict[str, str] = {
     "rollout-worker": "RolloutWorkerConfig",
@@ -29,17 +31,8 @@ CONFIG_CLASSES: dict[str, str] = {
     "learner": "LearnerConfig",
     "weight-publisher": "WeightPublisherConfig",
     "eval-gate": "EvalGateConfig",
+    "task-source": "TaskSourceConfig",
 }
-
-
-class SharedSections(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    """The sections every service config carries; stands in for a service whose config.py does
-    not exist yet, so its deploy files are still checked key by key."""
-
-    service: ServiceSection = msgspec.field(default_factory=ServiceSection)
-    bus: BusConfig = msgspec.field(default_factory=BusConfig)
-    store: StoreConfig = msgspec.field(default_factory=StoreConfig)
-    telemetry: TelemetryConfig = msgspec.field(default_factory=TelemetryConfig)
 
 
 def package(service: str) -> str:
@@ -59,12 +52,8 @@ def console_script(service: str) -> str:
 
 
 def config_class(service: str) -> type[msgspec.Struct]:
-    """The service's config class; SharedSections until services/<service>/.../config.py exists.
-
-    Once the file exists, an import error or a missing class is an error, never a fallback.
-    """
-    if not (source_dir(service) / "config.py").exists():
-        return SharedSections
+    """The service's config class (`slipstream.<pkg>.config.<Name>Config`); a missing module or
+    class is an error naming it."""
     module = importlib.import_module(package(service) + ".config")
     cls = getattr(module, CONFIG_CLASSES[service], None)
     if cls is None:

@@ -21,6 +21,7 @@ from types import ModuleType
 from typing import Any
 
 import kubernetes_validate
+import msgspec
 import pytest
 import yaml
 
@@ -50,6 +51,7 @@ kl = _tool("kustomize_lite")
 crdv = _tool("crd_validation")
 table = _tool("service_table")
 images = _tool("image_stages")
+podcfg = _tool("pod_config")
 
 OVERLAYS = sorted(
     str(p.parent.relative_to(DEPLOY / "k8s" / "overlays")) for p in DEPLOY.glob("k8s/overlays/**/kustomization.yaml")
@@ -122,7 +124,9 @@ def test_every_rendered_object_validates_strictly(obj: dict[str, Any]) -> None:
 
 def test_overlays_cover_dev_prod_and_every_prod_service() -> None:
     assert {"dev", "prod", "prod/common", "prod/learner-ray"} <= set(OVERLAYS)
-    assert {f"prod/{s}" for s in ("rollout-worker", "reward-model", "learner", "eval-gate")} <= set(OVERLAYS)
+    assert {f"prod/{s}" for s in ("rollout-worker", "reward-model", "learner", "eval-gate", "task-source")} <= set(
+        OVERLAYS
+    )
 
 
 def test_shipped_crds_are_valid_crds_and_strict() -> None:
@@ -191,7 +195,7 @@ def test_probes_ports_and_grace_match_the_service_toml(overlay: str) -> None:
                 assert named.get(get["port"], get["port"]) == port
             assert spec["terminationGracePeriodSeconds"] > cfg["service"]["drain_timeout_s"], owner
             checked += 1
-    assert checked >= {"dev": 5, "prod": 5, "prod/learner-ray": 1}[overlay]
+    assert checked >= {"dev": 6, "prod": 6, "prod/learner-ray": 1}[overlay]
 
 
 def test_every_deploy_toml_parses_into_its_service_config() -> None:
@@ -260,6 +264,72 @@ def _assert_publisher_sidecar(objs: list[Any], spec: dict[str, Any], main: str, 
     assert staging in paths and mounted_toml(objs, spec, sidecar)["publisher"]["staging_dir"] == staging
 
 
+# ---------------------------------------------------------------- one run: the services' configs agree
+
+
+def _pods(overlay: str) -> list[Any]:
+    # A per-service prod overlay is applied after prod/common (namespace, slipstream-env).
+    extra = render("prod/common") if overlay.startswith("prod/") else []
+    return podcfg.resolve(render(overlay) + extra)
+
+
+@pytest.mark.parametrize("overlay", ["dev", "prod", "prod/learner-ray"])
+def test_the_services_of_an_overlay_resolve_to_one_consistent_run(overlay: str) -> None:
+    pods = _pods(overlay)
+    services = sorted({p.service for p in pods})
+    expected = ["learner", "weight-publisher"] if overlay == "prod/learner-ray" else sorted(table.SERVICES)
+    assert services == expected
+    assert podcfg.mismatches(pods) == []
+    if overlay != "prod/learner-ray":
+        by = {p.service: p.config for p in pods}
+        # The shared endpoints come from slipstream-env and the Secret, not from six TOML files.
+        assert {p.get("service", "run_id") for p in pods} == {overlay}
+        assert by["learner"].service.redis_url and by["learner"].learner.staging_dir.startswith("/var/run/")
+        assert by["rollout-worker"].service.redis_url == by["reward-model"].service.redis_url == ""
+
+
+def test_the_ray_learner_runs_the_same_run_as_the_single_gpu_learner() -> None:
+    single = {(p.service, p.owner): p.config for p in _pods("prod/learner")}
+    ray = {(p.service, p.owner): p.config for p in _pods("prod/learner-ray")}
+    assert single[("learner", "Deployment/learner")] == ray[("learner", "RayJob/learner")]
+    assert single[("weight-publisher", "Deployment/learner")] == ray[("weight-publisher", "RayJob/learner")]
+
+
+@pytest.mark.parametrize(
+    ("service", "section", "field", "value", "expected"),
+    [
+        ("task-source", "tasks", "groups_per_step", 3, "tasks.groups_per_step=3 but Deployment/learner"),
+        ("task-source", "tasks", "learner_checkpoint_every", 1, "tasks.learner_checkpoint_every=1"),
+        ("rollout-worker", "worker", "temperature", 0.7, "worker.temperature=0.7 but"),
+        ("eval-gate", "model", "seed", 5, "model (path, preset, seed) differs"),
+        ("reward-model", "reward", "env_options", {"arith": {"max_operand": 9}}, "env_options['arith'] differs"),
+        ("weight-publisher", "service", "redis_url", "", "service.redis_url is empty"),
+        ("learner", "service", "run_id", "other", "service.run_id differs"),
+        ("learner", "learner", "lease_handover_s", 200.0, "lease_handover_s must fit"),
+    ],
+)
+def test_the_consistency_check_names_each_kind_of_disagreement(
+    service: str, section: str, field: str, value: Any, expected: str
+) -> None:
+    # Guards the guard: with a blind checker the test above would pass vacuously.
+    pods = _pods("prod")
+    i = next(i for i, p in enumerate(pods) if p.service == service)
+    cfg = pods[i].config
+    changed = msgspec.structs.replace(
+        cfg, **{section: msgspec.structs.replace(getattr(cfg, section), **{field: value})}
+    )
+    pods[i] = podcfg.PodConfig(pods[i].owner, pods[i].container, service, changed)
+    found = podcfg.mismatches(pods)
+    assert len(found) == 1 and expected in found[0], found
+
+
+def test_rollout_worker_keda_target_is_the_tasks_one_replica_holds() -> None:
+    objs = render("prod")
+    (worker,) = [p for p in podcfg.resolve(objs) if p.service == "rollout-worker"]
+    meta = find(objs, "ScaledObject", "rollout-worker")["spec"]["triggers"][0]["metadata"]
+    assert int(meta["lagThreshold"]) == worker.get("worker", "max_tasks_in_flight")
+
+
 # ---------------------------------------------------------------- prod: GPUs, PDBs, KEDA
 
 
@@ -272,7 +342,7 @@ def test_prod_gpu_services_request_gpus_in_limits_on_gpu_nodes() -> None:
         assert c["resources"]["requests"].get("nvidia.com/gpu", 1) == c["resources"]["limits"]["nvidia.com/gpu"]
         assert spec["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
         assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in spec["tolerations"]
-    for name in ("reward-model", "eval-gate"):
+    for name in ("reward-model", "eval-gate", "task-source"):
         c = find(objs, "Deployment", name)["spec"]["template"]["spec"]["containers"][0]
         assert "nvidia.com/gpu" not in c["resources"].get("limits", {})
 
@@ -309,6 +379,16 @@ def test_keda_scales_each_horizontal_service_on_its_own_jetstream_consumer() -> 
     assert scaled["rollout-worker"]["spec"]["minReplicaCount"] == 1
     assert scaled["eval-gate"]["spec"]["minReplicaCount"] == 1
     assert find(objs, "Deployment", "learner")["spec"]["replicas"] == 1
+
+
+@pytest.mark.parametrize("overlay", ["dev", "prod"])
+def test_learner_and_task_source_run_exactly_one_replica_never_two_at_once(overlay: str) -> None:
+    # A second learner is fenced by the lease; a second task source would open the pacing window twice.
+    objs = render(overlay)
+    for name in ("learner", "task-source"):
+        spec = find(objs, "Deployment", name)["spec"]
+        assert spec["replicas"] == 1 and spec["strategy"]["type"] == "Recreate", name
+    assert not [o for o in objs if o["kind"] == "ScaledObject" and o["spec"]["scaleTargetRef"]["name"] == "task-source"]
 
 
 def test_nats_helm_values_give_a_persistent_jetstream_cluster_matching_prod_config() -> None:
@@ -395,8 +475,63 @@ def test_each_service_image_installs_exactly_its_libs_and_its_entry_point_exists
 def test_provision_image_entry_point_exists() -> None:
     stages = images.stages()
     assert stages["provision"].entrypoint == ["python", "-m", "slipstream.bus.provision"]
-    assert images.copied_sources(stages, "provision-src") == table.dependency_dirs("slipstream-bus")
+    # provision.py parses its config with slipstream.runtime.config, which slipstream-bus does not
+    # declare: the image copies the runtime's closure too.
+    wanted = table.dependency_dirs("slipstream-bus") | table.dependency_dirs("slipstream-runtime")
+    assert images.copied_sources(stages, "provision-src") == wanted
     assert (REPO / "libs/bus/src/slipstream/bus/provision.py").is_file()
+
+
+@pytest.mark.parametrize("stage", sorted(n for n in images.stages() if n.endswith("-src")))
+def test_every_image_copies_the_libs_its_code_imports(stage: str) -> None:
+    # The pyprojects can under-declare (provision.py above); what the code imports is what runs.
+    where = images.package_dirs()
+    copied = images.copied_sources(images.stages(), stage)
+    missing = {
+        f"{f.relative_to(REPO)} imports slipstream.{pkg}"
+        for c in copied
+        for f in (REPO / c / "src").rglob("*.py")
+        for pkg in images.runtime_imports(f.read_text())
+        if pkg in where and where[pkg] not in copied
+    }
+    assert not missing, sorted(missing)
+    assert images.runtime_imports("from slipstream.store import x\nif TYPE_CHECKING:\n    import slipstream.cli") == {
+        "store"
+    }
+
+
+def test_cpu_images_take_torch_2_13_0_from_the_cpu_wheel_index() -> None:
+    assert "torch==2.13.0" in (REPO / "tools/constraints.txt").read_text().split()
+    text = images.DOCKERFILE.read_text()
+    assert re.search(r"^ARG TORCH_CPU_INDEX=https://download\.pytorch\.org/whl/cpu$", text, re.M)
+    cpu_builder = text.split(" AS cpu-builder\n", 1)[1].split("\nFROM ", 1)[0]
+    assert "PIP_EXTRA_INDEX_URL=${TORCH_CPU_INDEX}" in cpu_builder
+    assert "-c /opt/slipstream/constraints.txt" in (DEPLOY / "docker/install-app.sh").read_text()
+    stages = images.stages()
+    torch_images = set()
+    for target in images.build_targets():
+        if "PYTHON_IMAGE" not in images.root_base(stages, target) or target == "provision":
+            continue
+        service = target.removesuffix("-cpu")
+        pyprojects = [REPO / d / "pyproject.toml" for d in table.dependency_dirs(f"slipstream-{service}")]
+        deps = [d for p in pyprojects for d in tomllib.loads(p.read_text())["project"].get("dependencies", [])]
+        if any(re.match(r"torch\b", d) for d in deps):
+            torch_images.add(target)
+            assert images.builder(stages, f"{target}-build") == "cpu-builder", target
+    # eval-gate runs the policy on its suite, so its CPU image carries torch.
+    assert {"eval-gate", "rollout-worker-cpu", "learner-cpu", "weight-publisher"} <= torch_images
+    assert "task-source" not in torch_images and "reward-model" not in torch_images
+
+
+def test_dev_lets_tilt_sync_code_into_service_containers_and_prod_keeps_root_read_only() -> None:
+    for overlay, writable in (("dev", True), ("prod", False)):
+        checked = set()
+        for owner, spec in pod_specs(render(overlay)):
+            for c in spec.get("containers", []) + spec.get("initContainers", []):
+                if re.search(r"(^|/)slipstream/(?!provision)", c["image"]) and "--config" in c.get("args", []):
+                    assert c["securityContext"]["readOnlyRootFilesystem"] is (not writable), f"{owner}/{c['name']}"
+                    checked.add(c["name"])
+        assert checked == set(table.SERVICES), (overlay, checked)
 
 
 @pytest.mark.parametrize("overlay", ["dev", "prod", "prod/learner-ray"])

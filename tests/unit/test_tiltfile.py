@@ -26,7 +26,7 @@ pytestmark = pytest.mark.unit
 
 REPO = Path(__file__).resolve().parents[2]
 TILTFILE = REPO / "Tiltfile"
-ROLES = {"infra", "rollout", "scoring", "training", "eval"}
+ROLES = {"infra", "tasks", "rollout", "scoring", "training", "eval"}
 INFRA = {"nats", "redis", "minio", "otel-collector", "provision-streams"}
 
 
@@ -45,6 +45,7 @@ tilt = _load("tilt_harness", REPO / "deploy/tools/tilt_harness.py")
 kl = _load("kustomize_lite", REPO / "deploy/tools/kustomize_lite.py")
 table = _load("service_table", REPO / "deploy/tools/service_table.py")
 images = _load("image_stages", REPO / "deploy/tools/image_stages.py")
+podcfg = _load("pod_config", REPO / "deploy/tools/pod_config.py")
 stack_env = _load("stack_env", REPO / "deploy/tilt/stack_env.py")
 
 
@@ -87,7 +88,7 @@ def test_cluster_mode_deploys_the_dev_overlay_and_defines_every_resource() -> No
     run = evaluate()
     (k,) = run.of("kustomize")
     assert k.args["pathToDir"] == "deploy/k8s/overlays/dev" and len(run.of("k8s_yaml")) == 1
-    workloads = {"rollout-worker", "reward-model", "learner", "eval-gate"}
+    workloads = {"rollout-worker", "reward-model", "learner", "eval-gate", "task-source"}
     assert set(run.resources) == INFRA | workloads
     assert set(run.enabled) == INFRA | workloads | {"uncategorized"}
     rendered = {o["metadata"]["name"] for o in kl.build(REPO / k.args["pathToDir"])}
@@ -147,6 +148,7 @@ def test_port_forwards_reach_the_services_http_ports_on_distinct_local_ports() -
 def test_services_flag_selects_workloads_and_keeps_infra() -> None:
     run = evaluate("--services", "learner,reward-model")
     assert set(run.enabled) == INFRA | {"uncategorized", "learner", "reward-model"}
+    assert set(evaluate("--services", "task_source").enabled) == INFRA | {"uncategorized", "task-source"}
     assert set(evaluate("--services", "weight_publisher").enabled) == INFRA | {"uncategorized", "learner"}
     with pytest.raises(tilt.TiltfileError, match='unknown service "bogus"'):
         tilt.evaluate(TILTFILE, ["--services", "bogus"], environ={})
@@ -166,6 +168,7 @@ def test_local_mode_runs_each_service_as_a_process_against_the_embedded_stack() 
     assert " up --services none " in stack["serve_cmd"] and "--run-dir .slipstream/tilt" in stack["serve_cmd"]
     assert stack["readiness_probe"]["exec"]["command"] == ["test", "-f", ".slipstream/tilt/stack.json"]
     ports = set()
+    pods = []
     for service, args in calls.items():
         assert args["serve_cmd"].endswith(f" -m {table.package(service)}")
         assert "deploy/tilt/stack_env.py .slipstream/tilt/stack.json --" in args["serve_cmd"]
@@ -175,12 +178,19 @@ def test_local_mode_runs_each_service_as_a_process_against_the_embedded_stack() 
         assert probe["path"] == "/readyz" and probe["port"] == int(env["SLIPSTREAM_SERVICE__HTTP_PORT"])
         ports.add(probe["port"])
         cls = table.config_class(service)
+        # What the service resolves once deploy/tilt/stack_env.py has added the stack's URLs.
+        env = stack_env.service_env({"nats": "nats://127.0.0.1:40001", "redis": "redis://127.0.0.1:40002/0"}, env)
         cfg = runtime_config.build(cls, runtime_config.env_layer(cls, env))
-        assert cfg.store.type == "local" and cfg.service.http_host == "127.0.0.1"  # type: ignore[attr-defined]
+        assert cfg.service.http_host == "127.0.0.1" and cfg.service.run_id == "tilt"  # type: ignore[attr-defined]
+        assert getattr(cfg, "store", None) is None or cfg.store.type == "local"  # type: ignore[attr-defined]
         assert set(args["deps"]) == {"libs", f"services/{service}/src"}
+        pods.append(podcfg.PodConfig(f"local_resource/{service}", service, service, cfg))
     assert len(ports) == len(calls)
     staging = calls["learner"]["serve_env"]["SLIPSTREAM_LEARNER__STAGING_DIR"]
     assert calls["weight-publisher"]["serve_env"]["SLIPSTREAM_PUBLISHER__STAGING_DIR"] == staging
+    # One run: the task source paces for the learner, the workers sample at its temperature.
+    assert podcfg.mismatches(pods) == []
+    assert pods[0].config.service.redis_url == "redis://127.0.0.1:40002/0"
 
 
 def test_local_mode_honours_services_and_python_override() -> None:
