@@ -17,8 +17,8 @@ from slipstream.schemas import (
     pack_ids,
     pack_mask,
     schema_header,
+    subjects,
 )
-from slipstream.schemas import subjects
 
 pytestmark = pytest.mark.unit
 

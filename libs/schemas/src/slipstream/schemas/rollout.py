@@ -33,7 +33,10 @@ class Task(msgspec.Struct, kw_only=True, forbid_unknown_fields=False):
     created_at: Annotated[float, Doc(description="Unix time the task was issued.")] = 0.0
     metadata: Annotated[dict[str, str], Doc(description="Free-form string tags.")] = {}
     min_policy_version: Annotated[
-        int, Doc(description="Do not sample before the worker holds at least this version (bounds staleness at the source).")
+        int,
+        Doc(
+            description="Do not sample before the worker holds at least this version (bounds staleness at the source)."
+        ),
     ] = 0
 
 
@@ -81,9 +84,7 @@ class Trajectory(msgspec.Struct, kw_only=True):
     token_ids: Annotated[bytes, Doc(description="Prompt + completion token ids, int32 little-endian.")] = b""
     logprobs: Annotated[bytes, Doc(description="Behaviour log-prob per completion token, float32 LE.")] = b""
     loss_mask: Annotated[bytes, Doc(description="1 per completion token trained on, 0 for observations; uint8.")] = b""
-    segments: Annotated[
-        list[PolicySegment], Doc(description="Run-length policy versions over completion tokens.")
-    ] = []
+    segments: Annotated[list[PolicySegment], Doc(description="Run-length policy versions over completion tokens.")] = []
     turns: list[Turn] = []
     completion_text: str = ""
     finish_reason: Annotated[str, Doc(description="'stop', 'length', 'tool_budget', 'error', ...")] = ""
@@ -94,7 +95,9 @@ class Trajectory(msgspec.Struct, kw_only=True):
         str, Doc(description="Id of this sampling of the task; a redelivered task forms a new group.")
     ] = ""
     split: Annotated[str, Doc(description="'train' or 'heldout' (copied from the task).")] = "train"
-    reference: Annotated[str, Doc(description="The task's reference answer, for the verifier (never shown to the policy).")] = ""
+    reference: Annotated[
+        str, Doc(description="The task's reference answer, for the verifier (never shown to the policy).")
+    ] = ""
 
     # Convenience views; not part of the wire format.
     def ids(self) -> list[int]:

@@ -57,7 +57,9 @@ SUBJECTS: tuple[SubjectSpec, ...] = (
         stream="TRAJ_SCORED",
         description="traj.scored.<env>: rollouts with rewards",
     ),
-    SubjectSpec(pattern="weights.announce", message="WeightAnnounce", stream="WEIGHTS", description="a version is stored"),
+    SubjectSpec(
+        pattern="weights.announce", message="WeightAnnounce", stream="WEIGHTS", description="a version is stored"
+    ),
     SubjectSpec(pattern="weights.promoted", message="WeightsPromoted", stream="WEIGHTS", description="serving version"),
     SubjectSpec(pattern="eval.result", message="EvalResult", stream="EVAL", description="eval-gate decisions"),
     SubjectSpec(pattern="learner.step", message="LearnerStep", stream="LEARNER", description="per-step metrics"),
@@ -69,7 +71,9 @@ STREAMS: tuple[StreamSpec, ...] = (
         name="TASKS",
         retention="workqueue",
         consumers=(
-            ConsumerSpec(durable="rollout-worker", filter_subject="tasks.>", service="rollout-worker", ack_wait_s=300.0),
+            ConsumerSpec(
+                durable="rollout-worker", filter_subject="tasks.>", service="rollout-worker", ack_wait_s=300.0
+            ),
         ),
         description="Task backlog; each task is taken by exactly one rollout worker.",
     ),

@@ -9,9 +9,9 @@ from __future__ import annotations
 import ctypes
 import os
 import signal
-import sys
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path

@@ -6,6 +6,8 @@ name in the manifest (`TensorEntry.dtype`).
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 _DTYPES: dict[str, torch.dtype] = {
@@ -40,7 +42,8 @@ def as_bytes_view(t: torch.Tensor) -> memoryview:
     if t.device.type != "cpu":
         t = t.cpu()
     # reshape(-1) first: a 0-dim tensor cannot change its element size with view().
-    return memoryview(t.contiguous().reshape(-1).view(torch.uint8).numpy())
+    raw: Any = t.contiguous().reshape(-1).view(torch.uint8).numpy()  # numpy arrays are buffers
+    return memoryview(raw)
 
 
 def from_bytes(buf: bytes | bytearray | memoryview, dtype: str, shape: list[int]) -> torch.Tensor:
