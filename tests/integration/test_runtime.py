@@ -35,6 +35,7 @@ SERVICES = {
     "learner": "slipstream.learner",
     "weight-publisher": "slipstream.weight_publisher",
     "eval-gate": "slipstream.eval_gate",
+    "task-source": "slipstream.task_source",
 }
 HAPPY_STATES = ["starting", "ready", "running", "draining", "stopped"]
 
@@ -183,12 +184,11 @@ async def test_reward_model_probes_metrics_and_clean_sigterm(
     assert not svc.port_file.exists()
 
 
-def test_all_five_services_become_ready_and_stop_with_0(
-    nats_server: Server, spawn: Callable[[str, list[str]], ServiceProcess]
+def test_every_service_becomes_ready_and_stops_with_0(
+    nats_server: Server, redis_server: Server, spawn: Callable[[str, list[str]], ServiceProcess]
 ) -> None:
-    procs = [
-        spawn(name, [sys.executable, "-m", module, "--bus.url", nats_server.url]) for name, module in SERVICES.items()
-    ]
+    common = ["--bus.url", nats_server.url, "--service.redis-url", redis_server.url]
+    procs = [spawn(name, [sys.executable, "-m", module, *common]) for name, module in SERVICES.items()]
     for sp in procs:
         sp.wait_port()
         assert sp.wait_ready()["service"] == sp.name
@@ -222,10 +222,12 @@ def test_real_service_without_its_bus_fails_setup_with_exit_1(
     spawn: Callable[[str, list[str]], ServiceProcess],
 ) -> None:
     dead = f"nats://127.0.0.1:{free_port()}"
+    redis = "redis://127.0.0.1:6/0"  # never contacted: the bus is set up first and fails
     svc = spawn(
         "eval-gate",
-        [sys.executable, "-m", "slipstream.eval_gate", "--bus.url", dead, "--bus.connect-budget-s", "1"],
-    )
+        [sys.executable, "-m", "slipstream.eval_gate", "--bus.url", dead, "--bus.connect-budget-s", "1",
+         "--service.redis-url", redis],
+    )  # fmt: skip
     svc.wait_port()
     status, _, body = svc.get("/readyz")
     assert status == 503 and json.loads(body)["state"] == "starting"

@@ -76,6 +76,36 @@ def producer_span(subject: str) -> Iterator[Any]:
         yield span
 
 
+@contextmanager
+def service_span(
+    name: str,
+    attributes: Mapping[str, AttributeValue] | None = None,
+    *,
+    kind: SpanKind = SpanKind.INTERNAL,
+    parent: Context | None = None,
+    root: bool = False,
+) -> Iterator[Any]:
+    """A span around a service's own step (a task publish, a weight publication) when tracing is on.
+
+    Its parent is `parent` when given (a context carried out of band: a delivery's, or one read
+    from a staged file's metadata), else a new trace with `root`, else the current span. Yields
+    None, and makes nothing, while tracing is off. An exception passing through is recorded.
+    """
+    if not tracing_active():
+        yield None
+        return
+    context = parent if parent is not None else (Context() if root else None)
+    tracer = trace.get_tracer(_TRACER_NAME)
+    with tracer.start_as_current_span(name, context=context, kind=kind, attributes=attributes) as span:
+        yield span
+
+
+def annotate(attributes: Mapping[str, AttributeValue]) -> None:
+    """Add attributes to the current span (say, the consumer span a handler runs in); no-op while tracing is off."""
+    if tracing_active():
+        trace.get_current_span().set_attributes(attributes)
+
+
 def message_ids(msg: Any) -> dict[str, AttributeValue]:
     """`slipstream.<field>` attributes for the ids a message carries (a ScoredTrajectory's from its trajectory)."""
     out: dict[str, AttributeValue] = {}
@@ -150,7 +180,8 @@ def batch_span(
 
     Links are given at span start, as samplers only see them there. With `root` (the default) the
     span starts a new trace, since it belongs to no single message's; otherwise it is a child of
-    the current span. The SDK keeps at most OTEL_SPAN_LINK_COUNT_LIMIT links (128 unless set).
+    the current span. The SDK keeps at most the provider's link limit (`telemetry.tracing.MAX_LINKS`
+    for providers set up by `setup_tracing`, else OTEL_SPAN_LINK_COUNT_LIMIT, 128 unless set).
     """
     if not tracing_active():
         yield None

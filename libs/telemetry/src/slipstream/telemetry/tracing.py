@@ -5,6 +5,12 @@ per process); later calls return the same provider. The SDK itself reads the sta
 variables (OTEL_SERVICE_NAME, OTEL_RESOURCE_ATTRIBUTES, OTEL_TRACES_SAMPLER, OTEL_BSP_*,
 OTEL_EXPORTER_OTLP_*, OTEL_SDK_DISABLED); the only one read here is whether an OTLP endpoint is
 set, which is what `traces = "auto"` means. The OTLP exporter is imported only when used.
+
+`traces = "none"` installs no provider at all: the API's no-op default stays, so
+`slipstream.bus.tracing.tracing_active()` is False and no span object is made anywhere (an SDK
+provider without an exporter would still build, time and drop every span). Spans may carry many
+links (a learner step links every trajectory it trained on): the provider keeps up to
+`MAX_LINKS` per span unless OTEL_SPAN_LINK_COUNT_LIMIT says otherwise.
 """
 
 from __future__ import annotations
@@ -16,7 +22,7 @@ from collections.abc import Mapping
 
 from opentelemetry import trace
 from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
+from opentelemetry.sdk.trace import SpanLimits, SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import (
     BatchSpanProcessor,
     ConsoleSpanExporter,
@@ -34,6 +40,9 @@ _mode: str = ""
 _memory: InMemorySpanExporter | None = None
 
 OTLP_ENDPOINT_VARS = ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+LINK_LIMIT_VAR = "OTEL_SPAN_LINK_COUNT_LIMIT"
+MAX_LINKS = 4096
+"""Links kept per span: a step of 64 groups x 64 samples still links every trajectory (the SDK's default is 128)."""
 
 
 def effective_mode(cfg: TelemetryConfig, environ: Mapping[str, str] | None = None) -> str:
@@ -54,6 +63,18 @@ def service_resource(service: str, replica: str = "") -> Resource:
     if replica:
         extra["service.instance.id"] = replica
     return base.merge(Resource(extra)) if extra else base
+
+
+def span_limits(environ: Mapping[str, str] | None = None) -> SpanLimits:
+    """The provider's limits: `MAX_LINKS` links per span unless OTEL_SPAN_LINK_COUNT_LIMIT is set."""
+    env = os.environ if environ is None else environ
+    value = env.get(LINK_LIMIT_VAR, "").strip()
+    if not value:
+        return SpanLimits(max_links=MAX_LINKS)
+    try:
+        return SpanLimits(max_links=int(value))
+    except ValueError as exc:
+        raise ValueError(f"{LINK_LIMIT_VAR} must be a non-negative integer, got {value!r}") from exc
 
 
 def _processor(mode: str, cfg: TelemetryConfig) -> SpanProcessor | None:
@@ -80,12 +101,16 @@ def _processor(mode: str, cfg: TelemetryConfig) -> SpanProcessor | None:
 
 def setup_tracing(
     service: str, cfg: TelemetryConfig, *, replica: str = "", environ: Mapping[str, str] | None = None
-) -> TracerProvider:
-    """Install the process's TracerProvider (once) with the exporter `cfg.traces` asks for."""
+) -> TracerProvider | None:
+    """Install the process's TracerProvider (once) with the exporter `cfg.traces` asks for.
+
+    Returns it, or None when traces are off ("none": no provider is installed, see the module
+    docstring). The first call decides; later ones return what it set up.
+    """
     global _provider, _mode
     mode = effective_mode(cfg, environ)
     with _lock:
-        if _provider is not None:
+        if _mode:
             if mode != _mode:
                 _log.warning("tracing already set up with traces=%s; ignoring traces=%s", _mode, mode)
             return _provider
@@ -95,7 +120,10 @@ def setup_tracing(
             _log.warning("a TracerProvider is already installed; slipstream traces=%s not applied", mode)
             _provider, _mode = current, "external"
             return current
-        provider = TracerProvider(resource=service_resource(service, replica))
+        if mode == "none":
+            _mode = mode
+            return None
+        provider = TracerProvider(resource=service_resource(service, replica), span_limits=span_limits(environ))
         processor = _processor(mode, cfg)
         if processor is not None:
             provider.add_span_processor(processor)

@@ -3,8 +3,8 @@
 They share a pod (an in-memory volume) in production and a directory on a laptop. The learner
 writes `v<version>.safetensors` via a temp file and a rename, so the publisher never reads a
 partial file, and goes on training; the publisher picks staged versions up in order, publishes
-them and removes them. Metadata (version, end of the optimizer step) rides in the safetensors
-header.
+them and removes them. Metadata (version, end of the optimizer step, and what the learner adds:
+its fence, its step's trace context) rides in the safetensors header.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import os
 import re
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -27,6 +27,8 @@ class Staged:
     version: int
     path: Path
     step_finished_at: float
+    metadata: Mapping[str, str] = field(default_factory=dict, compare=False, hash=False)
+    """The file's whole metadata as staged (fence, the step's trace context, ...)."""
 
 
 def staged_path(staging_dir: str | Path, version: int) -> Path:
@@ -69,7 +71,7 @@ def list_staged(staging_dir: str | Path) -> list[Staged]:
                 meta = fh.metadata() or {}
         except (OSError, ValueError):
             continue  # being replaced right now; seen on the next scan
-        out.append(Staged(int(m.group(1)), p, float(meta.get("step_finished_at", "0") or 0)))
+        out.append(Staged(int(m.group(1)), p, float(meta.get("step_finished_at", "0") or 0), dict(meta)))
     return sorted(out, key=lambda s: s.version)
 
 

@@ -10,6 +10,8 @@
   instead of queueing evaluations of versions nobody will serve.
 - An evaluation longer than the consumer's ack wait is kept alive with in-progress signals.
 - On stop, what was fetched and not started is released (redelivered at once, to any replica).
+- With tracing on, each judgement runs in a CONSUMER span, child of the announce (so of the
+  learner step's trace); the eval.result and weights.promoted it publishes continue that trace.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from collections.abc import Awaitable
 from typing import TYPE_CHECKING
 
 from slipstream.bus import BusError
+from slipstream.bus.tracing import consumer_span, tracing_active
 from slipstream.control import Control, ControlUnavailable
 from slipstream.eval_gate.gate import Gate
 from slipstream.eval_gate.instruments import RETRIED, SKIPPED
@@ -114,7 +117,12 @@ class AnnounceIntake:
         self.in_flight += 1
         beat = asyncio.create_task(self._heartbeat(d))
         try:
-            outcome = await self.gate.consider(d.msg)
+            if tracing_active():
+                # Our own fetch loop: the consumer span (child of the announce) is opened here.
+                with consumer_span(d, self.consumer.durable):
+                    outcome = await self.gate.consider(d.msg)
+            else:
+                outcome = await self.gate.consider(d.msg)
         except ControlUnavailable as exc:
             RETRIED.add(reason="control")
             log.warning(

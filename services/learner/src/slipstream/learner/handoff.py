@@ -52,16 +52,20 @@ class WeightHandoff:
         *,
         step_finished_at: float | None = None,
         fence: Mapping[str, str] | None = None,
+        trace_context: Mapping[str, str] | None = None,
     ) -> Path:
         """Write `version` of `model`'s weights (blocking; call it off the event loop).
 
         `fence` (the lease holder and fencing token) goes into the file's metadata: the
         publisher announces the version only while that holder still leads the run.
+        `trace_context` (W3C `traceparent`, ...: the step span's) goes there too, so the
+        publisher's span continues the step's trace.
         """
         tensors = unique_state(model)
         if self.dtype is not None:
             tensors = {k: v.detach().to(self.dtype) if v.is_floating_point() else v for k, v in tensors.items()}
-        return stage(self.staging_dir, version, tensors, step_finished_at=step_finished_at or time.time(), extra=fence)
+        extra = {**(fence or {}), **(trace_context or {})}
+        return stage(self.staging_dir, version, tensors, step_finished_at=step_finished_at or time.time(), extra=extra)
 
     def highest_staged(self) -> int:
         """The newest version waiting in the staging directory, or -1 when there is none."""

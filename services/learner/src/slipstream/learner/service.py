@@ -23,6 +23,10 @@ redelivery into a `duplicate`).
 With a control plane, every step, staged version and commit happens only under a confirmed
 lease (README, "The control plane"); while Redis is unreachable training pauses, acks stay held,
 and it goes on by itself when Redis is back.
+
+Tracing: each step is a root span `learner.step` with one link per trajectory trained (to the
+scored publish that delivered it, in its task's trace); its context is staged with the weights
+(`traceparent` in the file's metadata), so the publisher's `weights.publish` is its child.
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ from typing import Any
 import msgspec
 
 from slipstream.bus import Bus, Consumer, Delivery, PublishError, connect_bus, consume
+from slipstream.bus.tracing import annotate, batch_span, inject
 from slipstream.control import Control, ControlClient, ControlUnavailable
 from slipstream.engine.source import load_model
 from slipstream.learner.checkpoint import Checkpoints
@@ -329,28 +334,57 @@ class LearnerService(BaseService):
         return groups, drops + more
 
     async def _train(self, groups: Sequence[Group[Delivery[ScoredTrajectory]]], stop: asyncio.Event) -> None:
-        assert self.trainer is not None and self.intake is not None
+        """One step in its `learner.step` span: a new trace linked to every trajectory it trains on."""
         members = [m for g in groups for m in g.members]
+        attributes = {
+            "slipstream.run_id": self.cfg.service.run_id,
+            "slipstream.step": self.step + 1,
+            "slipstream.policy_version": self.version + 1,
+            "slipstream.n_trajectories": len(members),
+            "slipstream.n_groups": len(groups),
+        }
+        # One link per trajectory, to the delivery that brought it (its scored publish, in its task's trace).
+        with batch_span("learner.step", (m.handles[0] for m in members if m.handles), attributes):
+            await self._step(groups, members, stop)
+
+    async def _step(
+        self,
+        groups: Sequence[Group[Delivery[ScoredTrajectory]]],
+        members: list[Member[Delivery[ScoredTrajectory]]],
+        stop: asyncio.Event,
+    ) -> None:
+        assert self.trainer is not None and self.intake is not None
         batch = [[m.scored for m in g.members] for g in groups]
         self._training = members
         stats = await asyncio.to_thread(self.trainer.step, batch, self.version)
         if not stats.applied:
             self._training = []
+            annotate({"slipstream.outcome": NONFINITE})
             log.error("gradient not finite; step skipped", grad_norm=stats.grad_norm, n_trajectories=len(members))
             await self._settle_drops(self.intake.drop(members, NONFINITE, f"grad_norm {stats.grad_norm}"))
             return
         # The lease may have gone while the step ran: its weights leave only under a confirmed lead.
         if not await self._lead(stop):
             self._diverged = True  # stopping with Redis away: the step is discarded, its trajectories handed back
+            annotate({"slipstream.outcome": "not_confirmed_leader"})
             return
         self._training = []
         self.step += 1
         self.version += 1
         self._held.extend(members)
         finished_at = time.time()
+        # The step span's context rides in the staged file, so the publication continues this trace.
+        trace_context: dict[str, str] = {}
+        inject(trace_context)
         await asyncio.to_thread(
-            self.handoff.stage, self.version, self.trainer.model, step_finished_at=finished_at, fence=self._fence()
+            self.handoff.stage,
+            self.version,
+            self.trainer.model,
+            step_finished_at=finished_at,
+            fence=self._fence(),
+            trace_context=trace_context,
         )
+        annotate({"slipstream.outcome": "staged", "slipstream.loss": stats.loss, "slipstream.n_tokens": stats.n_tokens})
         self._observe(stats)
         await self._publish_step(stats, finished_at)
 

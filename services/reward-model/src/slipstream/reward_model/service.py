@@ -8,6 +8,9 @@ msg_id = trajectory_id, so a redelivery after a lost ack is stored once). What c
 (unknown environment, bad split, a scored copy too large for the bus) is dead-lettered to
 dlq.TRAJ_RAW with its reason and counted; an unparsable answer is not an error: it is scored as a
 failure (reward 0) and counted as a parse failure.
+
+Tracing: `consume` runs each trajectory in a CONSUMER span, child of the worker's publish, so the
+scored copy published inside it continues the task's trace; the span carries the reward.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from slipstream.bus import PayloadTooLarge, connect_bus, consume
+from slipstream.bus.tracing import annotate
 from slipstream.reward_model.config import RewardModelConfig
 from slipstream.reward_model.rejection import reject
 from slipstream.reward_model.scorer import Scorer, Unscorable
@@ -82,6 +86,7 @@ class RewardModelService(BaseService):
                 return
         finally:
             self._inflight -= 1
+        annotate({"slipstream.reward": scored.reward, "slipstream.correct": scored.correct})
         # Counted after the publish was acked: a redelivered message that failed before is counted once.
         env = traj.env
         REWARD.observe(scored.reward, env=env)

@@ -22,6 +22,10 @@ number of times), retrying with backoff; cast to the engine's dtype and device; 
 A version that cannot be fetched or applied is skipped, counted and logged, and the worker
 keeps generating with what it has: a half-written or corrupt version is never applied.
 
+With tracing on, each application is a `weights.apply` span, child of the announce's (or
+promotion's) context from its headers, so it closes the trace learner step -> weights.publish ->
+announce; it carries the version, this worker's id and the pause it cost.
+
 Time-to-policy is the optimizer step's end (`step_finished_at`, from the announcement) to the
 first token sampled under the version: the moment the engine switched if a rollout was running
 then, else the start of the first rollout after it. Rollouts report back through `note_rollout`.
@@ -36,8 +40,10 @@ from collections.abc import Mapping
 from typing import Any, Literal
 
 import torch
+from opentelemetry.context import Context
 
 from slipstream.bus import Bus
+from slipstream.bus.tracing import AttributeValue, service_span, tracing_active
 from slipstream.engine.interface import Engine
 from slipstream.rollout_worker.instruments import (
     ANNOUNCES_SKIPPED,
@@ -91,6 +97,7 @@ class WeightFollower:
         apply_timeout_s: float = 60.0,
         mode: FollowMode = "latest",
         digest: bool = False,
+        worker_id: str = "",
     ) -> None:
         if mode not in ("latest", "promoted"):
             raise ValueError(f"follow mode must be 'latest' or 'promoted', got {mode!r}")
@@ -103,6 +110,8 @@ class WeightFollower:
         self.backoff_s = backoff_s
         self.apply_timeout_s = apply_timeout_s
         self._newest: WeightAnnounce | None = None
+        self._newest_context: Context | None = None  # the trace context of `_newest`'s message
+        self.worker_id = worker_id
         self._wake = asyncio.Event()
         self._first_token: dict[int, tuple[float, float]] = {}  # version -> (applied_at, step_finished_at)
         self.announced = -1
@@ -147,10 +156,9 @@ class WeightFollower:
 
     async def _read(self, reader: Any) -> None:
         async for delivery in reader:
-            if self.mode == "promoted":
-                self.offer_promoted(delivery.msg)
-            else:
-                self.offer(delivery.msg)
+            taken = self.offer_promoted(delivery.msg) if self.mode == "promoted" else self.offer(delivery.msg)
+            if taken:
+                self._newest_context = delivery.context if tracing_active() else None
 
     def offer_promoted(self, promoted: WeightsPromoted) -> bool:
         """Consider one promotion (promoted mode); True if it became the version to apply next.
@@ -208,13 +216,31 @@ class WeightFollower:
         while True:
             await self._wake.wait()
             self._wake.clear()
-            announce = self._newest
+            announce, context = self._newest, self._newest_context
             if announce is not None and self._wanted(announce):
-                await self.apply(announce)
+                await self.apply(announce, context=context)
 
     # -- one version -----------------------------------------------------------------------------
-    async def apply(self, announce: WeightAnnounce) -> bool:
-        """Fetch, verify and apply one version; False (counted, logged) if it was skipped."""
+    async def apply(self, announce: WeightAnnounce, *, context: Context | None = None) -> bool:
+        """Fetch, verify and apply one version; False (counted, logged) if it was skipped.
+
+        `context`: the trace context of the message that announced it (the span's parent).
+        """
+        attributes: dict[str, AttributeValue] = {
+            "slipstream.run_id": announce.run_id or self.run_id,
+            "slipstream.policy_version": announce.policy_version,
+            "slipstream.worker_id": self.worker_id,
+            "slipstream.follow": self.mode,
+        }
+        with service_span("weights.apply", attributes, parent=context) as span:
+            applied = await self._apply(announce)
+            if span is not None:
+                span.set_attribute("slipstream.applied", applied)
+                if applied:
+                    span.set_attribute("slipstream.pause_ms", self.last_pause_ms)
+            return applied
+
+    async def _apply(self, announce: WeightAnnounce) -> bool:
         version = announce.policy_version
         tensors = await self._fetch(announce)
         if tensors is None:

@@ -6,7 +6,8 @@ not hoard tasks that an idle one could run. Each held task gets an in-progress s
 `heartbeat_s`, so a long rollout (or a wait for a weight version) never outlives ack_wait.
 
 The handler settles each delivery itself (ack, nak, release, or dead-letter); intake only
-guarantees that a delivery whose handler crashed is nak'd rather than left to time out.
+guarantees that a delivery whose handler crashed is nak'd rather than left to time out. With
+tracing on, each handler runs in a CONSUMER span, child of the task's publish (from its headers).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import contextlib
 from collections.abc import Awaitable, Callable
 
 from slipstream.bus import BusError, Consumer, Delivery
+from slipstream.bus.tracing import consumer_span, tracing_active
 from slipstream.rollout_worker.instruments import FETCH_ERRORS, HEARTBEAT_ERRORS, INFLIGHT, TASKS
 from slipstream.schemas import Task
 from slipstream.telemetry.logs import get_logger
@@ -92,7 +94,12 @@ class TaskIntake:
     async def _hold(self, delivery: Delivery[Task], handle: Handler) -> None:
         beat = asyncio.create_task(self._heartbeat(delivery))
         try:
-            await handle(delivery)
+            if tracing_active():
+                # Our own fetch loop, so the consumer span `consume` would open is opened here.
+                with consumer_span(delivery, self.consumer.durable):
+                    await handle(delivery)
+            else:
+                await handle(delivery)
         except Exception as exc:
             # The handler settles everything it expects; this is a bug path, reported and redelivered.
             TASKS.add(outcome="nak_error")

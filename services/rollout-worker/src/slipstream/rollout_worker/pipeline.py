@@ -25,6 +25,7 @@ from typing import TypeVar
 
 from slipstream.bus import Bus, Delivery
 from slipstream.bus import dlq as dead_letters
+from slipstream.bus.tracing import annotate
 from slipstream.engine.engine import EngineError
 from slipstream.harness import RolloutAborted, TaskRejected
 from slipstream.rollout_worker.follower import WeightFollower
@@ -69,6 +70,7 @@ class TaskPipeline:
 
     async def handle(self, delivery: Delivery[Task]) -> None:
         task = delivery.msg
+        annotate({"slipstream.worker_id": self.sampler.worker_id})
         try:
             self.sampler.env(task.env)
             if not await self._unless_aborted(

@@ -83,6 +83,7 @@ class RolloutWorkerService(BaseService):
             backoff_s=w.weight_fetch_backoff_s,
             mode=w.follow,
             digest=w.weights_digest,
+            worker_id=self.worker_id,
         )
         sampler = Sampler(self.engine, tokenizer, w, worker_id=self.worker_id, run_id=run_id)
         self.outbox = Outbox(self.bus)

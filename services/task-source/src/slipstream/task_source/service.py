@@ -10,6 +10,9 @@ replica per run: a second one would double the window.
 
 With `[service] redis_url` and `[tasks] skip_min_attempts` > 0, candidates pass the difficulty
 filter (`difficulty.py`) first: tasks always or never solved are skipped (counted) and replaced.
+
+With tracing on, every task is published inside its own root span `task.publish`: the trace a
+task's rollouts, scores and learner step continue.
 """
 
 from __future__ import annotations
@@ -22,8 +25,10 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import msgspec
+from opentelemetry.trace import SpanKind
 
 from slipstream.bus import BusError, connect_bus
+from slipstream.bus.tracing import AttributeValue, message_ids, service_span, tracing_active
 from slipstream.control import Control, ControlClient
 from slipstream.runtime.service import BaseService
 from slipstream.schemas import LearnerStep, Task, WeightAnnounce
@@ -57,6 +62,17 @@ WINDOW = gauge("tasks/source/window", "Groups allowed outstanding: groups_per_st
 LATEST_VERSION = gauge("tasks/source/latest_version", "Newest policy version known from learner.step or announces.")
 LATEST_STEP = gauge("tasks/source/latest_step", "Newest learner step seen.")
 ERRORS = counter("tasks/source/errors", "Looks at the backlog or publishes that failed and were retried (label stage).")
+
+
+def task_attributes(task: Task) -> dict[str, AttributeValue]:
+    """The `task.publish` span's attributes: the task's ids and what bounds its staleness (empty with tracing off)."""
+    if not tracing_active():
+        return {}
+    return {
+        **message_ids(task),
+        "slipstream.group_size": task.group_size,
+        "slipstream.min_policy_version": task.min_policy_version,
+    }
 
 
 class TaskSourceService(BaseService):
@@ -212,7 +228,9 @@ class TaskSourceService(BaseService):
             if task.min_policy_version < mpv:
                 task = msgspec.structs.replace(task, min_policy_version=mpv)
             try:
-                await self.bus.publish(tasks_subject(task.env), task, msg_id=task.task_id)
+                # Each task starts its own trace; the headers carry it on to rollout, scoring and the learner.
+                with service_span("task.publish", task_attributes(task), kind=SpanKind.PRODUCER, root=True):
+                    await self.bus.publish(tasks_subject(task.env), task, msg_id=task.task_id)
             except BusError as exc:  # PublishError included
                 ERRORS.add(1, stage="publish")
                 log.warning("task publish failed; retrying", task_id=task.task_id, error=repr(exc))

@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 from slipstream.bus import Bus
+from slipstream.bus.tracing import AttributeValue, annotate, extract, service_span, tracing_active
 from slipstream.schemas import WeightAnnounce
 from slipstream.schemas.subjects import WEIGHTS_ANNOUNCE
 from slipstream.store import ObjectStore
@@ -29,6 +30,7 @@ from slipstream.weight_publisher.fence import Fence, Fenced, read_fence
 from slipstream.weights.staging import Staged, load_staged
 
 log = get_logger(__name__)
+TRACEPARENT = "traceparent"  # W3C trace context key the learner stages with the weights
 
 SECONDS = histogram(
     "publisher/publish/seconds",
@@ -70,8 +72,19 @@ class VersionPublisher:
         """Store, announce, clean up. Raises on failure; the staged file then stays for a retry.
 
         With a fence: `FenceWait` (retry later) or `Fenced` (the caller discards the file) before
-        anything is stored or announced.
+        anything is stored or announced. With tracing on, all of it is one `weights.publish`
+        span, child of the learner step that staged the version (its context is in the file's
+        metadata; without one the span starts a trace of its own).
         """
+        parent = extract(dict(staged.metadata)) if TRACEPARENT in staged.metadata and tracing_active() else None
+        attributes: dict[str, AttributeValue] = {
+            "slipstream.run_id": self.run_id,
+            "slipstream.policy_version": staged.version,
+        }
+        with service_span("weights.publish", attributes, parent=parent, root=True):
+            return await self._publish(staged)
+
+    async def _publish(self, staged: Staged) -> StoredVersion:
         t0 = time.monotonic()
         staged_fence = None
         if self.fence is not None:
@@ -98,6 +111,13 @@ class VersionPublisher:
             run_id=self.run_id,
             step_finished_at=staged.step_finished_at,
             announced_at=time.time(),
+        )
+        annotate(
+            {
+                "slipstream.keyframe": stored.manifest.keyframe,
+                "slipstream.stored_bytes": stored.manifest.stored_bytes,
+                "slipstream.already_stored": stored.already_stored,
+            }
         )
         if self.fence is not None:
             # Again, as late as possible: the store may have taken long enough for the lease to move.
