@@ -298,6 +298,38 @@ async def _measure(n: int, size: int, reps: int) -> dict[str, Any]:
     }
 
 
+CODEC_TARGET_US = 20.0
+
+
+def codec_cost(n: int = 20_000) -> dict[str, Any]:
+    """Encode + decode of a 2,000-token, 20-turn trajectory (msgpack, packed arrays): µs per round trip."""
+    import time
+
+    from slipstream.schemas import PolicySegment, Trajectory, Turn, decode, encode, pack_floats, pack_ids, pack_mask
+
+    rng = random.Random(0)
+    tokens = 2000
+    traj = Trajectory(
+        trajectory_id="t" * 32,
+        task_id="task",
+        env="reverse",
+        prompt_len=200,
+        token_ids=pack_ids(rng.randrange(151_936) for _ in range(tokens)),
+        logprobs=pack_floats(-rng.random() for _ in range(tokens - 200)),
+        loss_mask=pack_mask([1] * (tokens - 200)),
+        segments=[PolicySegment(3, 900), PolicySegment(4, 900)],
+        turns=[Turn(role="policy", start=i * 100, end=i * 100 + 100, text="word " * 40) for i in range(20)],
+    )
+    wire = encode(traj)
+    best = float("inf")
+    for _ in range(3):
+        t0 = time.perf_counter()
+        for _ in range(n):
+            decode(encode(traj), Trajectory)
+        best = min(best, (time.perf_counter() - t0) / n * 1e6)
+    return {"tokens": tokens, "wire_bytes": len(wire), "encode_decode_us": best, "target_us": CODEC_TARGET_US}
+
+
 def _table(res: dict[str, Any]) -> str:
     lines = [
         f"bus bench: {res['messages']} messages of ~{res['body_bytes_mean']:.0f} B, "
@@ -313,6 +345,13 @@ def _table(res: dict[str, Any]) -> str:
             f"{res['ratio'][phase]:>7.2f}"
         )
     lines.append("meets target" if res["meets_target"] else "BELOW TARGET")
+    c = res.get("codec")
+    if c:
+        ok = "meets target" if c["encode_decode_us"] < c["target_us"] else "BELOW TARGET"
+        lines.append(
+            f"codec: encode + decode of a {c['tokens']}-token trajectory ({c['wire_bytes']:,} B): "
+            f"{c['encode_decode_us']:.1f} µs (target < {c['target_us']:.0f} µs, {ok})"
+        )
     return "\n".join(lines)
 
 
@@ -321,6 +360,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if args.messages < 1 or args.size < 256 or args.reps < 1:
         raise SystemExit("bench bus: --messages >= 1, --size >= 256 and --reps >= 1 are required")
     res = asyncio.run(_measure(args.messages, args.size, args.reps))
+    res["codec"] = codec_cost()
     print(_table(res))
     if args.json:
         Path(args.json).write_text(json.dumps(res, indent=2) + "\n")
