@@ -10,7 +10,9 @@ against a real nats-server and Redis. Asserted:
   well clear of noise while leaving room for slower machines;
 - every trajectory published is accounted for: scored, dead-lettered or left in the raw stream;
   every scored one trained, dropped with a reason, or left in the learner's stream;
-- some rollout spanned a weight update and carries two versions in its segments.
+- some rollout spanned a weight update and carries two versions in its segments;
+- `slipstream report` on the run writes the HTML page and the PNGs; the reward and staleness
+  plots have a data point for every step, time-to-policy one for every version a worker applied.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from slipstream.cli.demo import demo_plan
+from slipstream.cli.report import build_report
 from slipstream.cli.training import run_training
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -49,3 +52,16 @@ def test_pipeline_learns_and_accounts_for_every_trajectory(tmp_path: Path) -> No
     assert set(tr["dropped"]) <= {"stale", "uniform_group", "incomplete_group", "duplicate", "malformed"}, tr
 
     assert summary.spanning_versions >= 1
+
+    out = tmp_path / "report"
+    report = build_report(tmp_path / "run", out)
+    assert (out / "index.html").exists()
+    pngs = sorted(p.name for p in out.glob("*.png"))
+    assert {"reward.png", "staleness.png", "time_to_policy.png"} <= set(pngs), pngs
+    steps = [float(i) for i in range(1, plan.max_steps + 1)]
+    panels = report["plots"]
+    assert dict(panels["reward"]["panels"][0]["series"])["reward (mean per step)"]["x"] == steps
+    assert dict(panels["staleness"]["panels"][1]["series"])["mean staleness"]["x"] == steps
+    # A worker that is busy skips versions overtaken by newer ones: time-to-policy has a point per applied version.
+    applied = dict(panels["time_to_policy"]["panels"][0]["series"])["step -> first worker applied"]["x"]
+    assert applied and set(applied) <= set(steps)
