@@ -6,10 +6,10 @@
 #   IMAGE_PREFIX=registry.example.com/slipstream TAG=0.1.0 PUSH=1 deploy/docker/build.sh
 #
 # Needs a Docker engine with BuildKit (Docker >= 23). CI and the project's dev machines have no
-# Docker engine; there the images are checked offline by tests/unit/test_deploy.py instead.
+# Docker engine; there the images are checked offline by tests/unit/test_deploy_*.py instead.
 set -euo pipefail
 
-# Every final target of the Dockerfile (tests/unit/test_deploy.py checks this list against it).
+# Every final target of the Dockerfile (tests/unit/test_deploy_*.py checks this list against it).
 TARGETS=(rollout-worker rollout-worker-cpu reward-model learner learner-cpu learner-ray weight-publisher eval-gate task-source provision)
 
 IMAGE_PREFIX="${IMAGE_PREFIX:-slipstream}"

@@ -1,0 +1,81 @@
+"""How a finished step is reported: its gauges and log line, and its `learner.step` message on the bus.
+
+Kept apart from the step itself so `service.py` reads as the loop: train, stage, report, commit.
+The message is best effort: a publish that fails is counted and logged, never retried, and never
+holds up training.
+"""
+
+from __future__ import annotations
+
+from slipstream.bus import Bus, PublishError
+from slipstream.learner.instruments import (
+    HELD,
+    PUBLISH_ERRORS,
+    STALENESS,
+    STEP_LOSS,
+    STEP_REWARD,
+    STEP_TIME,
+    STEP_VERSION,
+)
+from slipstream.learner.progress import Progress
+from slipstream.learner.trainer import StepStats
+from slipstream.schemas import LearnerStep
+from slipstream.schemas.subjects import LEARNER_STEP
+from slipstream.telemetry.logs import get_logger
+
+log = get_logger(__name__)
+
+
+def observe(stats: StepStats, progress: Progress, *, held: int) -> None:
+    """Set the step gauges and the staleness histogram, and log the step."""
+    STEP_TIME.set(stats.time_s)
+    STEP_LOSS.set(stats.loss)
+    STEP_REWARD.set(stats.reward_mean)
+    STEP_VERSION.set(progress.version)
+    HELD.set(held)
+    for lag, n in stats.staleness.items():
+        for _ in range(n):
+            STALENESS.observe(float(lag))
+    log.info(
+        "step",
+        step=progress.step,
+        policy_version=progress.version,
+        loss=round(stats.loss, 6),
+        reward_mean=round(stats.reward_mean, 4),
+        accuracy=round(stats.accuracy, 4),
+        n_trajectories=stats.n_trajectories,
+        n_tokens=stats.n_tokens,
+        grad_norm=round(stats.grad_norm, 4),
+        time_s=round(stats.time_s, 3),
+        staleness=stats.staleness,
+        **{k: round(v, 4) for k, v in stats.figures.items() if k in ("ratio_mean", "clip_fraction")},
+    )
+
+
+async def publish_step(
+    bus: Bus, stats: StepStats, progress: Progress, *, run_id: str, dropped: dict[str, int], finished_at: float
+) -> None:
+    """Publish the step's `learner.step` message (counted and logged if it cannot be)."""
+    step, version = progress.step, progress.version
+    msg = LearnerStep(
+        step=step,
+        policy_version=version,
+        run_id=run_id,
+        loss=stats.loss,
+        reward_mean=stats.reward_mean,
+        accuracy=stats.accuracy,
+        n_trajectories=stats.n_trajectories,
+        n_groups=stats.n_groups,
+        n_tokens=stats.n_tokens,
+        grad_norm=stats.grad_norm,
+        step_time_s=stats.time_s,
+        staleness=stats.staleness,
+        dropped=dropped,
+        finished_at=finished_at,
+    )
+    # The version is in the id: after a crash a step number is redone, but never a version.
+    try:
+        await bus.publish(LEARNER_STEP, msg, msg_id=f"{run_id}:step:{step}:v{version}")
+    except PublishError as exc:
+        PUBLISH_ERRORS.add(1)
+        log.warning("learner.step not published", step=step, error=str(exc))
