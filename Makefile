@@ -28,7 +28,7 @@ test-unit: install  ## only the fast tier
 lint: install  ## ruff + mypy
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	$(VENV)/bin/mypy libs/schemas/src libs/bus/src libs/store/src libs/runtime/src libs/telemetry/src libs/stack/src libs/rl/src libs/weights/src libs/envs/src
+	$(VENV)/bin/mypy $(wildcard libs/*/src)
 
 format: install
 	$(VENV)/bin/ruff format .
