@@ -16,19 +16,18 @@ from __future__ import annotations
 
 import asyncio
 import json
-import math
 import os
 import signal
 import sys
 import time
-import zlib
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import msgspec
 import pytest
 import torch
+from scored_trajectories import eventually, group, publish, read_steps
 
 from slipstream.bus import Bus, BusConfig, connect_bus
 from slipstream.control import connect_control
@@ -36,16 +35,9 @@ from slipstream.learner.checkpoint import CheckpointMeta, Pointer
 from slipstream.runtime.config import resolve
 from slipstream.runtime.lifecycle import Runtime
 from slipstream.schemas import (
-    LearnerStep,
-    PolicySegment,
-    ScoredTrajectory,
-    Trajectory,
     WeightAnnounce,
-    pack_floats,
-    pack_ids,
-    pack_mask,
 )
-from slipstream.schemas.subjects import LEARNER_STEP, WEIGHTS_ANNOUNCE, traj_scored_subject
+from slipstream.schemas.subjects import WEIGHTS_ANNOUNCE
 from slipstream.stack import ManagedProcess, Server
 from slipstream.store import LocalObjectStore
 from slipstream.weight_publisher.config import WeightPublisherConfig
@@ -56,44 +48,6 @@ pytestmark = pytest.mark.integration
 
 RUN = "lease"
 TTL_S = 2.0
-SUBJECT = traj_scored_subject("arith")
-UNIFORM_LOGPROB = -math.log(259.0)  # the untrained tiny model is close to uniform over its 259 ids
-
-
-def group(name: str, size: int = 4) -> list[ScoredTrajectory]:
-    """A group of task `name` with rewards 0, 1, 0, 1 (never uniform)."""
-    out = []
-    for i in range(size):
-        tid = f"{name}-{i}"
-        digits = zlib.crc32(tid.encode()) % 100
-        completion = [48 + digits // 10, 48 + digits % 10, 2]
-        traj = Trajectory(
-            trajectory_id=tid,
-            task_id=name,
-            env="arith",
-            group_id=f"{name}/s1",
-            group_size=size,
-            prompt_len=4,
-            token_ids=pack_ids([1, 49, 43, 50, *completion]),
-            logprobs=pack_floats([UNIFORM_LOGPROB] * 3),
-            loss_mask=pack_mask([1, 1, 1]),
-            segments=[PolicySegment(0, 3)],
-        )
-        out.append(ScoredTrajectory(trajectory=traj, reward=float(i % 2), correct=i % 2 == 1))
-    return out
-
-
-async def publish(bus: Bus, items: list[ScoredTrajectory]) -> None:
-    for s in items:
-        await bus.publish(SUBJECT, s, msg_id=s.trajectory.trajectory_id)
-
-
-async def eventually(predicate: Callable[[], bool], timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout_s}s waiting for {what}")
-        await asyncio.sleep(0.05)
 
 
 def records(proc: ManagedProcess) -> list[dict[str, Any]]:
@@ -180,25 +134,6 @@ async def announced(bus: Bus, run_id: str, into: list[int]) -> None:
                 into.append(d.msg.policy_version)
     finally:
         await reader.close()
-
-
-async def read_steps(bus: Bus, n: int, timeout_s: float) -> list[LearnerStep]:
-    out: list[LearnerStep] = []
-    reader = bus.subscribe(LEARNER_STEP, LearnerStep, deliver="all")
-
-    async def collect() -> None:
-        async for d in reader:
-            out.append(d.msg)
-            if len(out) >= n:
-                return
-
-    try:
-        await asyncio.wait_for(collect(), timeout_s)
-    except TimeoutError:
-        pass
-    finally:
-        await reader.close()
-    return out
 
 
 async def test_one_of_two_learners_trains_and_the_standby_takes_over_from_the_checkpoint(

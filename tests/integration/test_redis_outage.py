@@ -16,16 +16,15 @@ from __future__ import annotations
 
 import asyncio
 import json
-import math
 import time
 import urllib.error
 import urllib.request
-import zlib
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
+from scored_trajectories import SUBJECT, eventually, group
 
 from slipstream.bus import Bus, BusConfig, connect_bus
 from slipstream.control import connect_control
@@ -37,16 +36,10 @@ from slipstream.runtime.lifecycle import Runtime
 from slipstream.runtime.service import Service
 from slipstream.schemas import (
     LearnerStep,
-    PolicySegment,
-    ScoredTrajectory,
     Task,
-    Trajectory,
     WeightAnnounce,
-    pack_floats,
-    pack_ids,
-    pack_mask,
 )
-from slipstream.schemas.subjects import LEARNER_STEP, WEIGHTS_ANNOUNCE, traj_scored_subject
+from slipstream.schemas.subjects import LEARNER_STEP, WEIGHTS_ANNOUNCE
 from slipstream.stack import Server, start_redis
 from slipstream.task_source.config import TaskSourceConfig
 from slipstream.task_source.generator import TaskGenerator
@@ -56,40 +49,8 @@ from slipstream.weight_publisher.service import WeightPublisherService
 
 pytestmark = pytest.mark.integration
 
-SUBJECT = traj_scored_subject("arith")
-UNIFORM_LOGPROB = -math.log(259.0)
 TTL_S = 3.0
 GROUPS = 32  # 16 steps of 2 groups
-
-
-def group(name: str, size: int = 4) -> list[ScoredTrajectory]:
-    """A group of task `name` with rewards 0, 1, 0, 1 (never uniform)."""
-    out = []
-    for i in range(size):
-        tid = f"{name}-{i}"
-        digits = zlib.crc32(tid.encode()) % 100
-        traj = Trajectory(
-            trajectory_id=tid,
-            task_id=name,
-            env="arith",
-            group_id=f"{name}/s1",
-            group_size=size,
-            prompt_len=4,
-            token_ids=pack_ids([1, 49, 43, 50, 48 + digits // 10, 48 + digits % 10, 2]),
-            logprobs=pack_floats([UNIFORM_LOGPROB] * 3),
-            loss_mask=pack_mask([1, 1, 1]),
-            segments=[PolicySegment(0, 3)],
-        )
-        out.append(ScoredTrajectory(trajectory=traj, reward=float(i % 2), correct=i % 2 == 1))
-    return out
-
-
-async def eventually(predicate: Callable[[], bool], timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout_s}s waiting for {what}")
-        await asyncio.sleep(0.05)
 
 
 class Running:
