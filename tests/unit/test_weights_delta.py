@@ -23,7 +23,7 @@ from slipstream.weights.container import pack_shard, read_shard
 from slipstream.weights.delta import bits, sparse_apply, sparse_encode, sparse_nbytes, xor_into
 from slipstream.weights.fingerprint import NO_FINGERPRINT
 from slipstream.weights.snapshot import cut_shards
-from slipstream.weights.workers import run_each
+from slipstream.weights.workers import run_each, run_each_beside
 
 pytestmark = pytest.mark.unit
 
@@ -161,6 +161,28 @@ def test_run_each_returns_every_result_in_order_and_raises_the_first_error(threa
     with pytest.raises(KeyError, match="item 3"):
         run_each(boom, 1000, threads)
     assert len(seen) < 1000  # the others stop taking items after a failure
+
+
+@pytest.mark.parametrize("threads", [1, 2, 5])
+@pytest.mark.parametrize(("n_main", "n_side"), [(0, 0), (0, 2), (1, 2), (7, 2), (7, 0)])
+def test_run_each_beside_keeps_main_and_side_results_apart_and_in_order(threads: int, n_main: int, n_side: int) -> None:
+    started: list[str] = []
+
+    def task(name: str, value: int):
+        def run() -> int:
+            started.append(name)
+            return value
+
+        return run
+
+    main = [task(f"m{k}", k) for k in range(n_main)]
+    side = [task(f"s{k}", -k - 1) for k in range(n_side)]
+    got_main, got_side = run_each_beside(main, side, threads)
+    assert got_main == list(range(n_main))
+    assert got_side == [-k - 1 for k in range(n_side)]
+    if threads == 1 and n_main >= n_side:
+        # side task k is queued right behind main task k, so it starts long before the last frame
+        assert started[: 2 * n_side] == [x for k in range(n_side) for x in (f"m{k}", f"s{k}")]
 
 
 # ---------------------------------------------------------------- shard format

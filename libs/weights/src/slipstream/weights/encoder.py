@@ -16,6 +16,7 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import partial
 
 import numpy as np
 import torch
@@ -110,6 +111,12 @@ def _frame_jobs(items: list[_Tensor], frame_bytes: int) -> list[tuple[int, int, 
     return jobs
 
 
+def _fingerprint(items: list[_Tensor], *, base: bool) -> bytes:
+    if base:
+        return fingerprint_of({t.name: (t.dtype, tuple(t.shape), t.base) for t in items if t.base is not None})
+    return fingerprint_of({t.name: (t.dtype, tuple(t.shape), t.new) for t in items})
+
+
 def _encode_frame(items: list[_Tensor], job: tuple[int, int, int], level: int) -> tuple[bytes, int]:
     """One frame compressed, and how many of its elements changed."""
     i, a, b = job
@@ -171,7 +178,15 @@ def encode_version(
         for name, t in tensors.items()
     ]
     jobs = _frame_jobs(items, frame_bytes)
-    results = workers.run_each(lambda j: _encode_frame(items, jobs[j], level), len(jobs), threads)
+    # Fingerprinting is GIL-bound Python: as side tasks it runs while the other thread is inside
+    # zstd (which releases the GIL) instead of before or after the parallel part.
+    fingerprints = [partial(_fingerprint, items, base=False)]
+    if base is not None:
+        fingerprints.append(partial(_fingerprint, items, base=True))
+    results, (fp, *base_fps) = workers.run_each_beside(
+        [partial(_encode_frame, items, job, level) for job in jobs], fingerprints, threads
+    )
+    base_fp = base_fps[0] if base_fps else NO_FINGERPRINT
     for (i, a, b), (frame, changed) in zip(jobs, results, strict=True):
         t = items[i]
         t.frames.append(frame)
@@ -181,10 +196,6 @@ def encode_version(
         _choose_sparse(items, frame_bytes, level, threads)
 
     shards, entries = _fill_shards(items, shard_bytes)
-    fp = fingerprint_of({t.name: (t.dtype, tuple(t.shape), t.new) for t in items})
-    base_fp = NO_FINGERPRINT
-    if base is not None:
-        base_fp = fingerprint_of({t.name: (t.dtype, tuple(t.shape), t.base) for t in items if t.base is not None})
     packed = [pack_shard(fr, rs, fingerprint=fp, base_fingerprint=base_fp) for fr, rs in shards]
     elements = sum(t.new.size for t in items)
     return CodedVersion(

@@ -13,7 +13,7 @@ from __future__ import annotations
 import itertools
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor, wait
 from typing import TypeVar
 
@@ -21,6 +21,7 @@ import numpy as np
 import zstandard
 
 R = TypeVar("R")
+S = TypeVar("S")
 
 _POOL_LOCK = threading.Lock()
 _POOL: ThreadPoolExecutor | None = None
@@ -114,3 +115,30 @@ def run_each(fn: Callable[[int], R], n: int, threads: int) -> list[R]:
     for f in futures:
         f.result()
     return results  # type: ignore[return-value]
+
+
+def run_each_beside(
+    main: Sequence[Callable[[], R]], side: Sequence[Callable[[], S]], threads: int
+) -> tuple[list[R], list[S]]:
+    """The results of `main` and of `side` tasks, side task k queued right behind main task k.
+
+    For GIL-bound side work (hashing a few samples, bookkeeping): queued among the first main
+    tasks, it runs on one thread while the others are in GIL-releasing code, not before them.
+    """
+    main_out: list[R | None] = [None] * len(main)
+    side_out: list[S | None] = [None] * len(side)
+
+    def run_main(k: int) -> None:
+        main_out[k] = main[k]()
+
+    def run_side(k: int) -> None:
+        side_out[k] = side[k]()
+
+    order = [
+        (run, k)
+        for k in range(max(len(main), len(side)))
+        for run, n in ((run_main, len(main)), (run_side, len(side)))
+        if k < n
+    ]
+    run_each(lambda i: order[i][0](order[i][1]), len(order), threads)
+    return main_out, side_out  # type: ignore[return-value]
