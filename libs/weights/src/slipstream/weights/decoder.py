@@ -3,12 +3,17 @@
 Shards must already be verified against their sha256 (chain.fetch_verified does that). A delta
 is applied only onto the base it was made from: the caller's base version number must match
 the manifest's base_version, and the base's content fingerprint must match the one the encoder
-recorded; otherwise BaseMismatch is raised before anything is written. After decoding, the
-result's fingerprint is checked against the recorded one.
+recorded; otherwise BaseMismatch is raised and the base is left as it was. When the output
+shares no memory with the base, the base's fingerprint is taken while the first frames
+decompress (the output is then garbage after a BaseMismatch); decoding into the base itself
+checks first and writes nothing on a mismatch. After decoding, the result's fingerprint is
+checked against the recorded one.
 
 Frames are decompressed on one thread per core (workers.run_each, as in encoding). Each frame
 lands straight in its output tensor: XORed with the base for 'xor', copied for 'full'; 'sparse'
-payloads are gathered and scattered onto a copy of the base at the end. Outputs are new tensors
+payloads are gathered and scattered onto a copy of the base when their last frame lands. The
+thread that finishes a tensor also takes its share of the result's fingerprint, so that this
+GIL-bound work runs while other threads are inside zstd. Outputs are new tensors
 carved from one buffer (like tensors loaded from one mapped file: safetensors' save_file
 refuses them as shared; clone to separate) unless `out` names tensors to write into; `out` may
 be the base itself (decode in place: no second copy of the model, but a failure midway leaves
@@ -18,8 +23,10 @@ it unusable).
 from __future__ import annotations
 
 import bisect
-from collections.abc import Mapping, MutableMapping, Sequence
+import threading
+from collections.abc import Callable, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 import torch
@@ -29,9 +36,10 @@ from slipstream.schemas import TensorEntry, WeightManifest
 from slipstream.weights import workers
 from slipstream.weights.container import CODEC, ShardFormatError, ShardTable, read_shard
 from slipstream.weights.delta import bits, element_dtype, sparse_apply, writable_bits
-from slipstream.weights.fingerprint import fingerprint_of
+from slipstream.weights.fingerprint import combine
+from slipstream.weights.fingerprint import part as fingerprint_part
 from slipstream.weights.snapshot import WeightsError, decode_snapshot
-from slipstream.weights.tensors import dtype_from_name
+from slipstream.weights.tensors import dtype_from_name, shares_memory
 
 ENCODINGS = ("full", "xor", "sparse")
 
@@ -46,6 +54,11 @@ class _Target:
     out: np.ndarray  # uint8 view of the output tensor
     base: np.ndarray | None  # uint8 view of the base tensor (xor/sparse)
     payload: np.ndarray | None = None  # gathered sparse payload
+    frames_left: int = 0  # frames still to land in it (or in its payload)
+
+    @property
+    def elements(self) -> np.ndarray:
+        return self.out.view(element_dtype(dtype_from_name(self.entry.dtype).itemsize))
 
 
 _ALIGN = 64
@@ -120,13 +133,8 @@ def _check_base(manifest: WeightManifest, base: Mapping[str, torch.Tensor], base
             )
 
 
-def _fingerprint(entries: Sequence[TensorEntry], arrays: Mapping[str, np.ndarray]) -> bytes:
-    return fingerprint_of(
-        {
-            e.name: (e.dtype, tuple(e.shape), arrays[e.name].view(element_dtype(dtype_from_name(e.dtype).itemsize)))
-            for e in entries
-        }
-    )
+def _part(e: TensorEntry, b: np.ndarray) -> bytes:
+    return fingerprint_part(e.name, e.dtype, e.shape, b.view(element_dtype(dtype_from_name(e.dtype).itemsize)))
 
 
 def decode_version(
@@ -175,18 +183,25 @@ def decode_version(
             )
         _check_base(manifest, base, base_version)
         base_arrays = {e.name: bits(base[e.name]).view(np.uint8) for e in manifest.tensors if e.encoding != "full"}
-        if (
-            _fingerprint([e for e in manifest.tensors if e.name in base_arrays], base_arrays)
-            != tables[0].base_fingerprint
-        ):
+
+    def check_base() -> None:
+        based = [e for e in manifest.tensors if e.name in base_arrays]
+        if combine({e.name: _part(e, base_arrays[e.name]) for e in based}) != tables[0].base_fingerprint:
             raise BaseMismatch(
                 f"version {manifest.policy_version}: the base's content is not version {manifest.base_version} "
                 "(fingerprint differs)"
             )
 
+    given = out if out is not None else {}
+    side = []
+    if not manifest.keyframe:
+        if base is not None and given and shares_memory(given.values(), base.values()):
+            check_base()  # decoding writes into the base: nothing may be written before the check
+        else:
+            side.append(check_base)  # runs while other threads decompress; the base is only read
+
     result: dict[str, torch.Tensor] = {}
     targets: list[_Target] = []
-    given = out if out is not None else {}
     fresh = _alloc([e for e in manifest.tensors if e.name not in given])
     for e in manifest.tensors:
         t = given[e.name] if e.name in given else fresh[e.name]
@@ -197,11 +212,8 @@ def decode_version(
         if e.encoding == "sparse":
             targets[-1].payload = np.empty(e.nbytes, np.uint8)
 
-    _run_frames(manifest, tables, targets, threads)
-    sparse = [t for t in targets if t.entry.encoding == "sparse"]
-    workers.run_each(lambda i: _scatter(sparse[i]), len(sparse), threads)
-
-    if _fingerprint(manifest.tensors, {t.entry.name: t.out for t in targets}) != fp:
+    parts = _run_frames(manifest, tables, targets, side, threads)
+    if combine(parts) != fp:
         raise WeightsError(f"version {manifest.policy_version} decoded to content that does not match its fingerprint")
     if out is not None:
         out.update(result)
@@ -215,7 +227,19 @@ def _scatter(t: _Target) -> None:
     sparse_apply(t.out.view(element_dtype(dtype_from_name(t.entry.dtype).itemsize)), t.payload)
 
 
-def _run_frames(manifest: WeightManifest, tables: list[ShardTable], targets: list[_Target], threads: int) -> None:
+def _run_frames(
+    manifest: WeightManifest,
+    tables: list[ShardTable],
+    targets: list[_Target],
+    side: list[Callable[[], None]],
+    threads: int,
+) -> dict[str, bytes]:
+    """Decompress every frame into its tensors, on `threads` threads beside the `side` tasks.
+
+    A tensor is finished (a sparse one scattered onto its base) by whichever thread lands its
+    last frame, and that thread also takes its fingerprint part: the GIL-bound work spreads
+    over the threads while others are in zstd. Returns every tensor's fingerprint part.
+    """
     by_shard: list[list[_Target]] = [[] for _ in tables]
     for t in sorted(targets, key=lambda t: t.entry.offset):
         if t.entry.nbytes:
@@ -223,18 +247,47 @@ def _run_frames(manifest: WeightManifest, tables: list[ShardTable], targets: lis
     ends = [[t.entry.offset + t.entry.nbytes for t in ts] for ts in by_shard]
     jobs = [(s, f) for s, tbl in enumerate(tables) for f in range(len(tbl.frames))]
 
+    def overlapped(s: int, f: int) -> list[_Target]:
+        tbl = tables[s]
+        lo, hi = tbl.raw_offsets[f], tbl.raw_offsets[f] + tbl.raw_sizes[f]
+        # The tensors this frame overlaps: from the first one ending after its start.
+        k = bisect.bisect_right(ends[s], lo)
+        hit = []
+        while k < len(by_shard[s]) and by_shard[s][k].entry.offset < hi:
+            hit.append(by_shard[s][k])
+            k += 1
+        return hit
+
+    per_job = [overlapped(s, f) for s, f in jobs]
+    for hit in per_job:
+        for t in hit:
+            t.frames_left += 1
+    parts: dict[str, bytes] = {}
+    lock = threading.Lock()
+
+    def finish(t: _Target) -> None:
+        if t.entry.encoding == "sparse":
+            _scatter(t)
+        parts[t.entry.name] = _part(t.entry, t.out)
+
     def run(j: int) -> None:
         s, f = jobs[j]
         tbl = tables[s]
         lo, size = tbl.raw_offsets[f], tbl.raw_sizes[f]
         raw = _decompress(workers.decompressor(), tbl.frames[f], size, manifest.shards[s].key, f)
-        # The tensors this frame overlaps: from the first one ending after its start.
-        k = bisect.bisect_right(ends[s], lo)
-        while k < len(by_shard[s]) and by_shard[s][k].entry.offset < lo + size:
-            _apply(by_shard[s][k], raw, lo)
-            k += 1
+        for t in per_job[j]:
+            _apply(t, raw, lo)
+            with lock:
+                t.frames_left -= 1
+                done = t.frames_left == 0
+            if done:
+                finish(t)
 
-    workers.run_each(run, len(jobs), threads)
+    # Tensors no frame lands in (empty, or sparse with nothing changed) are finished beside them.
+    frameless = [t for t in targets if not t.frames_left]
+    side = [*side, *(partial(finish, t) for t in frameless)]
+    workers.run_each_beside([partial(run, j) for j in range(len(jobs))], side, threads)
+    return parts
 
 
 def _decompress(d: zstandard.ZstdDecompressor, frame: memoryview, size: int, key: str, index: int) -> np.ndarray:

@@ -32,14 +32,25 @@ def sampled(b: np.ndarray) -> bytes:
     return b[::step][:SAMPLES].tobytes()
 
 
+def part(name: str, dtype: str, shape: tuple[int, ...] | list[int], b: np.ndarray) -> bytes:
+    """One tensor's share of the fingerprint: its name, dtype, shape and size, then its samples.
+
+    Parts can be taken as each tensor is ready (on any thread) and `combine`d at the end.
+    """
+    return f"{name}\0{dtype}\0{','.join(map(str, shape))}\0{b.size}\0".encode() + sampled(b)
+
+
+def combine(parts: Mapping[str, bytes]) -> bytes:
+    """The fingerprint from every tensor's `part`, by name; the order of `parts` does not matter."""
+    h = hashlib.sha256()
+    for name in sorted(parts):
+        h.update(parts[name])
+    return h.digest()
+
+
 def fingerprint_of(entries: Mapping[str, tuple[str, tuple[int, ...], np.ndarray]]) -> bytes:
     """Fingerprint from name -> (dtype name, shape, bit array); the order of `entries` does not matter."""
-    h = hashlib.sha256()
-    for name in sorted(entries):
-        dtype, shape, b = entries[name]
-        h.update(f"{name}\0{dtype}\0{','.join(map(str, shape))}\0{b.size}\0".encode())
-        h.update(sampled(b))
-    return h.digest()
+    return combine({name: part(name, *entry) for name, entry in entries.items()})
 
 
 def fingerprint(tensors: Mapping[str, torch.Tensor]) -> bytes:

@@ -6,6 +6,7 @@ name in the manifest (`TensorEntry.dtype`).
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 import torch
@@ -50,3 +51,19 @@ def from_bytes(buf: bytes | bytearray | memoryview, dtype: str, shape: list[int]
     """A tensor over `buf` (copied once so the result owns writable memory)."""
     raw = torch.frombuffer(bytearray(buf), dtype=torch.uint8)
     return raw.view(dtype_from_name(dtype)).reshape(shape)
+
+
+def shares_memory(a: Iterable[torch.Tensor], b: Iterable[torch.Tensor]) -> bool:
+    """Whether any tensor of `a` shares a byte of memory with any tensor of `b` (same device)."""
+    spans = sorted(
+        (t.data_ptr(), t.data_ptr() + t.numel() * t.element_size(), side)
+        for side, ts in enumerate((a, b))
+        for t in ts
+        if t.numel()
+    )
+    reach = [0, 0]  # the furthest end seen so far on each side
+    for lo, hi, side in spans:
+        if lo < reach[1 - side]:
+            return True
+        reach[side] = max(reach[side], hi)
+    return False
