@@ -119,13 +119,15 @@ def test_fifty_adamw_versions_decode_bit_exact_with_catch_up(store: LocalObjectS
     assert max(deltas) < min(keyframes)
     assert latest_version(store, RUN) == 49
 
-    # A worker that follows every announce applies one delta at a time onto what it holds.
+    # A worker that follows every announce applies one delta at a time onto what it holds,
+    # decoding into the memory of the version it held before that (as the rollout worker does).
     held = load_version(store, RUN, 0)
     assert _same(held, versions[0])
+    spare = None
     for v in range(1, 50):
         chain = resolve_chain(store, RUN, v, v - 1)
         assert [m.policy_version for m in chain] == [v]
-        held = load_version(store, RUN, v, have=(v - 1, held))
+        held, spare = load_version(store, RUN, v, have=(v - 1, held), spare=spare), held
         assert _same(held, versions[v]), f"version {v} is not bit-exact"
 
     # A late joiner starts from the latest keyframe at or before the target.
@@ -274,3 +276,44 @@ def test_a_missing_shard_fails_after_bounded_attempts(tmp_path: Path) -> None:
     with pytest.raises(WeightsError, match="missing shard"):
         fetch_verified(store, manifest, attempts=3, retry_delay_s=0)
     assert SHARD_FAILURES.value(reason="missing") == before + 3
+
+
+def _ptrs(tensors: dict[str, torch.Tensor]) -> set[int]:
+    return {t.data_ptr() for t in tensors.values()}
+
+
+def test_a_spare_version_is_decoded_into_only_when_it_fits_and_is_not_the_base(store: LocalObjectStore) -> None:
+    versions = _versions(4, torch.bfloat16)
+    _publish_all(store, versions, keyframe_every=10)
+    held = load_version(store, RUN, 0)
+    spare = load_version(store, RUN, 1)
+
+    got = load_version(store, RUN, 2, have=(1, spare), spare=held)
+    assert _same(got, versions[2])
+    assert _ptrs(got) == _ptrs(held)  # written over the spare: no fresh memory
+    assert _same(spare, versions[1])  # the base is untouched
+
+    # A spare that is the base, overlaps it, or does not match the version is not used.
+    base = {k: v.clone() for k, v in versions[2].items()}
+    for bad in (base, {**held, "model.norm.weight": base["model.norm.weight"]}, {"x": torch.empty(3)}):
+        before = {k: v.clone() for k, v in bad.items()}
+        got = load_version(store, RUN, 3, have=(2, base), spare=bad)
+        assert _same(got, versions[3])
+        assert not _ptrs(got) & _ptrs(bad)
+        assert _same(bad, before)
+    # A keyframe chain (no base) decodes into the spare too.
+    got = load_version(store, RUN, 3, spare=held)
+    assert _same(got, versions[3]) and _ptrs(got) == _ptrs(held)
+
+
+def test_a_wrong_base_is_refused_when_decoding_into_a_spare(store: LocalObjectStore) -> None:
+    versions = _versions(3, torch.bfloat16)
+    pubs = _publish_all(store, versions, keyframe_every=10)
+    wrong = {k: v.clone() for k, v in versions[0].items()}
+    spare = {k: torch.zeros_like(v) for k, v in versions[0].items()}
+    chain = [pubs[2].manifest]
+    with pytest.raises(WeightsError, match="fingerprint differs"):
+        apply_chain(store, chain, wrong, base_version=1, spare=spare)
+    assert _same(wrong, versions[0])  # the base is never written
+    # load_version falls back to the keyframe chain and still lands on the exact bits.
+    assert _same(load_version(store, RUN, 2, have=(1, wrong), spare=spare), versions[2])

@@ -38,6 +38,7 @@ from slipstream.weights.snapshot import (
     read_manifest,
     signature,
 )
+from slipstream.weights.tensors import shares_memory
 
 log = get_logger(__name__)
 
@@ -294,14 +295,19 @@ def apply_chain(
     *,
     base_version: int | None = None,
     inplace: bool = False,
+    spare: Mapping[str, torch.Tensor] | None = None,
     threads: int = 0,
     attempts: int = DEFAULT_FETCH_ATTEMPTS,
 ) -> dict[str, torch.Tensor]:
     """Fetch, verify and decode `chain` (from resolve_chain) onto `base` (which holds `base_version`).
 
     `base` is left untouched unless `inplace`; versions after the first decode in place into
-    tensors this call allocated. Raises (CorruptShard, BaseMismatch, WeightsError) without
-    having changed `base` unless `inplace` was asked for.
+    tensors this call allocated. `spare`: tensors nothing reads any more (an older version), to
+    decode the first version into instead of fresh memory, which the kernel would have to fault
+    in and zero first; ignored unless it holds exactly the version's names, dtypes and shapes as
+    contiguous CPU tensors sharing no memory with `base`. Raises (CorruptShard, BaseMismatch,
+    WeightsError) without having changed `base` unless `inplace` was asked for; `spare` may have
+    been written either way.
     """
     if not chain:
         if base is None:
@@ -313,6 +319,8 @@ def apply_chain(
     for m in chain:
         shards = fetch_verified(store, m, attempts=attempts, threads=threads)
         out = dict(state) if (owned and state is not None and not m.keyframe) else None
+        if out is None and not owned and spare is not None and _fits(spare, m, base):
+            out = dict(spare)
         t0 = time.perf_counter()
         state = decode_version(m, shards, state, base_version=have, out=out, threads=threads)
         seconds = time.perf_counter() - t0
@@ -331,27 +339,55 @@ def load_version(
     *,
     have: tuple[int, Mapping[str, torch.Tensor]] | None = None,
     inplace: bool = False,
+    spare: Mapping[str, torch.Tensor] | None = None,
     threads: int = 0,
     attempts: int = DEFAULT_FETCH_ATTEMPTS,
 ) -> dict[str, torch.Tensor]:
     """The tensors of `version`, from `have` = (version held, its tensors) when on the chain, else from a keyframe.
 
     If the held tensors turn out not to be the content of the version they claim (BaseMismatch:
-    nothing was written to them), the version is loaded from its keyframe instead.
+    nothing was written to them), the version is loaded from its keyframe instead. `spare`
+    (see apply_chain) is written over when it fits: a worker passes the version it held before
+    `have`, so that decoding reuses memory it has already touched.
     """
     chain = resolve_chain(store, run_id, version, None if have is None else have[0])
     if have is None or not chain or chain[0].keyframe:
         # A chain that starts with a keyframe does not need the held tensors at all.
         base = None if have is None or chain else have[1]
-        return apply_chain(store, chain, base, threads=threads, attempts=attempts)
+        return apply_chain(store, chain, base, spare=spare, threads=threads, attempts=attempts)
     try:
         return apply_chain(
-            store, chain, have[1], base_version=have[0], inplace=inplace, threads=threads, attempts=attempts
+            store,
+            chain,
+            have[1],
+            base_version=have[0],
+            inplace=inplace,
+            spare=spare,
+            threads=threads,
+            attempts=attempts,
         )
     except BaseMismatch as exc:
         log.warning("version %d: %s; loading it from its keyframe instead", version, exc)
         BASE_FALLBACKS.add(1)
-    return apply_chain(store, resolve_chain(store, run_id, version), threads=threads, attempts=attempts)
+    return apply_chain(store, resolve_chain(store, run_id, version), spare=spare, threads=threads, attempts=attempts)
+
+
+def _fits(spare: Mapping[str, torch.Tensor], m: WeightManifest, base: Mapping[str, torch.Tensor] | None) -> bool:
+    """Whether version `m` can be decoded into `spare` (see apply_chain)."""
+    if len(spare) != len(m.tensors):
+        return False
+    for e in m.tensors:
+        t = spare.get(e.name)
+        if (
+            t is None
+            or str(t.dtype).removeprefix("torch.") != e.dtype
+            or list(t.shape) != list(e.shape)
+            or t.device.type != "cpu"
+            or not t.is_contiguous()
+        ):
+            return False
+    # Decoding into memory the base shares would overwrite the base while it is still read.
+    return base is None or not shares_memory(spare.values(), base.values())
 
 
 def latest_version(store: ObjectStore, run_id: str) -> int | None:

@@ -59,6 +59,7 @@ from slipstream.store import ObjectStore
 from slipstream.telemetry.logs import get_logger
 from slipstream.weights import read_manifest
 from slipstream.weights.chain import load_version
+from slipstream.weights.tensors import shares_memory
 
 log = get_logger(__name__)
 _TIED_ALIAS = {"lm_head.weight": "model.embed_tokens.weight"}
@@ -124,6 +125,9 @@ class WeightFollower:
         # The exact decoded tensors of the version last applied: deltas decode onto them (a copy,
         # in the published dtype, since the engine's own may be cast to another dtype or device).
         self._held: tuple[int, dict[str, torch.Tensor]] | None = None
+        # The version held before that one: nothing reads it any more (the engine copied it in
+        # before the next version was fetched), so the next version decodes into its memory.
+        self._spare: dict[str, torch.Tensor] | None = None
         self.digest_enabled = digest
         self.weights_digest = ""
 
@@ -299,7 +303,9 @@ class WeightFollower:
         delta's exact base (else from the latest keyframe plus the deltas after it). Every shard's
         sha256 is verified and corrupt shards refetched (bounded) by `load_version`."""
         manifest = read_manifest(self.store, announce.manifest_key)
-        tensors = load_version(self.store, manifest.run_id, manifest.policy_version, have=self._held)
+        tensors = load_version(self.store, manifest.run_id, manifest.policy_version, have=self._held, spare=self._spare)
+        if self._held is not None and not shares_memory(tensors.values(), self._held[1].values()):
+            self._spare = self._held[1]
         self._held = (manifest.policy_version, tensors)
         return manifest, tensors
 
