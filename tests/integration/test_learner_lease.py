@@ -126,12 +126,14 @@ class Publisher:
         assert await asyncio.wait_for(self.task, 30) == 0
 
 
-async def announced(bus: Bus, run_id: str, into: list[int]) -> None:
+async def announced(bus: Bus, run_id: str, into: list[int], tokens: list[int] | None = None) -> None:
     reader = bus.subscribe(WEIGHTS_ANNOUNCE, WeightAnnounce, deliver="all")
     try:
         async for d in reader:
             if d.msg.run_id == run_id:
                 into.append(d.msg.policy_version)
+                if tokens is not None:
+                    tokens.append(d.msg.fence_token)
     finally:
         await reader.close()
 
@@ -228,7 +230,8 @@ async def test_the_publisher_announces_only_what_the_lease_holder_staged(
 ) -> None:
     run = "fence"
     versions: list[int] = []
-    watcher = asyncio.create_task(announced(bus, run, versions))
+    tokens: list[int] = []
+    watcher = asyncio.create_task(announced(bus, run, versions, tokens))
     control = await connect_control(redis_server.url, run)
     holder = control.lease("learner-b", ttl_s=30.0)
     try:
@@ -246,6 +249,7 @@ async def test_the_publisher_announces_only_what_the_lease_holder_staged(
             staged_file(tmp_path, 1, {"fence_token": str(token), "lease_holder": "learner-b"})
             staged_file(tmp_path, 2, None)
             await eventually(lambda: versions == [1, 2], 15, "versions 1 and 2 announced")
+            assert tokens == [token, 0]  # the announce carries the staged token for followers to compare
             assert svc.status()["control"]["redis"] == "ok" and svc.status()["fenced"] == 1
             # The holder lets go: its next version waits again.
             await holder.release()

@@ -68,6 +68,16 @@ class WeightAnnounce(msgspec.Struct, kw_only=True):
     run_id: str = ""
     step_finished_at: float = 0.0
     announced_at: float = 0.0
+    fence_token: Annotated[
+        int,
+        Doc(
+            description=(
+                "Fencing token of the learner lease the version was staged under (0: staged without a "
+                "control plane). Followers ignore an announce whose token is below one they have "
+                "already seen for the run: it comes from a learner that no longer leads."
+            )
+        ),
+    ] = 0
 
 
 class WeightsPromoted(msgspec.Struct, kw_only=True):

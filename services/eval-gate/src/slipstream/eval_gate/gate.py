@@ -89,6 +89,7 @@ class Gate:
         self.suite = evaluator.suite
         self.last: EvalResult | None = None
         self.evaluating: int | None = None
+        self.fence_token = 0  # highest fencing token seen on an announce of this run
 
     def due(self, version: int) -> bool:
         return version % self.cfg.every_n_versions == 0
@@ -104,6 +105,17 @@ class Gate:
         if announce.run_id and announce.run_id != self.run_id:
             SKIPPED.add(reason="other_run")
             return "other_run"
+        if 0 < announce.fence_token < self.fence_token:
+            # Announced after a newer leader's version: its learner no longer leads the run.
+            SKIPPED.add(reason="fenced")
+            log.warning(
+                "candidate from a deposed learner; not evaluated",
+                version=version,
+                fence_token=announce.fence_token,
+                newest_fence_token=self.fence_token,
+            )
+            return "fenced"
+        self.fence_token = max(self.fence_token, announce.fence_token)
         if not self.due(version):
             SKIPPED.add(reason="not_due")
             return "not_due"

@@ -20,7 +20,7 @@ REJECTED = REGISTRY.counter(
 PROMOTED_VERSION = REGISTRY.gauge("gate/promoted/version", "The promoted policy version as this gate last set it.")
 SKIPPED = REGISTRY.counter(
     "gate/announce/skipped",
-    "Announcements acked without evaluation, by reason: other_run, not_due, superseded, older_than_promoted.",
+    "Announcements acked without evaluation, by reason: other_run, fenced, not_due, superseded, older_than_promoted.",
 )
 RETRIED = REGISTRY.counter(
     "gate/announce/retried", "Announcements handed back for later, by reason: control (Redis down), error."

@@ -116,6 +116,7 @@ class WeightFollower:
         self._wake = asyncio.Event()
         self._first_token: dict[int, tuple[float, float]] = {}  # version -> (applied_at, step_finished_at)
         self.announced = -1
+        self.fence_token = 0  # highest fencing token seen on an announce of this run
         self.promoted: int | None = None  # newest promotion seen (promoted mode)
         self.history: deque[int] = deque(maxlen=_HISTORY)
         self.applied = 0
@@ -207,6 +208,19 @@ class WeightFollower:
         if announce.run_id and announce.run_id != self.run_id:
             ANNOUNCES_SKIPPED.add(reason="other_run")
             return False
+        if 0 < announce.fence_token < self.fence_token:
+            # Checked by its publisher, yet announced after a newer leader's version: the lease
+            # moved in between, and its learner no longer leads the run. (Token 0: staged without
+            # a control plane, nothing to compare.)
+            ANNOUNCES_SKIPPED.add(reason="fenced")
+            log.warning(
+                "ignoring an announce from a learner that no longer leads the run",
+                policy_version=announce.policy_version,
+                fence_token=announce.fence_token,
+                newest_fence_token=self.fence_token,
+            )
+            return False
+        self.fence_token = max(self.fence_token, announce.fence_token)
         self.announced = max(self.announced, announce.policy_version)
         floor = max(self.engine.policy_version, self._newest.policy_version if self._newest else -1)
         if announce.policy_version <= floor:

@@ -42,7 +42,8 @@ FETCH_FAILURES = REGISTRY.counter(
 )
 ANNOUNCES_SKIPPED = REGISTRY.counter(
     "worker/weights/announces_skipped",
-    "Announcements ignored, by reason: other_run, not_newer, superseded, current (serving worker already on it).",
+    "Announcements ignored, by reason: other_run, fenced (its learner no longer leads), not_newer, superseded, "
+    "current (serving worker already on it).",
 )
 
 

@@ -15,8 +15,9 @@ and decides (`verdict`, a pure function):
   with the usual back-off, so an outage delays announces and never lets one through unchecked.
 
 The check and the announce are still two steps (milliseconds apart, in a process that does not
-train); workers comparing a token carried by the announce itself would close that last gap
-(slipstream.control README, "Fencing gap").
+train), so the announce carries the staged token (`WeightAnnounce.fence_token`) and its
+consumers ignore one below the highest token they have seen (slipstream.control README,
+"Fencing gap").
 """
 
 from __future__ import annotations

@@ -111,6 +111,7 @@ class VersionPublisher:
             run_id=self.run_id,
             step_finished_at=staged.step_finished_at,
             announced_at=time.time(),
+            fence_token=0 if staged_fence is None else staged_fence.token,
         )
         annotate(
             {
