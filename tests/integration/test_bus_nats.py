@@ -5,7 +5,8 @@
   restarted consumer completes the work and every task is acked exactly once;
 - the server restarts on the same port and store: the bus reconnects, publishes go through
   (one sent during the outage included) and the stream kept its messages;
-- no server at all: BusUnavailable names the URL, within the connect budget.
+- no server at all: BusUnavailable names the URL, within the connect budget;
+- the backlog gauge a consumer exports agrees with the server's own count.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import msgspec
 import pytest
 
 from slipstream.bus import BusConfig, BusUnavailable, Delivery, connect_bus
+from slipstream.bus.instruments import CONSUME_PENDING
 from slipstream.schemas import Task
 from slipstream.schemas.subjects import STREAMS, StreamSpec
 from slipstream.stack import ManagedProcess, Server, free_port, start_nats
@@ -132,6 +134,30 @@ async def test_sigterm_mid_stream_loses_nothing(nats_server: Server, tmp_path: P
         info = await bus.stream_info("TASKS")
         assert info["messages"] == 0
         assert info["consumers"]["rollout-worker"]["num_ack_pending"] == 0
+    finally:
+        await bus.close()
+
+
+async def test_the_consumer_backlog_gauge_follows_the_servers_count(nats_server: Server) -> None:
+    bus = await connect_bus(BusConfig(url=nats_server.url), name="test")
+    try:
+        await bus.ensure_streams()
+        for i in range(10):
+            await bus.publish_async("tasks.arith", task(5000 + i), msg_id=f"backlog-{i}")
+        await bus.flush(timeout=10)
+        consumer = await bus.consumer("rollout-worker", Task)
+        got = await consumer.fetch(batch=3, timeout=5)
+        assert len(got) == 3
+        info = await bus.stream_info("TASKS")
+        pending = info["consumers"]["rollout-worker"]["num_pending"]
+        assert pending >= 7
+        assert CONSUME_PENDING.value(durable="rollout-worker") == pending
+        while batch := await consumer.fetch(batch=50, timeout=0.5):
+            got += batch
+        assert CONSUME_PENDING.value(durable="rollout-worker") == 0
+        for d in got:
+            await d.ack()
+        await consumer.close()
     finally:
         await bus.close()
 

@@ -28,7 +28,7 @@ from slipstream.bus.consumer import BaseConsumer
 from slipstream.bus.delivery import Delivery
 from slipstream.bus.envelope import check_size, envelope
 from slipstream.bus.fanout import FanoutReader, RawMessage
-from slipstream.bus.instruments import CONSUME_MESSAGES, DISCONNECTS, RECONNECTS
+from slipstream.bus.instruments import CONSUME_MESSAGES, CONSUME_PENDING, DISCONNECTS, RECONNECTS
 from slipstream.bus.provisioning import ensure_all, ensure_stream
 from slipstream.bus.publisher import JetStreamPublisher
 from slipstream.bus.pull import PullFetcher
@@ -45,6 +45,12 @@ _NAK = b"-NAK"
 _TERM = b"+TERM"
 _PROGRESS = b"+WPI"
 _DELIVER = {"new": DeliverPolicy.NEW, "last": DeliverPolicy.LAST, "all": DeliverPolicy.ALL}
+
+
+def _pending(reply: str) -> int:
+    """Messages still to be delivered to the consumer after this one, from its ack subject (v1 or v2 form)."""
+    tokens = reply.split(".")
+    return int(tokens[8] if len(tokens) == 9 else tokens[10])
 
 
 def _ack_fields(reply: str) -> tuple[int, int]:
@@ -95,6 +101,10 @@ class JetStreamConsumer(BaseConsumer[T], Generic[T]):
             await self._dead_letter(m.data, m.headers or {}, m.subject, delivered, seq, m, kind, detail)
         if out:
             CONSUME_MESSAGES.add(len(out), durable=self.durable)
+        if msgs:
+            # Free: the server stamps every delivery with the consumer's backlog behind it. An
+            # empty fetch says nothing (at max_ack_pending the server delivers nothing either).
+            CONSUME_PENDING.set(_pending(msgs[-1].reply), durable=self.durable)
         return out
 
     async def close(self) -> None:
