@@ -58,6 +58,7 @@ class _Target:
 
     @property
     def elements(self) -> np.ndarray:
+        """The output as unsigned integers of its element size (what sparse payloads address)."""
         return self.out.view(element_dtype(dtype_from_name(self.entry.dtype).itemsize))
 
 
@@ -224,7 +225,7 @@ def _scatter(t: _Target) -> None:
     assert t.base is not None and t.payload is not None
     if not np.may_share_memory(t.out, t.base):  # in place (out is the base): nothing to copy
         np.copyto(t.out, t.base)
-    sparse_apply(t.out.view(element_dtype(dtype_from_name(t.entry.dtype).itemsize)), t.payload)
+    sparse_apply(t.elements, t.payload)
 
 
 def _run_frames(
@@ -268,7 +269,7 @@ def _run_frames(
     def finish(t: _Target) -> None:
         if t.entry.encoding == "sparse":
             _scatter(t)
-        parts[t.entry.name] = _part(t.entry, t.out)
+        parts[t.entry.name] = fingerprint_part(t.entry.name, t.entry.dtype, t.entry.shape, t.elements)
 
     def run(j: int) -> None:
         s, f = jobs[j]
