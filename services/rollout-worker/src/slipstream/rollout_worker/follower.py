@@ -126,8 +126,9 @@ class WeightFollower:
         # The exact decoded tensors of the version last applied: deltas decode onto them (a copy,
         # in the published dtype, since the engine's own may be cast to another dtype or device).
         self._held: tuple[int, dict[str, torch.Tensor]] | None = None
-        # The version held before that one: nothing reads it any more (the engine copied it in
-        # before the next version was fetched), so the next version decodes into its memory.
+        # The version held before that one, once the engine has switched past it (nothing reads
+        # it any more): the next version decodes into its memory instead of fresh pages.
+        self._retired: dict[str, torch.Tensor] | None = None
         self._spare: dict[str, torch.Tensor] | None = None
         self.digest_enabled = digest
         self.weights_digest = ""
@@ -273,6 +274,8 @@ class WeightFollower:
                 return self._fail(version, "timeout", f"engine did not switch within {self.apply_timeout_s}s")
             await asyncio.sleep(_APPLY_POLL_S)
         applied_at = time.time()
+        # The engine copied this version in, and nothing older is pending in it any more.
+        self._spare, self._retired = self._retired, None
         self.applied = version
         if self.digest_enabled:
             self.weights_digest = await asyncio.to_thread(engine_digest, self.engine)
@@ -318,8 +321,12 @@ class WeightFollower:
         sha256 is verified and corrupt shards refetched (bounded) by `load_version`."""
         manifest = read_manifest(self.store, announce.manifest_key)
         tensors = load_version(self.store, manifest.run_id, manifest.policy_version, have=self._held, spare=self._spare)
-        if self._held is not None and not shares_memory(tensors.values(), self._held[1].values()):
-            self._spare = self._held[1]
+        retired = None if self._held is None else self._held[1]
+        if retired is not None and shares_memory(tensors.values(), retired.values()):
+            retired = None  # nothing was decoded: it is still what we hold
+        # The spare was written into (or did not fit): either way it is no longer free. The
+        # version held until now becomes free once the engine has switched past it (_apply).
+        self._spare, self._retired = None, retired
         self._held = (manifest.policy_version, tensors)
         return manifest, tensors
 
