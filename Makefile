@@ -19,7 +19,7 @@ $(STAMP): $(PYPROJECTS) tools/requirements-dev.txt tools/constraints.txt
 	$(PY) -m pip install -q --no-build-isolation -c tools/constraints.txt -r tools/requirements-dev.txt
 	touch $(STAMP)
 
-test: install  ## unit, contract and integration tests (starts its own nats-server, Redis, S3)
+test: install  ## unit, contract, integration and e2e tests (starts its own nats-server, Redis, S3)
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 test-unit: install  ## only the fast tier

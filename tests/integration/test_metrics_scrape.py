@@ -20,8 +20,9 @@ from typing import ClassVar
 
 import pytest
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
+from stack_spec import full_stack_spec
 
-from slipstream.cli.spec import SERVICES, StackSpec
+from slipstream.cli.spec import SERVICES
 from slipstream.cli.stack import Stack
 from slipstream.telemetry.config import TelemetryConfig
 from slipstream.telemetry.exposition import Exposition, parse_prometheus
@@ -97,15 +98,7 @@ def scrape(url: str, path: str = "/metrics") -> tuple[int, str]:
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    tmp = tmp_path_factory.mktemp("scrape")
-    staging = str(tmp / "staging")
-    spec = StackSpec(
-        run_dir=tmp / "run",
-        home=tmp / "home",
-        drain_timeout_s=5.0,
-        env={"SLIPSTREAM_LEARNER__STAGING_DIR": staging, "SLIPSTREAM_PUBLISHER__STAGING_DIR": staging},
-    )
-    with Stack(spec) as st:
+    with Stack(full_stack_spec(tmp_path_factory.mktemp("scrape"))) as st:
         st.wait_ready(240)
         yield st
 

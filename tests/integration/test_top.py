@@ -16,8 +16,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from stack_spec import full_stack_spec
 
-from slipstream.cli.spec import SERVICES, StackSpec
+from slipstream.cli.spec import SERVICES
 from slipstream.cli.stack import Stack
 from slipstream.cli.top import Frame, Stage, render, slowest
 from slipstream.schemas import LearnerStep, WeightAnnounce
@@ -27,15 +28,7 @@ pytestmark = pytest.mark.integration
 
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    tmp = tmp_path_factory.mktemp("top")
-    staging = str(tmp / "staging")
-    spec = StackSpec(
-        run_dir=tmp / "run",
-        home=tmp / "home",
-        drain_timeout_s=5.0,
-        env={"SLIPSTREAM_LEARNER__STAGING_DIR": staging, "SLIPSTREAM_PUBLISHER__STAGING_DIR": staging},
-    )
-    with Stack(spec) as stack:
+    with Stack(full_stack_spec(tmp_path_factory.mktemp("top"))) as stack:
         stack.wait_ready(240)
         stack.write_state()
         yield stack.spec.run_dir

@@ -28,7 +28,7 @@ from slipstream.telemetry.logs import get_logger
 from slipstream.telemetry.metrics import counter, gauge, histogram
 from slipstream.weights import layout, workers
 from slipstream.weights.container import CODEC
-from slipstream.weights.decoder import BaseMismatch, decode_version
+from slipstream.weights.decoder import BaseMismatch, decode_version, fits_entry
 from slipstream.weights.encoder import DEFAULT_FRAME_BYTES, DEFAULT_LEVEL, CodedVersion, delta_mismatch, encode_version
 from slipstream.weights.snapshot import (
     DEFAULT_SHARD_BYTES,
@@ -378,13 +378,7 @@ def _fits(spare: Mapping[str, torch.Tensor], m: WeightManifest, base: Mapping[st
         return False
     for e in m.tensors:
         t = spare.get(e.name)
-        if (
-            t is None
-            or str(t.dtype).removeprefix("torch.") != e.dtype
-            or list(t.shape) != list(e.shape)
-            or t.device.type != "cpu"
-            or not t.is_contiguous()
-        ):
+        if t is None or not fits_entry(t, e) or t.device.type != "cpu" or not t.is_contiguous():
             return False
     # Decoding into memory the base shares would overwrite the base while it is still read.
     return base is None or not shares_memory(spare.values(), base.values())

@@ -58,8 +58,7 @@ class _Target:
 
     @property
     def elements(self) -> np.ndarray:
-        """The output as unsigned integers of its element size (what sparse payloads address)."""
-        return self.out.view(element_dtype(dtype_from_name(self.entry.dtype).itemsize))
+        return _elements(self.entry, self.out)
 
 
 _ALIGN = 64
@@ -86,6 +85,11 @@ def _alloc(entries: Sequence[TensorEntry]) -> dict[str, torch.Tensor]:
         else:
             out[e.name] = torch.from_numpy(buf[o : o + n]).view(dtype_from_name(e.dtype)).reshape(e.shape)
     return out
+
+
+def fits_entry(t: torch.Tensor, e: TensorEntry) -> bool:
+    """Whether `t` has the dtype and shape the manifest's entry `e` describes."""
+    return str(t.dtype).removeprefix("torch.") == e.dtype and list(t.shape) == list(e.shape)
 
 
 def _full_nbytes(entry: TensorEntry) -> int:
@@ -128,14 +132,20 @@ def _check_base(manifest: WeightManifest, base: Mapping[str, torch.Tensor], base
         b = base.get(e.name)
         if b is None:
             raise BaseMismatch(f"version {v}: tensor {e.name!r} is a delta but the base has no such tensor")
-        if str(b.dtype).removeprefix("torch.") != e.dtype or list(b.shape) != list(e.shape):
+        if not fits_entry(b, e):
             raise BaseMismatch(
                 f"version {v}: base tensor {e.name!r} is {b.dtype}{tuple(b.shape)}, the delta needs {e.dtype}{e.shape}"
             )
 
 
+def _elements(e: TensorEntry, b: np.ndarray) -> np.ndarray:
+    """A tensor's bytes as unsigned integers of its element size (what sparse payloads address)."""
+    return b.view(element_dtype(dtype_from_name(e.dtype).itemsize))
+
+
 def _part(e: TensorEntry, b: np.ndarray) -> bytes:
-    return fingerprint_part(e.name, e.dtype, e.shape, b.view(element_dtype(dtype_from_name(e.dtype).itemsize)))
+    """`e`'s share of the fingerprint, from its bytes `b`."""
+    return fingerprint_part(e.name, e.dtype, e.shape, _elements(e, b))
 
 
 def decode_version(
@@ -206,7 +216,7 @@ def decode_version(
     fresh = _alloc([e for e in manifest.tensors if e.name not in given])
     for e in manifest.tensors:
         t = given[e.name] if e.name in given else fresh[e.name]
-        if str(t.dtype).removeprefix("torch.") != e.dtype or list(t.shape) != list(e.shape):
+        if not fits_entry(t, e):
             raise ValueError(f"out tensor {e.name!r} is {t.dtype}{tuple(t.shape)}, version needs {e.dtype}{e.shape}")
         result[e.name] = t
         targets.append(_Target(e, writable_bits(t, e.name).view(np.uint8), base_arrays.get(e.name)))
@@ -269,7 +279,7 @@ def _run_frames(
     def finish(t: _Target) -> None:
         if t.entry.encoding == "sparse":
             _scatter(t)
-        parts[t.entry.name] = fingerprint_part(t.entry.name, t.entry.dtype, t.entry.shape, t.elements)
+        parts[t.entry.name] = _part(t.entry, t.out)
 
     def run(j: int) -> None:
         s, f = jobs[j]
