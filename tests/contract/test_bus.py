@@ -24,7 +24,7 @@ from slipstream.bus import (
     connect_bus,
     consume,
 )
-from slipstream.schemas import SCHEMA_HEADER, Task, WeightAnnounce, encode
+from slipstream.schemas import SCHEMA_HEADER, Episode, Task, Trajectory, WeightAnnounce, encode, pack_ids
 from slipstream.schemas.dead_letter import H_DELIVERIES, H_REASON, H_SEQUENCE, H_STREAM, H_SUBJECT, DeadLetter
 from slipstream.schemas.subjects import STREAMS, StreamSpec
 from slipstream.telemetry.metrics import REGISTRY
@@ -212,6 +212,29 @@ async def test_bad_messages_go_to_the_dlq_with_reason_and_original_bytes(make_bu
     assert dlq_count.value(stream="TASKS", reason="schema") == before_schema + 2
     await asyncio.sleep(0.2)
     assert (await bus.stream_info("TASKS"))["messages"] == 0  # bad ones were terminated
+
+
+async def test_episode_consumer_admits_v1_trajectories_upgraded(make_bus: MakeBus) -> None:
+    """Producers still publishing v1 `Trajectory` reach a consumer that reads `Episode` (codec.UPGRADES)."""
+    bus = await make_bus()
+    old = Trajectory(trajectory_id="tr-1", task_id="t", env="arith", prompt_len=1, token_ids=pack_ids([4, 5, 6]))
+    new = Episode(episode_id="ep-2", task_id="t", env="arith")
+    await bus.publish("traj.raw.arith", old, msg_id=old.trajectory_id)
+    await bus.publish("traj.raw.arith", new, msg_id=new.episode_id)
+    seq_newer = await bus.publish_raw("traj.raw.arith", encode(old), {SCHEMA_HEADER: "Trajectory/9"})
+    consumer = await bus.consumer("reward-model", Episode)
+    got: list[Delivery[Episode]] = []
+    deadline = time.monotonic() + 5.0
+    while len(got) < 2 and time.monotonic() < deadline:
+        got.extend(await consumer.fetch(batch=2, timeout=0.3))
+    assert [type(d.msg) for d in got] == [Episode, Episode]
+    assert [d.msg.episode_id for d in got] == ["tr-1", "ep-2"]
+    assert got[0].msg.samples[0].ids() == [4, 5, 6] and got[0].headers[SCHEMA_HEADER] == "Trajectory/1"
+    for d in got:
+        await d.ack()
+    assert await consumer.fetch(batch=1, timeout=0.3) == []  # the newer version went to the DLQ instead
+    (letter,) = await bus.dead_letters("TRAJ_RAW")
+    assert letter.sequence == seq_newer and letter.reason.startswith("schema:")
 
 
 async def test_nak_on_the_last_delivery_dead_letters(make_bus: MakeBus) -> None:

@@ -18,7 +18,7 @@ from slipstream.bus.base import PayloadTooLarge, PublishError
 from slipstream.bus.delivery import Action, Delivery
 from slipstream.bus.envelope import schema_of
 from slipstream.bus.instruments import DLQ_ERRORS
-from slipstream.schemas.codec import SCHEMA_HEADER, SchemaError, check_header
+from slipstream.schemas.codec import SCHEMA_HEADER, SchemaError, check_header, decode, upgrade_for
 from slipstream.schemas.subjects import ConsumerSpec, StreamSpec
 
 T = TypeVar("T", bound=msgspec.Struct)
@@ -66,10 +66,19 @@ class BaseConsumer(Generic[T]):
             return "max_deliveries", f"delivered {delivered} times; max_deliver is {self.max_deliver}"
         hdr = headers.get(SCHEMA_HEADER)
         if hdr is not None and hdr != self._own_header:
+            # Another version of this type, or an older type it upgrades from (codec.UPGRADES).
             try:
-                check_header(hdr, self.cls)
+                up = upgrade_for(hdr, self.cls)
+                if up is None:
+                    check_header(hdr, self.cls)
             except SchemaError as exc:
                 return "schema", str(exc)
+            if up is not None:
+                try:
+                    msg = up[1](decode(data, up[0]))
+                except SchemaError as exc:
+                    return "decode", str(exc)
+                return Delivery(msg, subject, headers, data, delivered, seq, self, handle)
         try:
             msg = self._decoder.decode(data)
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:

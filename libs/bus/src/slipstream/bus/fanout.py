@@ -21,7 +21,7 @@ import msgspec
 from slipstream.bus.delivery import Action, Delivery
 from slipstream.bus.envelope import schema_of
 from slipstream.bus.instruments import CONSUME_ERRORS, CONSUME_MESSAGES
-from slipstream.schemas.codec import SCHEMA_HEADER, SchemaError, check_header
+from slipstream.schemas.codec import SCHEMA_HEADER, SchemaError, decode_message
 
 T = TypeVar("T", bound=msgspec.Struct)
 RawMessage = tuple[bytes, dict[str, str], str, int]  # data, headers, subject, stream sequence
@@ -92,9 +92,10 @@ class FanoutReader(Generic[T]):
             data, headers, subject, seq = raw
             try:
                 hdr = headers.get(SCHEMA_HEADER)
-                if hdr is not None and hdr != self._own_header:
-                    check_header(hdr, self.cls)
-                msg = self._decoder.decode(data)
+                if hdr is None or hdr == self._own_header:
+                    msg = self._decoder.decode(data)
+                else:  # another version, or an older type this one upgrades from
+                    msg = decode_message(data, hdr, self.cls)
             except (SchemaError, msgspec.DecodeError, msgspec.ValidationError) as exc:
                 self.skipped += 1
                 CONSUME_ERRORS.add(1, reason="fanout_undecodable")

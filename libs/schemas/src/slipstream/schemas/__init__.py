@@ -3,6 +3,7 @@
 from slipstream.schemas.codec import (
     MESSAGE_TYPES,
     SCHEMA_HEADER,
+    UPGRADES,
     SchemaError,
     check_header,
     decode,
@@ -11,8 +12,20 @@ from slipstream.schemas.codec import (
     from_json,
     schema_header,
     to_json,
+    upgrade_for,
 )
 from slipstream.schemas.dead_letter import DeadLetter
+from slipstream.schemas.episode import (
+    Episode,
+    EpisodeRef,
+    Sample,
+    ScoredEpisode,
+    ToolEvent,
+    episode_from_trajectory,
+    sample_from_trajectory,
+    scored_episode_from_v1,
+    stub_of,
+)
 from slipstream.schemas.evaluation import EvalResult
 from slipstream.schemas.learner import LearnerStep
 from slipstream.schemas.packing import pack_floats, pack_ids, pack_mask, unpack_floats, unpack_ids, unpack_mask
@@ -22,16 +35,22 @@ from slipstream.schemas.weights import ShardRef, TensorEntry, WeightAnnounce, We
 __all__ = [
     "MESSAGE_TYPES",
     "SCHEMA_HEADER",
+    "UPGRADES",
     "DeadLetter",
+    "Episode",
+    "EpisodeRef",
     "EvalResult",
     "LearnerStep",
     "PolicySegment",
+    "Sample",
     "SchemaError",
+    "ScoredEpisode",
     "ScoredTrajectory",
     "ShardRef",
     "Task",
     "TensorEntry",
     "Timings",
+    "ToolEvent",
     "Trajectory",
     "Turn",
     "WeightAnnounce",
@@ -41,13 +60,18 @@ __all__ = [
     "decode",
     "decode_message",
     "encode",
+    "episode_from_trajectory",
     "from_json",
     "pack_floats",
     "pack_ids",
     "pack_mask",
+    "sample_from_trajectory",
     "schema_header",
+    "scored_episode_from_v1",
+    "stub_of",
     "to_json",
     "unpack_floats",
     "unpack_ids",
     "unpack_mask",
+    "upgrade_for",
 ]

@@ -8,11 +8,13 @@ get defaults, existing fields never change type (proto/README.md).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 import msgspec
 
 from slipstream.schemas.dead_letter import DeadLetter
+from slipstream.schemas.episode import Episode, ScoredEpisode, episode_from_trajectory, scored_episode_from_v1
 from slipstream.schemas.evaluation import EvalResult
 from slipstream.schemas.learner import LearnerStep
 from slipstream.schemas.rollout import ScoredTrajectory, Task, Trajectory
@@ -26,6 +28,8 @@ MESSAGE_TYPES: dict[str, type[msgspec.Struct]] = {
         Task,
         Trajectory,
         ScoredTrajectory,
+        Episode,
+        ScoredEpisode,
         WeightManifest,
         WeightAnnounce,
         WeightsPromoted,
@@ -36,6 +40,13 @@ MESSAGE_TYPES: dict[str, type[msgspec.Struct]] = {
 }
 
 T = TypeVar("T", bound=msgspec.Struct)
+
+# A consumer of the key type also admits the older types listed under it, converted on decode, so
+# producers still speaking the older type keep working: {reader: {older schema name: (type, upgrade)}}.
+UPGRADES: dict[type[msgspec.Struct], dict[str, tuple[type[msgspec.Struct], Callable[[Any], Any]]]] = {
+    Episode: {"Trajectory": (Trajectory, episode_from_trajectory)},
+    ScoredEpisode: {"ScoredTrajectory": (ScoredTrajectory, scored_episode_from_v1)},
+}
 
 _encoder = msgspec.msgpack.Encoder()
 _decoders: dict[type, msgspec.msgpack.Decoder[Any]] = {}
@@ -83,9 +94,41 @@ def check_header(header: str | None, cls: type[msgspec.Struct]) -> None:
         raise SchemaError(f"unknown schema version {header!r}; this consumer reads up to {schema_header(cls)}")
 
 
+def upgrade_for(header: str | None, cls: type[T]) -> tuple[type[msgspec.Struct], Callable[[Any], T]] | None:
+    """The (older type, upgrade) a consumer of `cls` uses for a message headed `header`, if any.
+
+    None when the header names `cls` itself (or is missing) or names a type with no upgrade to
+    `cls`; a header naming an upgradable type at a version newer than this code reads raises.
+    """
+    if header is None:
+        return None
+    name, _, _ = header.partition("/")
+    found = UPGRADES.get(cls, {}).get(name)
+    if found is None:
+        return None
+    check_header(header, found[0])
+    return found  # type: ignore[return-value]
+
+
 def decode_message(data: bytes, header: str | None, cls: type[T]) -> T:
+    """Decode a message for a consumer of `cls`: `cls` itself, or an older type upgraded to it."""
+    up = upgrade_for(header, cls)
+    if up is not None:
+        old_cls, upgrade = up
+        return upgrade(decode(data, old_cls))
     check_header(header, cls)
-    return decode(data, cls)
+    try:
+        return decode(data, cls)
+    except SchemaError:
+        if header is not None:
+            raise
+        # No header (a producer outside Slipstream): try the older types this consumer admits.
+        for old_cls, upgrade in UPGRADES.get(cls, {}).values():
+            try:
+                return upgrade(decode(data, old_cls))
+            except SchemaError:
+                continue
+        raise
 
 
 def to_json(msg: msgspec.Struct) -> bytes:
