@@ -1,0 +1,73 @@
+"""Slipstream tools: registry, call parsing, concurrent classified execution, and renderers.
+
+```python
+from slipstream.tools import LocalTransport, ToolRegistry, calculator, execute, renderer_for
+
+registry = ToolRegistry([calculator()])
+r = renderer_for("smollm2")            # or "tags" for byte-level models, "qwen2.5"
+prompt = r.render(messages, tools=registry)
+turn = r.parse(completion, registry, call_id_prefix="ep1-t0")
+results = await execute(turn.items, LocalTransport(registry))   # ok / invalid_tool_call / infra_error
+suffix = r.bridge(messages, completion, r.result_messages(results), tools=registry)  # None: start a new sample
+```
+"""
+
+from slipstream.tools import chatml as _chatml  # noqa: F401  (registers smollm2, qwen2.5)
+from slipstream.tools import tags as _tags  # noqa: F401  (registers tags)
+from slipstream.tools.builtin import calculator, evaluate, lookup, wait
+from slipstream.tools.calls import (
+    INFRA_KINDS,
+    MALFORMED_KINDS,
+    OUTCOMES,
+    InfraKind,
+    MalformedCall,
+    MalformedKind,
+    Outcome,
+    ToolCall,
+    ToolResult,
+    invalid_result,
+    tally,
+)
+from slipstream.tools.chatml import ChatMLRenderer
+from slipstream.tools.execution import LocalTransport, ToolTransport, execute, run_tool
+from slipstream.tools.parsing import HERMES_SYNTAX, TAG_SYNTAX, CallSyntax, ParsedTurn, parse_calls
+from slipstream.tools.renderer import RENDERERS, ChatMessage, Renderer, renderer_for
+from slipstream.tools.tags import TagRenderer
+from slipstream.tools.tool import Tool, ToolDefinitionError, ToolInputError, ToolRegistry
+
+__all__ = [
+    "HERMES_SYNTAX",
+    "INFRA_KINDS",
+    "MALFORMED_KINDS",
+    "OUTCOMES",
+    "RENDERERS",
+    "TAG_SYNTAX",
+    "CallSyntax",
+    "ChatMLRenderer",
+    "ChatMessage",
+    "InfraKind",
+    "LocalTransport",
+    "MalformedCall",
+    "MalformedKind",
+    "Outcome",
+    "ParsedTurn",
+    "Renderer",
+    "TagRenderer",
+    "Tool",
+    "ToolCall",
+    "ToolDefinitionError",
+    "ToolInputError",
+    "ToolRegistry",
+    "ToolResult",
+    "ToolTransport",
+    "calculator",
+    "evaluate",
+    "execute",
+    "invalid_result",
+    "lookup",
+    "parse_calls",
+    "renderer_for",
+    "run_tool",
+    "tally",
+    "wait",
+]
