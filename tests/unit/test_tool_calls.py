@@ -27,6 +27,7 @@ from slipstream.tools import (
     lookup,
     parse_calls,
     tally,
+    tool_event,
 )
 
 pytestmark = pytest.mark.unit
@@ -236,3 +237,17 @@ def test_tool_definitions_are_checked() -> None:
         Tool(name="t", description="", parameters={"type": "object", "properties": {"x": {"type": "nope"}}})
     with pytest.raises(ToolDefinitionError, match="registered twice"):
         ToolRegistry([calculator(), calculator()])
+
+
+async def test_tool_events_log_what_the_model_wrote_and_what_it_saw() -> None:
+    text = '<tool>{"name": "calculator", "args": {"expression": "2 + 3"}}</tool><tool>{"name": "calc"}</tool>'
+    turn = parse_calls(text, REG, TAG_SYNTAX, call_id_prefix="e1-t4")
+    results = await execute(turn.items, LocalTransport(REG))
+    events = [tool_event(i, r, sample_id="s0", turn=4) for i, r in zip(turn.items, results, strict=True)]
+    assert [(e.call_id, e.name, e.arguments, e.status, e.result, e.error, e.info) for e in events] == [
+        ("e1-t4-0", "calculator", '<tool>{"name": "calculator", "args": {"expression": "2 + 3"}}</tool>', "ok", "5",
+         "", {}),
+        ("e1-t4-1", "calc", '<tool>{"name": "calc"}</tool>', "invalid_tool_call", "",
+         "error: unknown tool 'calc'; available tools: calculator, lookup", {"kind": "unknown_tool"}),
+    ]  # fmt: skip
+    assert {(e.sample_id, e.turn) for e in events} == {("s0", 4)}

@@ -27,6 +27,7 @@ from slipstream.tools.calls import (
     ToolResult,
     invalid_result,
     tally,
+    tool_event,
 )
 from slipstream.tools.chatml import ChatMLRenderer
 from slipstream.tools.execution import LocalTransport, ToolTransport, execute, run_tool
@@ -69,5 +70,6 @@ __all__ = [
     "renderer_for",
     "run_tool",
     "tally",
+    "tool_event",
     "wait",
 ]

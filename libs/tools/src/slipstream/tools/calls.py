@@ -12,10 +12,13 @@ Three outcomes, decided once here and used everywhere (harness, learner metrics,
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
+
+from slipstream.schemas.episode import ToolEvent
 
 Outcome = Literal["ok", "invalid_tool_call", "infra_error"]
 OUTCOMES: tuple[Outcome, ...] = ("ok", "invalid_tool_call", "infra_error")
@@ -40,6 +43,8 @@ class ToolCall:
     id: str
     name: str
     arguments: Mapping[str, Any] = field(default_factory=dict)
+    raw: str = ""
+    """The call as the model wrote it, tags included (empty for calls built in code)."""
 
 
 @dataclass(frozen=True)
@@ -74,6 +79,27 @@ class ToolResult:
 def invalid_result(call: MalformedCall) -> ToolResult:
     """The result of a call that is never executed because parsing already found it malformed."""
     return ToolResult(call_id=call.id, name=call.name, outcome="invalid_tool_call", text=call.error, kind=call.kind)
+
+
+def tool_event(item: ToolCall | MalformedCall, result: ToolResult, *, sample_id: str, turn: int) -> ToolEvent:
+    """The episode's log entry for one call (`Episode.tool_log`): what the scorer sees."""
+    if isinstance(item, ToolCall):
+        arguments = item.raw or json.dumps(dict(item.arguments), ensure_ascii=False)
+    else:
+        arguments = item.raw
+    failed = result.outcome != "ok"
+    return ToolEvent(
+        sample_id=sample_id,
+        turn=turn,
+        call_id=result.call_id,
+        name=result.name or "",
+        arguments=arguments,
+        status=result.outcome,
+        result="" if failed else result.text,
+        error=result.text if failed else "",
+        latency_s=result.elapsed_s,
+        info={"kind": result.kind} if result.kind else {},
+    )
 
 
 def tally(results: Iterable[ToolResult]) -> Counter[str]:

@@ -164,4 +164,4 @@ def _parse_one(
             raw=raw,
             name=name,
         )
-    return ToolCall(id=call_id, name=name, arguments=args)
+    return ToolCall(id=call_id, name=name, arguments=args, raw=raw)
