@@ -62,10 +62,29 @@ class ModelSource(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     threads: Annotated[
         int, Doc(description="torch intra-op threads for this process; 0 keeps torch's default.", ge=0)
     ] = 1
+    lora_rank: Annotated[
+        int,
+        Doc(
+            description="LoRA rank: > 0 trains (and publishes) only low-rank adapters on the frozen base; "
+            "0 = full fine-tuning. Every service of a run must agree.",
+            ge=0,
+        ),
+    ] = 0
+    lora_alpha: Annotated[float, Doc(description="LoRA scale numerator: the update is (alpha / rank) * B A.")] = 16.0
+    lora_targets: Annotated[
+        list[str],
+        Doc(description="Linear layers that get adapters, by name (q_proj, k_proj, v_proj, o_proj, gate_proj, ...)."),
+    ] = msgspec.field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    )
 
     def __post_init__(self) -> None:
         if self.name and self.name not in MODEL_NAMES:
             raise ValueError(f"[model] name {self.name!r} is unknown (known: {', '.join(MODEL_NAMES)})")
+        if self.lora_rank and (self.lora_alpha <= 0 or not self.lora_targets):
+            raise ValueError(
+                f"[model] LoRA needs lora_alpha > 0 and lora_targets, got {self.lora_alpha}, {self.lora_targets}"
+            )
         if not self.path and not self.name and self.preset not in PRESET_NAMES:
             raise ValueError(f"[model] preset {self.preset!r} is unknown (known: {', '.join(PRESET_NAMES)})")
 
@@ -112,6 +131,9 @@ def apply_threads(source: ModelSource) -> None:
 def load_model(source: ModelSource) -> tuple[CausalLM, ByteTokenizer | HFTokenizer]:
     """Model (eval mode, on the configured device and dtype) and tokenizer for `[model]`.
 
+    With `lora_rank` > 0 the model carries LoRA adapters (B = 0, so version 0 is the base) and
+    only they require gradients (slipstream.engine.lora).
+
     Sets torch's thread count first (see the module docstring).
     """
     from slipstream.engine.loading import load_pretrained
@@ -125,4 +147,10 @@ def load_model(source: ModelSource) -> tuple[CausalLM, ByteTokenizer | HFTokeniz
         model, tokenizer = load_pretrained(path, dtype=dtype, device=device)
     else:
         model, tokenizer = build_tiny(source.preset, seed=source.seed, dtype=dtype, device=device)
+    if source.lora_rank:
+        from slipstream.engine.lora import attach_lora
+
+        attach_lora(
+            model, rank=source.lora_rank, alpha=source.lora_alpha, targets=source.lora_targets, seed=source.seed
+        )
     return model.eval(), tokenizer

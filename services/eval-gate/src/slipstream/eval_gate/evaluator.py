@@ -174,6 +174,8 @@ async def build_evaluator(model_source: ModelSource, gate: GateSection, store: O
         dtype=torch_dtype(model_source),
         seed=gate.seed,
         policy_version=-1,  # holds no stored version until the first `score`
+        # A LoRA run's versions are its adapters only; the frozen base stays as loaded.
+        allow_partial_updates=model_source.lora_rank > 0,
     )
     await engine.start()
     return Evaluator(engine, tokenizer, suite, store, run_id)

@@ -221,7 +221,7 @@ def restore(ckpt: Checkpoint, model: nn.Module, optimizer: torch.optim.Optimizer
     """Load a checkpoint's model, optimizer and RNG states (hyperparameters from config win)."""
     state = model.state_dict()
     missing = sorted(set(state) - set(ckpt.model_state))
-    aliased = set(state) - set(unique_state(model))
+    aliased = set(state) - set(unique_state(model))  # tied aliases, and the frozen base of a LoRA model
     if set(missing) - aliased or set(ckpt.model_state) - set(state):
         raise CheckpointError(
             f"checkpoint step {ckpt.meta.step} does not fit the model: missing {missing}, "

@@ -21,6 +21,7 @@ from slipstream.telemetry.config import TelemetryConfig
 
 Doc = msgspec.Meta
 WeightsDtype = Literal["", "float32", "bfloat16", "float16"]
+AutocastDtype = Literal["", "bfloat16"]
 
 
 class LearnerSection(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -78,6 +79,13 @@ class LearnerSection(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     ] = ".slipstream/staging"
     weights_dtype: Annotated[
         WeightsDtype, Doc(description="dtype of the staged weights; empty = the model's own dtype.")
+    ] = ""
+    autocast: Annotated[
+        AutocastDtype,
+        Doc(
+            description="Run forward/backward under torch.autocast in this dtype while the weights (and AdamW) stay in "
+            "[model] dtype: fp32 master weights with bf16 matmuls. Empty = no autocast."
+        ),
     ] = ""
     seed: Annotated[int, Doc(description="Seed of the learner's torch and python RNGs on a fresh run.")] = 0
     ack_wait_s: Annotated[

@@ -6,7 +6,9 @@ picks staged versions up in order, stores them (manifest last) and announces the
 only writes and goes on training.
 
 Tied parameters (an lm_head sharing the embedding) are staged once, under their first name, as
-safetensors refuses aliased tensors and the engine accepts either name for a tied weight.
+safetensors refuses aliased tensors and the engine accepts either name for a tied weight. A model
+with frozen parameters (LoRA: `[model] lora_rank` > 0) stages only what trains, the adapters: the
+workers hold the same frozen base from their own `[model]`, so a version is a few MB, not the model.
 """
 
 from __future__ import annotations
@@ -24,10 +26,15 @@ DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bf
 
 
 def unique_state(model: nn.Module) -> dict[str, torch.Tensor]:
-    """The model's state dict with aliases of an already listed tensor (tied weights) left out."""
+    """What a version of `model` is: its state dict without aliases of an already listed tensor (tied
+    weights) and, when some parameters are frozen (LoRA), without the frozen ones."""
+    frozen = {name for name, p in model.named_parameters(remove_duplicate=False) if not p.requires_grad}
+    trainable = any(p.requires_grad for p in model.parameters())
     seen: set[tuple[int, int]] = set()
     out: dict[str, torch.Tensor] = {}
     for name, tensor in model.state_dict().items():
+        if trainable and name in frozen:
+            continue
         key = (tensor.untyped_storage().data_ptr(), tensor.storage_offset())
         if key in seen:
             continue

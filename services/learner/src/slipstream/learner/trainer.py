@@ -15,6 +15,7 @@ worker thread (the service's event loop keeps draining NATS meanwhile) and does 
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from collections.abc import Sequence
@@ -87,8 +88,9 @@ class Trainer:
         self.loss_cfg = loss
         self.pad_id = pad_id
         self.device = next(model.parameters()).device
+        # A LoRA model's base is frozen: the optimizer (and its checkpointed state) holds the adapters only.
         self.optimizer = torch.optim.AdamW(
-            model.parameters(),
+            [p for p in model.parameters() if p.requires_grad],
             lr=section.lr,
             betas=section.betas,
             eps=section.adam_eps,
@@ -136,7 +138,15 @@ class Trainer:
 
     def _backward(self, chunk: list[TrainItem], total_tokens: int) -> dict[str, float]:
         batch = pack_batch(chunk, pad_id=self.pad_id).to(self.device)
-        logits = self.model(batch.input_ids, batch.attention_mask)[:, :-1]
+        # fp32 master weights with bf16 matmuls: pure-bf16 weights lose updates below their
+        # resolution (measured on SmolLM2: loss 13.566 -> 13.550 vs 13.175 with fp32 + autocast over 3 steps).
+        autocast = (
+            torch.autocast(self.device.type, dtype=torch.bfloat16)
+            if self.section.autocast == "bfloat16"
+            else contextlib.nullcontext()
+        )
+        with autocast:
+            logits = self.model(batch.input_ids, batch.attention_mask)[:, :-1]
         logprobs = token_logprobs(logits, batch.targets, temperature=self.section.sampling_temperature)
         out = compute_loss(
             self.loss_cfg,

@@ -67,6 +67,8 @@ class RolloutWorkerService(BaseService):
             seed=cfg.model.seed,
             policy_version=0,
             recompute_kv_on_update=w.recompute_kv_on_update,
+            # A LoRA run's versions are its adapters only; the frozen base stays as loaded.
+            allow_partial_updates=cfg.model.lora_rank > 0,
         )
         await self.engine.start()
         self.store = await asyncio.to_thread(setup_store, cfg.store)

@@ -1,0 +1,104 @@
+"""LoRA: low-rank adapters on a frozen base, kept unmerged in the learner and in the engine alike.
+
+`attach_lora(model, rank, alpha, targets, seed)` replaces each targeted `nn.Linear` (by module
+name suffix: `q_proj`, `down_proj`, ...) with a `LoraLinear` that keeps the base weight under its
+HF name (`...q_proj.weight`, frozen) and adds two parameters, `...q_proj.lora_A` [rank, in] and
+`...q_proj.lora_B` [out, rank]; its output is `base(x) + (alpha / rank) * x A^T B^T`. A starts
+random (seeded, so every process builds the same version 0) and B at zero, so version 0 computes
+exactly the base model.
+
+The adapters stay unmerged everywhere, on purpose:
+- in bf16 rollouts a merged `W + s·BA` would round the small update away (bf16 keeps 8 bits of
+  mantissa: the same reason pure-bf16 training barely learns), while the separate low-rank path
+  carries it at full relative precision;
+- a published version is then just the adapter tensors, which the weight codec moves, verifies
+  and applies bit-exactly like any other tensors (the worker's digest covers base and adapters).
+The extra cost is two thin matmuls per targeted projection.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+DEFAULT_TARGETS: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+ADAPTER_SUFFIXES: tuple[str, ...] = (".lora_A", ".lora_B")
+
+
+class LoraLinear(nn.Linear):
+    """An `nn.Linear` (frozen) plus a trainable low-rank update; parameter names stay HF's."""
+
+    def __init__(self, base: nn.Linear, rank: int, alpha: float, generator: torch.Generator | None = None) -> None:
+        nn.Module.__init__(self)
+        self.in_features, self.out_features = base.in_features, base.out_features
+        self.weight = base.weight
+        self.bias = base.bias
+        self.weight.requires_grad_(False)
+        if self.bias is not None:
+            self.bias.requires_grad_(False)
+        self.rank = rank
+        self.scale = alpha / rank
+        dtype, device = base.weight.dtype, base.weight.device
+        a = torch.empty(rank, self.in_features, dtype=torch.float32)
+        # PEFT's init: kaiming-uniform A (a = sqrt(5)), zero B.
+        bound = 1.0 / math.sqrt(self.in_features)
+        a.uniform_(-bound, bound, generator=generator)
+        self.lora_A = nn.Parameter(a.to(device=device, dtype=dtype))
+        self.lora_B = nn.Parameter(torch.zeros(self.out_features, rank, dtype=dtype, device=device))
+
+    def forward(self, x: Tensor) -> Tensor:
+        return F.linear(x, self.weight, self.bias) + F.linear(F.linear(x, self.lora_A), self.lora_B) * self.scale
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, rank={self.rank}, scale={self.scale:g}"
+
+
+def attach_lora(
+    model: nn.Module, *, rank: int, alpha: float, targets: Sequence[str] = DEFAULT_TARGETS, seed: int = 0
+) -> list[str]:
+    """Wrap every `nn.Linear` whose name ends in one of `targets`; freeze everything else.
+
+    Returns the wrapped module names. Raises ValueError when a target matches nothing (a typo
+    must not silently train nothing) or when the model already has adapters.
+    """
+    if rank < 1:
+        raise ValueError(f"LoRA rank must be >= 1, got {rank}")
+    if any(isinstance(m, LoraLinear) for m in model.modules()):
+        raise ValueError("the model already has LoRA adapters")
+    generator = torch.Generator().manual_seed(seed)
+    for p in model.parameters():
+        p.requires_grad_(False)
+    wrapped: list[str] = []
+    found = dict.fromkeys(targets, 0)
+    for name, module in list(model.named_modules()):
+        leaf = name.rpartition(".")[2]
+        if leaf not in found or not isinstance(module, nn.Linear):
+            continue
+        parent = model.get_submodule(name.rpartition(".")[0]) if "." in name else model
+        setattr(parent, leaf, LoraLinear(module, rank, alpha, generator))
+        found[leaf] += 1
+        wrapped.append(name)
+    unmatched = [t for t, n in found.items() if n == 0]
+    if unmatched:
+        raise ValueError(f"LoRA targets {unmatched} match no linear layer of the model")
+    return wrapped
+
+
+def is_adapter(name: str) -> bool:
+    """Whether a parameter name is a LoRA adapter's."""
+    return name.endswith(ADAPTER_SUFFIXES)
+
+
+def adapter_state(model: nn.Module) -> dict[str, Tensor]:
+    """The adapters' tensors by name (what a LoRA run publishes and checkpoints)."""
+    return {name: p for name, p in model.named_parameters() if is_adapter(name)}
+
+
+def merged_weight(layer: LoraLinear) -> Tensor:
+    """`W + scale · B A` in float32 (for exports and checks; the engine never merges)."""
+    delta = layer.lora_B.float() @ layer.lora_A.float()
+    return layer.weight.float() + layer.scale * delta
