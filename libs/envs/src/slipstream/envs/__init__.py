@@ -6,6 +6,7 @@ Importing the package registers the built-ins (`arith`, `reverse`), so `get_env(
 # arith and strings register themselves on import; that import is what makes get_env find them.
 from slipstream.envs.arith import Arith, ArithOptions
 from slipstream.envs.base import (
+    PLAY_REWARD_PREFIX,
     SPLITS,
     Environment,
     Episode,
@@ -15,27 +16,39 @@ from slipstream.envs.base import (
     Split,
     StepResult,
     TaskSpec,
+    play_rewards,
+    task_of,
 )
+from slipstream.envs.context import ContextFull, EpisodeContext, Generation, Outcome, Span, Thread
 from slipstream.envs.registry import ENVIRONMENTS, EnvError, get_env, parse_options, register
 from slipstream.envs.strings import Reverse, ReverseOptions
 
 __all__ = [
     "ENVIRONMENTS",
+    "PLAY_REWARD_PREFIX",
     "SPLITS",
     "Arith",
     "ArithOptions",
+    "ContextFull",
     "EnvError",
     "Environment",
     "Episode",
+    "EpisodeContext",
+    "Generation",
     "Message",
+    "Outcome",
     "Problem",
     "Reverse",
     "ReverseOptions",
     "Score",
+    "Span",
     "Split",
     "StepResult",
     "TaskSpec",
+    "Thread",
     "get_env",
     "parse_options",
+    "play_rewards",
     "register",
+    "task_of",
 ]

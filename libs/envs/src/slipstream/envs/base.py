@@ -15,9 +15,16 @@ Episode contract, the same for single- and multi-turn environments:
 - `done=True` ends the episode. Single-turn environments are done after one step and return no
   observation. `max_turns` bounds every episode; a step past it ends the episode with
   `info["truncated"] = "max_turns"`.
-- `score(task, completion)` judges an outcome with named components that sum to the reward. It
-  never raises: a broken or unparsable completion is a failure score (reward 0.0, every component
-  0.0, `parse_ok=False`) whose `reason` says why.
+- `score(task, episode)` judges an outcome with named components that sum to the reward; it
+  receives the whole wire `Episode` (samples, tool log, counts, final text), or, as before, just
+  the completion text. It never raises: a broken or unparsable completion is a failure score
+  (reward 0.0, every component 0.0, `parse_ok=False`) whose `reason` says why.
+
+The episode-level interface underneath: `run(ctx)` plays a whole episode through an
+`EpisodeContext` (context.py) — generate, observe, call tools, branch the context, spawn nested
+agents — and returns an `Outcome`. The default `run` is the adapter that drives `reset`/`step`
+above, so an environment written against them runs unchanged; an agentic environment overrides
+`run` (and `grade_episode`) instead.
 """
 
 from __future__ import annotations
@@ -26,10 +33,13 @@ import abc
 import hashlib
 import logging
 import random
+from collections.abc import Callable
 from typing import Annotated, Any, ClassVar, Generic, Literal, TypeVar, cast, get_args
 
 import msgspec
 
+from slipstream.envs.context import EpisodeContext, Outcome
+from slipstream.schemas import Episode as EpisodeRecord
 from slipstream.schemas import Task
 
 Doc = msgspec.Meta
@@ -273,21 +283,67 @@ class Environment(abc.ABC, Generic[OptionsT]):
         """React to one policy output (tools, budgets). The default is single-turn: done, no observation."""
         return StepResult(observation=None, done=True)
 
+    async def run(self, ctx: EpisodeContext) -> Outcome:
+        """Play one episode. This default is the adapter onto `reset`/`step`.
+
+        One root sample: the prompt, then each policy output (sampled) and each observation
+        (tokenised, mask 0) appended in turn. The final text is the whole completion decoded, as
+        the single-sample `Trajectory.completion_text` always was.
+        """
+        episode = self.reset(ctx.task)
+        thread = ctx.open(episode.observation)
+        while True:
+            generation = await ctx.generate(thread)
+            result = self.step(episode, generation.text)
+            if result.done:
+                finish = result.info.get("truncated", generation.finish_reason)
+                return Outcome(final_text=thread.completion_text(), finish_reason=finish)
+            ctx.observe(thread, result.observation or "")
+
     # -- scoring --------------------------------------------------------------------------------
 
-    def score(self, task: TaskSpec, completion: str) -> Score:
-        """Judge `completion` (the policy's output text) against `task`; never raises."""
+    def score(self, task: TaskSpec, completion: str | EpisodeRecord) -> Score:
+        """Judge an episode (or just its completion text) against `task`; never raises.
+
+        Given an `Episode`, `grade_episode` judges it and the components recorded during play
+        (`EpisodeContext.reward`, `play_rewards`) are added to the verifier's.
+        """
         if task.env != self.name:
             return self.failure(f"task {task.task_id!r} is for env {task.env!r}, not {self.name!r}")
+        if isinstance(completion, EpisodeRecord):
+            if completion.is_stub():
+                return self.failure(f"episode {completion.episode_id!r} is a by-reference stub; load its body first")
+            return self._guarded(
+                task, lambda: self._with_play_rewards(self.grade_episode(task, completion), completion)
+            )
         if not isinstance(completion, str):
-            return self.failure(f"completion is {type(completion).__name__}, not str")
+            return self.failure(f"completion is {type(completion).__name__}, not str or Episode")
+        return self._guarded(task, lambda: self.grade(task, completion))
+
+    def _guarded(self, task: TaskSpec, judge: Callable[[], Score]) -> Score:
         try:
-            return self.grade(task, completion)
+            return judge()
         except Exception as exc:
             # Fall back to a failure score: one bad task must not stop the reward model; the reason
             # travels with the score so it is counted downstream.
             log.warning("%s: scorer error on task %s: %r", self.name, task.task_id, exc)
             return self.failure(f"scorer error: {type(exc).__name__}: {exc}")
+
+    @staticmethod
+    def _with_play_rewards(score: Score, episode: EpisodeRecord) -> Score:
+        extra = play_rewards(episode)
+        if not extra:
+            return score
+        clash = sorted(set(extra) & set(score.components))
+        if clash:
+            raise ValueError(f"reward component(s) {clash} recorded during play clash with the verifier's")
+        return Score.of(
+            {**score.components, **extra}, correct=score.correct, parse_ok=score.parse_ok, reason=score.reason
+        )
+
+    def grade_episode(self, task: TaskSpec, episode: EpisodeRecord) -> Score:
+        """The verifier for a whole episode; the default grades its final text with `grade`."""
+        return self.grade(task, episode.final_text)
 
     @abc.abstractmethod
     def grade(self, task: TaskSpec, completion: str) -> Score:
@@ -296,3 +352,30 @@ class Environment(abc.ABC, Generic[OptionsT]):
     def failure(self, reason: str) -> Score:
         """The failure score: every component 0.0, reward 0.0, not parsed."""
         return Score.of(dict.fromkeys(self.components, 0.0), correct=False, parse_ok=False, reason=reason)
+
+
+PLAY_REWARD_PREFIX = "reward."
+
+
+def play_rewards(episode: EpisodeRecord) -> dict[str, float]:
+    """Reward components an environment recorded during play (metadata "reward.<name>")."""
+    return {
+        key[len(PLAY_REWARD_PREFIX) :]: float(value)
+        for key, value in episode.metadata.items()
+        if key.startswith(PLAY_REWARD_PREFIX)
+    }
+
+
+def task_of(episode: EpisodeRecord) -> TaskSpec:
+    """The environment's view of an episode's task (what `score` needs; the prompt is not kept)."""
+    if episode.split not in SPLITS:
+        raise ValueError(f"episode {episode.episode_id!r} has split {episode.split!r}; expected one of {SPLITS}")
+    return TaskSpec(
+        task_id=episode.task_id,
+        env=episode.env,
+        prompt="",
+        reference=episode.reference,
+        seed=0,
+        split=cast(Split, episode.split),
+        metadata=dict(episode.metadata),
+    )

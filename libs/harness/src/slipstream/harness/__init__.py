@@ -1,11 +1,16 @@
 """Slipstream's rollout harness: one rollout loop for training, eval-gate and serving.
 
-- `rollout_group`: a task sampled `group_size` times against its environment -> Trajectories.
+- `rollout_episodes`: a task played `group_size` times by its environment's own loop -> Episodes;
+  `rollout_group` is the same for one-sample environments, as v1 Trajectories.
+- `RecordingEngine`, `token_problems`: proof that an episode's ids came from the engine and the
+  tokenizer only (the invariant suite runs it on every environment).
 - `evaluate`: held-out accuracy and reward of an engine's current weights, via the same loop.
 - `sft_warmstart`: a short supervised phase so RL starts from a policy that sometimes succeeds.
 """
 
+from slipstream.harness.episode import EpisodeRun, EpisodeState, Recorder, SampleBuilder
 from slipstream.harness.evaluate import EvalReport, TaskEval, evaluate, greedy_params
+from slipstream.harness.provenance import EngineCall, RecordingEngine, token_problems
 from slipstream.harness.rollout import (
     RolloutAborted,
     RolloutError,
@@ -13,15 +18,24 @@ from slipstream.harness.rollout import (
     as_spec,
     completion_seed,
     new_group_id,
+    play_episode,
     prompt_ids,
+    rollout_episodes,
     rollout_group,
+    trajectory_of,
 )
 from slipstream.harness.warmstart import sft_sequence, sft_warmstart
 
 __all__ = [
+    "EngineCall",
+    "EpisodeRun",
+    "EpisodeState",
     "EvalReport",
+    "Recorder",
+    "RecordingEngine",
     "RolloutAborted",
     "RolloutError",
+    "SampleBuilder",
     "TaskEval",
     "TaskRejected",
     "as_spec",
@@ -29,8 +43,12 @@ __all__ = [
     "evaluate",
     "greedy_params",
     "new_group_id",
+    "play_episode",
     "prompt_ids",
+    "rollout_episodes",
     "rollout_group",
     "sft_sequence",
     "sft_warmstart",
+    "token_problems",
+    "trajectory_of",
 ]

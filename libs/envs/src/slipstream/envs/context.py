@@ -1,0 +1,149 @@
+"""The episode context: the handle an environment's own episode loop holds.
+
+An environment plays a whole episode in `Environment.run(ctx)` (see base.py). It never touches
+token ids itself: every id in an episode comes either from the engine (sampled by `generate`) or
+from the tokenizer applied to text the environment hands to `open`, `observe` or `branch`. The
+harness (libs/harness) implements this protocol, records every engine call and assembles the
+wire `Episode` (samples, tool log, counts) from what the loop did:
+
+- `open(prompt)` starts a root sample for an agent: [bos] + encode(prompt).
+- `generate(thread)` asks the policy to continue a sample; the sampled ids are appended with
+  loss mask 1, their behaviour log-probs and the policy versions that produced them.
+- `observe(thread, text)` appends encode(text) with loss mask 0 (a tool result, a budget line).
+- `branch(parent, pieces, edit=...)` is a context edit (prune, summary restart, hand-off): a new
+  sample whose prompt is made of slices of the parent's ids (`Span`) and new text, naming the
+  parent and the position up to which it shares the parent's prefix. The parent is never
+  rewritten.
+- `spawn(env, task, ...)` runs another environment's episode (a nested agent) inside this one;
+  its samples join this episode under their own agent id, frozen unless said otherwise.
+- `log_tool` / `count` record the environment's log for scorers; `reward` adds a named reward
+  component known only during play (it is summed with the scorer's components).
+
+`ContextFull` is raised when a sample would outgrow the engine's context; an environment may
+catch it (and, say, summarise) or let it end the episode with finish_reason "length".
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Annotated, Any, Protocol, runtime_checkable
+
+import msgspec
+
+from slipstream.schemas import ToolEvent
+
+if TYPE_CHECKING:
+    from slipstream.envs.base import Environment, TaskSpec
+
+Doc = msgspec.Meta
+
+
+class ContextFull(Exception):
+    """A sample would not fit the engine's context window; `needed` and `limit` are token counts."""
+
+    def __init__(self, sample_id: str, needed: int, limit: int) -> None:
+        super().__init__(f"sample {sample_id!r} would need {needed} tokens; the engine's context holds {limit}")
+        self.sample_id = sample_id
+        self.needed = needed
+        self.limit = limit
+
+
+class Span(msgspec.Struct, frozen=True):
+    """Token positions [start, end) of a parent sample, kept verbatim in a branch."""
+
+    start: int
+    end: int
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.start <= self.end:
+            raise ValueError(f"Span needs 0 <= start <= end, got [{self.start}, {self.end})")
+
+
+class Generation(msgspec.Struct, kw_only=True, frozen=True):
+    """One engine call's output as the environment sees it."""
+
+    text: Annotated[str, Doc(description="Decoded sampled tokens (specials such as eos dropped).")]
+    n_tokens: Annotated[int, Doc(description="Tokens sampled (appended to the sample with loss mask 1).")]
+    finish_reason: Annotated[str, Doc(description="'stop' (eos or a stop string) or 'length'.")]
+    turn: Annotated[int, Doc(description="Index of this engine call within the episode.")]
+
+
+class Outcome(msgspec.Struct, kw_only=True):
+    """What an episode loop returns: the final answer and why it ended."""
+
+    final_text: Annotated[str, Doc(description="The answer a scorer reads (Episode.final_text).")] = ""
+    finish_reason: Annotated[str, Doc(description="Why the episode ended: 'stop', 'length', 'max_turns', ...")] = ""
+
+
+@runtime_checkable
+class Thread(Protocol):
+    """A sample being built (opaque to environments beyond these read-only views)."""
+
+    @property
+    def sample_id(self) -> str: ...
+
+    @property
+    def agent_id(self) -> str: ...
+
+    def __len__(self) -> int:
+        """Tokens in the sample so far (prompt included): the position a `Span` indexes."""
+        ...
+
+    def completion_text(self) -> str:
+        """Everything after the prompt, decoded (sampled and observation tokens, specials dropped)."""
+        ...
+
+    def spans(self) -> list[tuple[str, int, int, str]]:
+        """(role, start, end, text) of every turn so far: 'policy' turns and observations."""
+        ...
+
+
+@runtime_checkable
+class EpisodeContext(Protocol):
+    """What an environment's `run` may do; the harness implements it (libs/harness/episode.py)."""
+
+    @property
+    def task(self) -> TaskSpec: ...
+
+    def open(
+        self, prompt: str, *, agent_id: str | None = None, role: str | None = None, trainable: bool | None = None
+    ) -> Thread:
+        """A new root sample: [bos] + encode(prompt); agent tags default to this context's agent."""
+        ...
+
+    async def generate(
+        self, thread: Thread, *, max_tokens: int | None = None, stop: list[str] | None = None
+    ) -> Generation:
+        """Sample a continuation of `thread` (the run's sampling params, narrowed by these)."""
+        ...
+
+    def observe(self, thread: Thread, text: str, *, role: str = "observation") -> None:
+        """Append encode(text) to `thread` with loss mask 0; ContextFull if it would not fit."""
+        ...
+
+    def branch(self, parent: Thread, pieces: list[Span | str], *, edit: str, finish_reason: str = "edit") -> Thread:
+        """A context edit: a new sample whose prompt is `pieces` (parent slices and new text)."""
+        ...
+
+    async def spawn(
+        self,
+        env: Environment[Any],
+        task: TaskSpec,
+        *,
+        agent_id: str,
+        role: str = "subagent",
+        trainable: bool = False,
+    ) -> Outcome:
+        """Run `env`'s episode on `task` as a nested agent; its samples join this episode."""
+        ...
+
+    def log_tool(self, event: ToolEvent) -> None:
+        """Record a tool call for the scorer (also counts 'tool_calls' and one count per status)."""
+        ...
+
+    def count(self, name: str, n: int = 1) -> None:
+        """Add `n` to the episode's event count `name`."""
+        ...
+
+    def reward(self, name: str, value: float) -> None:
+        """A named reward component known during play, added to the scorer's components."""
+        ...

@@ -1,0 +1,446 @@
+"""The episode recorder: the harness side of `EpisodeContext`, turning an env's loop into an `Episode`.
+
+An environment plays its episode through this object (libs/envs/context.py); the recorder owns
+every token id. Ids come from exactly two places: the engine (`generate`: sampled ids with their
+behaviour log-probs and policy versions, loss mask 1) and the tokenizer applied to text the
+environment supplies (`open`, `observe`, `branch`: loss mask 0). Nothing is ever re-encoded from
+decoded text, so each sample is, token for token, what the engine consumed and produced.
+
+Layout of one sample (one contiguous sequence, as on the wire):
+
+    prompt ids | sampled ids (mask 1) | observation ids (mask 0) | sampled ids | ...
+
+A context edit (`branch`) closes the parent and opens a new sample whose prompt is assembled
+from slices of the parent's ids and newly tokenised text; `branch_pos` is the length of the
+prefix it shares with the parent. Nested agents (`spawn`) write their samples into the same
+episode under their own agent id, role and trainable flag; a frozen agent's calls go to the
+frozen engine when one is given (a pool pinned to one version).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+
+from slipstream.engine.interface import Engine, GenerationRequest, SamplingParams
+from slipstream.engine.tokenizer import Tokenizer
+from slipstream.envs.base import PLAY_REWARD_PREFIX, TaskSpec
+from slipstream.envs.context import ContextFull, Generation, Outcome, Span
+from slipstream.schemas import (
+    Episode,
+    PolicySegment,
+    Sample,
+    Timings,
+    ToolEvent,
+    Turn,
+    pack_floats,
+    pack_ids,
+    pack_mask,
+)
+
+if TYPE_CHECKING:
+    from slipstream.envs.base import Environment
+
+_SEED_SPACE = 2**62
+
+
+class RolloutError(RuntimeError):
+    """A rollout that could not finish."""
+
+
+class RolloutAborted(RolloutError):
+    """The engine aborted a completion (it is stopping); the task should be handed back."""
+
+
+class TaskRejected(ValueError):
+    """A task that can never be rolled out here (wrong env, bad split, prompt too long); says why."""
+
+
+def prompt_ids(tokenizer: Tokenizer, text: str) -> list[int]:
+    """The prompt's token ids, with the tokenizer's bos first when it has one."""
+    ids = tokenizer.encode(text)
+    return ids if tokenizer.bos_id is None else [tokenizer.bos_id, *ids]
+
+
+def completion_seed(group_id: str, index: int, turn: int = 0) -> int:
+    """A stable per-call seed: distinct within a group, reproducible from the group id."""
+    digest = hashlib.blake2b(f"{group_id}/{index}/{turn}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") % _SEED_SPACE
+
+
+def call_seed(group_id: str, index: int, turn: int, base_seed: int | None) -> int:
+    """The seed of engine call `turn` of episode `index`: `base_seed + index` first when given."""
+    if base_seed is None:
+        return completion_seed(group_id, index, turn)
+    if turn == 0:
+        return (base_seed + index) % _SEED_SPACE
+    return completion_seed(str(base_seed), index, turn)
+
+
+def sample_of_request(request_id: str) -> str:
+    """The sample a request id continues: request ids are the sample id, then '/t<k>' for k > 0."""
+    head, sep, tail = request_id.rpartition("/t")
+    return head if sep and tail.isdigit() else request_id
+
+
+@dataclass
+class SampleBuilder:
+    """One sample being assembled; environments see it as a `Thread`."""
+
+    sample_id: str
+    agent_id: str
+    role: str
+    trainable: bool
+    prompt: list[int]
+    tokenizer: Tokenizer
+    branch_of: str = ""
+    branch_pos: int = 0
+    edit: str = ""
+    after: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    mask: list[int] = field(default_factory=list)
+    segments: list[list[int]] = field(default_factory=list)
+    turns: list[Turn] = field(default_factory=list)
+    finish_reason: str = ""
+    calls: int = 0
+    closed: bool = False
+
+    def __len__(self) -> int:
+        return len(self.prompt) + len(self.after)
+
+    def ids(self) -> list[int]:
+        return [*self.prompt, *self.after]
+
+    def completion_text(self) -> str:
+        return self.tokenizer.decode([t for t in self.after if t != self.tokenizer.eos_id])
+
+    def spans(self) -> list[tuple[str, int, int, str]]:
+        return [(t.role, t.start, t.end, t.text) for t in self.turns]
+
+    def last_version(self) -> int | None:
+        return self.segments[-1][0] if self.segments else None
+
+    def add_versions(self, runs: list[tuple[int, int]]) -> None:
+        for version, n in runs:
+            if n <= 0:
+                continue
+            if self.segments and self.segments[-1][0] == version:
+                self.segments[-1][1] += n
+            else:
+                self.segments.append([version, n])
+
+    def to_sample(self) -> Sample:
+        return Sample(
+            sample_id=self.sample_id,
+            agent_id=self.agent_id,
+            role=self.role,
+            trainable=self.trainable,
+            prompt_len=len(self.prompt),
+            token_ids=pack_ids(self.ids()),
+            logprobs=pack_floats(self.logprobs),
+            loss_mask=pack_mask(self.mask),
+            segments=[PolicySegment(v, n) for v, n in self.segments],
+            turns=list(self.turns),
+            branch_of=self.branch_of,
+            branch_pos=self.branch_pos,
+            edit=self.edit,
+            finish_reason=self.finish_reason,
+        )
+
+
+@dataclass
+class EpisodeState:
+    """What every agent of one episode writes into: samples, tool log, counts, timings."""
+
+    episode_id: str
+    samples: list[SampleBuilder] = field(default_factory=list)
+    tool_log: list[ToolEvent] = field(default_factory=list)
+    counts: dict[str, int] = field(default_factory=dict)
+    rewards: dict[str, float] = field(default_factory=dict)
+    calls: int = 0
+    queued_at: float = 0.0
+    started_at: float = 0.0
+    finished_at: float = 0.0
+    generate_s: float = 0.0
+    last_finish: str = ""
+
+    def count(self, name: str, n: int = 1) -> None:
+        self.counts[name] = self.counts.get(name, 0) + n
+
+
+@dataclass(frozen=True)
+class EpisodeRun:
+    """Fixed inputs of one episode: engines, tokenizer, sampling, identity within its group."""
+
+    engine: Engine
+    tokenizer: Tokenizer
+    params: SamplingParams
+    group_id: str
+    index: int
+    frozen_engine: Engine | None = None
+    max_seq_len: int | None = None
+
+
+class Recorder:
+    """`EpisodeContext` for one agent of one episode (a spawned agent gets its own Recorder)."""
+
+    def __init__(
+        self,
+        run: EpisodeRun,
+        state: EpisodeState,
+        task: TaskSpec,
+        *,
+        agent_id: str = "policy",
+        role: str = "policy",
+        trainable: bool = True,
+    ) -> None:
+        self._run = run
+        self._state = state
+        self._task = task
+        self.agent_id = agent_id
+        self.role = role
+        self.trainable = trainable
+
+    @property
+    def task(self) -> TaskSpec:
+        return self._task
+
+    @property
+    def state(self) -> EpisodeState:
+        return self._state
+
+    # -- samples ----------------------------------------------------------------------------------
+
+    def _new_sample_id(self) -> str:
+        n = len(self._state.samples)
+        return self._state.episode_id if n == 0 else f"{self._state.episode_id}/s{n}"
+
+    def _check_fits(self, sample_id: str, needed: int) -> None:
+        limit = self._run.max_seq_len
+        if limit is not None and needed >= limit:
+            raise ContextFull(sample_id, needed, limit)
+
+    def open(
+        self, prompt: str, *, agent_id: str | None = None, role: str | None = None, trainable: bool | None = None
+    ) -> SampleBuilder:
+        sample_id = self._new_sample_id()
+        ids = prompt_ids(self._run.tokenizer, prompt)
+        try:
+            self._check_fits(sample_id, len(ids))
+        except ContextFull as exc:
+            if not self._state.samples:
+                # The episode cannot even start: this task can never run on this engine.
+                raise TaskRejected(
+                    f"task {self._task.task_id!r}: prompt has {exc.needed} tokens, the engine's max_seq_len "
+                    f"{exc.limit} leaves no room to generate"
+                ) from None
+            raise
+        sample = SampleBuilder(
+            sample_id=sample_id,
+            agent_id=self.agent_id if agent_id is None else agent_id,
+            role=self.role if role is None else role,
+            trainable=self.trainable if trainable is None else trainable,
+            prompt=ids,
+            tokenizer=self._run.tokenizer,
+        )
+        self._state.samples.append(sample)
+        return sample
+
+    def _own(self, thread: Any) -> SampleBuilder:
+        if not isinstance(thread, SampleBuilder) or thread not in self._state.samples:
+            raise ValueError(f"{thread!r} is not a sample of episode {self._state.episode_id!r}")
+        return thread
+
+    def _open_for_append(self, thread: Any) -> SampleBuilder:
+        sample = self._own(thread)
+        if sample.closed:
+            raise ValueError(
+                f"sample {sample.sample_id!r} is closed ({sample.finish_reason}); "
+                "a context edit continues in a new sample"
+            )
+        return sample
+
+    async def generate(
+        self, thread: Any, *, max_tokens: int | None = None, stop: list[str] | None = None
+    ) -> Generation:
+        sample = self._open_for_append(thread)
+        state, run = self._state, self._run
+        context = sample.ids()
+        try:
+            self._check_fits(sample.sample_id, len(context))
+        except ContextFull:
+            sample.finish_reason = "length"
+            raise
+        params = run.params
+        updates: dict[str, Any] = {
+            "seed": call_seed(run.group_id, run.index, state.calls, params.seed),
+        }
+        if max_tokens is not None:
+            updates["max_tokens"] = max(1, min(max_tokens, params.max_tokens))
+        if stop is not None:
+            updates["stop"] = list(stop)
+        suffix = f"/t{sample.calls}" if sample.calls else ""
+        request = GenerationRequest(
+            request_id=f"{sample.sample_id}{suffix}",
+            prompt_ids=context,
+            params=msgspec.structs.replace(params, **updates),
+        )
+        engine = run.engine if sample.trainable or run.frozen_engine is None else run.frozen_engine
+        turn = state.calls
+        state.calls += 1
+        sample.calls += 1
+        result = await engine.generate(request)
+        if result.finish_reason == "abort":
+            raise RolloutAborted(f"completion {request.request_id} was aborted by the engine")
+        if turn == 0:
+            state.queued_at, state.started_at = result.timings.queued_at, result.timings.started_at
+        state.finished_at = result.timings.finished_at
+        state.generate_s += result.timings.generate_s
+        start = len(sample)
+        sample.after.extend(result.completion_ids)
+        sample.logprobs.extend(result.logprobs)
+        sample.mask.extend([1] * len(result.completion_ids))
+        sample.add_versions(list(result.segments))
+        tok = run.tokenizer
+        text = tok.decode([t for t in result.completion_ids if t != tok.eos_id])
+        sample.turns.append(Turn(role="policy", start=start, end=len(sample), text=text))
+        sample.finish_reason = result.finish_reason
+        state.last_finish = result.finish_reason
+        state.count("turns")
+        return Generation(text=text, n_tokens=len(result.completion_ids), finish_reason=result.finish_reason, turn=turn)
+
+    def observe(self, thread: Any, text: str, *, role: str = "observation") -> None:
+        sample = self._open_for_append(thread)
+        ids = self._run.tokenizer.encode(text)
+        try:
+            self._check_fits(sample.sample_id, len(sample) + len(ids))
+        except ContextFull:
+            sample.finish_reason = "length"
+            raise
+        start = len(sample)
+        sample.after.extend(ids)
+        sample.logprobs.extend([0.0] * len(ids))
+        sample.mask.extend([0] * len(ids))
+        version = sample.last_version()
+        sample.add_versions([(self._run.engine.policy_version if version is None else version, len(ids))])
+        sample.turns.append(Turn(role=role, start=start, end=len(sample), text=text, observation=text))
+
+    def branch(self, parent: Any, pieces: list[Span | str], *, edit: str, finish_reason: str = "edit") -> SampleBuilder:
+        source = self._own(parent)
+        if not edit:
+            raise ValueError("branch needs a non-empty edit kind ('prune', 'summary', 'handoff', ...)")
+        parent_ids = source.ids()
+        ids: list[int] = []
+        for piece in pieces:
+            if isinstance(piece, Span):
+                if piece.end > len(parent_ids):
+                    raise ValueError(
+                        f"span [{piece.start}, {piece.end}) is past the end of sample {source.sample_id!r} "
+                        f"({len(parent_ids)} tokens)"
+                    )
+                ids.extend(parent_ids[piece.start : piece.end])
+            elif isinstance(piece, str):
+                ids.extend(self._run.tokenizer.encode(piece))
+            else:
+                raise TypeError(f"branch pieces are Span or str, got {type(piece).__name__}")
+        if not ids:
+            raise ValueError(f"branch of {source.sample_id!r} has an empty prompt")
+        shared = 0
+        while shared < min(len(ids), len(parent_ids)) and ids[shared] == parent_ids[shared]:
+            shared += 1
+        sample_id = self._new_sample_id()
+        self._check_fits(sample_id, len(ids))
+        if not source.closed:
+            source.closed = True
+            source.finish_reason = finish_reason
+        sample = SampleBuilder(
+            sample_id=sample_id,
+            agent_id=source.agent_id,
+            role=source.role,
+            trainable=source.trainable,
+            prompt=ids,
+            tokenizer=self._run.tokenizer,
+            branch_of=source.sample_id,
+            branch_pos=shared,
+            edit=edit,
+        )
+        self._state.samples.append(sample)
+        self._state.count(f"edit_{edit}")
+        return sample
+
+    # -- nested agents, log, counts -----------------------------------------------------------------
+
+    async def spawn(
+        self,
+        env: Environment[Any],
+        task: TaskSpec,
+        *,
+        agent_id: str,
+        role: str = "subagent",
+        trainable: bool = False,
+    ) -> Outcome:
+        if agent_id == self.agent_id:
+            raise ValueError(f"a spawned agent needs its own agent_id, not {agent_id!r}")
+        child = Recorder(self._run, self._state, task, agent_id=agent_id, role=role, trainable=trainable)
+        self._state.count("subagents")
+        return await env.run(child)
+
+    def log_tool(self, event: ToolEvent) -> None:
+        self._state.tool_log.append(event)
+        self._state.count("tool_calls")
+        if event.status != "ok":
+            self._state.count(event.status)
+
+    def count(self, name: str, n: int = 1) -> None:
+        self._state.count(name, n)
+
+    def reward(self, name: str, value: float) -> None:
+        self._state.rewards[name] = self._state.rewards.get(name, 0.0) + float(value)
+
+
+def assemble(
+    state: EpisodeState,
+    task: TaskSpec,
+    outcome: Outcome,
+    *,
+    group_id: str,
+    index: int,
+    group_size: int,
+    run_id: str,
+    worker_id: str,
+) -> Episode:
+    """The wire `Episode` of a finished episode."""
+    metadata = dict(task.metadata)
+    metadata.update({f"{PLAY_REWARD_PREFIX}{k}": repr(v) for k, v in state.rewards.items()})
+    counts = dict(state.counts)
+    counts["samples"] = len(state.samples)
+    infra = [e for e in state.tool_log if e.status == "infra_error"]
+    return Episode(
+        episode_id=state.episode_id,
+        task_id=task.task_id,
+        env=task.env,
+        run_id=run_id,
+        group_id=group_id,
+        group_index=index,
+        group_size=group_size,
+        split=task.split,
+        reference=task.reference,
+        samples=[s.to_sample() for s in state.samples],
+        tool_log=list(state.tool_log),
+        final_text=outcome.final_text,
+        finish_reason=outcome.finish_reason or state.last_finish,
+        worker_id=worker_id,
+        timings=Timings(
+            queued_at=state.queued_at,
+            started_at=state.started_at,
+            finished_at=state.finished_at or time.time(),
+            generate_s=state.generate_s,
+        ),
+        metadata=metadata,
+        counts=counts,
+        infra_error=f"{infra[0].name}: {infra[0].error}" if infra else "",
+    )
