@@ -1,6 +1,6 @@
 """Slipstream environments: the interface, the registry and the built-in verifiable tasks.
 
-Importing the package registers the built-ins (`arith`, `reverse`), so `get_env(name)` finds them.
+Importing the package registers the built-ins (`arith`, `reverse`, `search_call`), so `get_env(name)` finds them.
 """
 
 # arith and strings register themselves on import; that import is what makes get_env find them.
@@ -21,6 +21,7 @@ from slipstream.envs.base import (
 )
 from slipstream.envs.context import ContextFull, EpisodeContext, Generation, Outcome, Span, Thread
 from slipstream.envs.registry import ENVIRONMENTS, EnvError, get_env, parse_options, register
+from slipstream.envs.searchcall import SearchCall, SearchCallOptions
 from slipstream.envs.strings import Reverse, ReverseOptions
 
 __all__ = [
@@ -41,6 +42,8 @@ __all__ = [
     "Reverse",
     "ReverseOptions",
     "Score",
+    "SearchCall",
+    "SearchCallOptions",
     "Span",
     "Split",
     "StepResult",

@@ -251,6 +251,15 @@ class Environment(abc.ABC, Generic[OptionsT]):
             )
         return tasks
 
+    def chat_messages(self, task: TaskSpec, prompt: str) -> list[dict[str, str]]:
+        """The conversation a chat model (a tokenizer with a chat template) is shown for `prompt`,
+        a sample's opening text (`EpisodeContext.open`).
+
+        Default: the prompt as one user turn. Environments add system and demo turns here; the
+        harness renders them with the model's own template, ending at the assistant's turn.
+        """
+        return [{"role": "user", "content": prompt}]
+
     def sft_example(self, task: TaskSpec) -> str:
         """The reference completion for supervised warm-start; the caller appends the tokenizer's eos."""
         return task.reference + self.terminator

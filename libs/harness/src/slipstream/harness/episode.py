@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -183,6 +184,8 @@ class EpisodeRun:
     index: int
     frozen_engine: Engine | None = None
     max_seq_len: int | None = None
+    chat: Callable[[TaskSpec, str], list[dict[str, str]]] | None = None
+    """The env's `chat_messages`: the turns a chat model sees around a sample's opening text."""
 
 
 class Recorder:
@@ -228,7 +231,7 @@ class Recorder:
         self, prompt: str, *, agent_id: str | None = None, role: str | None = None, trainable: bool | None = None
     ) -> SampleBuilder:
         sample_id = self._new_sample_id()
-        ids = prompt_ids(self._run.tokenizer, prompt)
+        ids = self._prompt_ids(prompt)
         try:
             self._check_fits(sample_id, len(ids))
         except ContextFull as exc:
@@ -249,6 +252,17 @@ class Recorder:
         )
         self._state.samples.append(sample)
         return sample
+
+    def _prompt_ids(self, prompt: str) -> list[int]:
+        """[bos] + encode(prompt); for a chat model, the env's chat turns through the model's own template
+        (ending at the assistant's turn: the template writes its own start markers, so no extra bos)."""
+        tokenizer = self._run.tokenizer
+        template = getattr(tokenizer, "chat_template", None)
+        if template is None:
+            return prompt_ids(tokenizer, prompt)
+        chat = self._run.chat
+        messages = chat(self._task, prompt) if chat is not None else [{"role": "user", "content": prompt}]
+        return tokenizer.encode(template.render(messages, add_generation_prompt=True))
 
     def _own(self, thread: Any) -> SampleBuilder:
         if not isinstance(thread, SampleBuilder) or thread not in self._state.samples:

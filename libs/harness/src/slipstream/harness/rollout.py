@@ -131,6 +131,7 @@ async def rollout_episodes(
             index=i,
             frozen_engine=frozen_engine,
             max_seq_len=max_seq_len if isinstance(max_seq_len, int) else None,
+            chat=env.chat_messages,
         )
         for i in range(size)
     ]
