@@ -56,6 +56,8 @@ class ProgressView:
         if kind == "phase":
             self.phase, self.detail = data["phase"], data.get("detail", "")
             self._line(f"[bold]{self.phase}[/bold]: {self.detail}")
+        elif kind == "warmstart" and "model" in data:
+            self._line(f"model: {data['model']} from {data.get('path')} ({data.get('resolve_s', 0):.1f} s)")
         elif kind == "warmstart":
             self._line(
                 f"warm-start: {data.get('steps')} steps in {data.get('seconds', 0):.1f} s, "

@@ -78,6 +78,8 @@ class StackSpec:
     ready_timeout_s: float = 120.0
     drain_timeout_s: float = 20.0
     env: Mapping[str, str] = field(default_factory=dict)
+    service_env: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
+    """Extra config variables for one service only (service name -> variables), applied over `env`."""
     home: Path = HOME
     commands: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     """Per-service argv replacing `python -m slipstream.<pkg>` (a profiler, a test double)."""
@@ -107,6 +109,7 @@ class StackSpec:
             ready_timeout_s=self.ready_timeout_s,
             drain_timeout_s=self.drain_timeout_s,
             env=dict(self.env),
+            service_env={k: dict(v) for k, v in self.service_env.items()},
             home=self.home.expanduser().resolve(),
             commands={k: tuple(v) for k, v in self.commands.items()},
         )

@@ -207,6 +207,7 @@ class Stack:
         assert spec.store is not None
         env = dict(os.environ)
         env.update(spec.env)
+        env.update(spec.service_env.get(name, {}))
         env.update(spec.store.env())
         env.update(
             {

@@ -52,6 +52,18 @@ class TrainingPlan(msgspec.Struct, kw_only=True):
     eval_every: int = 0
     """Held-out eval on the latest version every N versions during the run (0: before and after only)."""
     timeout_s: float = 900.0
+    model: str = ""
+    """A named pretrained model (`smollm2-135m`): trained as is (no warm-start), with the settings below."""
+    lora_rank: int = 0
+    """> 0: train LoRA adapters of this rank only (every service gets `[model] lora_*`)."""
+    lora_alpha: float = 16.0
+    rollout_dtype: str = "float32"
+    """[model] dtype of the rollout workers and the held-out evaluator (bfloat16 for a real model)."""
+    learner_autocast: str = ""
+    """[learner] autocast: "bfloat16" trains fp32 master weights with bf16 matmuls."""
+    micro_batch: int = 16
+    device: str = "cpu"
+    """[model] device of every model-holding service: cpu, cuda or auto (cuda when present)."""
 
 
 class RunSummary(msgspec.Struct, kw_only=True):
@@ -95,6 +107,13 @@ def service_env(plan: TrainingPlan, model_dir: Path, staging_dir: Path, outcomes
     env = {
         "SLIPSTREAM_MODEL__PATH": str(model_dir),
         "SLIPSTREAM_MODEL__THREADS": "1",
+        "SLIPSTREAM_MODEL__DEVICE": plan.device,
+        "SLIPSTREAM_MODEL__LORA_RANK": str(plan.lora_rank),
+        "SLIPSTREAM_MODEL__LORA_ALPHA": str(plan.lora_alpha),
+        "SLIPSTREAM_LEARNER__MICRO_BATCH": str(plan.micro_batch),
+        "SLIPSTREAM_LEARNER__AUTOCAST": plan.learner_autocast,
+        # Versions travel in the rollout dtype: a bf16 worker needs only bf16 weights.
+        "SLIPSTREAM_LEARNER__WEIGHTS_DTYPE": plan.rollout_dtype,
         # learner
         "SLIPSTREAM_LEARNER__MAX_STEPS": str(plan.max_steps),
         "SLIPSTREAM_LEARNER__GROUPS_PER_STEP": str(plan.groups_per_step),
@@ -130,6 +149,25 @@ def service_env(plan: TrainingPlan, model_dir: Path, staging_dir: Path, outcomes
     return env
 
 
+def service_overrides(plan: TrainingPlan) -> dict[str, dict[str, str]]:
+    """Per-service config on top of `service_env`: the rollout workers and eval-gate sample in
+    `plan.rollout_dtype` while the learner keeps fp32 master weights."""
+    sampling = {"SLIPSTREAM_MODEL__DTYPE": plan.rollout_dtype}
+    return {"rollout-worker": sampling, "eval-gate": sampling}
+
+
+def initial_model(plan: TrainingPlan, run_dir: Path) -> tuple[Path, dict[str, Any]]:
+    """Version 0's directory and what making it did: a named model's cache, or a warm-started tiny model."""
+    if plan.model:
+        from slipstream.engine.catalog import ensure_model
+
+        t0 = time.monotonic()
+        path = ensure_model(plan.model)
+        return path, {"model": plan.model, "path": str(path), "resolve_s": round(time.monotonic() - t0, 2)}
+    model_dir = run_dir / "model-init"
+    return model_dir, warm_start(plan, model_dir)
+
+
 def warm_start(plan: TrainingPlan, model_dir: Path) -> dict[str, Any]:
     """Build the tiny model, train it briefly on reference answers, save it as version 0."""
     from slipstream.engine import build_tiny, save_pretrained
@@ -156,12 +194,29 @@ class HeldOut:
     """Greedy held-out evaluation of any stored version, in this process (one engine, reused)."""
 
     def __init__(self, plan: TrainingPlan, model_dir: Path) -> None:
-        from slipstream.engine import TorchEngine, load_pretrained
+        from slipstream.engine import TorchEngine
+        from slipstream.engine.source import ModelSource, load_model, resolve_device, torch_dtype
         from slipstream.envs import get_env
 
         self.env = get_env(plan.env, **plan.env_options)
-        model, self.tokenizer = load_pretrained(model_dir)
-        self.engine = TorchEngine(model, self.tokenizer, max_batch=64)
+        # The same [model] the rollout workers load (dtype, LoRA structure), so a stored version applies as there.
+        source = ModelSource(
+            path=str(model_dir),
+            dtype=plan.rollout_dtype,  # type: ignore[arg-type]
+            device=plan.device,
+            threads=0,
+            lora_rank=plan.lora_rank,
+            lora_alpha=plan.lora_alpha,
+        )
+        model, self.tokenizer = load_model(source)
+        self.engine = TorchEngine(
+            model,
+            self.tokenizer,
+            max_batch=64,
+            device=resolve_device(source),
+            dtype=torch_dtype(source),
+            allow_partial_updates=plan.lora_rank > 0,
+        )
         self.tasks = self.env.generate("heldout", plan.heldout_tasks, plan.seed + 7)
         self.temperature = plan.temperature
         self.samples = plan.heldout_samples
@@ -214,12 +269,13 @@ def run_training(
     emit = on_event or (lambda _kind, _data: None)
     run_dir = run_dir.resolve()
     run_dir.mkdir(parents=True, exist_ok=True)
-    model_dir, staging_dir = run_dir / "model-init", run_dir / "staging"
+    staging_dir = run_dir / "staging"
     summary = RunSummary(ok=False, plan=plan, run_dir=str(run_dir))
-    emit("phase", {"phase": "warm-start", "detail": f"{plan.sft_steps} supervised steps on {plan.env}"})
-    summary.warmstart = warm_start(plan, model_dir)
+    start = f"loading {plan.model}" if plan.model else f"{plan.sft_steps} supervised steps on {plan.env}"
+    emit("phase", {"phase": "warm-start", "detail": start})
+    model_dir, summary.warmstart = initial_model(plan, run_dir)
     emit("warmstart", summary.warmstart)
-    detail = f"held-out accuracy of the warm-started model ({plan.heldout_tasks} tasks)"
+    detail = f"held-out accuracy of the initial model ({plan.heldout_tasks} tasks)"
     emit("phase", {"phase": "eval", "detail": detail})
     summary.heldout_tasks = plan.heldout_tasks
     before = asyncio.run(held_out(plan, model_dir, None, None))
@@ -237,6 +293,7 @@ def run_training(
         store=StoreSpec(type="local", root=str(run_dir / "data" / "store")),
         run_id=run_dir.name,
         env={**service_env(plan, model_dir, staging_dir, run_dir / "learner-outcomes.jsonl"), **(stack_env or {})},
+        service_env=service_overrides(plan),
         drain_timeout_s=10.0,
         traces=run_dir / "traces.jsonl" if traces else None,
     )
