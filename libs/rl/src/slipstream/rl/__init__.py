@@ -1,7 +1,8 @@
-"""Slipstream RL math: group advantages, admission rules, policy losses and batch packing.
+"""Slipstream RL math: group advantages, episode credit, admission rules, policy losses and batching.
 
 Pure, typed functions over tensors or plain values, each tested on tiny inputs against
-hand-computed numbers (tests/unit/test_rl_*.py). Nothing here does I/O or knows the wire schema.
+hand-computed numbers (tests/unit/test_rl_*.py). Nothing here does I/O; only `credit` reads the
+wire record (episodes), to turn it into training rows.
 
 Names are imported lazily (PEP 562): `from slipstream.rl import LossConfig` in a service config
 does not pull in torch; the tensor functions load it on first use.
@@ -18,6 +19,12 @@ _EXPORTS: dict[str, str] = {
     "staleness": "admission",
     "group_advantages": "advantages",
     "is_uniform_group": "advantages",
+    "SampleWeighting": "credit",
+    "agent_advantages": "credit",
+    "group_rows": "credit",
+    "sample_weights": "credit",
+    "token_advantages": "credit",
+    "turn_mismatch": "batch",
     "Batch": "batch",
     "TrainItem": "batch",
     "pack_batch": "batch",
@@ -44,25 +51,32 @@ __all__ = [
     "LossOutput",
     "PolicyLoss",
     "PolicyTerms",
+    "SampleWeighting",
     "TrainItem",
+    "agent_advantages",
     "compute_loss",
     "get_loss",
     "group_advantages",
+    "group_rows",
     "is_stale",
     "is_uniform_group",
     "kl_per_token",
     "loss_types",
     "pack_batch",
     "register_loss",
+    "sample_weights",
     "staleness",
+    "token_advantages",
     "token_logprobs",
+    "turn_mismatch",
 ]
 
 if TYPE_CHECKING:
     from slipstream.rl.admission import DropReason, is_stale, staleness
     from slipstream.rl.advantages import group_advantages, is_uniform_group
-    from slipstream.rl.batch import Batch, TrainItem, pack_batch, token_logprobs
+    from slipstream.rl.batch import Batch, TrainItem, pack_batch, token_logprobs, turn_mismatch
     from slipstream.rl.config import KL_ESTIMATORS, KLEstimator, LossConfig
+    from slipstream.rl.credit import SampleWeighting, agent_advantages, group_rows, sample_weights, token_advantages
     from slipstream.rl.kl import kl_per_token
     from slipstream.rl.losses import (
         LossOutput,

@@ -11,8 +11,13 @@ prompt position P−1. Sequences are right-padded.
     compute_loss(cfg, logprobs=logprobs, behaviour_logprobs=batch.behaviour_logprobs,
                  advantages=batch.advantages, mask=batch.mask)
 
-This module does not know the wire schema: the learner converts each Trajectory (plus its group
-advantage) into a TrainItem.
+This module does not know the wire schema: `credit.py` turns each trainable sample of an episode
+(plus its agent's group advantage and its loss weight) into a TrainItem.
+
+A row's loss weight w is folded into its advantage (`advantages` holds A·w): both registered
+losses are positively homogeneous in the advantage (grpo: −min(r·A, clip(r)·A); cispo:
+sg(clip(r))·A·log π), so a term computed with A·w is exactly w times the term with A. The
+optional KL penalty and the `tokens` normaliser's token count are not weighted.
 """
 
 from __future__ import annotations
@@ -39,6 +44,10 @@ class TrainItem:
     """Per completion token: 1 = trained (policy output), 0 = observation, tool output, frozen sub-agent."""
     advantage: float
     """The trajectory's group advantage, broadcast to every completion token."""
+    loss_weight: float = 1.0
+    """Multiplies this row's policy-loss terms (see slipstream.rl.credit for the weighting)."""
+    turn_index: Sequence[int] = ()
+    """Optional, per completion token: the episode's policy-turn index that sampled it, −1 elsewhere."""
 
 
 @dataclass(frozen=True)
@@ -56,9 +65,11 @@ class Batch:
     behaviour_logprobs: Tensor
     """[B, T-1] float32, behaviour log-prob of each target completion token, 0 elsewhere."""
     advantages: Tensor
-    """[B, T-1] float32, the trajectory's advantage on its completion positions, 0 elsewhere."""
+    """[B, T-1] float32, advantage × loss weight on the row's completion positions, 0 elsewhere."""
     lengths: Tensor
     """[B] int64, real token count of each sequence."""
+    turn_index: Tensor
+    """[B, T-1] int64, the policy-turn index of each target token (−1: none / not given)."""
 
     @property
     def n_tokens(self) -> int:
@@ -75,6 +86,7 @@ class Batch:
             behaviour_logprobs=self.behaviour_logprobs.to(device),
             advantages=self.advantages.to(device),
             lengths=self.lengths.to(device),
+            turn_index=self.turn_index.to(device),
         )
 
 
@@ -99,6 +111,10 @@ def _check_item(index: int, item: TrainItem, behaviour: Tensor, loss_mask: Tenso
         raise ValueError(f"{where}: behaviour_logprobs of trained tokens must be finite")
     if not math.isfinite(item.advantage):
         raise ValueError(f"{where}: advantage must be finite, got {item.advantage}")
+    if not math.isfinite(item.loss_weight) or item.loss_weight < 0:
+        raise ValueError(f"{where}: loss_weight must be finite and >= 0, got {item.loss_weight}")
+    if item.turn_index and len(item.turn_index) != completion:
+        raise ValueError(f"{where}: turn_index has {len(item.turn_index)} entries for {completion} completion tokens")
 
 
 def pack_batch(items: Sequence[TrainItem], pad_id: int = 0) -> Batch:
@@ -113,6 +129,7 @@ def pack_batch(items: Sequence[TrainItem], pad_id: int = 0) -> Batch:
     behaviour_logprobs = torch.zeros((n, width - 1), dtype=torch.float32)
     advantages = torch.zeros((n, width - 1), dtype=torch.float32)
     lengths = torch.zeros(n, dtype=torch.int64)
+    turn_index = torch.full((n, width - 1), -1, dtype=torch.int64)
     for i, item in enumerate(items):
         behaviour = torch.as_tensor(item.behaviour_logprobs, dtype=torch.float32).reshape(-1)
         loss_mask = torch.as_tensor(item.loss_mask, dtype=torch.int64).reshape(-1)
@@ -125,7 +142,9 @@ def pack_batch(items: Sequence[TrainItem], pad_id: int = 0) -> Batch:
         span = slice(item.prompt_len - 1, length - 1)
         mask[i, span] = loss_mask == 1
         behaviour_logprobs[i, span] = torch.where(loss_mask == 1, behaviour, 0.0)
-        advantages[i, span] = item.advantage
+        advantages[i, span] = item.advantage * item.loss_weight
+        if item.turn_index:
+            turn_index[i, span] = torch.as_tensor(item.turn_index, dtype=torch.int64)
     return Batch(
         input_ids=input_ids,
         attention_mask=attention_mask,
@@ -134,7 +153,29 @@ def pack_batch(items: Sequence[TrainItem], pad_id: int = 0) -> Batch:
         behaviour_logprobs=behaviour_logprobs,
         advantages=advantages,
         lengths=lengths,
+        turn_index=turn_index,
     )
+
+
+def turn_mismatch(
+    logprobs: Tensor, behaviour_logprobs: Tensor, mask: Tensor, turn_index: Tensor
+) -> dict[int, tuple[float, int]]:
+    """{turn: (Σ (behaviour − current) log-prob, trained tokens)} over trained tokens with a turn index.
+
+    The mean per turn (sum / count) is the behaviour-vs-current mismatch of that turn: 0 when the
+    learner reproduces the sampler exactly; growing with the turn index when boundary tokens or
+    re-rendered history drift (verl #5229's per-round diff). Sums, so micro-batches add up.
+    """
+    keep = (mask != 0) & (turn_index >= 0)
+    if not bool(keep.any()):
+        return {}
+    diff = (behaviour_logprobs.detach().float() - logprobs.detach().float())[keep]
+    turns = turn_index[keep]
+    out: dict[int, tuple[float, int]] = {}
+    for t in torch.unique(turns).tolist():
+        sel = turns == t
+        out[int(t)] = (float(diff[sel].sum()), int(sel.sum()))
+    return out
 
 
 def token_logprobs(logits: Tensor, targets: Tensor, temperature: float = 1.0) -> Tensor:
