@@ -2,12 +2,23 @@
 
 from __future__ import annotations
 
+import msgspec
 import pytest
 
 from slipstream.learner.intake import HELDOUT, Intake, inspect
 from slipstream.learner.ledger import TrainedLedger
 from slipstream.rl import DropReason
-from slipstream.schemas import PolicySegment, ScoredTrajectory, Trajectory, pack_floats, pack_ids, pack_mask
+from slipstream.schemas import (
+    EpisodeRef,
+    PolicySegment,
+    ScoredEpisode,
+    ScoredTrajectory,
+    Trajectory,
+    pack_floats,
+    pack_ids,
+    pack_mask,
+    scored_episode_from_v1,
+)
 
 pytestmark = pytest.mark.unit
 
@@ -26,7 +37,7 @@ def scored(
     mask: tuple[int, ...] | None = None,
     segments: list[PolicySegment] | None = None,
     split: str = "train",
-) -> ScoredTrajectory:
+) -> ScoredEpisode:
     n = len(completion)
     traj = Trajectory(
         trajectory_id=tid,
@@ -41,7 +52,8 @@ def scored(
         segments=segments if segments is not None else [PolicySegment(version, n)],
         split=split,
     )
-    return ScoredTrajectory(trajectory=traj, reward=reward, correct=reward > 0.5)
+    # Built as a v1 trajectory and upgraded: the path every v1 producer's message takes.
+    return scored_episode_from_v1(ScoredTrajectory(trajectory=traj, reward=reward, correct=reward > 0.5))
 
 
 def make(max_staleness: int = 2, timeout: float = 10.0, ledger: TrainedLedger | None = None) -> Intake[str]:
@@ -65,7 +77,7 @@ def test_groups_are_assembled_by_group_id_and_taken_oldest_first() -> None:
     groups, drops = intake.take(2, version=0)
     assert drops == []
     assert [g.key for g in groups] == ["t2/b", "t1/a"]
-    assert [[m.trajectory_id for m in g.members] for g in groups] == [["b1", "b2", "b3"], ["a1", "a2", "a3"]]
+    assert [[m.episode_id for m in g.members] for g in groups] == [["b1", "b2", "b3"], ["a1", "a2", "a3"]]
     assert [m.handles for m in groups[0].members] == [["h-b1"], ["h-b2"], ["h-b3"]]
     assert intake.ready_groups == 0 and intake.dropped == {}
 
@@ -74,7 +86,7 @@ def test_a_trajectory_without_group_id_is_grouped_by_task_id() -> None:
     intake = make()
     for i, r in enumerate((0.0, 1.0)):
         s = scored(f"x{i}", "task7", size=2, reward=r)
-        s.trajectory.group_id = ""
+        s.episode.group_id = ""
         intake.offer(s, i, version=0, now=0.0)
     groups, _ = intake.take(1, version=0)
     assert [g.key for g in groups] == ["task7"]
@@ -95,19 +107,17 @@ def test_every_drop_reason_is_counted_once_per_trajectory() -> None:
         (scored("eval", "h", size=1, split="heldout"), HELDOUT),
     ]
     ledger.commit(["dup"])
-    results = {
-        s.trajectory.trajectory_id: intake.offer(s, s.trajectory.trajectory_id, version=5, now=0.0) for s, _ in cases
-    }
+    results = {s.episode.episode_id: intake.offer(s, s.episode.episode_id, version=5, now=0.0) for s, _ in cases}
     for s, reason in cases:
-        tid = s.trajectory.trajectory_id
-        assert [(d.trajectory_id, d.reason, d.handles) for d in results[tid]] == [(tid, reason, (tid,))]
+        tid = s.episode.episode_id
+        assert [(d.episode_id, d.reason, d.handles) for d in results[tid]] == [(tid, reason, (tid,))]
     # A uniform group (every reward equal) and an incomplete one.
     uniform = [intake.offer(scored(f"u{i}", "u", size=2, reward=1.0, version=5), f"u{i}", 5, 0.0) for i in range(2)]
     assert [d.reason for d in uniform[1]] == [DropReason.UNIFORM_GROUP] * 2
     assert intake.offer(scored("i0", "inc", size=3, reward=1.0, version=5), "i0", 5, now=1.0) == []
     assert intake.expire(now=5.9) == []  # 4.9 s after its first member: within the budget
     expired = intake.expire(now=6.5)
-    assert [(d.trajectory_id, d.reason) for d in expired] == [("i0", DropReason.INCOMPLETE_GROUP)]
+    assert [(d.episode_id, d.reason) for d in expired] == [("i0", DropReason.INCOMPLETE_GROUP)]
     late = intake.offer(scored("i1", "inc", size=3, version=5), "i1", 5, now=7.0)
     assert [d.reason for d in late] == [DropReason.INCOMPLETE_GROUP]
     assert intake.dropped == {
@@ -160,13 +170,13 @@ def test_queued_groups_are_rechecked_for_staleness_when_taken() -> None:
         intake.offer(scored(tid, "y", size=3, reward=r, version=v), tid, 5, 0.0)
     assert intake.ready_groups == 2
     groups, drops = intake.take(1, version=6)  # v3 is now 3 behind: stale
-    assert sorted((d.trajectory_id, d.reason) for d in drops) == [
+    assert sorted((d.episode_id, d.reason) for d in drops) == [
         ("x3", "stale"),
         ("y1", "stale"),
         ("y2", "uniform_group"),  # what is left of y is uniform
         ("y3", "uniform_group"),
     ]
-    assert [[m.trajectory_id for m in g.members] for g in groups] == [["x1", "x2"]]
+    assert [[m.episode_id for m in g.members] for g in groups] == [["x1", "x2"]]
     assert intake.dropped == {"stale": 2, "uniform_group": 2}
 
 
@@ -178,7 +188,7 @@ def test_a_member_dropped_on_arrival_still_completes_its_group() -> None:
     ]
     intake.offer(scored("c", "g", size=3, reward=1.0), "c", 0, 0.0)
     (group,), _ = intake.take(1, version=0)
-    assert [m.trajectory_id for m in group.members] == ["a", "c"]
+    assert [m.episode_id for m in group.members] == ["a", "c"]
     assert intake.pending_groups == 0
 
 
@@ -188,7 +198,7 @@ def test_a_member_with_another_group_size_is_malformed() -> None:
     drops = intake.offer(scored("b", "g", size=3, reward=1.0), "b", 0, 0.0)
     assert [d.reason for d in drops[:1]] == ["malformed"] and "group_size 3" in drops[0].detail
     # The group is complete with one survivor, whose reward has nothing to be compared with.
-    assert [(d.trajectory_id, d.reason) for d in drops[1:]] == [("a", "uniform_group")]
+    assert [(d.episode_id, d.reason) for d in drops[1:]] == [("a", "uniform_group")]
 
 
 def test_untrained_hands_back_pending_and_queued_members() -> None:
@@ -197,7 +207,7 @@ def test_untrained_hands_back_pending_and_queued_members() -> None:
     for tid, r in (("q1", 0.0), ("q2", 1.0)):
         intake.offer(scored(tid, "queued", size=2, reward=r), tid, 0, 0.0)
     members = intake.untrained()
-    assert sorted(m.trajectory_id for m in members) == ["p", "q1", "q2"]
+    assert sorted(m.episode_id for m in members) == ["p", "q1", "q2"]
     assert (intake.in_flight, intake.ready_groups, intake.pending_groups) == (0, 0, 0)
     assert intake.dropped == {}  # handed back, not dropped
 
@@ -206,8 +216,8 @@ def test_untrained_hands_back_pending_and_queued_members() -> None:
     ("change", "needle"),
     [
         ({"prompt_len": 0}, "prompt_len 0"),
-        ({"prompt_len": 6}, "leaves no prompt or no completion"),
-        ({"logprobs": pack_floats([-1.0])}, "1 logprobs for 3 completion tokens"),
+        ({"prompt_len": 6}, "leaves no prompt or nothing after it"),
+        ({"logprobs": pack_floats([-1.0])}, "1 logprobs for 3 tokens after the prompt"),
         ({"loss_mask": b"\x01\x02\x01"}, "0 or 1"),
         ({"loss_mask": b"\x01"}, "1 loss_mask entries"),
         ({"segments": []}, "no policy segments"),
@@ -219,7 +229,7 @@ def test_untrained_hands_back_pending_and_queued_members() -> None:
 def test_inspect_names_the_problem(change: dict[str, object], needle: str) -> None:
     s = scored("t")
     for k, v in change.items():
-        setattr(s.trajectory, k, v)
+        setattr(s.episode.samples[0], k, v)
     assert needle in inspect(s, VOCAB).problem
 
 
@@ -228,3 +238,47 @@ def test_inspect_accepts_a_good_trajectory_and_reports_its_versions() -> None:
     assert inspect(s, VOCAB) == type(inspect(s, VOCAB))("", oldest_version=4, trained_tokens=2)
     bad = scored("t", reward=float("inf"))
     assert "not finite" in inspect(bad, VOCAB).problem
+
+
+def multi(eid: str, *, frozen_version: int, reward: float = 0.0, **fields: object) -> ScoredEpisode:
+    """A policy sample (version 5), a summary branch and a frozen helper pinned to `frozen_version`."""
+    s = scored(eid, "multi", size=2, version=5, reward=reward)
+    root = s.episode.samples[0]
+    branch = msgspec.structs.replace(root, sample_id=f"{eid}/1", branch_of=root.sample_id, edit="summary")
+    helper = msgspec.structs.replace(
+        root, sample_id=f"{eid}/2", agent_id="helper", trainable=False, segments=[PolicySegment(frozen_version, 3)]
+    )
+    s.episode.samples = [root, branch, helper]
+    for k, v in fields.items():
+        setattr(s.episode, k, v)
+    return s
+
+
+def test_a_multi_sample_episode_is_checked_per_sample_and_staleness_ignores_frozen_samples() -> None:
+    found = inspect(multi("e", frozen_version=0), VOCAB)
+    # Trainable samples are at version 5; the frozen helper at 0 does not count. 3 + 3 trained tokens.
+    assert found == type(found)("", oldest_version=5, trained_tokens=6)
+    intake = make(max_staleness=1, timeout=5.0)
+    assert intake.offer(multi("e", frozen_version=0), "e", version=5, now=0.0) == []
+    assert intake.offer(multi("f", frozen_version=0, reward=1.0), "f", version=5, now=0.0) == []
+    assert intake.ready_groups == 1 and intake.dropped == {}
+
+
+def test_infra_errors_and_bad_branches_are_dropped_with_their_reason() -> None:
+    intake = make(max_staleness=1, timeout=5.0)
+    infra = multi("i", frozen_version=5, infra_error="search backend timed out")
+    (d,) = intake.offer(infra, "i", version=5, now=0.0)
+    assert (d.episode_id, d.reason, d.detail) == ("i", DropReason.INFRA_ERROR, "search backend timed out")
+    orphan = multi("o", frozen_version=5)
+    orphan.episode.samples[1].branch_of = "nowhere"
+    assert "branches from 'nowhere'" in inspect(orphan, VOCAB).problem
+    twice = multi("t", frozen_version=5)
+    twice.episode.samples[2].sample_id = twice.episode.samples[0].sample_id
+    assert "appears twice" in inspect(twice, VOCAB).problem
+    stub = multi("s", frozen_version=5)
+    stub.episode.body_ref = EpisodeRef(key="k", size=1, sha256="x")
+    assert "stub" in inspect(stub, VOCAB).problem
+    # A frozen sample may use token ids outside the policy's vocabulary.
+    foreign = multi("f", frozen_version=5)
+    foreign.episode.samples[2].token_ids = pack_ids([1, 2, 3, 9000, 9001, 9002])
+    assert inspect(foreign, VOCAB).problem == ""

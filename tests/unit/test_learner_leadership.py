@@ -22,7 +22,16 @@ from slipstream.learner.intake import Intake, Member
 from slipstream.learner.leadership import Leadership, LeadershipLost
 from slipstream.learner.ledger import TrainedLedger
 from slipstream.rl import DropReason
-from slipstream.schemas import PolicySegment, ScoredTrajectory, Trajectory, pack_floats, pack_ids, pack_mask
+from slipstream.schemas import (
+    PolicySegment,
+    ScoredEpisode,
+    ScoredTrajectory,
+    Trajectory,
+    pack_floats,
+    pack_ids,
+    pack_mask,
+    scored_episode_from_v1,
+)
 from slipstream.store import LocalObjectStore
 
 pytestmark = pytest.mark.unit
@@ -230,7 +239,7 @@ async def test_without_wait_a_held_lease_raises_naming_the_holder_and_with_wait_
 # --- claims ------------------------------------------------------------------------------------------
 
 
-def scored(tid: str, task: str, reward: float, key: str = "") -> ScoredTrajectory:
+def scored(tid: str, task: str, reward: float, key: str = "") -> ScoredEpisode:
     traj = Trajectory(
         trajectory_id=tid,
         task_id=task,
@@ -244,11 +253,11 @@ def scored(tid: str, task: str, reward: float, key: str = "") -> ScoredTrajector
         segments=[PolicySegment(0, 1)],
         metadata={"key": key} if key else {},
     )
-    return ScoredTrajectory(trajectory=traj, reward=reward, correct=reward > 0.5)
+    return scored_episode_from_v1(ScoredTrajectory(trajectory=traj, reward=reward, correct=reward > 0.5))
 
 
-def member(s: ScoredTrajectory) -> Member[str]:
-    return Member(s, [f"h-{s.trajectory.trajectory_id}"], 0, 1)
+def member(s: ScoredEpisode) -> Member[str]:
+    return Member(s, [f"h-{s.episode.episode_id}"], 0, 1)
 
 
 async def test_committed_trajectories_are_claimed_recorded_then_acked_and_held_while_redis_is_down() -> None:
@@ -276,7 +285,7 @@ async def test_an_id_counted_by_another_step_is_acked_but_not_recorded_again() -
     acks: list[str] = []
 
     async def ack(members: Sequence[Member[str]]) -> None:
-        acks.extend(m.trajectory_id for m in members)
+        acks.extend(m.episode_id for m in members)
 
     claims: Claims[str] = Claims(control, ack)  # type: ignore[arg-type]
     before = CONFLICTS.total()
@@ -315,7 +324,7 @@ def test_evicted_members_leave_their_groups_which_still_complete_and_are_rescree
         assert intake.offer(scored(tid, task, reward), f"h-{tid}", 0, 0.0) == []
     assert intake.ready_ids() == ["a1", "a2"] and intake.pending_groups == 1
     drops = intake.evict({"a2", "b1"}, DropReason.DUPLICATE, "counted")
-    assert sorted((d.trajectory_id, d.reason, d.handles) for d in drops) == [
+    assert sorted((d.episode_id, d.reason, d.handles) for d in drops) == [
         ("a2", "duplicate", ("h-a2",)),
         ("b1", "duplicate", ("h-b1",)),
     ]
@@ -323,7 +332,7 @@ def test_evicted_members_leave_their_groups_which_still_complete_and_are_rescree
     # Group b still completes with its next arrival; group a, left with one member, is uniform.
     intake.offer(scored("b2", "b", 1.0), "h-b2", 0, 0.0)
     groups, more = intake.take(2, 0)
-    assert groups == [] and [(d.trajectory_id, d.reason) for d in more] == [("a1", "uniform_group")]
+    assert groups == [] and [(d.episode_id, d.reason) for d in more] == [("a1", "uniform_group")]
 
 
 # --- fenced checkpoints ------------------------------------------------------------------------------

@@ -14,7 +14,20 @@ from slipstream.engine import build_tiny
 from slipstream.learner.config import LearnerSection
 from slipstream.learner.trainer import Trainer, staleness_histogram, train_items
 from slipstream.rl import LossConfig, token_logprobs
-from slipstream.schemas import PolicySegment, ScoredTrajectory, Trajectory, pack_floats, pack_ids, pack_mask
+from slipstream.schemas import (
+    Episode,
+    PolicySegment,
+    Sample,
+    ScoredEpisode,
+    ScoredTrajectory,
+    ToolEvent,
+    Trajectory,
+    Turn,
+    pack_floats,
+    pack_ids,
+    pack_mask,
+    scored_episode_from_v1,
+)
 
 pytestmark = pytest.mark.unit
 
@@ -38,7 +51,7 @@ def scored(
     version: int = 0,
     behaviour: list[float] | None = None,
     correct: bool = False,
-) -> ScoredTrajectory:
+) -> ScoredEpisode:
     n = len(completion)
     traj = Trajectory(
         trajectory_id=tid,
@@ -52,7 +65,7 @@ def scored(
         loss_mask=pack_mask([1] * n),
         segments=[PolicySegment(version, n)],
     )
-    return ScoredTrajectory(trajectory=traj, reward=reward, correct=correct)
+    return scored_episode_from_v1(ScoredTrajectory(trajectory=traj, reward=reward, correct=correct))
 
 
 def trainer(seed: int = 0, **section: object) -> Trainer:
@@ -81,7 +94,7 @@ def test_train_items_carry_reward_minus_group_mean() -> None:
 def test_staleness_histogram_counts_versions_behind_of_the_oldest_token() -> None:
     a = scored("a", [60], 1.0, version=5)
     b = scored("b", [60, 61], 0.0)
-    b.trajectory.segments = [PolicySegment(3, 1), PolicySegment(5, 1)]
+    b.episode.samples[0].segments = [PolicySegment(3, 1), PolicySegment(5, 1)]
     c = scored("c", [60], 0.0, version=4)
     assert staleness_histogram([a, b, c], version=5) == {"0": 1, "1": 1, "2": 1}
 
@@ -180,3 +193,81 @@ def test_repeated_steps_raise_the_rewarded_completion_and_lower_the_other() -> N
 def test_a_step_needs_groups() -> None:
     with pytest.raises(ValueError, match="at least one group"):
         trainer().step([], version=0)
+
+
+def agentic(eid: str, reward: float, t: Trainer) -> ScoredEpisode:
+    """Policy turn [60, 61], tool result [90, 91] (masked), policy turn [62]; a summary branch; a frozen helper."""
+    first = [60, 61, 90, 91, 62]
+    mask = [1, 1, 0, 0, 1]
+    lp = behaviour_of(t, first, 1.0)
+    root = Sample(
+        sample_id=f"{eid}/0",
+        prompt_len=len(PROMPT),
+        token_ids=pack_ids(PROMPT + first),
+        logprobs=pack_floats([x if m else 0.0 for x, m in zip(lp, mask, strict=True)]),
+        loss_mask=pack_mask(mask),
+        segments=[PolicySegment(0, 5)],
+        turns=[
+            Turn(role="policy", start=4, end=6),
+            Turn(role="tool", start=6, end=8),
+            Turn(role="policy", start=8, end=9),
+        ],
+    )
+    summary = Sample(
+        sample_id=f"{eid}/1",
+        role="summary",
+        prompt_len=len(PROMPT),
+        token_ids=pack_ids([*PROMPT, 63]),
+        logprobs=pack_floats(behaviour_of(t, [63], 1.0)),
+        loss_mask=pack_mask([1]),
+        segments=[PolicySegment(0, 1)],
+        branch_of=f"{eid}/0",
+        branch_pos=9,
+        edit="summary",
+    )
+    helper = Sample(
+        sample_id=f"{eid}/2",
+        agent_id="helper",
+        trainable=False,
+        prompt_len=1,
+        token_ids=pack_ids([1, 70, 71]),
+        logprobs=pack_floats([-1.0, -1.0]),
+        loss_mask=pack_mask([1, 1]),
+        segments=[PolicySegment(0, 2)],
+    )
+    ep = Episode(
+        episode_id=eid,
+        task_id="t",
+        env="tools",
+        group_id="g",
+        group_size=2,
+        samples=[root, summary, helper],
+        tool_log=[
+            ToolEvent(sample_id=f"{eid}/0", name="calc", arguments="{}"),
+            ToolEvent(sample_id=f"{eid}/0", name="calc", arguments="{", status="invalid_tool_call"),
+        ],
+        counts={"turns": 3, "tool_calls": 2, "invalid_tool_call": 1},
+    )
+    return ScoredEpisode(episode=ep, reward=reward, correct=reward > 0.5)
+
+
+def test_a_multi_sample_episode_trains_its_sampled_tokens_and_reports_its_shape() -> None:
+    t = trainer(lr=1e-3)
+    group = [agentic("a", 1.0, t), agentic("b", 0.0, t)]
+    items = train_items(group)
+    # Two trainable samples per episode; the frozen helper produces no row.
+    assert [list(i.token_ids) for i in items[:2]] == [[*PROMPT, 60, 61, 90, 91, 62], [*PROMPT, 63]]
+    assert [i.advantage for i in items] == [0.5, 0.5, -0.5, -0.5]
+    assert list(items[0].turn_index) == [0, 0, -1, -1, 1] and list(items[1].turn_index) == [2]
+    stats = t.step([group], version=0)
+    assert stats.applied and stats.n_trajectories == 2 and stats.n_samples == 4
+    assert stats.n_tokens == 8  # (3 + 1) sampled tokens per episode; tool results and the helper are not trained
+    assert stats.episodes == {
+        "turns_per_episode": 3.0,
+        "tool_calls_per_turn": pytest.approx(2 / 3),
+        "invalid_call_rate": 0.5,
+        "samples_per_episode": 3.0,
+    }
+    # Behaviour log-probs were taken from this very model: no mismatch at any turn before the update.
+    assert set(stats.mismatch_by_turn) == {"0", "1", "2"}
+    assert all(abs(v) < 1e-4 for v in stats.mismatch_by_turn.values())

@@ -29,6 +29,8 @@ class DropReason(StrEnum):
     """Its trajectory_id was already trained on (redelivery after a crash or a retry)."""
     NO_TRAINED_TOKENS = "no_trained_tokens"
     """Its loss mask is all zeros: nothing the policy generated is trainable."""
+    INFRA_ERROR = "infra_error"
+    """An infrastructure failure (tool backend down, timeout) spoiled the episode: never the model's fault."""
     INCOMPLETE_GROUP = "incomplete_group"
     """Its group never filled up within the learner's wait budget, so no baseline can be formed."""
 

@@ -195,3 +195,33 @@ def group_rows(
     """Training rows for every episode of one group, with (group, agent) advantages."""
     advs = agent_advantages(group, normalize_std=normalize_std)
     return [episode_rows(s.episode, a, weighting) for s, a in zip(group, advs, strict=True)]
+
+
+def episode_figures(episodes: Sequence[Episode]) -> dict[str, float]:
+    """Per-step shape of the episodes trained on: turns, tool calls, invalid calls, samples.
+
+    - turns_per_episode: mean `counts["turns"]` (else the policy turns found in the samples);
+    - tool_calls_per_turn: Σ tool calls / Σ turns (`counts["tool_calls"]`, else the tool log);
+    - invalid_call_rate: Σ invalid tool calls / Σ tool calls (0 when no call was made);
+    - samples_per_episode: mean number of samples (frozen ones included).
+    """
+    if not episodes:
+        return {}
+    turns = calls = invalid = samples = 0
+    for ep in episodes:
+        n_turns = ep.counts.get("turns")
+        if n_turns is None:
+            n_turns = 0
+            for s in ep.samples:
+                n_turns = turn_indices(s, n_turns)[1]
+        turns += n_turns
+        calls += ep.counts.get("tool_calls", len(ep.tool_log))
+        invalid += ep.counts.get("invalid_tool_call", sum(1 for e in ep.tool_log if e.status == "invalid_tool_call"))
+        samples += ep.n_samples()
+    n = len(episodes)
+    return {
+        "turns_per_episode": turns / n,
+        "tool_calls_per_turn": calls / turns if turns else 0.0,
+        "invalid_call_rate": invalid / calls if calls else 0.0,
+        "samples_per_episode": samples / n,
+    }

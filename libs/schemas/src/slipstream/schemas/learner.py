@@ -29,3 +29,17 @@ class LearnerStep(msgspec.Struct, kw_only=True):
     staleness: Annotated[dict[str, int], Doc(description="Histogram: versions behind -> trajectories.")] = {}
     dropped: Annotated[dict[str, int], Doc(description="Cumulative drops by reason.")] = {}
     finished_at: float = 0.0
+    n_samples: Annotated[int, Doc(description="Training rows: trainable samples of the step's episodes.")] = 0
+    turns_per_episode: Annotated[float, Doc(description="Mean policy turns per trained episode.")] = 0.0
+    tool_calls_per_turn: Annotated[float, Doc(description="Tool calls / policy turns over the step's episodes.")] = 0.0
+    invalid_call_rate: Annotated[
+        float, Doc(description="Invalid tool calls / tool calls over the step's episodes (0 without calls).")
+    ] = 0.0
+    samples_per_episode: Annotated[float, Doc(description="Mean samples per trained episode (frozen included).")] = 0.0
+    logprob_mismatch_by_turn: Annotated[
+        dict[str, float],
+        Doc(
+            description="Policy-turn index -> mean (behaviour - current) log-prob over its trained tokens, "
+            "before the update: drift at turn boundaries shows as growth with the index."
+        ),
+    ] = {}

@@ -24,7 +24,7 @@ from typing import Generic, TypeVar
 
 from slipstream.control import Control, ControlUnavailable
 from slipstream.learner.intake import Member
-from slipstream.schemas import ScoredTrajectory
+from slipstream.schemas import ScoredEpisode
 from slipstream.telemetry.logs import get_logger
 from slipstream.telemetry.metrics import counter, gauge
 
@@ -46,9 +46,9 @@ def task_key(env: str, metadata: Mapping[str, str], task_id: str) -> str:
     return f"{env}/{key or task_id}"
 
 
-def attempt(scored: ScoredTrajectory) -> tuple[str, float, bool]:
+def attempt(scored: ScoredEpisode) -> tuple[str, float, bool]:
     """One scored attempt as `TaskStats.record_many` takes it."""
-    t = scored.trajectory
+    t = scored.episode
     return task_key(t.env, t.metadata, t.task_id), scored.reward, scored.correct
 
 
@@ -64,7 +64,7 @@ class Committed(Generic[H]):
     members: Sequence[Member[H]]
 
     @property
-    def scored(self) -> list[ScoredTrajectory]:
+    def scored(self) -> list[ScoredEpisode]:
         return [m.scored for m in self.members]
 
 
@@ -83,7 +83,7 @@ class Claims(Generic[H]):
         return sum(len(c.scored) for c in self._pending)
 
     def pending_ids(self) -> list[str]:
-        return [s.trajectory.trajectory_id for c in self._pending for s in c.scored]
+        return [s.episode.episode_id for c in self._pending for s in c.scored]
 
     def drain(self) -> list[Member[H]]:
         """Remove and return every member still waiting for its claim (to hand back on stop)."""
@@ -116,7 +116,7 @@ class Claims(Generic[H]):
     async def _claim(self, batch: Committed[H]) -> None:
         assert self.control is not None
         ledger = self.control.ledger
-        ids = [s.trajectory.trajectory_id for s in batch.scored]
+        ids = [s.episode.episode_id for s in batch.scored]
         fresh = await ledger.claim(ids, batch.step)
         for i, first in enumerate(fresh):
             # An earlier attempt whose answer was lost (a timeout) may have claimed it: that was us.
@@ -129,7 +129,7 @@ class Claims(Generic[H]):
         # The claim is done: a failure to record below must not undo it (the ids would count twice).
         await self._record([s for s, first in zip(batch.scored, fresh, strict=True) if first], "trained")
 
-    async def uniform_group(self, scored: Sequence[ScoredTrajectory], step: int) -> None:
+    async def uniform_group(self, scored: Sequence[ScoredEpisode], step: int) -> None:
         """Count the attempts of a group dropped as uniform (best effort: skipped while Redis is down)."""
         if self.control is None or not scored:
             return
@@ -138,13 +138,13 @@ class Claims(Generic[H]):
             STATS_LOST.add(len(scored))
             return
         try:
-            fresh = await self.control.ledger.claim([s.trajectory.trajectory_id for s in scored], step)
+            fresh = await self.control.ledger.claim([s.episode.episode_id for s in scored], step)
         except ControlUnavailable:
             STATS_LOST.add(len(scored))
             return
         await self._record([s for s, first in zip(scored, fresh, strict=True) if first], "uniform_group")
 
-    async def _record(self, scored: Sequence[ScoredTrajectory], kind: str) -> None:
+    async def _record(self, scored: Sequence[ScoredEpisode], kind: str) -> None:
         assert self.control is not None
         if not scored:
             return

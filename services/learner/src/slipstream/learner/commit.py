@@ -29,10 +29,10 @@ from slipstream.learner.outcomes import DROPPED, TRAINED, Outcome, OutcomeLog
 from slipstream.learner.progress import Progress
 from slipstream.learner.trainer import Trainer
 from slipstream.rl import DropReason
-from slipstream.schemas import ScoredTrajectory
+from slipstream.schemas import ScoredEpisode
 from slipstream.telemetry.logs import get_logger
 
-Entry: TypeAlias = Member[Delivery[ScoredTrajectory]]
+Entry: TypeAlias = Member[Delivery[ScoredEpisode]]
 """A trajectory the intake let go of, with every delivery of it."""
 log = get_logger(__name__)
 
@@ -55,12 +55,12 @@ class Committer:
         self,
         *,
         progress: Progress,
-        intake: Intake[Delivery[ScoredTrajectory]],
+        intake: Intake[Delivery[ScoredEpisode]],
         trainer: Trainer,
         checkpoints: Checkpoints,
         ledger: TrainedLedger,
         outcomes: OutcomeLog,
-        claims: Claims[Delivery[ScoredTrajectory]],
+        claims: Claims[Delivery[ScoredEpisode]],
         lead: Lead | None,
     ) -> None:
         self.progress = progress
@@ -89,7 +89,7 @@ class Committer:
         p = self.progress
         if p.step == p.committed_step or self.diverged or not await confirmed(self.lead, stop):
             return
-        ids = [m.trajectory_id for m in self.held]
+        ids = [m.episode_id for m in self.held]
         started = time.perf_counter()
         await asyncio.to_thread(
             self.checkpoints.save,
@@ -124,9 +124,9 @@ class Committer:
         for member in members:
             for handle in member.handles:
                 await quietly("ack", handle.ack())
-        self.intake.forget([m.trajectory_id for m in members])
+        self.intake.forget([m.episode_id for m in members])
 
-    async def settle_drops(self, drops: Sequence[Drop[Delivery[ScoredTrajectory]]]) -> None:
+    async def settle_drops(self, drops: Sequence[Drop[Delivery[ScoredEpisode]]]) -> None:
         """Record, count and ack dropped trajectories (a uniform group's attempts are claimed first)."""
         if not drops:
             return
@@ -135,14 +135,14 @@ class Committer:
             [d.scored for d in drops if d.reason == DropReason.UNIFORM_GROUP and d.scored is not None], p.step
         )
         self.outcomes.write(
-            Outcome(trajectory_id=d.trajectory_id, outcome=DROPPED, reason=d.reason, step=p.step) for d in drops
+            Outcome(trajectory_id=d.episode_id, outcome=DROPPED, reason=d.reason, step=p.step) for d in drops
         )
         for drop in drops:
             DROPPED_METRIC.add(1, reason=drop.reason)
             if drop.reason == DropReason.MALFORMED:
-                log.warning("malformed trajectory dropped", trajectory_id=drop.trajectory_id, detail=drop.detail)
+                log.warning("malformed trajectory dropped", trajectory_id=drop.episode_id, detail=drop.detail)
             else:
-                log.debug("dropped", trajectory_id=drop.trajectory_id, reason=drop.reason, detail=drop.detail)
+                log.debug("dropped", trajectory_id=drop.episode_id, reason=drop.reason, detail=drop.detail)
             for handle in drop.handles:
                 await quietly("ack", handle.ack())
 
@@ -157,18 +157,18 @@ class Committer:
             except Exception as exc:
                 log.error("final checkpoint failed; trained trajectories handed back", error=repr(exc), exc_info=True)
         released = self.intake.untrained() + self.training
-        self.intake.forget([m.trajectory_id for m in self.training])
+        self.intake.forget([m.episode_id for m in self.training])
         self.training = []
         if not await self.claims.settle():
             # Committed, but Redis never took the claims: handed back, the redeliveries are duplicates
             # of the checkpoint (the next start marks its ids in the ledger).
             unclaimed = self.claims.drain()
             released += unclaimed
-            self.intake.forget([m.trajectory_id for m in unclaimed])
+            self.intake.forget([m.episode_id for m in unclaimed])
         if self.held:
             # Never committed: their step is lost, so they must be trained again by the next run.
             released += self.held
-            self.intake.forget([m.trajectory_id for m in self.held])
+            self.intake.forget([m.episode_id for m in self.held])
             self.held = []
         for member in released:
             for handle in member.handles:

@@ -48,6 +48,13 @@ class LearnerSection(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     normalize_std: Annotated[
         bool, Doc(description="Divide group advantages by the group's reward std (off: Dr. GRPO / Composer 2).")
     ] = False
+    sample_weighting: Annotated[
+        Literal["token", "episode"],
+        Doc(
+            description="Weight of an episode's samples: 'token' (1 each; every sampled token counts once, "
+            "so cutting an episode changes nothing) or 'episode' (1/N per agent; see slipstream.rl.credit)."
+        ),
+    ] = "token"
     uniform_tol: Annotated[
         float, Doc(description="A group whose reward spread (max - min) is at most this is dropped as uniform_group.")
     ] = 0.0

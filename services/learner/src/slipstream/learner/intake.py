@@ -1,23 +1,27 @@
-"""The learner's intake: scored trajectories in, complete and valid groups out, every drop counted.
+"""The learner's intake: scored episodes in, complete and valid groups out, every drop counted.
 
-Trajectories arrive one by one, in any order, from any number of reward-model replicas. The
-intake checks each one (`inspect`), groups them by `group_id` (one sampling of a task) until the
-group holds `group_size` arrivals, and queues the complete groups for the trainer. What cannot be
-trained on is dropped at once with a `DropReason` (plus `heldout`: held-out trajectories are for
-evaluation, never for training) and handed back to the caller to ack:
+Episodes arrive one by one (a v1 trajectory as a one-sample episode), in any order, from any
+number of reward-model replicas. The intake checks each one (`inspect`), groups them by
+`group_id` (one sampling of a task) until the group holds `group_size` arrivals, and queues the
+complete groups for the trainer. What cannot be trained on is dropped at once with a
+`DropReason` (plus `heldout`: held-out episodes are for evaluation, never for training) and
+handed back to the caller to ack:
 
-- duplicate: its id is in a committed checkpoint (the ledger); a redelivery of a trajectory this
+- duplicate: its id is in a committed checkpoint (the ledger); a redelivery of an episode this
   process still holds is not a drop: the new delivery joins the held one and is settled with it;
-- malformed: bad packed arrays, segments that do not cover the completion, token ids outside the
-  vocabulary, a non-finite reward, a policy version ahead of the learner;
-- no_trained_tokens, stale (at arrival and again when the trainer takes the group), heldout;
+- malformed: bad packed arrays in any sample, segments that do not cover the tokens after the
+  prompt, a branch from no earlier sample, trainable token ids outside the vocabulary, a
+  non-finite reward, a policy version ahead of the learner;
+- infra_error: an infrastructure failure spoiled the episode (never the model's fault);
+- no_trained_tokens, heldout, stale (the oldest version over trainable samples, checked at
+  arrival and again when the trainer takes the group);
 - uniform_group: every remaining member got the same reward (no advantage signal);
 - incomplete_group: the group was not full `group_timeout_s` after its first member (late
   members of such a group are dropped the same way).
 
 A member dropped on its own still counts as an arrival of its group, so the rest of the group
 completes and trains against the survivors' baseline. Nothing here does I/O: the caller passes an
-opaque delivery handle with each trajectory and settles the handles of the `Drop`s it gets back.
+opaque delivery handle with each episode and settles the handles of the `Drop`s it gets back.
 """
 
 from __future__ import annotations
@@ -29,11 +33,11 @@ from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
 from slipstream.rl import DropReason, is_stale, is_uniform_group
-from slipstream.schemas import ScoredTrajectory
+from slipstream.schemas import Sample, ScoredEpisode
 
 H = TypeVar("H")
 HELDOUT = "heldout"
-"""Drop reason of a held-out trajectory (eval data that reached the training stream)."""
+"""Drop reason of a held-out episode (eval data that reached the training stream)."""
 TRAIN_SPLIT = "train"
 # Group keys of expired groups remembered so their late members are dropped, not regrouped.
 EXPIRED_MEMORY = 65536
@@ -48,56 +52,82 @@ class Inspection:
     trained_tokens: int = 0
 
 
-def inspect(scored: ScoredTrajectory, vocab_size: int) -> Inspection:
-    """Check one scored trajectory's wire fields for consistency; names the first problem found."""
-    t = scored.trajectory
-    if not t.trajectory_id:
-        return Inspection("empty trajectory_id")
+def _inspect_sample(s: Sample, vocab_size: int) -> str:
+    """The first problem of one sample's packed arrays ("" when none)."""
+    where = f"sample {s.sample_id!r}"
+    if len(s.token_ids) % 4 or len(s.logprobs) % 4:
+        return f"{where}: token_ids ({len(s.token_ids)} B) or logprobs ({len(s.logprobs)} B) not a multiple of 4"
+    n_total = len(s.token_ids) // 4
+    completion = n_total - s.prompt_len
+    if s.prompt_len < 1 or completion < 1:
+        return f"{where}: prompt_len {s.prompt_len} leaves no prompt or nothing after it in {n_total} tokens"
+    if len(s.logprobs) // 4 != completion:
+        return f"{where}: {len(s.logprobs) // 4} logprobs for {completion} tokens after the prompt"
+    if len(s.loss_mask) != completion:
+        return f"{where}: {len(s.loss_mask)} loss_mask entries for {completion} tokens after the prompt"
+    mask = s.mask()
+    if any(m > 1 for m in mask):
+        return f"{where}: loss_mask entries must be 0 or 1"
+    if not s.segments:
+        return f"{where}: no policy segments"
+    if any(seg.n_tokens < 1 or seg.policy_version < 0 for seg in s.segments):
+        return f"{where}: a policy segment has n_tokens < 1 or a negative policy_version"
+    covered = sum(seg.n_tokens for seg in s.segments)
+    if covered != completion:
+        return f"{where}: segments cover {covered} tokens, {completion} follow the prompt"
+    if s.trainable:  # a frozen agent may speak another model's vocabulary; its tokens are never trained
+        ids = s.ids()
+        if min(ids) < 0 or max(ids) >= vocab_size:
+            return f"{where}: token ids span [{min(ids)}, {max(ids)}], outside the vocabulary of {vocab_size}"
+        behaviour = s.behaviour_logprobs()
+        if not all(math.isfinite(lp) for lp, m in zip(behaviour, mask, strict=True) if m):
+            return f"{where}: a trained token's behaviour log-prob is not finite"
+    return ""
+
+
+def inspect(scored: ScoredEpisode, vocab_size: int) -> Inspection:
+    """Check one scored episode's wire fields for consistency; names the first problem found.
+
+    The oldest version and the trained-token count are over trainable samples only: a frozen
+    sub-agent pinned to an old version does not make its episode stale.
+    """
+    ep = scored.episode
+    if not ep.episode_id:
+        return Inspection("empty episode_id")
+    if ep.is_stub():
+        return Inspection("a by-reference stub reached the intake without its body")
     if not math.isfinite(scored.reward):
         return Inspection(f"reward {scored.reward} is not finite")
-    if t.group_size < 1:
-        return Inspection(f"group_size must be >= 1, got {t.group_size}")
-    if len(t.token_ids) % 4 or len(t.logprobs) % 4:
-        return Inspection(f"token_ids ({len(t.token_ids)} B) or logprobs ({len(t.logprobs)} B) not a multiple of 4")
-    n_total = len(t.token_ids) // 4
-    completion = n_total - t.prompt_len
-    if t.prompt_len < 1 or completion < 1:
-        return Inspection(f"prompt_len {t.prompt_len} leaves no prompt or no completion in {n_total} tokens")
-    if len(t.logprobs) // 4 != completion:
-        return Inspection(f"{len(t.logprobs) // 4} logprobs for {completion} completion tokens")
-    if len(t.loss_mask) != completion:
-        return Inspection(f"{len(t.loss_mask)} loss_mask entries for {completion} completion tokens")
-    mask = t.mask()
-    if any(m > 1 for m in mask):
-        return Inspection("loss_mask entries must be 0 or 1")
-    if not t.segments:
-        return Inspection("no policy segments")
-    if any(s.n_tokens < 1 or s.policy_version < 0 for s in t.segments):
-        return Inspection("a policy segment has n_tokens < 1 or a negative policy_version")
-    covered = sum(s.n_tokens for s in t.segments)
-    if covered != completion:
-        return Inspection(f"segments cover {covered} tokens, the completion has {completion}")
-    ids = t.ids()
-    if min(ids) < 0 or max(ids) >= vocab_size:
-        return Inspection(f"token ids span [{min(ids)}, {max(ids)}], outside the vocabulary of {vocab_size}")
-    behaviour = t.behaviour_logprobs()
-    if not all(math.isfinite(lp) for lp, m in zip(behaviour, mask, strict=True) if m):
-        return Inspection("a trained token's behaviour log-prob is not finite")
-    return Inspection("", oldest_version=t.oldest_version(), trained_tokens=sum(mask))
+    if ep.group_size < 1:
+        return Inspection(f"group_size must be >= 1, got {ep.group_size}")
+    if not ep.samples:
+        return Inspection("no samples")
+    seen: set[str] = set()
+    for s in ep.samples:
+        if s.sample_id in seen:
+            return Inspection(f"sample id {s.sample_id!r} appears twice")
+        if s.branch_of and s.branch_of not in seen:
+            return Inspection(f"sample {s.sample_id!r} branches from {s.branch_of!r}, not an earlier sample")
+        seen.add(s.sample_id)
+        problem = _inspect_sample(s, vocab_size)
+        if problem:
+            return Inspection(problem)
+    trained = sum(s.n_sampled() for s in ep.samples if s.trainable)
+    return Inspection("", oldest_version=ep.oldest_version(), trained_tokens=trained)
 
 
 @dataclass
 class Member(Generic[H]):
-    """One admitted trajectory and every delivery of it still to be settled."""
+    """One admitted episode and every delivery of it still to be settled."""
 
-    scored: ScoredTrajectory
+    scored: ScoredEpisode
     handles: list[H]
     oldest_version: int
     trained_tokens: int
 
     @property
-    def trajectory_id(self) -> str:
-        return self.scored.trajectory.trajectory_id
+    def episode_id(self) -> str:
+        return self.scored.episode.episode_id
 
     @property
     def reward(self) -> float:
@@ -117,14 +147,14 @@ class Group(Generic[H]):
 
 @dataclass(frozen=True)
 class Drop(Generic[H]):
-    """A trajectory that will not be trained on: ack its handles, count `reason`."""
+    """An episode that will not be trained on: ack its handles, count `reason`."""
 
-    trajectory_id: str
+    episode_id: str
     reason: str
     handles: tuple[H, ...]
     detail: str = ""
-    scored: ScoredTrajectory | None = None
-    """The trajectory, when it was admitted before being dropped (its reward counts in task statistics)."""
+    scored: ScoredEpisode | None = None
+    """The episode, when it was admitted before being dropped (its reward counts in task statistics)."""
 
 
 class Intake(Generic[H]):
@@ -174,21 +204,21 @@ class Intake(Generic[H]):
             yield from member.handles
 
     # -- arrival ----------------------------------------------------------------------------------
-    def offer(self, scored: ScoredTrajectory, handle: H, version: int, now: float) -> list[Drop[H]]:
+    def offer(self, scored: ScoredEpisode, handle: H, version: int, now: float) -> list[Drop[H]]:
         """Take one delivery; returns the drops it caused (possibly a whole uniform group)."""
         self.received += 1
-        t = scored.trajectory
-        held = self._inflight.get(t.trajectory_id) if t.trajectory_id else None
+        t = scored.episode
+        held = self._inflight.get(t.episode_id) if t.episode_id else None
         if held is not None:
             # Redelivered while we hold it (its ack-wait ran out): settle both deliveries together.
             held.handles.append(handle)
             self.redelivered += 1
             return []
-        if t.trajectory_id in self._ledger:
-            return [self._drop_handle(t.trajectory_id, handle, DropReason.DUPLICATE, "trained in a committed step")]
+        if t.episode_id in self._ledger:
+            return [self._drop_handle(t.episode_id, handle, DropReason.DUPLICATE, "trained in a committed step")]
         key = t.group_id or t.task_id
         if key in self._expired:
-            return [self._drop_handle(t.trajectory_id, handle, DropReason.INCOMPLETE_GROUP, "its group expired")]
+            return [self._drop_handle(t.episode_id, handle, DropReason.INCOMPLETE_GROUP, "its group expired")]
         found = inspect(scored, self.vocab_size)
         reason, detail = self._admission(scored, found, version)
         group = self._pending.get(key)
@@ -198,24 +228,26 @@ class Intake(Generic[H]):
             group = self._pending[key] = Group(key=key, size=t.group_size, first_seen=now)
         drops: list[Drop[H]] = []
         if reason:
-            drops.append(self._drop_handle(t.trajectory_id, handle, reason, detail))
+            drops.append(self._drop_handle(t.episode_id, handle, reason, detail))
         else:
             assert group is not None
             member = Member(scored, [handle], found.oldest_version, found.trained_tokens)
             group.members.append(member)
-            self._inflight[member.trajectory_id] = member
+            self._inflight[member.episode_id] = member
         if group is not None:
             group.arrived += 1
             if group.arrived >= group.size:
                 drops.extend(self._complete(group, version))
         return drops
 
-    def _admission(self, scored: ScoredTrajectory, found: Inspection, version: int) -> tuple[str, str]:
+    def _admission(self, scored: ScoredEpisode, found: Inspection, version: int) -> tuple[str, str]:
         if found.problem:
             return DropReason.MALFORMED, found.problem
+        if scored.episode.infra_error:
+            return DropReason.INFRA_ERROR, scored.episode.infra_error
         if found.oldest_version > version:
             return DropReason.MALFORMED, f"sampled by version {found.oldest_version}, ahead of the learner's {version}"
-        split = scored.trajectory.split
+        split = scored.episode.split
         if split != TRAIN_SPLIT:
             return HELDOUT, f"split {split!r} is not trained on"
         if found.trained_tokens == 0:
@@ -283,9 +315,9 @@ class Intake(Generic[H]):
 
     def ready_ids(self) -> list[str]:
         """Ids of the members of every queued (complete) group, for a check before they are taken."""
-        return [m.trajectory_id for g in self._ready for m in g.members]
+        return [m.episode_id for g in self._ready for m in g.members]
 
-    def evict(self, trajectory_ids: Container[str], reason: str, detail: str) -> list[Drop[H]]:
+    def evict(self, episode_ids: Container[str], reason: str, detail: str) -> list[Drop[H]]:
         """Drop these members from their groups (queued or pending), e.g. ids the shared ledger already counted.
 
         A pending group keeps counting them as arrivals, so it still completes; a queued group left
@@ -293,9 +325,9 @@ class Intake(Generic[H]):
         """
         drops: list[Drop[H]] = []
         for group in [*self._pending.values(), *self._ready]:
-            gone = [m for m in group.members if m.trajectory_id in trajectory_ids]
+            gone = [m for m in group.members if m.episode_id in episode_ids]
             if gone:
-                group.members = [m for m in group.members if m.trajectory_id not in trajectory_ids]
+                group.members = [m for m in group.members if m.episode_id not in episode_ids]
                 drops.extend(self._drop_member(m, reason, detail) for m in gone)
         return drops
 
@@ -303,9 +335,9 @@ class Intake(Generic[H]):
         """Drop members the trainer could not use (a step whose gradient was not finite)."""
         return [self._drop_member(m, reason, detail) for m in members]
 
-    def forget(self, trajectory_ids: Sequence[str]) -> None:
-        """These trajectories were settled by the caller (acked after their commit, or released)."""
-        for tid in trajectory_ids:
+    def forget(self, episode_ids: Sequence[str]) -> None:
+        """These episodes were settled by the caller (acked after their commit, or released)."""
+        for tid in episode_ids:
             self._inflight.pop(tid, None)
 
     def untrained(self) -> list[Member[H]]:
@@ -314,7 +346,7 @@ class Intake(Generic[H]):
         members += [m for g in self._ready for m in g.members]
         self._pending.clear()
         self._ready.clear()
-        self.forget([m.trajectory_id for m in members])
+        self.forget([m.episode_id for m in members])
         return members
 
     def restore_counts(self, dropped: dict[str, int]) -> None:
@@ -330,9 +362,9 @@ class Intake(Generic[H]):
         return Drop(tid, str(reason), (handle,), detail)
 
     def _drop_member(self, member: Member[H], reason: str, detail: str) -> Drop[H]:
-        self._inflight.pop(member.trajectory_id, None)
+        self._inflight.pop(member.episode_id, None)
         self._count(reason)
-        return Drop(member.trajectory_id, str(reason), tuple(member.handles), detail, member.scored)
+        return Drop(member.episode_id, str(reason), tuple(member.handles), detail, member.scored)
 
 
 def group_rewards(members: Sequence[Member[H]]) -> list[float]:

@@ -26,7 +26,7 @@ from slipstream.learner.leadership import FENCE_TOKEN_KEY, LEASE_HOLDER_KEY, Lea
 from slipstream.learner.ledger import TrainedLedger
 from slipstream.learner.progress import Progress
 from slipstream.learner.resume import last_announced, last_published
-from slipstream.schemas import ScoredTrajectory
+from slipstream.schemas import ScoredEpisode
 from slipstream.store import ObjectStore
 from slipstream.telemetry.logs import get_logger
 
@@ -41,7 +41,7 @@ class Lead:
         control: Control,
         leadership: Leadership,
         *,
-        claims: Claims[Delivery[ScoredTrajectory]],
+        claims: Claims[Delivery[ScoredEpisode]],
         checkpoints: Checkpoints,
         store: ObjectStore,
         ledger: TrainedLedger,
@@ -63,7 +63,7 @@ class Lead:
         holder_id: str,
         ttl_s: float,
         wait: bool,
-        claims: Claims[Delivery[ScoredTrajectory]],
+        claims: Claims[Delivery[ScoredEpisode]],
         checkpoints: Checkpoints,
         store: ObjectStore,
         ledger: TrainedLedger,

@@ -24,6 +24,7 @@ class Outcome(msgspec.Struct, kw_only=True):
     """One line of the log."""
 
     trajectory_id: str
+    """The episode id (the idempotency key; a v1 trajectory's id). The field keeps its v1 name."""
     outcome: str
     """'trained' or 'dropped'."""
     reason: str = ""

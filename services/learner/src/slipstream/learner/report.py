@@ -48,6 +48,8 @@ def observe(stats: StepStats, progress: Progress, *, held: int) -> None:
         grad_norm=round(stats.grad_norm, 4),
         time_s=round(stats.time_s, 3),
         staleness=stats.staleness,
+        n_samples=stats.n_samples,
+        **{k: round(v, 4) for k, v in stats.episodes.items()},
         **{k: round(v, 4) for k, v in stats.figures.items() if k in ("ratio_mean", "clip_fraction")},
     )
 
@@ -72,6 +74,12 @@ async def publish_step(
         staleness=stats.staleness,
         dropped=dropped,
         finished_at=finished_at,
+        n_samples=stats.n_samples,
+        turns_per_episode=stats.episodes.get("turns_per_episode", 0.0),
+        tool_calls_per_turn=stats.episodes.get("tool_calls_per_turn", 0.0),
+        invalid_call_rate=stats.episodes.get("invalid_call_rate", 0.0),
+        samples_per_episode=stats.episodes.get("samples_per_episode", 0.0),
+        logprob_mismatch_by_turn=stats.mismatch_by_turn,
     )
     # The version is in the id: after a crash a step number is redone, but never a version.
     try:

@@ -60,9 +60,10 @@ from slipstream.learner.resume import resume
 from slipstream.learner.trainer import Trainer
 from slipstream.rl import DropReason
 from slipstream.runtime.service import BaseService
-from slipstream.schemas import ScoredTrajectory
+from slipstream.schemas import ScoredEpisode
 from slipstream.schemas.subjects import STREAMS, StreamSpec, consumer
-from slipstream.store import ObjectStore, setup_store
+from slipstream.store import ObjectNotFound, ObjectStore, setup_store
+from slipstream.store import episodes as episode_bodies
 from slipstream.telemetry.logs import get_logger
 
 DURABLE = "learner"
@@ -92,9 +93,9 @@ class LearnerService(BaseService):
         self.section = cfg.learner
         self.bus: Bus | None = None
         self.store: ObjectStore | None = None
-        self.consumer: Consumer[ScoredTrajectory] | None = None
+        self.consumer: Consumer[ScoredEpisode] | None = None
         self.trainer: Trainer | None = None
-        self.intake: Intake[Delivery[ScoredTrajectory]] | None = None
+        self.intake: Intake[Delivery[ScoredEpisode]] | None = None
         self.checkpoints: Checkpoints | None = None
         self.handoff = WeightHandoff(self.section.staging_dir, dtype=self.section.weights_dtype)
         self.ledger = TrainedLedger(self.section.keep_checkpoints)
@@ -102,7 +103,7 @@ class LearnerService(BaseService):
         self.progress = Progress()
         self.control: Control | None = None
         self.lead: Lead | None = None
-        self.claims: Claims[Delivery[ScoredTrajectory]] = Claims(None, self._ack_members)
+        self.claims: Claims[Delivery[ScoredEpisode]] = Claims(None, self._ack_members)
         self.committer: Committer | None = None
         self._group_ready = asyncio.Event()
         self._intake_stop = asyncio.Event()
@@ -156,7 +157,7 @@ class LearnerService(BaseService):
             lead=self.lead,
         )
         self.intake.restore_counts(dropped)
-        self.consumer = await self.bus.consumer(DURABLE, ScoredTrajectory)
+        self.consumer = await self.bus.consumer(DURABLE, ScoredEpisode)
 
     async def _resume(self) -> dict[str, int]:
         """Load the latest checkpoint (if any) and settle the current version; returns the drop counts."""
@@ -265,7 +266,7 @@ class LearnerService(BaseService):
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(_first(self._group_ready, stop, lost), 0.5)
 
-    async def _take(self, stop: asyncio.Event) -> tuple[list[Group[Delivery[ScoredTrajectory]]], list[Drop[Any]]]:
+    async def _take(self, stop: asyncio.Event) -> tuple[list[Group[Delivery[ScoredEpisode]]], list[Drop[Any]]]:
         """The next step's groups, once this learner is confirmed as the leader and the ledger has had its say."""
         assert self.intake is not None
         n = self.section.groups_per_step
@@ -285,7 +286,7 @@ class LearnerService(BaseService):
         groups, more = self.intake.take(n, self.progress.version)
         return groups, drops + more
 
-    async def _train(self, groups: Sequence[Group[Delivery[ScoredTrajectory]]], stop: asyncio.Event) -> None:
+    async def _train(self, groups: Sequence[Group[Delivery[ScoredEpisode]]], stop: asyncio.Event) -> None:
         """One step in its `learner.step` span: a new trace linked to every trajectory it trains on."""
         members = [m for g in groups for m in g.members]
         attributes = {
@@ -300,7 +301,7 @@ class LearnerService(BaseService):
             await self._step(groups, members, stop)
 
     async def _step(
-        self, groups: Sequence[Group[Delivery[ScoredTrajectory]]], members: list[Entry], stop: asyncio.Event
+        self, groups: Sequence[Group[Delivery[ScoredEpisode]]], members: list[Entry], stop: asyncio.Event
     ) -> None:
         assert self.trainer is not None and self.intake is not None and self.committer is not None
         assert self.bus is not None
@@ -347,11 +348,18 @@ class LearnerService(BaseService):
         )
 
     # -- intake and housekeeping ------------------------------------------------------------------
-    async def _on_delivery(self, d: Delivery[ScoredTrajectory]) -> None:
+    async def _on_delivery(self, d: Delivery[ScoredEpisode]) -> None:
         assert self.intake is not None and self.committer is not None
         RECEIVED.add(1)
+        scored = d.msg
+        if scored.episode.is_stub() and self.store is not None:
+            try:
+                scored = await asyncio.to_thread(episode_bodies.load_scored, self.store, scored)
+            except (ObjectNotFound, episode_bodies.EpisodeBodyError) as exc:
+                # The stub is offered as it is: the intake drops it as malformed, naming the stub.
+                log.warning("episode body unusable", episode_id=scored.episode.episode_id, error=str(exc))
         before = self.intake.redelivered
-        drops = self.intake.offer(d.msg, d, self.progress.version, time.monotonic())
+        drops = self.intake.offer(scored, d, self.progress.version, time.monotonic())
         if self.intake.redelivered > before:
             REDELIVERED.add(1)
         if self.intake.ready_groups:

@@ -1,7 +1,8 @@
-"""The optimizer step: groups of scored trajectories in, one AdamW update of the policy out.
+"""The optimizer step: groups of scored episodes in, one AdamW update of the policy out.
 
-Per group, advantages are reward − group mean (`slipstream.rl.group_advantages`); every
-trajectory becomes a `TrainItem`, items are packed into micro-batches (`micro_batch`
+Per group, `slipstream.rl.credit.group_rows` gives every trainable sample of every episode its
+agent's advantage (reward − the agent's group mean) and its loss weight, as a `TrainItem`
+(frozen samples produce none); items are packed into micro-batches (`micro_batch`
 trajectories per forward, sorted by length so padding stays small), log-probs are recomputed
 under the workers' sampling temperature, and `compute_loss` (grpo or cispo, with the
 behaviour-policy correction) is backpropagated per micro-batch. Every micro-batch divides by the
@@ -25,8 +26,9 @@ import torch
 from torch import nn
 
 from slipstream.learner.config import LearnerSection
-from slipstream.rl import LossConfig, TrainItem, compute_loss, group_advantages, pack_batch, staleness, token_logprobs
-from slipstream.schemas import ScoredTrajectory
+from slipstream.rl import LossConfig, TrainItem, compute_loss, pack_batch, staleness, token_logprobs, turn_mismatch
+from slipstream.rl.credit import SampleWeighting, episode_figures, group_rows
+from slipstream.schemas import ScoredEpisode
 
 # Loss figures averaged over trained tokens across micro-batches (the rest are summed or min/max'ed).
 _TOKEN_MEANS = ("ratio_mean", "clip_fraction", "behaviour_kl", "kl")
@@ -50,31 +52,26 @@ class StepStats:
     """Versions behind (of each trajectory's oldest token) -> trajectories."""
     figures: dict[str, float] = field(default_factory=dict)
     """Loss diagnostics: ratio_mean/min/max, clip_fraction, behaviour_kl, policy_loss, ..."""
+    n_samples: int = 0
+    """Training rows (trainable samples with sampled tokens)."""
+    episodes: dict[str, float] = field(default_factory=dict)
+    """Episode shape: turns_per_episode, tool_calls_per_turn, invalid_call_rate, samples_per_episode."""
+    mismatch_by_turn: dict[str, float] = field(default_factory=dict)
+    """Policy-turn index -> mean (behaviour − current) log-prob of its trained tokens."""
 
 
-def train_items(group: Sequence[ScoredTrajectory], *, normalize_std: bool = False) -> list[TrainItem]:
-    """One TrainItem per trajectory of a group, each carrying its group-relative advantage."""
-    advantages = group_advantages([s.reward for s in group], normalize_std=normalize_std).tolist()
-    out: list[TrainItem] = []
-    for scored, adv in zip(group, advantages, strict=True):
-        t = scored.trajectory
-        out.append(
-            TrainItem(
-                token_ids=t.ids(),
-                prompt_len=t.prompt_len,
-                behaviour_logprobs=t.behaviour_logprobs(),
-                loss_mask=t.mask(),
-                advantage=float(adv),
-            )
-        )
-    return out
+def train_items(
+    group: Sequence[ScoredEpisode], *, normalize_std: bool = False, weighting: SampleWeighting = "token"
+) -> list[TrainItem]:
+    """The training rows of a group: one per trainable sample, with its agent's advantage and weight."""
+    return [item for rows in group_rows(group, normalize_std=normalize_std, weighting=weighting) for item in rows.items]
 
 
-def staleness_histogram(trajectories: Sequence[ScoredTrajectory], version: int) -> dict[str, int]:
-    """{versions behind: count} of the trajectories' oldest tokens relative to `version`."""
+def staleness_histogram(episodes: Sequence[ScoredEpisode], version: int) -> dict[str, int]:
+    """{versions behind: count} of the episodes' oldest trainable tokens relative to `version`."""
     hist: dict[str, int] = {}
-    for s in trajectories:
-        lag = str(staleness(s.trajectory.oldest_version(), version))
+    for s in episodes:
+        lag = str(staleness(s.episode.oldest_version(), version))
         hist[lag] = hist.get(lag, 0) + 1
     return dict(sorted(hist.items(), key=lambda kv: int(kv[0])))
 
@@ -97,13 +94,18 @@ class Trainer:
             weight_decay=section.weight_decay,
         )
 
-    def step(self, groups: Sequence[Sequence[ScoredTrajectory]], version: int) -> StepStats:
+    def step(self, groups: Sequence[Sequence[ScoredEpisode]], version: int) -> StepStats:
         """One optimizer step over `groups`, trained at policy `version` (the weights before the step)."""
         if not groups or any(not g for g in groups):
             raise ValueError("a step needs at least one group, and no group may be empty")
         start = time.perf_counter()
         trajectories = [s for g in groups for s in g]
-        items = [item for g in groups for item in train_items(g, normalize_std=self.section.normalize_std)]
+        weighting = self.section.sample_weighting
+        items = [
+            item
+            for g in groups
+            for item in train_items(g, normalize_std=self.section.normalize_std, weighting=weighting)
+        ]
         total_tokens = sum(sum(item.loss_mask) for item in items)
         # Sorting by length keeps each micro-batch's padding small; the summed gradient is the same.
         order = sorted(range(len(items)), key=lambda i: len(items[i].token_ids))
@@ -111,9 +113,10 @@ class Trainer:
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
         sums: dict[str, float] = {}
+        by_turn: dict[int, tuple[float, int]] = {}
         for lo in range(0, len(order), size):
             chunk = [items[i] for i in order[lo : lo + size]]
-            figures = self._backward(chunk, total_tokens)
+            figures = self._backward(chunk, total_tokens, by_turn)
             _accumulate(sums, figures)
         params = [p for p in self.model.parameters() if p.grad is not None]
         max_norm = self.section.grad_clip if self.section.grad_clip > 0 else math.inf
@@ -134,9 +137,14 @@ class Trainer:
             time_s=time.perf_counter() - start,
             staleness=staleness_histogram(trajectories, version),
             figures=_finish(sums),
+            n_samples=len(items),
+            episodes=episode_figures([s.episode for s in trajectories]),
+            mismatch_by_turn={str(t): total / n for t, (total, n) in sorted(by_turn.items()) if n},
         )
 
-    def _backward(self, chunk: list[TrainItem], total_tokens: int) -> dict[str, float]:
+    def _backward(
+        self, chunk: list[TrainItem], total_tokens: int, by_turn: dict[int, tuple[float, int]]
+    ) -> dict[str, float]:
         batch = pack_batch(chunk, pad_id=self.pad_id).to(self.device)
         # fp32 master weights with bf16 matmuls: pure-bf16 weights lose updates below their
         # resolution (measured on SmolLM2: loss 13.566 -> 13.550 vs 13.175 with fp32 + autocast over 3 steps).
@@ -157,6 +165,9 @@ class Trainer:
             total_tokens=total_tokens,
         )
         out.loss.backward()
+        for turn, (total, n) in turn_mismatch(logprobs, batch.behaviour_logprobs, batch.mask, batch.turn_index).items():
+            prev = by_turn.get(turn, (0.0, 0))
+            by_turn[turn] = (prev[0] + total, prev[1] + n)
         return out.metrics
 
 
