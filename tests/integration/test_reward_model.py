@@ -1,8 +1,9 @@
 """The reward-model service against a real nats-server: scores, components, dead letters, counts, replicas.
 
 The service runs in-process (its Service class, setup -> run(stop) -> close, as the runtime
-drives it); the test talks to it only over NATS: raw trajectories in on traj.raw.<env>, scored
-ones read back from traj.scored.<env> on the learner's durable, dead letters from dlq.TRAJ_RAW.
+drives it); the test talks to it only over NATS: raw trajectories (v1 producers) and episodes in
+on traj.raw.<env>, scored episodes read back from traj.scored.<env> on the learner's durable,
+dead letters from dlq.TRAJ_RAW; by-reference bodies lie in a local object store.
 """
 
 from __future__ import annotations
@@ -19,9 +20,22 @@ from slipstream.bus import Bus, BusConfig, connect_bus
 from slipstream.reward_model.config import RewardModelConfig, RewardSection
 from slipstream.reward_model.service import PARSE_FAILURES, SCORED, RewardModelService
 from slipstream.runtime.section import ServiceSection
-from slipstream.schemas import ScoredTrajectory, Trajectory, decode
+from slipstream.schemas import (
+    Episode,
+    PolicySegment,
+    Sample,
+    ScoredEpisode,
+    ToolEvent,
+    Trajectory,
+    decode,
+    pack_floats,
+    pack_ids,
+    pack_mask,
+)
 from slipstream.stack import Server
+from slipstream.store import LocalObjectStore
 from slipstream.store.config import StoreConfig
+from slipstream.store.episodes import HEADROOM, load_scored, offload
 
 pytestmark = pytest.mark.integration
 
@@ -69,9 +83,9 @@ async def until(cond: Callable[[], Awaitable[bool]], timeout_s: float, what: str
     raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
 
 
-async def read_scored(bus: Bus, n: int, timeout_s: float = 15.0) -> list[ScoredTrajectory]:
-    consumer = await bus.consumer("learner", ScoredTrajectory)
-    got: list[ScoredTrajectory] = []
+async def read_scored(bus: Bus, n: int, timeout_s: float = 15.0) -> list[ScoredEpisode]:
+    consumer = await bus.consumer("learner", ScoredEpisode)
+    got: list[ScoredEpisode] = []
     deadline = time.monotonic() + timeout_s
     while len(got) < n and time.monotonic() < deadline:
         for d in await consumer.fetch(batch=64, timeout=0.5):
@@ -117,7 +131,7 @@ async def test_scores_components_dead_letters_and_counts(nats_server: Server, tm
             assert svc.status()["dead_lettered"] == 2
             assert svc.status()["parse_failures"] == 2
 
-        by_id = {s.trajectory.trajectory_id: s for s in scored}
+        by_id = {s.episode.episode_id: s for s in scored}
         assert sorted(by_id) == sorted(cases) and len(scored) == len(cases)
         for name, (_, reward, components, correct) in cases.items():
             s = by_id[name]
@@ -126,7 +140,8 @@ async def test_scores_components_dead_letters_and_counts(nats_server: Server, tm
             assert s.correct is correct, name
             assert s.scorer_version == "arith@1"
             assert s.scored_at > 0
-            assert s.trajectory.group_id == f"t:{name}/g"  # the trajectory travels unchanged
+            assert s.episode.group_id == f"t:{name}/g"  # the v1 trajectory arrives as a one-sample episode
+            assert len(s.episode.samples) == 1
         assert await messages(bus, "TRAJ_SCORED") == 0  # the test's consumer acked them all, no extra copy
 
         letters = {decode(dl.data, Trajectory).trajectory_id: dl for dl in await bus.dead_letters("TRAJ_RAW")}
@@ -160,11 +175,84 @@ async def test_replicas_share_the_backlog(nats_server: Server, tmp_path: Path) -
                 await bus.publish("traj.raw.arith", t, msg_id=t.trajectory_id)
             scored = await read_scored(bus, n)
             await until(lambda: _zero(bus, "TRAJ_RAW"), 10, "TRAJ_RAW empty")
-        ids = [s.trajectory.trajectory_id for s in scored]
+        ids = [s.episode.episode_id for s in scored]
         assert len(ids) == n and len(set(ids)) == n
         assert sum(s.correct for s in scored) == sum(1 for i in range(n) if i % 10 == i % 5)
         # Both replicas took part, and together they scored each trajectory once.
         assert a.status()["scored"] > 0 and b.status()["scored"] > 0
         assert a.status()["scored"] + b.status()["scored"] == n
+    finally:
+        await bus.close()
+
+
+def agentic(eid: str, final_text: str, **fields: object) -> Episode:
+    """Two samples (a root and a summary branch) and a tool log; the answer is in final_text."""
+    root = Sample(
+        sample_id=f"{eid}/0",
+        prompt_len=2,
+        token_ids=pack_ids([1, 2] + [3] * 3000),  # ~12 KB of ids: well over the forced limit below
+        logprobs=pack_floats([-0.5] * 3000),
+        loss_mask=pack_mask([1] * 3000),
+        segments=[PolicySegment(0, 3000)],
+    )
+    branch = Sample(
+        sample_id=f"{eid}/1",
+        role="summary",
+        prompt_len=2,
+        token_ids=pack_ids([1, 2, 4]),
+        logprobs=pack_floats([-0.5]),
+        loss_mask=pack_mask([1]),
+        segments=[PolicySegment(0, 1)],
+        branch_of=f"{eid}/0",
+        edit="summary",
+    )
+    return Episode(
+        episode_id=eid,
+        task_id=f"t:{eid}",
+        env="arith",
+        run_id="test",
+        group_id=f"t:{eid}/g",
+        reference="8",
+        samples=[root, branch],
+        tool_log=[ToolEvent(sample_id=f"{eid}/0", name="calc", arguments='{"x": "4+4"}', result="8")],
+        final_text=final_text,
+        **fields,  # type: ignore[arg-type]
+    )
+
+
+async def test_episodes_by_reference_and_infra_errors(nats_server: Server, tmp_path: Path) -> None:
+    bus = await connect_bus(BusConfig(url=nats_server.url), name="test")
+    await bus.ensure_streams()
+    store = LocalObjectStore(tmp_path / "store")
+    big = agentic("big", "8\n")
+    stub = offload(store, big, limit=HEADROOM + 1024)  # forced by reference: its body is ~12 KB
+    assert stub.is_stub() and stub.body_ref is not None and stub.body_ref.n_samples == 2
+    inline = agentic("inline", "7")
+    inline.samples[0] = inline.samples[1]  # small: goes inline
+    inline.samples = inline.samples[:1]
+    spoiled = agentic("spoiled", "8\n", infra_error="calculator backend unreachable")
+    spoiled.samples = spoiled.samples[1:]
+    lost = offload(store, agentic("lost", "8\n"), limit=HEADROOM + 1024)
+    assert lost.body_ref is not None
+    store.delete(lost.body_ref.key)  # its body is gone: can never be scored
+    try:
+        async with running(RewardModelService(config(nats_server.url, tmp_path, "rm-e"))) as svc:
+            for e in (stub, inline, spoiled, lost):
+                await bus.publish("traj.raw.arith", e, msg_id=e.episode_id)
+            scored = {s.episode.episode_id: s for s in await read_scored(bus, 3)}
+            await until(lambda: _zero(bus, "TRAJ_RAW"), 10, "TRAJ_RAW empty")
+            assert svc.status()["scored"] == 2 and svc.status()["infra_errors"] == 1
+            assert svc.status()["dead_lettered"] == 1
+        assert sorted(scored) == ["big", "inline", "spoiled"]
+        # The by-reference episode was scored on its body and passed on as the same stub.
+        assert scored["big"].reward == pytest.approx(1.1) and scored["big"].correct
+        assert scored["big"].episode == stub
+        assert load_scored(store, scored["big"]).episode == big
+        assert scored["inline"].reward == pytest.approx(0.1) and scored["inline"].episode == inline
+        # Infrastructure failure: passed on unjudged with reward 0, for the learner to drop.
+        assert scored["spoiled"].reward == 0.0 and scored["spoiled"].components == {}
+        assert scored["spoiled"].episode.infra_error == "calculator backend unreachable"
+        (letter,) = await bus.dead_letters("TRAJ_RAW")
+        assert decode(letter.data, Episode).episode_id == "lost" and letter.reason.startswith("bad_body:")
     finally:
         await bus.close()

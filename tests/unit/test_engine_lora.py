@@ -17,7 +17,16 @@ from slipstream.learner.config import LearnerSection
 from slipstream.learner.handoff import unique_state
 from slipstream.learner.trainer import Trainer
 from slipstream.rl import LossConfig
-from slipstream.schemas import PolicySegment, ScoredTrajectory, Trajectory, pack_floats, pack_ids, pack_mask
+from slipstream.schemas import (
+    PolicySegment,
+    ScoredEpisode,
+    ScoredTrajectory,
+    Trajectory,
+    pack_floats,
+    pack_ids,
+    pack_mask,
+    scored_episode_from_v1,
+)
 
 pytestmark = pytest.mark.unit
 
@@ -32,7 +41,7 @@ def _one_torch_thread() -> Iterator[None]:
     torch.set_num_threads(before)
 
 
-def _scored(tid: str, completion: list[int], reward: float) -> ScoredTrajectory:
+def _scored(tid: str, completion: list[int], reward: float) -> ScoredEpisode:
     n = len(completion)
     traj = Trajectory(
         trajectory_id=tid,
@@ -46,7 +55,7 @@ def _scored(tid: str, completion: list[int], reward: float) -> ScoredTrajectory:
         loss_mask=pack_mask([1] * n),
         segments=[PolicySegment(0, n)],
     )
-    return ScoredTrajectory(trajectory=traj, reward=reward, correct=reward > 0)
+    return scored_episode_from_v1(ScoredTrajectory(trajectory=traj, reward=reward, correct=reward > 0))
 
 
 def test_version_zero_is_the_base_and_only_adapters_train() -> None:

@@ -35,7 +35,16 @@ from slipstream.rollout_worker.intake import TaskIntake
 from slipstream.rollout_worker.outbox import Outbox
 from slipstream.rollout_worker.pipeline import TaskPipeline
 from slipstream.rollout_worker.sampler import Sampler
-from slipstream.schemas import PolicySegment, Task, Timings, Trajectory, Turn, WeightAnnounce
+from slipstream.schemas import (
+    Episode,
+    PolicySegment,
+    Task,
+    Timings,
+    Trajectory,
+    Turn,
+    WeightAnnounce,
+    episode_from_trajectory,
+)
 from slipstream.schemas.subjects import WEIGHTS_ANNOUNCE
 from slipstream.store import setup_store
 from slipstream.store.config import StoreConfig
@@ -95,28 +104,30 @@ class StubSampler:
     async def wait_for_version(self, version: int, timeout_s: float) -> bool:
         return True
 
-    async def sample(self, task: Task) -> list[Trajectory]:
+    async def sample(self, task: Task) -> list[Episode]:
         return [
-            Trajectory(
-                trajectory_id=f"{task.task_id}/g/{i}",
-                task_id=task.task_id,
-                env=task.env,
-                run_id=task.run_id,
-                group_index=i,
-                group_size=GROUP,
-                group_id=f"{task.task_id}/g",
-                worker_id=self.worker_id,
-                segments=[PolicySegment(0, 3), PolicySegment(1, 2)],
-                turns=[Turn(role="policy", start=0, end=5)],
-                finish_reason="stop",
-                timings=Timings(started_at=STARTED, finished_at=FINISHED),
+            episode_from_trajectory(
+                Trajectory(
+                    trajectory_id=f"{task.task_id}/g/{i}",
+                    task_id=task.task_id,
+                    env=task.env,
+                    run_id=task.run_id,
+                    group_index=i,
+                    group_size=GROUP,
+                    group_id=f"{task.task_id}/g",
+                    worker_id=self.worker_id,
+                    segments=[PolicySegment(0, 3), PolicySegment(1, 2)],
+                    turns=[Turn(role="policy", start=0, end=5)],
+                    finish_reason="stop",
+                    timings=Timings(started_at=STARTED, finished_at=FINISHED),
+                )
             )
             for i in range(GROUP)
         ]
 
 
 class StubFollower:
-    def note_rollout(self, trajectories: list[Trajectory]) -> None:
+    def note_rollout(self, episodes: list[Episode]) -> None:
         return None
 
 
@@ -148,7 +159,7 @@ async def run_worker(bus: Bus, n_tasks: int = 1) -> tuple[TaskPipeline, list[Any
     await loop
     assert await intake.wait_idle(2.0)
     await consumer.close()
-    raw = await bus.consumer("reward-model", Trajectory)
+    raw = await bus.consumer("reward-model", Episode)
     published = await raw.fetch(n_tasks * GROUP, 1.0)
     await raw.close()
     return pipeline, published
@@ -198,7 +209,7 @@ async def test_each_completion_is_a_generate_span_under_the_tasks_consumer_span(
     trajectory_of = {g.context.span_id: attrs_of(g)["slipstream.trajectory_id"] for g in generate}
     sender_of = {f"{s.context.span_id:016x}": parent for parent, s in sends.items()}
     for d in published:
-        assert trajectory_of[sender_of[d.headers["traceparent"].split("-")[2]]] == d.msg.trajectory_id
+        assert trajectory_of[sender_of[d.headers["traceparent"].split("-")[2]]] == d.msg.episode_id
 
 
 class StubEngine:

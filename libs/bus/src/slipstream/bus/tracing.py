@@ -26,8 +26,8 @@ if TYPE_CHECKING:
 
 _TRACER_NAME = "slipstream.bus"
 MSG_ID_HEADER = "Nats-Msg-Id"
-# Fields copied onto consumer spans when the message (or the trajectory it wraps) has them.
-ID_FIELDS = ("run_id", "task_id", "trajectory_id", "group_id", "policy_version", "worker_id", "env")
+# Fields copied onto consumer spans when the message (or the trajectory / episode it wraps) has them.
+ID_FIELDS = ("run_id", "task_id", "trajectory_id", "episode_id", "group_id", "policy_version", "worker_id", "env")
 AttributeValue = str | int | float | bool
 
 
@@ -107,9 +107,13 @@ def annotate(attributes: Mapping[str, AttributeValue]) -> None:
 
 
 def message_ids(msg: Any) -> dict[str, AttributeValue]:
-    """`slipstream.<field>` attributes for the ids a message carries (a ScoredTrajectory's from its trajectory)."""
+    """`slipstream.<field>` attributes for the ids a message carries (a scored message's from what it wraps).
+
+    An episode's id is also given as `slipstream.trajectory_id` (its v1 name), so traces and
+    dashboards that join on it keep working.
+    """
     out: dict[str, AttributeValue] = {}
-    inner = getattr(msg, "trajectory", None)
+    inner = getattr(msg, "trajectory", None) or getattr(msg, "episode", None)
     for source in (msg, inner):
         if source is None:
             continue
@@ -117,6 +121,8 @@ def message_ids(msg: Any) -> dict[str, AttributeValue]:
             value = getattr(source, name, None)
             if isinstance(value, str | int | float) and value != "" and f"slipstream.{name}" not in out:
                 out[f"slipstream.{name}"] = value
+    if "slipstream.episode_id" in out:
+        out.setdefault("slipstream.trajectory_id", out["slipstream.episode_id"])
     return out
 
 

@@ -42,9 +42,9 @@ class RewardModelConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True
     bus: Annotated[BusConfig, Doc(description="Message bus (NATS JetStream or in-memory).")] = msgspec.field(
         default_factory=BusConfig
     )
-    store: Annotated[StoreConfig, Doc(description="Object store (local directory or S3); unused by rule scorers.")] = (
-        msgspec.field(default_factory=StoreConfig)
-    )
+    store: Annotated[
+        StoreConfig, Doc(description="Object store (local directory or S3): by-reference episode bodies.")
+    ] = msgspec.field(default_factory=StoreConfig)
     telemetry: Annotated[TelemetryConfig, Doc(description="Logs and traces.")] = msgspec.field(
         default_factory=TelemetryConfig
     )

@@ -1,10 +1,15 @@
-"""The scorer: one raw trajectory in, one scored trajectory out, judged by its environment's verifier.
+"""The scorer: one raw episode in, one scored episode out, judged by its environment's verifier.
 
-Environments come from the registry by the trajectory's `env` name, built once per name with the
-configured options and reused. The verifier never raises (a broken or unparsable answer is a
-failure score with `parse_ok=False`); what can never be scored, an environment this process does
-not know or a split that is neither 'train' nor 'heldout', raises `Unscorable` so the service
-dead-letters it instead of retrying it forever.
+Environments come from the registry by the episode's `env` name, built once per name with the
+configured options and reused. The environment sees the whole episode record
+(`Environment.score(task, episode)`: samples, tool log, what a prune hid); an environment that
+only grades final text gets it through the base class's adapter, so `score(task, completion)`
+keeps working. The verifier never raises (a broken or unparsable answer is a failure score with
+`parse_ok=False`). An episode spoiled by an infrastructure failure (`infra_error`) is not judged:
+it passes on with reward 0 and the learner drops it, so it is never scored as the model's fault.
+What can never be scored, an environment this process does not know or a split that is neither
+'train' nor 'heldout', raises `Unscorable` so the service dead-letters it instead of retrying it
+forever.
 """
 
 from __future__ import annotations
@@ -13,13 +18,13 @@ from collections.abc import Mapping
 from typing import Any, Literal, cast
 
 from slipstream.envs import SPLITS, EnvError, Environment, Score, Split, TaskSpec, get_env
-from slipstream.schemas import ScoredTrajectory, Trajectory
+from slipstream.schemas import Episode, ScoredEpisode
 
 UnscorableKind = Literal["unknown_env", "bad_split"]
 
 
 class Unscorable(Exception):
-    """A trajectory no retry can score; `kind` is the counted reason, the message the detail."""
+    """An episode no retry can score; `kind` is the counted reason, the message the detail."""
 
     def __init__(self, kind: UnscorableKind, detail: str) -> None:
         super().__init__(detail)
@@ -27,7 +32,7 @@ class Unscorable(Exception):
 
 
 class Scorer:
-    """Scores trajectories with the rule-based verifiers of the environment registry."""
+    """Scores episodes with the rule-based verifiers of the environment registry."""
 
     def __init__(self, env_options: Mapping[str, Mapping[str, Any]] | None = None) -> None:
         self._options = {name: dict(opts) for name, opts in (env_options or {}).items()}
@@ -48,24 +53,32 @@ class Scorer:
             self._envs[name] = found
         return found
 
-    def score(self, traj: Trajectory, *, now: float) -> tuple[ScoredTrajectory, Score]:
-        """The scored trajectory (reward = sum of the named components) and the verifier's full Score."""
-        env = self.env(traj.env)
-        if traj.split not in SPLITS:
+    def score(self, episode: Episode, *, now: float) -> tuple[ScoredEpisode, Score]:
+        """The scored episode (reward = sum of the named components) and the verifier's full Score.
+
+        `episode` must carry its body (load a by-reference stub first); the scored copy keeps the
+        episode exactly as given.
+        """
+        env = self.env(episode.env)
+        if episode.split not in SPLITS:
             raise Unscorable(
-                "bad_split", f"trajectory {traj.trajectory_id!r} has split {traj.split!r}; expected one of {SPLITS}"
+                "bad_split",
+                f"episode {episode.episode_id!r} has split {episode.split!r}; expected one of {SPLITS}",
             )
         task = TaskSpec(
-            task_id=traj.task_id,
-            env=traj.env,
+            task_id=episode.task_id,
+            env=episode.env,
             prompt="",  # the verifier judges the answer against the reference; the prompt is not needed
-            reference=traj.reference,
+            reference=episode.reference,
             seed=0,
-            split=cast(Split, traj.split),
+            split=cast(Split, episode.split),
         )
-        score = env.score(task, traj.completion_text)
-        scored = ScoredTrajectory(
-            trajectory=traj,
+        if episode.infra_error:
+            score = Score.of({}, correct=False, parse_ok=True, reason=f"infra_error: {episode.infra_error}")
+        else:
+            score = env.score(task, episode)
+        scored = ScoredEpisode(
+            episode=episode,
             reward=score.reward,
             components=dict(score.components),
             correct=score.correct,

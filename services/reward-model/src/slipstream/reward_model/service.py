@@ -1,15 +1,19 @@
-"""The reward-model service: scores raw trajectories with their environment's verifier and passes them on.
+"""The reward-model service: scores raw episodes with their environment's verifier and passes them on.
 
     traj.raw.<env> --(durable "reward-model", shared by all replicas)--> score --> traj.scored.<env>
 
-Every replica binds the same durable pull consumer, so N replicas split the backlog. A raw
-trajectory is acked only after JetStream acked its scored copy (published with
-msg_id = trajectory_id, so a redelivery after a lost ack is stored once). What can never be scored
-(unknown environment, bad split, a scored copy too large for the bus) is dead-lettered to
+Every replica binds the same durable pull consumer, so N replicas split the backlog. Messages are
+`Episode`s (a v1 `Trajectory` arrives upgraded to a one-sample episode). A by-reference episode
+(a stub whose body is in the object store) is loaded and verified before scoring, and its scored
+copy carries the same stub: the body is never rewritten. A raw episode is acked only after
+JetStream acked its scored copy (published with msg_id = episode_id, so a redelivery after a lost
+ack is stored once). What can never be scored (unknown environment, bad split, a scored copy too
+large for the bus, a body missing from the store or not matching its stub) is dead-lettered to
 dlq.TRAJ_RAW with its reason and counted; an unparsable answer is not an error: it is scored as a
-failure (reward 0) and counted as a parse failure.
+failure (reward 0) and counted as a parse failure. An episode with `infra_error` is passed on
+unjudged (reward 0, counted) for the learner to drop: never the model's fault.
 
-Tracing: `consume` runs each trajectory in a CONSUMER span, child of the worker's publish, so the
+Tracing: `consume` runs each episode in a CONSUMER span, child of the worker's publish, so the
 scored copy published inside it continues the task's trace; the span carries the reward.
 """
 
@@ -19,14 +23,18 @@ import asyncio
 import time
 from typing import TYPE_CHECKING, Any
 
+import msgspec
+
 from slipstream.bus import PayloadTooLarge, connect_bus, consume
 from slipstream.bus.tracing import annotate
 from slipstream.reward_model.config import RewardModelConfig
 from slipstream.reward_model.rejection import reject
 from slipstream.reward_model.scorer import Scorer, Unscorable
 from slipstream.runtime.service import BaseService
-from slipstream.schemas import Trajectory
+from slipstream.schemas import Episode
 from slipstream.schemas.subjects import traj_scored_subject
+from slipstream.store import ObjectNotFound, ObjectStore, setup_store
+from slipstream.store import episodes as episode_bodies
 from slipstream.telemetry.logs import get_logger
 from slipstream.telemetry.metrics import counter, histogram
 
@@ -45,6 +53,9 @@ SCORED = counter("reward/score/scored", "Trajectories scored and published (labe
 CORRECT = counter("reward/score/correct", "Scored trajectories the verifier judged correct (label env).")
 PARSE_FAILURES = counter("reward/score/parse_failures", "Answers that did not parse, scored as failures (label env).")
 DEAD_LETTERED = counter("reward/score/dead_lettered", "Trajectories sent to dlq.TRAJ_RAW (label reason).")
+INFRA_ERRORS = counter(
+    "reward/score/infra_errors", "Episodes passed on unjudged: an infrastructure failure (label env)."
+)
 
 
 class RewardModelService(BaseService):
@@ -53,33 +64,44 @@ class RewardModelService(BaseService):
     def __init__(self, cfg: RewardModelConfig) -> None:
         self.cfg = cfg
         self.bus: Bus | None = None
-        self.consumer: Consumer[Trajectory] | None = None
+        self.consumer: Consumer[Episode] | None = None
         self.scorer: Scorer | None = None
+        self.store: ObjectStore | None = None
         self._inflight = 0
-        self.counts = {"scored": 0, "parse_failures": 0, "dead_lettered": 0}
+        self.counts = {"scored": 0, "parse_failures": 0, "dead_lettered": 0, "infra_errors": 0}
 
     async def setup(self) -> None:
         # Options first: a bad [reward] env_options fails setup before anything is consumed.
         self.scorer = Scorer(self.cfg.reward.env_options)
         self.bus = await connect_bus(self.cfg.bus, name=f"{self.name}/{self.cfg.service.replica}")
         await self.bus.ensure_streams()
-        self.consumer = await self.bus.consumer(DURABLE, Trajectory)
+        self.store = await asyncio.to_thread(setup_store, self.cfg.store)
+        self.consumer = await self.bus.consumer(DURABLE, Episode)
 
     async def run(self, stop: asyncio.Event) -> None:
         assert self.consumer is not None, "setup() was not run"
         stats = await consume(self.consumer, self._handle, stop=stop, concurrency=self.cfg.reward.concurrency)
         log.info("consume loop stopped", handled=stats.handled, failed=stats.failed, released=stats.released)
 
-    async def _handle(self, d: Delivery[Trajectory]) -> None:
+    async def _handle(self, d: Delivery[Episode]) -> None:
         assert self.bus is not None and self.scorer is not None and self.consumer is not None
-        traj = d.msg
+        assert self.store is not None
+        sent = d.msg
         self._inflight += 1
         try:
             try:
-                scored, score = self.scorer.score(traj, now=time.time())
-                await self.bus.publish(traj_scored_subject(traj.env), scored, msg_id=traj.trajectory_id)
+                full = await asyncio.to_thread(episode_bodies.load, self.store, sent)
+                scored, score = self.scorer.score(full, now=time.time())
+                # The scored copy carries what came in (a stub stays a stub); a body that grew past
+                # the limit with its score goes to the store now.
+                small = await asyncio.to_thread(episode_bodies.offload, self.store, sent, self.bus.max_payload)
+                scored = msgspec.structs.replace(scored, episode=small)
+                await self.bus.publish(traj_scored_subject(sent.env), scored, msg_id=sent.episode_id)
             except Unscorable as exc:
                 await self._reject(d, exc.kind, str(exc))
+                return
+            except (ObjectNotFound, episode_bodies.EpisodeBodyError) as exc:
+                await self._reject(d, "bad_body", str(exc))
                 return
             except PayloadTooLarge as exc:
                 await self._reject(d, "too_large", str(exc))
@@ -88,7 +110,11 @@ class RewardModelService(BaseService):
             self._inflight -= 1
         annotate({"slipstream.reward": scored.reward, "slipstream.correct": scored.correct})
         # Counted after the publish was acked: a redelivered message that failed before is counted once.
-        env = traj.env
+        env = sent.env
+        if full.infra_error:
+            INFRA_ERRORS.add(1, env=env)
+            self.counts["infra_errors"] += 1
+            return
         REWARD.observe(scored.reward, env=env)
         SCORED.add(1, env=env)
         self.counts["scored"] += 1
@@ -97,18 +123,20 @@ class RewardModelService(BaseService):
         if not score.parse_ok:
             PARSE_FAILURES.add(1, env=env)
             self.counts["parse_failures"] += 1
-            log.debug("unparsable answer", trajectory_id=traj.trajectory_id, reason=score.reason)
+            log.debug("unparsable answer", episode_id=sent.episode_id, reason=score.reason)
 
-    async def _reject(self, d: Delivery[Trajectory], kind: str, detail: str) -> None:
+    async def _reject(self, d: Delivery[Episode], kind: str, detail: str) -> None:
         assert self.bus is not None and self.consumer is not None
         await reject(self.bus, d, reason=f"{kind}: {detail}", stream=self.consumer.stream, consumer=DURABLE)
         DEAD_LETTERED.add(1, reason=kind)
         self.counts["dead_lettered"] += 1
-        log.warning("dead-lettered", trajectory_id=d.msg.trajectory_id, kind=kind, detail=detail)
+        log.warning("dead-lettered", episode_id=d.msg.episode_id, kind=kind, detail=detail)
 
     async def close(self) -> None:
         if self.bus is not None:
             await self.bus.close()
+        if self.store is not None:
+            self.store.close()
 
     def ready(self) -> bool:
         return self.bus is not None and self.bus.connected

@@ -53,7 +53,7 @@ from slipstream.rollout_worker.instruments import (
     PAUSE_MS,
     TIME_TO_POLICY_S,
 )
-from slipstream.schemas import Trajectory, WeightAnnounce, WeightsPromoted
+from slipstream.schemas import Episode, WeightAnnounce, WeightsPromoted
 from slipstream.schemas.subjects import WEIGHTS_ANNOUNCE, WEIGHTS_PROMOTED
 from slipstream.store import ObjectStore
 from slipstream.telemetry.logs import get_logger
@@ -360,13 +360,15 @@ class WeightFollower:
         return False
 
     # -- time to policy --------------------------------------------------------------------------
-    def note_rollout(self, trajectories: list[Trajectory]) -> None:
+    def note_rollout(self, episodes: list[Episode]) -> None:
         """Record time-to-policy for versions seen in these rollouts for the first time."""
         if not self._first_token:
             return
         for version in list(self._first_token):
             starts = [
-                t.timings.started_at for t in trajectories if any(s.policy_version == version for s in t.segments)
+                e.timings.started_at
+                for e in episodes
+                if any(seg.policy_version == version for s in e.samples for seg in s.segments)
             ]
             if not starts:
                 continue

@@ -28,7 +28,10 @@ VERSION_WAIT_TIMEOUTS = REGISTRY.counter(
 ROLLOUT_S = REGISTRY.histogram("worker/tasks/rollout_s", "Seconds to sample one task's group.")
 HEARTBEAT_ERRORS = REGISTRY.counter("worker/tasks/heartbeat_errors", "In-progress signals that could not be sent.")
 FETCH_ERRORS = REGISTRY.counter("worker/tasks/fetch_errors", "Failed fetches from the task consumer (retried).")
-PUBLISHED = REGISTRY.counter("worker/trajectories/published", "Trajectories acknowledged by JetStream, by env.")
+PUBLISHED = REGISTRY.counter("worker/trajectories/published", "Episodes acknowledged by JetStream, by env.")
+OFFLOADED = REGISTRY.counter(
+    "worker/trajectories/offloaded", "Episodes over the bus limit published by reference (body in the store), by env."
+)
 APPLIED_VERSION = REGISTRY.gauge("worker/weights/applied_version", "Policy version the engine samples with.")
 PAUSE_MS = REGISTRY.histogram(
     "worker/weights/pause_ms", "Milliseconds decoding paused to copy a new version in.", buckets=_MS_BUCKETS

@@ -1,11 +1,13 @@
-"""The sink: publish a task's trajectories to `traj.raw.<env>` and wait until JetStream has them.
+"""The sink: publish a task's episodes to `traj.raw.<env>` and wait until JetStream has them.
 
-Every trajectory is published with `msg_id = trajectory_id`, so a retried publish is stored once.
-All of a group go out together (asynchronous publishes) and the call returns only when every one
-is acknowledged by the stream; the caller acks the task after that and not before, so a crash
-in between redelivers the task instead of losing its rollouts.
+Every episode is published with `msg_id = episode_id`, so a retried publish is stored once.
+An episode whose encoded size would pass the bus limit goes by reference: its body is written to
+the object store first (`slipstream.store.episodes.offload`) and the bus carries its stub. All of
+a group go out together (asynchronous publishes) and the call returns only when every one is
+acknowledged by the stream; the caller acks the task after that and not before, so a crash in
+between redelivers the task instead of losing its rollouts.
 
-With tracing on, each trajectory is published inside its `rollout.generate` span (`spans.py`).
+With tracing on, each episode is published inside its `rollout.generate` span (`spans.py`).
 """
 
 from __future__ import annotations
@@ -15,40 +17,54 @@ from collections import Counter
 
 from slipstream.bus import Bus, PublishError
 from slipstream.bus.tracing import tracing_active
-from slipstream.rollout_worker.instruments import PUBLISHED
+from slipstream.rollout_worker.instruments import OFFLOADED, PUBLISHED
 from slipstream.rollout_worker.spans import generation_span
-from slipstream.schemas import Trajectory
+from slipstream.schemas import Episode
 from slipstream.schemas.subjects import traj_raw_subject
+from slipstream.store import ObjectStore
+from slipstream.store.episodes import offload
 
 
 class Outbox:
-    """Publishes groups of trajectories and confirms them."""
+    """Publishes groups of episodes (big ones by reference) and confirms them."""
 
-    def __init__(self, bus: Bus) -> None:
+    def __init__(self, bus: Bus, store: ObjectStore | None = None) -> None:
         self.bus = bus
+        self.store = store
         self.published = 0
+        self.offloaded = 0
 
-    async def publish(self, trajectories: list[Trajectory]) -> None:
+    async def publish(self, episodes: list[Episode]) -> None:
         """Publish all, await every ack; raises PublishError (the first failure) if any was not stored."""
+        outgoing = [await self._by_reference_if_big(e) for e in episodes]
         futures: list[asyncio.Future[int]] = []
         traced = tracing_active()
         try:
-            for t in trajectories:
+            for full, sent in zip(episodes, outgoing, strict=True):
                 if traced:
-                    with generation_span(t):  # the trajectory's headers carry its generation span
-                        futures.append(await self._send(t))
+                    with generation_span(full):  # the episode's headers carry its generation span
+                        futures.append(await self._send(sent))
                 else:
-                    futures.append(await self._send(t))
+                    futures.append(await self._send(sent))
         finally:
             # Collect every outcome (also after a failed send) so no future's error goes unobserved.
             results = await asyncio.gather(*futures, return_exceptions=True)
         errors = [r for r in results if isinstance(r, BaseException)]
         if errors:
             first = errors[0]
-            raise first if isinstance(first, PublishError) else PublishError(f"trajectory publish failed: {first!r}")
-        self.published += len(trajectories)
-        for env, n in Counter(t.env for t in trajectories).items():
+            raise first if isinstance(first, PublishError) else PublishError(f"episode publish failed: {first!r}")
+        self.published += len(episodes)
+        for env, n in Counter(e.env for e in episodes).items():
             PUBLISHED.add(n, env=env)
 
-    async def _send(self, t: Trajectory) -> asyncio.Future[int]:
-        return await self.bus.publish_async(traj_raw_subject(t.env), t, msg_id=t.trajectory_id)
+    async def _by_reference_if_big(self, episode: Episode) -> Episode:
+        if self.store is None:
+            return episode  # no store: an oversized episode fails its publish (PayloadTooLarge), the task is nak'd
+        sent = await asyncio.to_thread(offload, self.store, episode, self.bus.max_payload)
+        if sent.is_stub():
+            self.offloaded += 1
+            OFFLOADED.add(1, env=episode.env)
+        return sent
+
+    async def _send(self, e: Episode) -> asyncio.Future[int]:
+        return await self.bus.publish_async(traj_raw_subject(e.env), e, msg_id=e.episode_id)

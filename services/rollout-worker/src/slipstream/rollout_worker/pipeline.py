@@ -2,9 +2,9 @@
 
 Every path ends in exactly one settlement, counted by outcome:
 
-- acked: the group was sampled and every trajectory is stored in TRAJ_RAW;
+- acked: the group was sampled and every episode is stored in TRAJ_RAW;
 - nak_version_wait: the engine did not reach `min_policy_version` within the wait budget;
-- nak_publish: a trajectory was not stored (the task comes back with a new group id, so the
+- nak_publish: an episode was not stored (the task comes back with a new group id, so the
   learner never mixes a partial group with its redo);
 - nak_error: the rollout failed unexpectedly (logged with its cause);
 - released: the worker is shutting down and the drain budget ran out (or the engine stopped);
@@ -86,7 +86,7 @@ class TaskPipeline:
                 )
                 await self._settle(delivery, "nak_version_wait", delivery.nak(self.retry_delay_s))
                 return
-            trajectories = await self._unless_aborted(self.sampler.sample(task))
+            episodes = await self._unless_aborted(self.sampler.sample(task))
         except (_Aborted, RolloutAborted):
             await self._settle(delivery, "released", delivery.release())
             return
@@ -104,13 +104,13 @@ class TaskPipeline:
             await self._settle(delivery, "nak_error", delivery.nak(self.retry_delay_s))
             return
         try:
-            await self.outbox.publish(trajectories)
+            await self.outbox.publish(episodes)
         except Exception as exc:  # PublishError or a bus error: the task is redone under a new group id
-            log.warning("trajectory publish failed; nak", task_id=task.task_id, error=repr(exc))
+            log.warning("episode publish failed; nak", task_id=task.task_id, error=repr(exc))
             await self._settle(delivery, "nak_publish", delivery.nak(self.retry_delay_s))
             return
         await self._settle(delivery, "acked", delivery.ack())
-        self.follower.note_rollout(trajectories)
+        self.follower.note_rollout(episodes)
 
     async def _unless_aborted(self, step: Awaitable[T]) -> T:
         """Run `step`; if `abort` is set first, cancel it and raise _Aborted."""

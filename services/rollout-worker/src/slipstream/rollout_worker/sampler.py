@@ -1,4 +1,4 @@
-"""The work: turn one task into its group of trajectories with the engine and the env harness.
+"""The work: turn one task into its group of episodes with the engine and the env harness.
 
 Before sampling, a task waits until the engine holds at least its `min_policy_version` (the task
 source sets it to bound staleness at the source; with max_staleness 0 this is what makes the
@@ -16,10 +16,10 @@ from typing import Any
 from slipstream.engine.interface import Engine, SamplingParams
 from slipstream.engine.tokenizer import Tokenizer
 from slipstream.envs import EnvError, Environment, get_env
-from slipstream.harness import TaskRejected, rollout_group
+from slipstream.harness import TaskRejected, rollout_episodes
 from slipstream.rollout_worker.config import WorkerSection
 from slipstream.rollout_worker.instruments import ROLLOUT_S
-from slipstream.schemas import Task, Trajectory
+from slipstream.schemas import Episode, Task
 
 _VERSION_POLL_S = 0.02
 
@@ -75,11 +75,11 @@ class Sampler:
             await asyncio.sleep(_VERSION_POLL_S)
         return True
 
-    async def sample(self, task: Task) -> list[Trajectory]:
-        """The task's group: `task.group_size` trajectories under a fresh group id."""
+    async def sample(self, task: Task) -> list[Episode]:
+        """The task's group: `task.group_size` episodes under a fresh group id."""
         env = self.env(task.env)
         t0 = time.perf_counter()
-        trajs = await rollout_group(
+        episodes = await rollout_episodes(
             self.engine,
             self.tokenizer,
             env,
@@ -90,7 +90,7 @@ class Sampler:
             run_id=task.run_id or self.run_id,
         )
         ROLLOUT_S.observe(time.perf_counter() - t0)
-        return trajs
+        return episodes
 
 
 def check_env_options(options: dict[str, dict[str, Any]]) -> None:

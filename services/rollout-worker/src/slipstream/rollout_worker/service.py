@@ -88,7 +88,7 @@ class RolloutWorkerService(BaseService):
             worker_id=self.worker_id,
         )
         sampler = Sampler(self.engine, tokenizer, w, worker_id=self.worker_id, run_id=run_id)
-        self.outbox = Outbox(self.bus)
+        self.outbox = Outbox(self.bus, self.store)
         self.pipeline = TaskPipeline(
             self.bus,
             sampler,

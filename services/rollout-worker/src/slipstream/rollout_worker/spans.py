@@ -1,8 +1,8 @@
-"""The rollout-worker's own span: `rollout.generate`, one per completion.
+"""The rollout-worker's own span: `rollout.generate`, one per episode.
 
 A task's trace reaches the worker through the task's headers (the intake's consumer span); under
-it each completion gets a `rollout.generate` span, timed by the engine's own clock (first decode
-step to last token) and tagged with the policy versions that sampled it, and its trajectory is
+it each episode gets a `rollout.generate` span, timed by the engine's own clock (first decode
+step to last token) and tagged with the policy versions that sampled it, and the episode is
 published inside that span, so the reward model's work continues from it. (A weight version's
 trace, learner step -> weights.publish -> announce, ends in the follower's `weights.apply` span.)
 Nothing here runs while tracing is off: the outbox checks `tracing_active()` first.
@@ -17,7 +17,7 @@ from typing import Any
 from opentelemetry import trace
 
 from slipstream.bus.tracing import AttributeValue, message_ids
-from slipstream.schemas import Trajectory
+from slipstream.schemas import Episode
 
 _TRACER = "slipstream.rollout_worker"
 
@@ -26,24 +26,21 @@ def _ns(unix_s: float) -> int | None:
     return int(unix_s * 1e9) if unix_s > 0 else None
 
 
-def policy_versions(t: Trajectory) -> list[int]:
-    """The versions that sampled `t`, oldest first, each once (segments are run-length)."""
-    out: list[int] = []
-    for segment in t.segments:
-        if not out or out[-1] != segment.policy_version:
-            out.append(segment.policy_version)
-    return out
+def policy_versions(e: Episode) -> list[int]:
+    """The versions that sampled `e`'s trainable samples, oldest first, each once."""
+    return sorted({seg.policy_version for s in e.samples if s.trainable for seg in s.segments})
 
 
-def generation_attributes(t: Trajectory) -> dict[str, AttributeValue | list[int]]:
-    """The ids of one completion and what produced it."""
-    versions = policy_versions(t)
+def generation_attributes(e: Episode) -> dict[str, AttributeValue | list[int]]:
+    """The ids of one episode and what produced it."""
+    versions = policy_versions(e)
     attrs: dict[str, AttributeValue | list[int]] = {
-        **message_ids(t),
-        "slipstream.group_index": t.group_index,
+        **message_ids(e),
+        "slipstream.group_index": e.group_index,
         "slipstream.policy_versions": versions,
-        "slipstream.turns": sum(1 for turn in t.turns if turn.role == "policy"),
-        "slipstream.finish_reason": t.finish_reason,
+        "slipstream.turns": e.counts.get("turns", 0),
+        "slipstream.samples": len(e.samples),
+        "slipstream.finish_reason": e.finish_reason,
     }
     if versions:
         # The oldest version is the one staleness is measured by.
@@ -52,10 +49,10 @@ def generation_attributes(t: Trajectory) -> dict[str, AttributeValue | list[int]
 
 
 @contextmanager
-def generation_span(t: Trajectory) -> Iterator[Any]:
+def generation_span(t: Episode) -> Iterator[Any]:
     """A `rollout.generate` span over `t`'s generation, current while the caller publishes `t`.
 
-    The span runs from the engine's start to its last token (the trajectory's timings), so its
+    The span runs from the engine's start to its last token (the episode's timings), so its
     length is generation time; the publish inside it is its child and may end after it.
     """
     start, end = _ns(t.timings.started_at), _ns(t.timings.finished_at)
