@@ -31,11 +31,12 @@ import torch
 
 from slipstream.bus import Bus, BusConfig, Consumer, connect_bus
 from slipstream.engine.source import ModelSource
+from slipstream.harness.rollout import trajectory_of
 from slipstream.rollout_worker.config import RolloutWorkerConfig, WorkerSection
 from slipstream.rollout_worker.service import RolloutWorkerService
 from slipstream.runtime.lifecycle import Runtime
 from slipstream.runtime.section import ServiceSection
-from slipstream.schemas import Task, Trajectory, WeightAnnounce
+from slipstream.schemas import Episode, Task, Trajectory, WeightAnnounce
 from slipstream.schemas.subjects import WEIGHTS_ANNOUNCE, tasks_subject
 from slipstream.stack import Server, free_port
 from slipstream.store import LocalObjectStore, StoreConfig
@@ -70,13 +71,15 @@ async def _publish_tasks(bus: Bus, tasks: list[Task]) -> None:
         await bus.publish(tasks_subject(t.env), t, msg_id=t.task_id)
 
 
-async def _collect(consumer: Consumer[Trajectory], n: int, timeout: float = 40.0) -> list[Trajectory]:
+async def _collect(consumer: Consumer[Episode], n: int, timeout: float = 40.0) -> list[Trajectory]:
+    """The worker publishes Episodes; arith's are one-sample, checked here in their v1 view."""
     out: list[Trajectory] = []
     deadline = time.monotonic() + timeout
     while len(out) < n:
         assert time.monotonic() < deadline, f"got {len(out)} of {n} trajectories in {timeout}s"
         for d in await consumer.fetch(n - len(out), 0.5):
-            out.append(d.msg)
+            assert len(d.msg.samples) == 1 and not d.msg.is_stub()
+            out.append(trajectory_of(d.msg))
             await d.ack()
     return out
 
@@ -138,7 +141,7 @@ async def test_worker_rolls_out_tasks_follows_weights_and_drains(bus: Bus, nats_
     service = RolloutWorkerService(cfg)
     runtime = Runtime(service, cfg.service)
     running = asyncio.create_task(runtime.run(handle_signals=False))
-    reader = await bus.consumer("reward-model", Trajectory)
+    reader = await bus.consumer("reward-model", Episode)
     store = LocalObjectStore(str(tmp_path / "store"))
     try:
         await _until(lambda: runtime.readiness()[0], 60.0, "the worker to become ready")
@@ -271,7 +274,7 @@ async def test_worker_as_a_process_with_env_only_config(bus: Bus, nats_server: S
             except OSError:
                 pass
             await asyncio.sleep(0.2)
-        reader = await bus.consumer("reward-model", Trajectory)
+        reader = await bus.consumer("reward-model", Episode)
         await _publish_tasks(bus, [_task(1, group_size=2)])
         got = await _collect(reader, 2)
         assert {t.group_index for t in got} == {0, 1} and all(t.completion_len() <= 8 for t in got)

@@ -197,3 +197,25 @@ def test_a_run_without_steps_or_directory_is_a_clear_error(tmp_path: Path, capsy
         resolve_run(str(tmp_path / "nope"))
     assert main(["report", str(tmp_path / "nope")]) == 1
     assert "no run directory" in capsys.readouterr().out
+
+
+def test_the_episode_shape_of_the_learner_log_reaches_the_summary() -> None:
+    from slipstream.cli.report import EPISODE_FIGURES, Run, _summary_rows, steps_from_logs
+
+    rows = [
+        {
+            "event": "step",
+            "step": i,
+            "timestamp": stamp(T0 + i),
+            "n_trajectories": 4,
+            **dict.fromkeys(EPISODE_FIGURES, v),
+        }
+        for i, v in ((1, 0.5), (2, 0.25))
+    ]
+    steps = steps_from_logs(rows)
+    assert [s["invalid_call_rate"] for s in steps] == [0.5, 0.25]
+    run = Run(
+        run_dir=Path("r"), summary={}, steps=steps, steps_source="logs", logs={}, spans=[], span_files=[], notes=[]
+    )
+    (line,) = [v for k, v in _summary_rows(run) if k.startswith("episodes")]
+    assert "invalid call rate 0.500 / 0.250" in line and "turns per episode 0.500 / 0.250" in line

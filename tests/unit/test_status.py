@@ -143,6 +143,14 @@ def _snapshot(**over: Any) -> dict[str, Any]:
             "accuracy": 0.3,
             "staleness": {"0": 10, "1": 22},
             "dropped": {"stale": 4},
+            "episodes": {
+                "trained": 32,
+                "samples": 48,
+                "turns_per_episode": 3.5,
+                "tool_calls_per_turn": 0.5,
+                "invalid_call_rate": 0.125,
+                "samples_per_episode": 1.5,
+            },
         },
         "errors": [],
     }
@@ -165,6 +173,7 @@ def test_render_shows_every_part() -> None:
     assert "v6  (stack v0 -> v6)" in text
     assert "v8 reject: score 0.000" in text and "below floor" in text
     assert "step 9 -> v9" in text and "0:10, 1:22" in text and "stale: 4" in text
+    assert "32 trained (48 samples): 3.50 turns/episode, 0.50 tool calls/turn, invalid-call rate 0.125" in text
 
 
 def test_render_falls_back_to_the_last_promotion_message() -> None:

@@ -125,6 +125,10 @@ def _ts(row: dict[str, Any]) -> float | None:
         return None
 
 
+# Episode shape the learner logs with each step (slipstream.rl.credit.episode_figures).
+EPISODE_FIGURES = ("turns_per_episode", "tool_calls_per_turn", "invalid_call_rate", "samples_per_episode")
+
+
 def steps_from_logs(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The learner's `step` log lines in the shape of summary.json's steps_log."""
     steps = [r for r in rows if r.get("event") == "step" and "step" in r]
@@ -139,6 +143,7 @@ def steps_from_logs(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
             "staleness": {str(k): int(v) for k, v in (r.get("staleness") or {}).items()},
             "step_time_s": float(r.get("time_s", 0.0)),
             "t": (_ts(r) or t0) - t0,
+            **{k: float(r[k]) for k in EPISODE_FIGURES if k in r},
         }
         for r in steps
     ]
@@ -375,6 +380,17 @@ def _summary_rows(run: Run) -> list[tuple[str, str]]:
             ("dropped", ", ".join(f"{k} {v}" for k, v in sorted((tr.get("dropped") or {}).items())) or "none"),
             ("training / wall time", f"{s.get('train_time_s', 0):.0f} s / {s.get('wall_time_s', 0):.0f} s"),
         ]  # fmt: skip
+    shaped = [st for st in run.steps if "turns_per_episode" in st]
+    if shaped:
+        first, last = shaped[0], shaped[-1]
+        rows.append(
+            (
+                "episodes, first / last step",
+                " | ".join(
+                    f"{k.replace('_', ' ')} {first.get(k, 0.0):.3f} / {last.get(k, 0.0):.3f}" for k in EPISODE_FIGURES
+                ),
+            )
+        )
     rows.append(("span files", str(len(run.span_files)) + f" ({len(run.spans)} spans)"))
     return rows
 

@@ -239,6 +239,14 @@ async def _from_bus(status: dict[str, Any], url: str, timeout_s: float) -> None:
                 "accuracy": step.accuracy,
                 "staleness": dict(sorted(step.staleness.items(), key=lambda kv: _as_int(kv[0]))),
                 "dropped": dict(step.dropped),
+                "episodes": {
+                    "trained": step.n_trajectories,
+                    "samples": step.n_samples,
+                    "turns_per_episode": step.turns_per_episode,
+                    "tool_calls_per_turn": step.tool_calls_per_turn,
+                    "invalid_call_rate": step.invalid_call_rate,
+                    "samples_per_episode": step.samples_per_episode,
+                },
             }
     finally:
         await bus.close()
@@ -383,10 +391,23 @@ def _versions_table(status: dict[str, Any]) -> Any:
         t.add_row(
             "learner", f"step {learner['step']} -> v{learner['policy_version']}, reward {learner['reward_mean']:.3f}"
         )
-        t.add_row("staleness", f"versions behind: trajectories  {hist}")
+        t.add_row("staleness", f"versions behind: episodes  {hist}")
+        ep = learner.get("episodes")
+        if ep:
+            t.add_row("episodes", episode_line(ep))
         if learner["dropped"]:
             t.add_row("dropped", ", ".join(f"{k}: {n}" for k, n in sorted(learner["dropped"].items())))
     return t
+
+
+def episode_line(ep: dict[str, Any]) -> str:
+    """One line of a step's episode shape: turns, tool calls, invalid calls, samples."""
+    return (
+        f"{ep.get('trained', 0)} trained ({ep.get('samples', 0)} samples): "
+        f"{ep.get('turns_per_episode', 0.0):.2f} turns/episode, {ep.get('tool_calls_per_turn', 0.0):.2f} "
+        f"tool calls/turn, invalid-call rate {ep.get('invalid_call_rate', 0.0):.3f}, "
+        f"{ep.get('samples_per_episode', 0.0):.2f} samples/episode"
+    )
 
 
 def _port(url: str) -> str:

@@ -411,7 +411,14 @@ def render(frame: Frame) -> Group:
     ]
     if last is not None:
         stale = " ".join(f"{k}:{v}" for k, v in sorted(last.staleness.items(), key=lambda kv: int(kv[0])))
-        lines.append(f"staleness (versions behind: trajectories) {stale or '-'}; step time {last.step_time_s:.2f} s")
+        lines.append(f"staleness (versions behind: episodes) {stale or '-'}; step time {last.step_time_s:.2f} s")
+        lines.append(
+            f"episodes  {last.turns_per_episode:.2f} turns, {last.tool_calls_per_turn:.2f} tool calls/turn, "
+            f"invalid {last.invalid_call_rate:.3f}, {last.samples_per_episode:.2f} samples"
+        )
+        if last.logprob_mismatch_by_turn:
+            by_turn = sorted(last.logprob_mismatch_by_turn.items(), key=lambda kv: int(kv[0]))
+            lines.append("mismatch by turn  " + " ".join(f"{k}:{v:+.3f}" for k, v in by_turn[:8]))
     dead = "-" if frame.dead_letters is None else str(frame.dead_letters)
     lines.append(f"dead letters: {dead}")
     lines.extend(f"note: {n}" for n in frame.notes)
