@@ -5,6 +5,8 @@ from __future__ import annotations
 import pytest
 
 from slipstream.schemas import (
+    MESSAGE_TYPES,
+    UPGRADES,
     PolicySegment,
     SchemaError,
     ScoredTrajectory,
@@ -77,7 +79,13 @@ def test_subject_table_is_consistent() -> None:
         assert spec.stream in names
     durables = [c.durable for s in subjects.STREAMS for c in s.consumers]
     assert len(durables) == len(set(durables))
-    assert subjects.spec_for("traj.raw.arith").message == "Trajectory"
+    assert subjects.spec_for("traj.raw.arith").message == "Episode"
+    # Every older type a subject admits has a registered upgrade to the subject's type.
+    for spec in subjects.SUBJECTS:
+        reader = MESSAGE_TYPES[spec.message]
+        for old in spec.upgrades_from:
+            assert UPGRADES[reader][old][0] is MESSAGE_TYPES[old]
+    assert subjects.spec_for("traj.scored.x").upgrades_from == ("ScoredTrajectory",)
     assert subjects.spec_for("weights.promoted").stream == "WEIGHTS"
     assert subjects.spec_for("dlq.TASKS").stream == "DLQ"
     with pytest.raises(KeyError):

@@ -31,6 +31,10 @@ class SubjectSpec(msgspec.Struct, kw_only=True, frozen=True):
     message: Annotated[str, Doc(description="Schema name of the message type carried.")]
     stream: str
     description: str = ""
+    upgrades_from: Annotated[
+        tuple[str, ...],
+        Doc(description="Older message types still admitted here, converted on decode (codec.UPGRADES)."),
+    ] = ()
 
 
 class StreamSpec(msgspec.Struct, kw_only=True, frozen=True):
@@ -49,13 +53,18 @@ DAY = 86400.0
 SUBJECTS: tuple[SubjectSpec, ...] = (
     SubjectSpec(pattern="tasks.>", message="Task", stream="TASKS", description="tasks.<env>: prompts to roll out"),
     SubjectSpec(
-        pattern="traj.raw.>", message="Trajectory", stream="TRAJ_RAW", description="traj.raw.<env>: unscored rollouts"
+        pattern="traj.raw.>",
+        message="Episode",
+        stream="TRAJ_RAW",
+        description="traj.raw.<env>: unscored episodes",
+        upgrades_from=("Trajectory",),
     ),
     SubjectSpec(
         pattern="traj.scored.>",
-        message="ScoredTrajectory",
+        message="ScoredEpisode",
         stream="TRAJ_SCORED",
-        description="traj.scored.<env>: rollouts with rewards",
+        description="traj.scored.<env>: episodes with rewards",
+        upgrades_from=("ScoredTrajectory",),
     ),
     SubjectSpec(
         pattern="weights.announce", message="WeightAnnounce", stream="WEIGHTS", description="a version is stored"
