@@ -198,3 +198,32 @@ def test_the_outcome_log_appends_whole_lines(tmp_path: Path) -> None:
     ]
     assert all(o.pid > 0 and o.at > 0 for o in got)
     OutcomeLog("").write([Outcome(trajectory_id="x", outcome="trained")])  # off: writes nothing, no error
+
+
+def test_a_lora_checkpoint_holds_adapters_and_their_optimizer_state_only(tmp_path: Path) -> None:
+    from slipstream.engine.lora import adapter_state, attach_lora
+
+    def lora_trainer(seed: int) -> Trainer:
+        model, tok = build_tiny("tiny", seed=0)  # the same frozen base in every process
+        attach_lora(model, rank=4, alpha=8.0, targets=["q_proj", "v_proj"], seed=seed)
+        t = Trainer(model, LearnerSection(lr=1e-3), LossConfig(), pad_id=tok.pad_id)
+        for p in model.parameters():
+            if p.requires_grad:
+                p.grad = torch.full_like(p, 0.01 * (seed + 1))
+        t.optimizer.step()
+        return t
+
+    c = Checkpoints(LocalObjectStore(tmp_path), "run", keep=3)
+    t = lora_trainer(seed=0)
+    save(c, t, 2, ["a"])
+    ckpt = c.load_latest()
+    assert ckpt is not None
+    adapters = adapter_state(t.model)
+    assert sorted(ckpt.model_state) == sorted(adapters)  # no base weights in the checkpoint
+    assert len(ckpt.optimizer_state["state"]) == len(adapters)
+    fresh = lora_trainer(seed=5)
+    restore(ckpt, fresh.model, fresh.optimizer)
+    for name, value in adapters.items():
+        assert torch.equal(adapter_state(fresh.model)[name], value), name
+    saved, loaded = t.optimizer.state_dict()["state"], fresh.optimizer.state_dict()["state"]
+    assert all(torch.equal(loaded[i]["exp_avg"], s["exp_avg"]) for i, s in saved.items())

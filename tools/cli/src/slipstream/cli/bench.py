@@ -13,7 +13,12 @@ import importlib
 from typing import Any
 
 # sub-command -> module under slipstream.cli (later issues add theirs here)
-BENCHES: dict[str, str] = {"bus": "bench_bus", "async": "bench_async", "weights": "bench_weights"}
+BENCHES: dict[str, str] = {
+    "bus": "bench_bus",
+    "async": "bench_async",
+    "weights": "bench_weights",
+    "lora": "bench_lora",
+}
 
 
 def register(sub: Any) -> None:
