@@ -91,6 +91,7 @@ def pretrained_plan(model: str) -> Any:
         learner_autocast="bfloat16",
         micro_batch=8,
         device="auto",
+        max_seq_len=512,  # prompts are ~130 tokens: a 2048-long KV cache for 64 rows would be 3 GB in bf16
         timeout_s=3600.0,
     )
 

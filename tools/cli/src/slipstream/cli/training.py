@@ -64,6 +64,8 @@ class TrainingPlan(msgspec.Struct, kw_only=True):
     micro_batch: int = 16
     device: str = "cpu"
     """[model] device of every model-holding service: cpu, cuda or auto (cuda when present)."""
+    max_seq_len: int = 0
+    """KV-cache length of the workers' and the evaluator's engines; 0 = the engine's default (<= 2048)."""
 
 
 class RunSummary(msgspec.Struct, kw_only=True):
@@ -139,6 +141,7 @@ def service_env(plan: TrainingPlan, model_dir: Path, staging_dir: Path, outcomes
         # rollout-worker
         "SLIPSTREAM_WORKER__TEMPERATURE": str(plan.temperature),
         "SLIPSTREAM_WORKER__MAX_TOKENS": str(plan.max_tokens),
+        "SLIPSTREAM_WORKER__MAX_SEQ_LEN": str(plan.max_seq_len),
         "SLIPSTREAM_WORKER__MAX_BATCH": str(plan.worker_max_batch),
         "SLIPSTREAM_WORKER__MAX_TASKS_IN_FLIGHT": str(plan.worker_tasks_in_flight),
     }
@@ -213,6 +216,7 @@ class HeldOut:
             model,
             self.tokenizer,
             max_batch=64,
+            max_seq_len=plan.max_seq_len or None,
             device=resolve_device(source),
             dtype=torch_dtype(source),
             allow_partial_updates=plan.lora_rank > 0,
