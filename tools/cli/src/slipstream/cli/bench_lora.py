@@ -64,7 +64,7 @@ async def _train(
     from slipstream.learner.handoff import unique_state
     from slipstream.learner.trainer import Trainer
     from slipstream.rl import LossConfig
-    from slipstream.schemas import ScoredTrajectory
+    from slipstream.schemas import ScoredTrajectory, scored_episode_from_v1
 
     torch.manual_seed(seed)
     env = get_env(plan.env, **plan.env_options)
@@ -99,7 +99,7 @@ async def _train(
                 if len({s.reward for s in scores}) > 1:  # uniform groups carry no signal (the learner drops them)
                     scored.append(
                         [
-                            ScoredTrajectory(trajectory=t, reward=s.reward, correct=s.correct)
+                            scored_episode_from_v1(ScoredTrajectory(trajectory=t, reward=s.reward, correct=s.correct))
                             for t, s in zip(group, scores, strict=True)
                         ]
                     )
