@@ -70,6 +70,11 @@ def test_json_values_for_lists_and_bools_in_every_layer(tmp_path: Path) -> None:
         resolve(Cfg, parse_args(Cfg, ["--alpha.tags", '["c1"']), environ={})
 
 
+def test_an_empty_value_is_the_empty_string_not_json() -> None:
+    assert resolve(Cfg, environ={"SLIPSTREAM_ALPHA__NAME": ""}).alpha.name == ""
+    assert resolve(Cfg, parse_args(Cfg, ["--alpha.name", ""]), environ={}).alpha.name == ""
+
+
 def test_flags_accept_dashes_underscores_and_equals() -> None:
     args = parse_args(Cfg, ["--service.drain_timeout_s=2.5", "--service.http-port", "81"])
     cfg = resolve(Cfg, args, environ={})

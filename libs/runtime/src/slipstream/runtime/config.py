@@ -77,7 +77,9 @@ def env_name(section: str, field: str) -> str:
 def _parse_scalar(raw: str) -> Any:
     """CLI/env values are strings; JSON syntax is accepted for lists, dicts, numbers and bools."""
     s = raw.strip()
-    if s[:1] in "[{" or s in ("true", "false", "null"):
+    # `"" in "[{"` is True: test the first character only when there is one, so an empty value
+    # stays the empty string (e.g. SLIPSTREAM_LEARNER__AUTOCAST="" for "no autocast").
+    if (s and s[0] in "[{") or s in ("true", "false", "null"):
         try:
             return json.loads(s)
         except json.JSONDecodeError as exc:
