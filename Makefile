@@ -47,6 +47,7 @@ bench: install  ## all benchmarks, JSON under .slipstream/bench
 	$(VENV)/bin/slipstream bench bus --json .slipstream/bench/bus.json
 	$(VENV)/bin/slipstream bench weights --json .slipstream/bench/weights.json
 	$(VENV)/bin/slipstream bench async --json .slipstream/bench/async.json
+	$(VENV)/bin/slipstream bench multiturn --json .slipstream/bench/multiturn.json
 
 schemas: install  ## regenerate proto/ from the schema package
 	$(PY) tools/gen_proto.py

@@ -10,6 +10,17 @@ Scheduling, one `step()` at a time:
    its own slot's valid prefix), sample, and retire rows that hit eos, a stop string,
    max_tokens or max_seq_len.
 
+Sessions (multi-turn episodes): a request with a `session_id` leaves its cache slot *parked*
+when it finishes, holding the keys/values of every token it forwarded. The session's next
+request (previous prompt + completion + observation) takes that slot back and prefills only the
+tokens past the longest prefix it shares with what is cached, so a turn costs its new tokens,
+not the whole context. A prompt that shares less (a context edit) reuses what it can and counts
+a fallback. Parked slots are the pool's spare capacity: when a request needs a slot and none is
+free, the least recently parked session is evicted (counted) and simply re-prefills next time.
+`release(session_id)` frees a slot as soon as the caller knows the episode is over. Parked
+caches survive weight updates like running rows do (DESIGN: the KV cache is kept by default);
+with `recompute_kv_on_update` they are dropped instead of recomputed.
+
 `submit` + `step` are the synchronous core (deterministic tests drive them directly). The async
 face (`start`, `generate`, `stop`) runs `step` in a single worker thread so the event loop that
 talks to NATS stays responsive while torch works.
@@ -83,6 +94,9 @@ class TorchEngine:
         self._known_ids: set[str] = set()
         self._abort_ids: set[str] = set()
         self._pending: WeightUpdate | None = None
+        # session id -> (slot, tokens whose keys/values that slot holds), least recently parked first
+        self._parked: collections.OrderedDict[str, tuple[int, list[int]]] = collections.OrderedDict()
+        self._release_ids: set[str] = set()
         self._lock = threading.Lock()
         self._seed_stream = torch.Generator().manual_seed(seed)
         self._policy_version = policy_version
@@ -93,6 +107,10 @@ class TorchEngine:
         self._finished = 0
         self._aborted = 0
         self._weight_updates = 0
+        self._kv_reused_tokens = 0
+        self._session_hits = 0
+        self._session_fallbacks = 0
+        self._session_evictions = 0
         self._last_apply_ms = 0.0
         self._recent: collections.deque[tuple[float, int]] = collections.deque(maxlen=_RATE_WINDOW_STEPS)
         # async face
@@ -156,7 +174,20 @@ class TorchEngine:
             "requests_aborted": float(self._aborted),
             "weight_updates": float(self._weight_updates),
             "last_weight_apply_ms": self._last_apply_ms,
+            "kv_sessions_parked": float(len(self._parked)),
+            "kv_reused_tokens": float(self._kv_reused_tokens),
+            "kv_session_hits": float(self._session_hits),
+            "kv_session_fallbacks": float(self._session_fallbacks),
+            "kv_session_evictions": float(self._session_evictions),
         }
+
+    def release(self, session_id: str) -> None:
+        """Free a session's parked cache slot at the next step (unknown or empty ids are ignored)."""
+        if not session_id:
+            return
+        with self._lock:
+            self._release_ids.add(session_id)
+        self._notify()
 
     # ----------------------------------------------------------------- synchronous core
     @property
@@ -210,6 +241,7 @@ class TorchEngine:
         done: list[SequenceState] = []
         with torch.no_grad():
             self._apply_pending()
+            self._release_parked()
             self._reap_aborted(done)
             self._admit(done)
             self._decode(done)
@@ -234,7 +266,8 @@ class TorchEngine:
         self._policy_version = update.version
         if self.recompute_kv_on_update:
             for seq in self._running():
-                self._forward_prefix(seq, seq.tokens[: seq.cache_len])
+                self._forward_from(seq, 0, seq.tokens[: seq.cache_len])
+            self._parked.clear()
         self._last_apply_ms = (time.perf_counter() - t0) * 1000.0
         self._weight_updates += 1
         log.info("applied weights version %d in %.1f ms", update.version, self._last_apply_ms)
@@ -251,25 +284,61 @@ class TorchEngine:
             self._retire(seq, "abort", done)
             self._aborted += 1
 
+    def _release_parked(self) -> None:
+        with self._lock:
+            ids, self._release_ids = self._release_ids, set()
+        for session in ids:
+            self._parked.pop(session, None)
+
     def _admit(self, done: list[SequenceState]) -> None:
-        for slot, occupant in enumerate(self._slots):
-            if occupant is not None:
-                continue
+        while True:
             with self._lock:
                 if not self._waiting:
                     return
-                seq = self._waiting.popleft()
+                seq = self._waiting[0]
+            session = seq.request.session_id
+            parked = self._parked.pop(session, None) if session else None
+            if parked is not None:
+                slot, cached = parked
+                keep = _shared_prefix(cached, seq.tokens)
+                if keep == len(cached):
+                    self._session_hits += 1
+                else:
+                    self._session_fallbacks += 1
+            else:
+                free = self._free_slot()
+                if free is None:
+                    return
+                slot, keep = free, 0
+            with self._lock:
+                self._waiting.popleft()
             seq.slot = slot
             seq.started_at = time.time()
             self._slots[slot] = seq
-            logits = self._forward_prefix(seq, seq.tokens)
-            self._prefill_tokens += len(seq.tokens)
+            # At least the last prompt token goes through a forward: its logits give the first sample.
+            keep = min(keep, len(seq.tokens) - 1)
+            logits = self._forward_from(seq, keep, seq.tokens)
+            self._prefill_tokens += len(seq.tokens) - keep
+            self._kv_reused_tokens += keep
             self._sample([seq], logits, done)
 
-    def _forward_prefix(self, seq: SequenceState, tokens: list[int]) -> Tensor:
-        """Fill seq's cache slot with `tokens` from position 0; logits of the last one [1, V]."""
-        ids = torch.tensor([tokens], dtype=torch.long, device=self.device)
-        pos = torch.arange(len(tokens), device=self.device)[None]
+    def _free_slot(self) -> int | None:
+        """A slot neither running nor parked; else the least recently parked session's (evicted)."""
+        parked = {slot for slot, _ in self._parked.values()}
+        for slot, occupant in enumerate(self._slots):
+            if occupant is None and slot not in parked:
+                return slot
+        if self._parked:
+            _, (slot, _) = self._parked.popitem(last=False)
+            self._session_evictions += 1
+            return slot
+        return None
+
+    def _forward_from(self, seq: SequenceState, start: int, tokens: list[int]) -> Tensor:
+        """Forward `tokens[start:]` at positions start.. into seq's slot (whose keys/values before
+        `start` are already there); sets cache_len to len(tokens); logits of the last one [1, V]."""
+        ids = torch.tensor([tokens[start:]], dtype=torch.long, device=self.device)
+        pos = torch.arange(start, len(tokens), device=self.device)[None]
         logits = self.model.forward_cached(ids, pos, self.cache, [seq.slot])
         seq.cache_len = len(tokens)
         return logits[:, -1]
@@ -299,6 +368,11 @@ class TorchEngine:
         seq.finish(reason)  # type: ignore[arg-type]
         if seq.slot >= 0 and self._slots[seq.slot] is seq:
             self._slots[seq.slot] = None
+            session = seq.request.session_id
+            if session and reason != "abort" and seq.cache_len > 0:
+                # A newer turn of the same session replaces an older parked one (its slot frees).
+                self._parked.pop(session, None)
+                self._parked[session] = (seq.slot, seq.tokens[: seq.cache_len])
         done.append(seq)
 
     def _running(self) -> list[SequenceState]:
@@ -385,3 +459,12 @@ class TorchEngine:
                 if not fut.done():
                     fut.set_exception(EngineError(f"engine loop failed: {exc!r}"))
             raise
+
+
+def _shared_prefix(a: list[int], b: list[int]) -> int:
+    """Length of the longest common prefix of two token lists."""
+    n = min(len(a), len(b))
+    for i in range(n):
+        if a[i] != b[i]:
+            return i
+    return n

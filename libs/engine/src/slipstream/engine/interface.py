@@ -58,6 +58,14 @@ class GenerationRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True
     params: Annotated[SamplingParams, Doc(description="Sampling parameters.")] = msgspec.field(
         default_factory=SamplingParams
     )
+    session_id: Annotated[
+        str,
+        Doc(
+            description="Keep this sequence's KV cache after it finishes, under this key: a later request of the "
+            "same session whose prompt extends the cached tokens prefills only the new ones. '' keeps nothing; "
+            "the caller releases the session when its episode (or sample) ends."
+        ),
+    ] = ""
 
 
 class Timings(msgspec.Struct, kw_only=True):
@@ -116,5 +124,9 @@ class Engine(Protocol):
     def named_parameters(self) -> Iterator[tuple[str, nn.Parameter]]: ...
 
     def state_dict(self) -> Mapping[str, Any]: ...
+
+    def release(self, session_id: str) -> None:
+        """Drop a session's kept KV cache (unknown ids are ignored); engines that keep none do nothing."""
+        ...
 
     def stats(self) -> dict[str, float]: ...

@@ -302,6 +302,8 @@ class Recorder:
             request_id=f"{sample.sample_id}{suffix}",
             prompt_ids=context,
             params=msgspec.structs.replace(params, **updates),
+            # The engine keeps this sample's KV cache between its turns (released when the episode ends).
+            session_id=sample.sample_id,
         )
         engine = run.engine if sample.trainable or run.frozen_engine is None else run.frozen_engine
         turn = state.calls

@@ -83,6 +83,11 @@ class RecordingEngine:
     def state_dict(self) -> Mapping[str, Any]:
         return self.inner.state_dict()
 
+    def release(self, session_id: str) -> None:
+        release = getattr(self.inner, "release", None)
+        if release is not None:
+            release(session_id)
+
     def stats(self) -> dict[str, float]:
         return self.inner.stats()
 

@@ -83,11 +83,22 @@ async def play_episode(
     except ContextFull:
         root = state.samples[0] if state.samples else None
         outcome = Outcome(final_text=root.completion_text() if root is not None else "", finish_reason="length")
+    finally:
+        _release_sessions(run, state)
     if not isinstance(outcome, Outcome):
         raise RolloutError(f"{env.name}.run returned {type(outcome).__name__}, not an Outcome")
     if not state.samples:
         raise RolloutError(f"{env.name}.run on task {spec.task_id!r} finished without opening a sample")
     return state, outcome
+
+
+def _release_sessions(run: EpisodeRun, state: EpisodeState) -> None:
+    """Let the engines drop the KV caches they kept for this episode's samples."""
+    for engine in {id(e): e for e in (run.engine, run.frozen_engine) if e is not None}.values():
+        release = getattr(engine, "release", None)
+        if release is not None:
+            for sample in state.samples:
+                release(sample.sample_id)
 
 
 async def rollout_episodes(

@@ -18,6 +18,7 @@ BENCHES: dict[str, str] = {
     "async": "bench_async",
     "weights": "bench_weights",
     "lora": "bench_lora",
+    "multiturn": "bench_multiturn",
 }
 
 
