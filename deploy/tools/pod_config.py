@@ -264,7 +264,7 @@ def mismatches(pods: list[PodConfig]) -> list[str]:
 
 
 def main(argv: list[str]) -> int:
-    spec = importlib.util.spec_from_file_location("kustomize_lite", Path(__file__).with_name("kustomize_lite.py"))
+    spec = importlib.util.spec_from_file_location("kustomize", Path(__file__).with_name("kustomize.py"))
     assert spec and spec.loader
     kl = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(kl)

@@ -32,7 +32,7 @@ def _tool(name: str) -> ModuleType:
     return module
 
 
-kl = _tool("kustomize_lite")
+kl = _tool("kustomize")
 crdv = _tool("crd_validation")
 table = _tool("service_table")
 images = _tool("image_stages")

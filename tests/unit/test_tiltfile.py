@@ -42,7 +42,7 @@ def _load(name: str, path: Path) -> ModuleType:
 
 
 tilt = _load("tilt_harness", REPO / "deploy/tools/tilt_harness.py")
-kl = _load("kustomize_lite", REPO / "deploy/tools/kustomize_lite.py")
+kl = _load("kustomize", REPO / "deploy/tools/kustomize.py")
 table = _load("service_table", REPO / "deploy/tools/service_table.py")
 images = _load("image_stages", REPO / "deploy/tools/image_stages.py")
 podcfg = _load("pod_config", REPO / "deploy/tools/pod_config.py")
