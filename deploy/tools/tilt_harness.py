@@ -187,6 +187,14 @@ def docker_build_with_restart(
     return None
 
 
+def read_file(file_path: str, default: Value = None) -> str:
+    """Tilt's read_file (a Blob there; str() of it is the text), relative to the repository root."""
+    path = Path(__file__).resolve().parents[2] / file_path
+    if not path.exists() and default is not None:
+        return str(default)
+    return path.read_text()
+
+
 def k8s_yaml(yaml: Value, allow_duplicates: bool = False) -> None:
     return None
 
@@ -284,6 +292,7 @@ def update_settings(
 
 
 TOP_LEVEL = (
+    read_file,
     docker_build,
     k8s_yaml,
     kustomize,

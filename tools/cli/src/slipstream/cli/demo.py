@@ -117,6 +117,14 @@ def plan_from_args(args: argparse.Namespace) -> Any:
 
 
 def run(args: argparse.Namespace) -> int:
+    return execute(plan_from_args(args), args, title="slipstream demo")
+
+
+def execute(plan: Any, args: argparse.Namespace, *, title: str, **stack: Any) -> int:
+    """Run `plan` with the live view (or log lines), print the summary, write --summary-json.
+
+    Shared by `demo` and `train`; `stack` passes nats_url / redis_url / store through to the run.
+    """
     import msgspec
     from rich.console import Console
 
@@ -124,23 +132,22 @@ def run(args: argparse.Namespace) -> int:
     from slipstream.cli.training import run_training
 
     console = Console(highlight=False, soft_wrap=True)
-    plan = plan_from_args(args)
     run_dir = args.run_dir or default_run_dir()
     console.print(
-        f"slipstream demo: {plan.max_steps} RL steps on [bold]{plan.env}[/bold], "
+        f"{title}: {plan.max_steps} RL steps on [bold]{plan.env}[/bold], "
         f"{plan.groups_per_step} groups x {plan.group_size} samples per step, max_staleness {plan.max_staleness}; "
         f"run dir {run_dir}"
     )
     view = ProgressView(console, plan, live=not args.no_live)
     t0 = time.monotonic()
     with view:
-        summary = run_training(plan, run_dir, on_event=view.on_event, traces=args.traces)
+        summary = run_training(plan, run_dir, on_event=view.on_event, traces=args.traces, **stack)
     console.print(summary_table(summary))
     if args.summary_json:
         args.summary_json.parent.mkdir(parents=True, exist_ok=True)
         args.summary_json.write_bytes(msgspec.json.format(msgspec.json.encode(summary)))
     if not summary.ok:
-        console.print(f"[red]demo failed:[/red] {summary.error}")
+        console.print(f"[red]{title} failed:[/red] {summary.error}")
         console.print(f"logs: {run_dir}/logs/<service>.log")
         return 1
     console.print(f"done in {time.monotonic() - t0:.0f} s; logs and summary.json in {run_dir}")

@@ -12,7 +12,6 @@ trajectory that was published.
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -21,142 +20,11 @@ from typing import Any
 import msgspec
 
 from slipstream.cli.spec import StackSpec, StoreSpec
+from slipstream.run.plan import RunSummary, TrainingPlan, service_env, service_overrides
 
 PIPELINE = ("rollout-worker", "reward-model", "learner", "weight-publisher", "task-source")
 
-
-class TrainingPlan(msgspec.Struct, kw_only=True):
-    """What one run trains, and how big it is. Defaults are the demo's."""
-
-    env: str = "reverse"
-    env_options: dict[str, Any] = {}
-    preset: str = "tiny"
-    seed: int = 0
-    sft_steps: int = 90
-    sft_batch: int = 32
-    sft_lr: float = 3e-3
-    group_size: int = 8
-    groups_per_step: int = 8
-    max_staleness: int = 2
-    max_steps: int = 60
-    lr: float = 5e-4
-    loss: str = "grpo"
-    loss_constant: float = 256.0
-    temperature: float = 0.7
-    max_tokens: int = 8
-    worker_max_batch: int = 64
-    worker_tasks_in_flight: int = 16
-    heldout_tasks: int = 256
-    heldout_samples: int = 4
-    """Samples per held-out task at the rollout temperature (the headline accuracy is their mean)."""
-    eval_every: int = 0
-    """Held-out eval on the latest version every N versions during the run (0: before and after only)."""
-    timeout_s: float = 900.0
-    model: str = ""
-    """A named pretrained model (`smollm2-135m`): trained as is (no warm-start), with the settings below."""
-    lora_rank: int = 0
-    """> 0: train LoRA adapters of this rank only (every service gets `[model] lora_*`)."""
-    lora_alpha: float = 16.0
-    rollout_dtype: str = "float32"
-    """[model] dtype of the rollout workers and the held-out evaluator (bfloat16 for a real model)."""
-    learner_autocast: str = ""
-    """[learner] autocast: "bfloat16" trains fp32 master weights with bf16 matmuls."""
-    micro_batch: int = 16
-    device: str = "cpu"
-    """[model] device of every model-holding service: cpu, cuda or auto (cuda when present)."""
-    max_seq_len: int = 0
-    """KV-cache length of the workers' and the evaluator's engines; 0 = the engine's default (<= 2048)."""
-
-
-class RunSummary(msgspec.Struct, kw_only=True):
-    """What a run did; `slipstream demo --summary-json` writes it."""
-
-    ok: bool
-    error: str = ""
-    run_dir: str = ""
-    plan: TrainingPlan
-    heldout_accuracy_before: float = 0.0
-    """Held-out accuracy of the policy as it samples (rollout temperature, mean over heldout_samples)."""
-    heldout_accuracy_after: float = 0.0
-    heldout_greedy_before: float = 0.0
-    """Held-out accuracy of greedy (argmax) decoding, for comparison."""
-    heldout_greedy_after: float = 0.0
-    heldout_reward_before: float = 0.0
-    heldout_reward_after: float = 0.0
-    heldout_tasks: int = 0
-    warmstart: dict[str, Any] = {}
-    steps: int = 0
-    final_version: int = 0
-    versions_published: int = 0
-    trajectories: dict[str, Any] = {}
-    """published / scored / trained / dropped (by reason) / dead-lettered / left in streams."""
-    spanning_versions: int = 0
-    """Trajectories whose tokens were sampled under two or more policy versions (mid-rollout refresh)."""
-    weights: dict[str, Any] = {}
-    eval_curve: list[dict[str, float]] = []
-    steps_log: list[dict[str, Any]] = []
-    wall_time_s: float = 0.0
-    train_time_s: float = 0.0
-    """From the stack being ready to the learner's last step."""
-
-
-def service_env(plan: TrainingPlan, model_dir: Path, staging_dir: Path, outcomes: Path) -> dict[str, str]:
-    """Config of every pipeline service, as SLIPSTREAM_<SECTION>__<FIELD> variables.
-
-    One environment for all: each service reads only the sections it has.
-    """
-    env_options = json.dumps({plan.env: plan.env_options}) if plan.env_options else ""
-    env = {
-        "SLIPSTREAM_MODEL__PATH": str(model_dir),
-        "SLIPSTREAM_MODEL__THREADS": "1",
-        "SLIPSTREAM_MODEL__DEVICE": plan.device,
-        "SLIPSTREAM_MODEL__LORA_RANK": str(plan.lora_rank),
-        "SLIPSTREAM_MODEL__LORA_ALPHA": str(plan.lora_alpha),
-        "SLIPSTREAM_LEARNER__MICRO_BATCH": str(plan.micro_batch),
-        "SLIPSTREAM_LEARNER__AUTOCAST": plan.learner_autocast,
-        # Versions travel in the rollout dtype: a bf16 worker needs only bf16 weights.
-        "SLIPSTREAM_LEARNER__WEIGHTS_DTYPE": plan.rollout_dtype,
-        # learner
-        "SLIPSTREAM_LEARNER__MAX_STEPS": str(plan.max_steps),
-        "SLIPSTREAM_LEARNER__GROUPS_PER_STEP": str(plan.groups_per_step),
-        "SLIPSTREAM_LEARNER__MAX_STALENESS": str(plan.max_staleness),
-        "SLIPSTREAM_LEARNER__LR": str(plan.lr),
-        "SLIPSTREAM_LEARNER__SAMPLING_TEMPERATURE": str(plan.temperature),
-        "SLIPSTREAM_LEARNER__CHECKPOINT_EVERY": "1",
-        "SLIPSTREAM_LEARNER__STAGING_DIR": str(staging_dir),
-        "SLIPSTREAM_LEARNER__SEED": str(plan.seed),
-        "SLIPSTREAM_LEARNER__OUTCOMES_PATH": str(outcomes),
-        "SLIPSTREAM_LOSS__TYPE": plan.loss,
-        "SLIPSTREAM_LOSS__LOSS_CONSTANT": str(plan.loss_constant),
-        # weight-publisher
-        "SLIPSTREAM_PUBLISHER__STAGING_DIR": str(staging_dir),
-        # task-source
-        "SLIPSTREAM_TASKS__ENVS": json.dumps([plan.env]),
-        "SLIPSTREAM_TASKS__GROUP_SIZE": str(plan.group_size),
-        "SLIPSTREAM_TASKS__GROUPS_PER_STEP": str(plan.groups_per_step),
-        "SLIPSTREAM_TASKS__MAX_STALENESS": str(plan.max_staleness),
-        "SLIPSTREAM_TASKS__MAX_STEPS": str(plan.max_steps),
-        "SLIPSTREAM_TASKS__SEED": str(plan.seed),
-        "SLIPSTREAM_TASKS__LEARNER_CHECKPOINT_EVERY": "1",
-        # rollout-worker
-        "SLIPSTREAM_WORKER__TEMPERATURE": str(plan.temperature),
-        "SLIPSTREAM_WORKER__MAX_TOKENS": str(plan.max_tokens),
-        "SLIPSTREAM_WORKER__MAX_SEQ_LEN": str(plan.max_seq_len),
-        "SLIPSTREAM_WORKER__MAX_BATCH": str(plan.worker_max_batch),
-        "SLIPSTREAM_WORKER__MAX_TASKS_IN_FLIGHT": str(plan.worker_tasks_in_flight),
-    }
-    if env_options:
-        env["SLIPSTREAM_TASKS__ENV_OPTIONS"] = env_options
-        env["SLIPSTREAM_REWARD__ENV_OPTIONS"] = env_options
-        env["SLIPSTREAM_WORKER__ENV_OPTIONS"] = env_options
-    return env
-
-
-def service_overrides(plan: TrainingPlan) -> dict[str, dict[str, str]]:
-    """Per-service config on top of `service_env`: the rollout workers and eval-gate sample in
-    `plan.rollout_dtype` while the learner keeps fp32 master weights."""
-    sampling = {"SLIPSTREAM_MODEL__DTYPE": plan.rollout_dtype}
-    return {"rollout-worker": sampling, "eval-gate": sampling}
+__all__ = ["PIPELINE", "RunSummary", "TrainingPlan", "run_training", "service_env", "service_overrides"]
 
 
 def initial_model(plan: TrainingPlan, run_dir: Path) -> tuple[Path, dict[str, Any]]:
@@ -261,11 +129,15 @@ def run_training(
     stack_env: dict[str, str] | None = None,
     traces: bool = False,
     extra_services: tuple[str, ...] = (),
+    nats_url: str | None = None,
+    redis_url: str | None = None,
+    store: StoreSpec | None = None,
 ) -> RunSummary:
     """Run one training end to end; never raises for a failed run (the summary says why).
 
     `traces` writes each service's spans to run_dir/traces.<service>.jsonl (for `slipstream
-    report`); `extra_services` adds services beyond the pipeline (e.g. eval-gate).
+    report`); `extra_services` adds services beyond the pipeline (e.g. eval-gate); `nats_url`,
+    `redis_url` and `store` reuse existing servers and an object store instead of local ones.
     """
     from slipstream.cli.follow import follow_run, held_out
 
@@ -294,7 +166,9 @@ def run_training(
     spec = StackSpec(
         run_dir=run_dir,
         services=PIPELINE + tuple(s for s in extra_services if s not in PIPELINE),
-        store=StoreSpec(type="local", root=str(run_dir / "data" / "store")),
+        nats_url=nats_url,
+        redis_url=redis_url,
+        store=store or StoreSpec(type="local", root=str(run_dir / "data" / "store")),
         run_id=run_dir.name,
         env={**service_env(plan, model_dir, staging_dir, run_dir / "learner-outcomes.jsonl"), **(stack_env or {})},
         service_env=service_overrides(plan),

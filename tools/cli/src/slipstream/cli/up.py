@@ -8,9 +8,18 @@ Only argparse is imported at module level so `slipstream --help` stays instant.
 from __future__ import annotations
 
 import argparse
+import dataclasses
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from slipstream.cli.spec import add_stack_arguments, spec_from_args
+from slipstream.cli.spec import (
+    StackSpec,
+    add_stack_arguments,
+    parse_nats_url,
+    parse_redis_url,
+    parse_store,
+    spec_from_args,
+)
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -32,6 +41,12 @@ def register(sub: Any) -> None:
     )
     add_stack_arguments(p)
     p.add_argument(
+        "--run",
+        type=Path,
+        metavar="RUN.toml",
+        help="configure the services from a run file (its knobs, and [infra] servers unless flags give them)",
+    )
+    p.add_argument(
         "--keep-going", action="store_true", help="report a process that dies but keep the rest running (exit 0)"
     )
     p.set_defaults(func=run, parser=p)
@@ -39,6 +54,8 @@ def register(sub: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     spec = spec_from_args(args, args.parser)
+    if args.run is not None:
+        spec = with_run_file(spec, args.run, args.parser)
 
     from rich.console import Console
 
@@ -88,3 +105,19 @@ def _supervise(stack: Stack, console: Console, *, keep_going: bool) -> int:
             if not keep_going:
                 return 1
     return 0
+
+
+def with_run_file(spec: StackSpec, path: Path, parser: argparse.ArgumentParser) -> StackSpec:
+    """The stack `spec` configured by a run file: its knobs under any --env, its [infra] under the flags."""
+    from slipstream.run import RunFileError, load, run_env
+
+    try:
+        run_file = load(path)
+        env = run_env(run_file.plan())
+        infra = run_file.infra
+        nats = spec.nats_url or (parse_nats_url(infra.nats_url) if infra.nats_url else None)
+        redis = spec.redis_url or (parse_redis_url(infra.redis_url) if infra.redis_url else None)
+        store = spec.store or (parse_store(infra.store) if infra.store else None)
+    except (RunFileError, ValueError, argparse.ArgumentTypeError) as exc:
+        parser.error(f"--run: {exc}")
+    return dataclasses.replace(spec, env={**env, **spec.env}, nats_url=nats, redis_url=redis, store=store)

@@ -1,0 +1,236 @@
+"""The run file: one TOML that describes an experiment, read by the laptop, Tilt and the cluster alike.
+
+    slipstream train examples/arith.toml                 # local stack, live view, summary
+    slipstream train examples/arith.toml --print-config  # every service's resolved config
+    slipstream up --run examples/arith.toml              # the stack alone, configured by it
+
+Sections (every key optional; what is left out keeps `TrainingPlan`'s default):
+
+    name = "arith"         the run id               seed = 0     task order, held-out set, learner RNG
+    timeout_s = 900.0      the local run's budget
+    [model]      preset ("tiny", "25m"), name (a named pretrained model: "smollm2-135m"), device
+                 (cpu | cuda | auto), rollout_dtype, learner_autocast, lora_rank, lora_alpha
+    [env]        name, options (the environment's own options, e.g. {max_operand = 19})
+    [algorithm]  loss (grpo | cispo), lr, loss_constant, max_staleness, temperature
+    [batch]      group_size, groups_per_step, max_steps, max_tokens, micro_batch
+    [warmstart]  sft_steps, sft_batch, sft_lr (tiny models only)
+    [eval]       heldout_tasks, heldout_samples, eval_every
+    [rollout]    max_batch, tasks_in_flight, max_seq_len (the workers' engines)
+    [replicas]   rollout-worker, reward-model, eval-gate (the cluster's replica counts)
+    [infra]      nats_url, redis_url, store: reuse running servers / an S3 store ("" = start locally)
+
+Loading is strict: an unknown key, or a value of the wrong type, is a `RunFileError` that names
+the key, the file and its line, before anything starts. `run_env` turns the plan into the
+`SLIPSTREAM_<SECTION>__<FIELD>` variables the services read; `env_file` writes them for the dev
+overlay's `slipstream-env` ConfigMap and for Tilt's local mode, so all three read one file.
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from slipstream.run.plan import TrainingPlan, run_env
+
+
+class RunFileError(ValueError):
+    """A run file that cannot be used; the message names the file, the line and the key."""
+
+
+class _Section(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, omit_defaults=True):
+    pass
+
+
+class ModelSection(_Section):
+    preset: str | None = None
+    name: str | None = None
+    device: str | None = None
+    rollout_dtype: str | None = None
+    learner_autocast: str | None = None
+    lora_rank: int | None = None
+    lora_alpha: float | None = None
+
+
+class EnvSection(_Section):
+    name: str | None = None
+    options: dict[str, Any] | None = None
+
+
+class AlgorithmSection(_Section):
+    loss: str | None = None
+    lr: float | None = None
+    loss_constant: float | None = None
+    max_staleness: int | None = None
+    temperature: float | None = None
+
+
+class BatchSection(_Section):
+    group_size: int | None = None
+    groups_per_step: int | None = None
+    max_steps: int | None = None
+    max_tokens: int | None = None
+    micro_batch: int | None = None
+
+
+class WarmstartSection(_Section):
+    sft_steps: int | None = None
+    sft_batch: int | None = None
+    sft_lr: float | None = None
+
+
+class EvalSection(_Section):
+    heldout_tasks: int | None = None
+    heldout_samples: int | None = None
+    eval_every: int | None = None
+
+
+class RolloutSection(_Section):
+    max_batch: int | None = None
+    tasks_in_flight: int | None = None
+    max_seq_len: int | None = None
+
+
+class ReplicasSection(_Section, rename="kebab"):
+    rollout_worker: int = 1
+    reward_model: int = 1
+    eval_gate: int = 1
+
+
+class InfraSection(_Section):
+    nats_url: str = ""
+    redis_url: str = ""
+    store: str = ""
+
+
+class RunFile(_Section):
+    """One experiment, as written; `plan()` resolves it into a `TrainingPlan`."""
+
+    name: str = ""
+    seed: int | None = None
+    timeout_s: float | None = None
+    model: ModelSection = msgspec.field(default_factory=ModelSection)
+    env: EnvSection = msgspec.field(default_factory=EnvSection)
+    algorithm: AlgorithmSection = msgspec.field(default_factory=AlgorithmSection)
+    batch: BatchSection = msgspec.field(default_factory=BatchSection)
+    warmstart: WarmstartSection = msgspec.field(default_factory=WarmstartSection)
+    eval: EvalSection = msgspec.field(default_factory=EvalSection)
+    rollout: RolloutSection = msgspec.field(default_factory=RolloutSection)
+    replicas: ReplicasSection = msgspec.field(default_factory=ReplicasSection)
+    infra: InfraSection = msgspec.field(default_factory=InfraSection)
+
+    def plan(self) -> TrainingPlan:
+        """The training plan: `TrainingPlan`'s defaults, overridden by every key the file sets."""
+        fields: dict[str, Any] = {}
+        renames = {
+            ("model", "name"): "model",
+            ("env", "name"): "env",
+            ("env", "options"): "env_options",
+            ("rollout", "max_batch"): "worker_max_batch",
+            ("rollout", "tasks_in_flight"): "worker_tasks_in_flight",
+        }
+        for top in ("seed", "timeout_s"):
+            if getattr(self, top) is not None:
+                fields[top] = getattr(self, top)
+        for section in ("model", "env", "algorithm", "batch", "warmstart", "eval", "rollout"):
+            for key, value in msgspec.structs.asdict(getattr(self, section)).items():
+                if value is not None:
+                    fields[renames.get((section, key), key)] = value
+        return msgspec.convert(fields, TrainingPlan)
+
+
+def load(path: str | Path) -> RunFile:
+    """Read and check a run file; every problem is a RunFileError naming file, line and key."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise RunFileError(f"{path}: cannot read the run file: {exc.strerror or exc}") from exc
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise RunFileError(f"{path}: not valid TOML: {exc}") from exc
+    try:
+        run = msgspec.convert(data, RunFile)
+    except msgspec.ValidationError as exc:
+        raise RunFileError(_located(path, text, str(exc))) from exc
+    if run.env.name is not None and not re.fullmatch(r"[a-z][a-z0-9_]*", run.env.name):
+        raise RunFileError(f"{path}:{_line_of(text, 'env', 'name')}: [env] name {run.env.name!r} is not an env name")
+    return run
+
+
+def env_file(run: RunFile) -> str:
+    """The run's service config as an env file (KEY=VALUE lines, sorted): the dev overlay's `run.env`.
+
+    The run id is left to each deployment (the overlay's slipstream.env, Tilt's local mode)."""
+    env = run_env(run.plan())
+    lines = [f"{key}={value}" for key, value in sorted(env.items())]
+    return (
+        "# Rendered from a run file by `slipstream train RUN.toml --env-file`; do not edit by hand.\n"
+        + "\n".join(lines)
+        + "\n"
+    )
+
+
+def parse_env_file(text: str) -> dict[str, str]:
+    """KEY=VALUE lines back into a mapping (comments and blank lines skipped)."""
+    out: dict[str, str] = {}
+    for line in text.splitlines():
+        if line.strip() and not line.lstrip().startswith("#"):
+            key, _, value = line.partition("=")
+            out[key.strip()] = value
+    return out
+
+
+# -------------------------------------------------------------------------------- locating errors
+
+_UNKNOWN = re.compile(r"Object contains unknown field `(?P<key>[^`]+)`(?: - at `\$(?P<path>[^`]*)`)?")
+_AT = re.compile(r"^(?P<what>.*) - at `\$(?P<path>[^`]*)`$")
+
+
+def _located(path: Path, text: str, message: str) -> str:
+    unknown = _UNKNOWN.search(message)
+    if unknown:
+        table = (unknown.group("path") or "").lstrip(".")
+        key = unknown.group("key")
+        where = f"[{table}] " if table else ""
+        known = _known_keys(table)
+        hint = f" (known: {', '.join(known)})" if known else ""
+        return f"{path}:{_line_of(text, table, key)}: unknown key {where}{key!r}{hint}"
+    at = _AT.match(message)
+    if at:
+        parts = at.group("path").lstrip(".").split(".")
+        table, key = ".".join(parts[:-1]), parts[-1]
+        return f"{path}:{_line_of(text, table, key)}: {'.'.join(parts)}: {at.group('what')}"
+    return f"{path}: {message}"
+
+
+def _known_keys(table: str) -> list[str]:
+    cls: Any = RunFile
+    for part in [p for p in table.split(".") if p]:
+        field = next((f for f in msgspec.structs.fields(cls) if f.encode_name == part), None)
+        if field is None or not isinstance(field.type, type) or not issubclass(field.type, msgspec.Struct):
+            return []
+        cls = field.type
+    return [f.encode_name for f in msgspec.structs.fields(cls)]
+
+
+def _line_of(text: str, table: str, key: str) -> int:
+    """1-based line of `key` inside `[table]` ('' = top level); the table's header line, else 1."""
+    current, header_line = "", 0
+    key_re = re.compile(rf"""^\s*(?:{re.escape(key)}|"{re.escape(key)}"|'{re.escape(key)}')\s*=""")
+    for number, line in enumerate(text.splitlines(), start=1):
+        header = re.match(r"^\s*\[\s*([^\]]+?)\s*\]", line)
+        if header:
+            current = header.group(1).strip().strip('"')
+            if current == (f"{table}.{key}" if table else key):  # the unknown key is a table of its own
+                return number
+            if current == table:
+                header_line = number
+            continue
+        if current == table and key_re.match(line):
+            return number
+    return header_line or 1

@@ -1,0 +1,54 @@
+"""`slipstream train examples/<env>.toml` runs every shipped example end to end, shrunk to a step or two.
+
+Each example is the real thing (its model, environment, algorithm and sizes) with `--steps` and
+`--heldout-tasks` cut so the suite stays within CI time; what is asserted is that the run file
+drives a whole run: the stack starts, the learner takes exactly the steps asked for, versions are
+published and every trajectory is accounted for. Learning itself is the demos' and e2e tests' job.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+REPO = Path(__file__).resolve().parents[2]
+EXAMPLES = sorted((REPO / "examples").glob("*.toml"))
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("path", EXAMPLES, ids=[p.stem for p in EXAMPLES])
+def test_train_runs_the_example_run_file(tmp_path: Path, path: Path) -> None:
+    summary_path = tmp_path / "summary.json"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "slipstream.cli",
+            "train",
+            str(path),
+            "--steps",
+            "2",
+            "--heldout-tasks",
+            "8",
+            "--no-live",
+            "--run-dir",
+            str(tmp_path / "run"),
+            "--summary-json",
+            str(summary_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=880,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    summary = json.loads(summary_path.read_text())
+    assert summary["ok"] and summary["steps"] == 2
+    assert summary["plan"]["env"] == path.stem and summary["versions_published"] >= 2
+    assert summary["trajectories"]["published"] > 0

@@ -1,0 +1,132 @@
+"""The run file: strict loading with the key's line, one plan for every service, and one source for
+the local stack, the dev overlay and Tilt."""
+
+from __future__ import annotations
+
+import importlib
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from deploy_helpers import render
+
+from slipstream.run import RunFileError, env_file, load, parse_env_file, run_env, service_env, service_overrides
+from slipstream.runtime.config import resolve
+
+pytestmark = pytest.mark.unit
+
+REPO = Path(__file__).resolve().parents[2]
+EXAMPLES = sorted((REPO / "examples").glob("*.toml"))
+DEV_RUN = REPO / "examples" / "arith.toml"
+DEV_RUN_ENV = REPO / "deploy" / "k8s" / "overlays" / "dev" / "run.env"
+CONFIG_CLASSES = importlib.import_module("slipstream.cli.train").CONFIG_CLASSES
+
+
+def test_every_shipped_environment_has_an_example_run_file() -> None:
+    from slipstream.envs import ENVIRONMENTS
+
+    assert {load(p).plan().env for p in EXAMPLES} >= set(ENVIRONMENTS)
+    assert {p.stem for p in EXAMPLES} >= {load(p).plan().env for p in EXAMPLES}
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=[p.stem for p in EXAMPLES])
+def test_one_run_file_resolves_into_every_services_config(path: Path) -> None:
+    run = load(path)
+    plan = run.plan()
+    environ = service_env(plan, Path("/m"), Path("/staging"), Path("/outcomes.jsonl"))
+    overrides = service_overrides(plan)
+    configs = {}
+    for service, target in CONFIG_CLASSES.items():
+        module, _, name = target.partition(":")
+        cls = getattr(importlib.import_module(module), name)
+        configs[service] = resolve(cls, environ={**environ, **overrides.get(service, {})})
+    learner, tasks, worker, gate = (configs[s] for s in ("learner", "task-source", "rollout-worker", "eval-gate"))
+    # The same run everywhere: pacing, staleness, sampling temperature, environment and its options.
+    assert learner.learner.max_steps == tasks.tasks.max_steps == plan.max_steps  # type: ignore[attr-defined]
+    assert learner.learner.groups_per_step == tasks.tasks.groups_per_step == plan.groups_per_step  # type: ignore[attr-defined]
+    assert learner.learner.max_staleness == tasks.tasks.max_staleness == plan.max_staleness  # type: ignore[attr-defined]
+    assert learner.learner.lr == plan.lr and learner.loss.type == plan.loss  # type: ignore[attr-defined]
+    assert worker.worker.temperature == learner.learner.sampling_temperature == plan.temperature  # type: ignore[attr-defined]
+    assert tasks.tasks.envs == gate.gate.envs == [plan.env] and tasks.tasks.group_size == plan.group_size  # type: ignore[attr-defined]
+    if plan.env_options:
+        assert worker.worker.env_options == gate.gate.env_options == {plan.env: plan.env_options}  # type: ignore[attr-defined]
+    assert worker.model.dtype == plan.rollout_dtype and worker.model.lora_rank == plan.lora_rank  # type: ignore[attr-defined]
+
+
+def test_the_dev_overlay_and_tilt_carry_the_dev_run_file() -> None:
+    # The committed env file is the dev run file's rendering (re-render it when either changes).
+    assert DEV_RUN_ENV.read_text() == env_file(load(DEV_RUN)), (
+        "deploy/k8s/overlays/dev/run.env is stale: run "
+        "`slipstream train examples/arith.toml --env-file deploy/k8s/overlays/dev/run.env`"
+    )
+    expected = run_env(load(DEV_RUN).plan())
+    configmap = next(
+        o for o in render("dev") if o["kind"] == "ConfigMap" and o["metadata"]["name"].startswith("slipstream-env")
+    )
+    assert {k: configmap["data"][k] for k in expected} == expected
+    tilt = importlib.import_module("tilt_harness") if "tilt_harness" in sys.modules else None
+    if tilt is None:
+        spec = importlib.util.spec_from_file_location("tilt_harness", REPO / "deploy/tools/tilt_harness.py")
+        assert spec and spec.loader
+        tilt = importlib.util.module_from_spec(spec)
+        sys.modules["tilt_harness"] = tilt
+        spec.loader.exec_module(tilt)
+    local = tilt.evaluate(REPO / "Tiltfile", ["--local"])
+    for call in local.of("local_resource"):
+        if call.args["name"] != "stack":
+            env = call.args["serve_env"]
+            assert {k: env[k] for k in expected} == expected, call.args["name"]
+
+
+def test_env_file_round_trips() -> None:
+    run = load(DEV_RUN)
+    assert parse_env_file(env_file(run)) == run_env(run.plan())
+
+
+@pytest.mark.parametrize(
+    ("body", "line", "words"),
+    [
+        ('name = "x"\n\n[algorithm]\nloss = "grpo"\nlrr = 1e-4\n', 5, "unknown key [algorithm] 'lrr'"),
+        ('nmae = "x"\n', 1, "unknown key 'nmae'"),
+        ('[batch]\ngroup_size = 8\nmax_steps = "ten"\n', 3, "batch.max_steps"),
+        ("[replicas]\nrollout-worker = 2\nlearner = 2\n", 3, "unknown key [replicas] 'learner'"),
+        ('[model]\npreset = "tiny"\n[modle]\nname = "x"\n', 3, "unknown key 'modle'"),
+    ],
+)
+def test_a_bad_key_names_the_key_the_file_and_the_line(tmp_path: Path, body: str, line: int, words: str) -> None:
+    path = tmp_path / "run.toml"
+    path.write_text(body)
+    with pytest.raises(RunFileError) as info:
+        load(path)
+    message = str(info.value)
+    assert message.startswith(f"{path}:{line}: ") and words in message, message
+
+
+def test_train_refuses_a_bad_run_file_before_starting_anything(tmp_path: Path) -> None:
+    path = tmp_path / "run.toml"
+    path.write_text("[algorithm]\nlearning_rate = 1e-4\n")
+    proc = subprocess.run(
+        [sys.executable, "-m", "slipstream.cli", "train", str(path), "--run-dir", str(tmp_path / "run")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert proc.returncode == 2
+    assert f"{path}:2: unknown key [algorithm] 'learning_rate'" in proc.stderr
+    assert not (tmp_path / "run").exists()
+
+
+def test_print_config_shows_every_service(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "slipstream.cli", "train", str(DEV_RUN), "--print-config"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    headers = [line for line in proc.stdout.splitlines() if line.startswith("# ")]
+    assert headers == [f"# {s} (replicas: {n})" for s, n in zip(CONFIG_CLASSES, (2, 1, 1, 1, 1, 1), strict=True)]
+    assert '"max_operand": 19' in proc.stdout
