@@ -34,9 +34,11 @@ def register(bench_subparsers: Any) -> None:
     p.add_argument("--turns", type=int, nargs="+", default=[2, 4, 8], help="turns per episode (default 2 4 8)")
     p.add_argument("--gen", type=int, default=64, help="tokens generated per turn: a tool call (default 64)")
     p.add_argument("--obs", type=int, default=192, help="observation tokens per turn: its result (default 192)")
-    p.add_argument("--episodes", type=int, default=2, help="episodes run concurrently (default 2)")
+    p.add_argument("--episodes", type=int, default=8, help="episodes run concurrently: one group (default 8)")
     p.add_argument("--repeats", type=int, default=3, help="repeats per turn count; medians reported (default 3)")
-    p.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's own)")
+    p.add_argument(
+        "--threads", type=int, default=1, help="torch threads (default 1, as rollout workers run: [model] threads)"
+    )
     p.set_defaults(func=_command)
 
 
