@@ -15,7 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from slipstream.schemas import LearnerStep, Trajectory, WeightAnnounce, decode
+from slipstream.schemas import SCHEMA_HEADER, Episode, LearnerStep, WeightAnnounce, decode_message
 from slipstream.schemas.subjects import LEARNER_STEP, WEIGHTS_ANNOUNCE
 
 if TYPE_CHECKING:
@@ -66,7 +66,9 @@ async def follow_run(plan: TrainingPlan, stack: Stack, summary: RunSummary, mode
         nonlocal spanning, tapped
         tapped += 1
         with contextlib.suppress(Exception):  # a malformed message is the DLQ's business, not ours
-            if len(decode(msg.data, Trajectory).versions()) > 1:
+            episode = decode_message(msg.data, (msg.headers or {}).get(SCHEMA_HEADER), Episode)
+            # An episode (any producer's: a v1 trajectory is upgraded) sampled under more than one version.
+            if len({seg.policy_version for s in episode.samples for seg in s.segments}) > 1:
                 spanning += 1
 
     sub = await tap.subscribe("traj.raw.>", cb=on_traj)
