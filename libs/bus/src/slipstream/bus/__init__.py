@@ -2,7 +2,7 @@
 
     bus = await connect_bus(cfg.bus, name="reward-model-0")
     await bus.ensure_streams()                       # streams + durables from the subject table
-    seq = await bus.publish("traj.raw.arith", traj, msg_id=traj.trajectory_id)
+    seq = await bus.publish("traj.raw.arith", episode, msg_id=episode.episode_id)
     consumer = await bus.consumer("reward-model", Episode)
     await consume(consumer, handle, stop=stop_event)  # ack on success, nak on error, hand back on stop
     async for d in bus.subscribe("weights.announce", WeightAnnounce, deliver="last"): ...
