@@ -22,7 +22,7 @@ from typing import Any
 
 import msgspec
 import pytest
-from scored_trajectories import eventually, group, publish, read_steps, trajectory
+from scored_trajectories import SUBJECT, UNIFORM_LOGPROB, eventually, group, publish, read_steps, trajectory
 
 from slipstream.bus import Bus, BusConfig, connect_bus
 from slipstream.learner.checkpoint import CheckpointMeta, Pointer
@@ -32,10 +32,17 @@ from slipstream.learner.service import LearnerService
 from slipstream.runtime.config import resolve
 from slipstream.schemas import (
     PolicySegment,
+    ScoredEpisode,
     ScoredTrajectory,
+    ToolEvent,
+    episode_from_trajectory,
+    pack_floats,
+    pack_mask,
+    sample_from_trajectory,
 )
 from slipstream.stack import ManagedProcess, Server
 from slipstream.store import LocalObjectStore
+from slipstream.store.episodes import HEADROOM, offload
 from slipstream.weights.staging import list_staged
 
 pytestmark = pytest.mark.integration
@@ -269,3 +276,68 @@ async def test_a_killed_learner_resumes_from_its_checkpoint_without_losing_or_do
     assert sorted(in_checkpoints) == sorted(published)
     trained_lines = [o.trajectory_id for o in read_outcomes(tmp_path / "outcomes.jsonl") if o.outcome == "trained"]
     assert sorted(trained_lines) == sorted(published)  # one line each: run A's lost step left none
+
+
+def agentic_group(name: str, store: LocalObjectStore, size: int = 4) -> list[ScoredEpisode]:
+    """Multi-sample episodes (policy with a tool result, a summary branch, a frozen sub-agent);
+    the odd ones travel by reference, their bodies in the learner's store."""
+    out: list[ScoredEpisode] = []
+    for i in range(size):
+        v1 = trajectory(f"{name}-{i}", f"{name}/s1", size=size, reward=float(i % 2)).trajectory
+        root = msgspec.structs.replace(
+            sample_from_trajectory(v1),
+            loss_mask=pack_mask([1, 0, 1]),  # the middle token is a tool result
+            logprobs=pack_floats([UNIFORM_LOGPROB, 0.0, UNIFORM_LOGPROB]),
+        )
+        summary = msgspec.structs.replace(
+            root, sample_id=f"{root.sample_id}/s", branch_of=root.sample_id, edit="summary"
+        )
+        frozen = msgspec.structs.replace(
+            root, sample_id=f"{root.sample_id}/f", agent_id="sub", trainable=False, segments=[PolicySegment(0, 3)]
+        )
+        ep = msgspec.structs.replace(
+            episode_from_trajectory(v1),
+            samples=[root, summary, frozen],
+            tool_log=[
+                ToolEvent(sample_id=root.sample_id, name="calc"),
+                ToolEvent(sample_id=root.sample_id, status="invalid_tool_call"),
+            ],
+            counts={"turns": 4, "tool_calls": 2, "invalid_tool_call": 1},
+        )
+        if i % 2:
+            ep = offload(store, ep, limit=HEADROOM)  # forced: every body goes to the store
+            assert ep.is_stub()
+        out.append(ScoredEpisode(episode=ep, reward=float(i % 2), correct=bool(i % 2)))
+    return out
+
+
+async def test_learner_trains_multi_sample_episodes_some_by_reference(
+    nats_server: Server, bus: Bus, tmp_path: Path
+) -> None:
+    overrides = learner_settings(tmp_path, max_steps=1, groups_per_step=2, group_timeout_s=5.0)
+    overrides["bus"] = {"url": nats_server.url}
+    svc = LearnerService(resolve(LearnerConfig, environ={}, overrides=overrides))
+    await svc.setup()
+    store = LocalObjectStore(tmp_path / "store")
+    groups = [agentic_group(f"e{i}", store) for i in range(2)]
+    stop = asyncio.Event()
+    run = asyncio.create_task(svc.run(stop))
+    try:
+        for g in groups:
+            for s in g:
+                await bus.publish(SUBJECT, s, msg_id=s.episode.episode_id)
+        await asyncio.wait_for(run, 60)
+    finally:
+        stop.set()
+        if not run.done():
+            await asyncio.wait_for(run, 30)
+        await svc.close()
+    (step,) = await read_steps(bus, 1, 10)
+    # 8 episodes x 2 trainable samples; 2 sampled tokens each (the tool result is masked); nothing dropped.
+    assert (step.n_trajectories, step.n_samples, step.n_tokens) == (8, 16, 32)
+    assert step.dropped == {} and step.staleness == {"0": 8}
+    assert (step.turns_per_episode, step.tool_calls_per_turn, step.invalid_call_rate) == (4.0, 0.5, 0.5)
+    assert step.samples_per_episode == 3.0
+    assert set(step.logprob_mismatch_by_turn) == {"0", "1", "2", "3"}
+    trained = sorted(o.trajectory_id for o in read_outcomes(tmp_path / "outcomes.jsonl") if o.outcome == "trained")
+    assert trained == sorted(s.episode.episode_id for g in groups for s in g)
