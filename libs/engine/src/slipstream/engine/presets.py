@@ -3,6 +3,12 @@
 - "tiny" (~1.05M parameters): what the CPU demo trains; small enough that a rollout worker and
   the learner share two cores and still learn the arithmetic task in minutes.
 - "25m" (~25M parameters): the weight-sync benchmark's payload (about 50 MB in bf16).
+- "micro" (~0.16M parameters, 2 layers of width 64): what the `lookup` tool-use demo trains. Its
+  episodes are ~80 tokens, mostly fixed tool-call syntax, and what has to be learned is two
+  copies (the key into the call, the result into the answer); this model learns them in ~500
+  supervised steps at a quarter of the tiny model's step time (measured on a shared 2-core CPU:
+  teacher-forced episode accuracy 0% at 300 steps, 91% at 600, 89 s), where "tiny" was at 0%
+  after 500 steps and 384 s.
 
 Both use the ByteTokenizer's 259-id vocabulary, so no tokenizer files are involved.
 """
@@ -23,6 +29,20 @@ PRESETS: dict[str, ModelConfig] = {
         hidden_size=128,
         intermediate_size=512,
         num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=_BYTES.vocab_size,
+        max_position_embeddings=2048,
+        rope_theta=10000.0,
+        bos_token_id=_BYTES.BOS,
+        eos_token_id=_BYTES.EOS,
+        pad_token_id=_BYTES.PAD,
+    ),
+    "micro": ModelConfig(
+        model_type="llama",
+        hidden_size=64,
+        intermediate_size=256,
+        num_hidden_layers=2,
         num_attention_heads=4,
         num_key_value_heads=2,
         vocab_size=_BYTES.vocab_size,

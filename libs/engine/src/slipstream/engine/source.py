@@ -30,7 +30,7 @@ Doc = msgspec.Meta
 
 DTypeName = Literal["float32", "bfloat16", "float16"]
 # The presets' names (presets.PRESETS holds their configs; importing it would import torch).
-PRESET_NAMES: tuple[str, ...] = ("tiny", "25m")
+PRESET_NAMES: tuple[str, ...] = ("tiny", "micro", "25m")
 # The catalog's names (catalog.CATALOG holds them; kept here so config parsing stays import-light).
 MODEL_NAMES: tuple[str, ...] = ("smollm2-135m",)
 

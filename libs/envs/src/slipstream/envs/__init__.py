@@ -1,9 +1,10 @@
 """Slipstream environments: the interface, the registry and the built-in verifiable tasks.
 
-Importing the package registers the built-ins (`arith`, `reverse`, `search_call`), so `get_env(name)` finds them.
+Importing the package registers the built-ins (`arith`, `reverse`, `search_call`, `lookup`), so
+`get_env(name)` finds them.
 """
 
-# arith and strings register themselves on import; that import is what makes get_env find them.
+# The env modules register themselves on import; that import is what makes get_env find them.
 from slipstream.envs.arith import Arith, ArithOptions
 from slipstream.envs.base import (
     PLAY_REWARD_PREFIX,
@@ -20,6 +21,7 @@ from slipstream.envs.base import (
     task_of,
 )
 from slipstream.envs.context import ContextFull, EpisodeContext, Generation, Outcome, Span, Thread
+from slipstream.envs.lookup import Lookup, LookupOptions
 from slipstream.envs.registry import ENVIRONMENTS, EnvError, get_env, parse_options, register
 from slipstream.envs.searchcall import SearchCall, SearchCallOptions
 from slipstream.envs.strings import Reverse, ReverseOptions
@@ -36,6 +38,8 @@ __all__ = [
     "Episode",
     "EpisodeContext",
     "Generation",
+    "Lookup",
+    "LookupOptions",
     "Message",
     "Outcome",
     "Problem",

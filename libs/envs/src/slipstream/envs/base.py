@@ -178,6 +178,8 @@ class Environment(abc.ABC, Generic[OptionsT]):
     heldout_one_in: ClassVar[int] = 8
     terminator: ClassVar[str] = "\n"  # ends an answer; workers may use it as a stop string
     max_turns: ClassVar[int] = 1  # multi-turn environments raise it
+    # Warm-start from the scripted expert's episodes (`expert`) instead of prompt + `sft_example`.
+    warmstart_from_expert: ClassVar[bool] = False
 
     def __init__(self, options: OptionsT | None = None) -> None:
         if options is not None and not isinstance(options, self.Options):
@@ -263,6 +265,14 @@ class Environment(abc.ABC, Generic[OptionsT]):
     def sft_example(self, task: TaskSpec) -> str:
         """The reference completion for supervised warm-start; the caller appends the tokenizer's eos."""
         return task.reference + self.terminator
+
+    def expert(self, task: TaskSpec, context: str) -> str:
+        """A scripted expert's next output, given the decoded context so far (prompt included).
+
+        The harness plays it like a model (libs/harness/scripted.py), so its episodes are laid
+        out exactly as the policy's. The default answers single-turn tasks with `sft_example`.
+        """
+        return self.sft_example(task)
 
     # -- episodes -------------------------------------------------------------------------------
 

@@ -24,7 +24,14 @@ from slipstream.harness.rollout import (
     rollout_group,
     trajectory_of,
 )
-from slipstream.harness.warmstart import sft_sequence, sft_warmstart
+from slipstream.harness.scripted import ScriptedEngine
+from slipstream.harness.warmstart import (
+    episode_examples,
+    expert_episodes,
+    expert_examples,
+    sft_sequence,
+    sft_warmstart,
+)
 
 __all__ = [
     "EngineCall",
@@ -36,11 +43,15 @@ __all__ = [
     "RolloutAborted",
     "RolloutError",
     "SampleBuilder",
+    "ScriptedEngine",
     "TaskEval",
     "TaskRejected",
     "as_spec",
     "completion_seed",
+    "episode_examples",
     "evaluate",
+    "expert_episodes",
+    "expert_examples",
     "greedy_params",
     "new_group_id",
     "play_episode",

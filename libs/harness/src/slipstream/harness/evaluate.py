@@ -1,8 +1,9 @@
 """Held-out evaluation: roll tasks out with the training harness and score them with the env's verifier.
 
 eval-gate uses it to decide whether a weight version is promoted, and `slipstream demo` to show
-held-out accuracy before and after RL. It runs the same `rollout_group` as training, so what is
-measured is what was trained; only the sampling differs (greedy by default).
+held-out accuracy before and after RL. It runs the same `rollout_episodes` as training, so what
+is measured is what was trained; only the sampling differs (greedy by default). Each episode is
+scored whole (`env.score(task, episode)`), and tool calls and invalid calls are summed.
 """
 
 from __future__ import annotations
@@ -11,13 +12,14 @@ import asyncio
 import time
 import uuid
 from collections.abc import Sequence
+from typing import Annotated
 
 import msgspec
 
 from slipstream.engine.interface import Engine, SamplingParams
 from slipstream.engine.tokenizer import Tokenizer
 from slipstream.envs.base import Environment, TaskSpec
-from slipstream.harness.rollout import as_spec, rollout_group
+from slipstream.harness.rollout import as_spec, rollout_episodes
 from slipstream.schemas import Task
 
 Doc = msgspec.Meta
@@ -33,6 +35,8 @@ class TaskEval(msgspec.Struct, kw_only=True):
     rewards: list[float]
     correct: list[bool]
     parse_ok: list[bool]
+    tool_calls: list[int] = []
+    invalid_calls: list[int] = []
 
     @property
     def accuracy(self) -> float:
@@ -53,6 +57,13 @@ class EvalReport(msgspec.Struct, kw_only=True):
     policy_versions: list[int]
     seconds: float
     tasks: list[TaskEval]
+    tool_calls: Annotated[int, Doc(description="Tool calls over every episode.")] = 0
+    invalid_calls: Annotated[int, Doc(description="Of those, calls tagged invalid_tool_call.")] = 0
+
+    @property
+    def invalid_call_rate(self) -> float:
+        """Invalid calls per tool call (0.0 when no call was made)."""
+        return self.invalid_calls / self.tool_calls if self.tool_calls else 0.0
 
 
 def greedy_params(env: Environment[msgspec.Struct]) -> SamplingParams:
@@ -95,7 +106,7 @@ async def evaluate(
 
     async def one(i: int, spec: TaskSpec) -> TaskEval:
         async with slots:
-            trajs = await rollout_group(
+            episodes = await rollout_episodes(
                 engine,
                 tokenizer,
                 env,
@@ -105,17 +116,19 @@ async def evaluate(
                 worker_id="eval",
                 group_id=f"{run}/{i}",
             )
-        scores = [env.score(spec, t.completion_text) for t in trajs]
-        for t in trajs:
-            versions.update(s.policy_version for s in t.segments)
+        scores = [env.score(spec, e) for e in episodes]
+        for e in episodes:
+            versions.update(seg.policy_version for s in e.samples if s.trainable for seg in s.segments)
         return TaskEval(
             task_id=spec.task_id,
             prompt=spec.prompt,
             reference=spec.reference,
-            completions=[t.completion_text for t in trajs],
+            completions=[e.final_text for e in episodes],
             rewards=[s.reward for s in scores],
             correct=[s.correct for s in scores],
             parse_ok=[s.parse_ok for s in scores],
+            tool_calls=[e.counts.get("tool_calls", 0) for e in episodes],
+            invalid_calls=[e.counts.get("invalid_tool_call", 0) for e in episodes],
         )
 
     results = await asyncio.gather(*(one(i, s) for i, s in enumerate(specs)))
@@ -132,4 +145,6 @@ async def evaluate(
         policy_versions=sorted(versions),
         seconds=time.perf_counter() - t0,
         tasks=list(results),
+        tool_calls=sum(sum(r.tool_calls) for r in results),
+        invalid_calls=sum(sum(r.invalid_calls) for r in results),
     )

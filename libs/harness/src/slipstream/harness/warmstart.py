@@ -7,10 +7,17 @@ well short of mastery so RL has room to improve held-out accuracy.
 
 The sequence is laid out exactly as a rollout lays it out ([bos] + prompt + completion + eos,
 see rollout.py), and the loss covers only the completion tokens and the eos.
+
+Multi-turn environments (`env.warmstart_from_expert`) warm-start from their scripted expert
+instead: `expert_examples` plays `env.expert` through the real harness (scripted.py), and the
+loss covers exactly the tokens the expert "sampled" in its trainable samples (loss mask 1) —
+never the prompt or the tool results — as Context-1 warm-starts from a stronger policy's
+trajectories.
 """
 
 from __future__ import annotations
 
+import asyncio
 import math
 import time
 from typing import Any
@@ -20,9 +27,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from slipstream.engine.interface import GenerationRequest, SamplingParams
 from slipstream.engine.tokenizer import Tokenizer
 from slipstream.envs.base import Environment, TaskSpec
-from slipstream.harness.rollout import prompt_ids
+from slipstream.harness.rollout import prompt_ids, rollout_episodes
+from slipstream.harness.scripted import ScriptedEngine
+from slipstream.schemas import Episode
+
+# One training example: token ids and, per id, whether it is a trained target.
+Example = tuple[list[int], list[bool]]
 
 # Defaults measured on the `arith` env (max_operand 19, ops "+") with the tiny preset on one CPU
 # thread: see libs/harness/README.md for the figures.
@@ -38,17 +51,54 @@ def sft_sequence(tokenizer: Tokenizer, env: Environment[msgspec.Struct], task: T
     return [*prompt, *completion], len(prompt)
 
 
+def episode_examples(episode: Episode) -> list[Example]:
+    """(ids, trained) of each trainable sample: the sample's ids, True where its loss mask is 1."""
+    out: list[Example] = []
+    for s in episode.samples:
+        if s.trainable:
+            out.append((s.ids(), [False] * s.prompt_len + [bool(m) for m in s.mask()]))
+    return out
+
+
+async def expert_episodes(
+    env: Environment[msgspec.Struct], tokenizer: Tokenizer, tasks: list[TaskSpec], *, max_tokens: int = 1024
+) -> list[Episode]:
+    """One episode per task, played by `env.expert` through the harness (see scripted.py)."""
+
+    def one(task: TaskSpec) -> ScriptedEngine:
+        def reply(_: GenerationRequest, context: str) -> str:
+            return env.expert(task, context)
+
+        return ScriptedEngine(tokenizer, reply)
+
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens)
+    groups = await asyncio.gather(
+        *(rollout_episodes(one(t), tokenizer, env, t, group_size=1, params=params, group_id=t.task_id) for t in tasks)
+    )
+    return [g[0] for g in groups]
+
+
+def expert_examples(env: Environment[msgspec.Struct], tokenizer: Tokenizer, tasks: list[TaskSpec]) -> list[Example]:
+    """Training examples from the expert's episodes, one per trainable sample, in task order."""
+    unique: dict[str, TaskSpec] = {}
+    for t in tasks:
+        unique.setdefault(t.metadata.get("key", t.task_id), t)
+    played = asyncio.run(expert_episodes(env, tokenizer, list(unique.values())))
+    by_key = {key: episode_examples(e) for key, e in zip(unique, played, strict=True)}
+    return [ex for t in tasks for ex in by_key[t.metadata.get("key", t.task_id)]]
+
+
 def _batch(
-    examples: list[tuple[list[int], int]], pad_id: int, device: torch.device
+    examples: list[Example], pad_id: int, device: torch.device
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Right-padded inputs [B, T-1], targets [B, T-1] and the completion mask [B, T-1]."""
+    """Right-padded inputs [B, T-1], targets [B, T-1] and the trained-target mask [B, T-1]."""
     width = max(len(ids) for ids, _ in examples)
     ids = torch.full((len(examples), width), pad_id, dtype=torch.long)
     mask = torch.zeros((len(examples), width - 1), dtype=torch.bool)
-    for i, (seq, prompt_len) in enumerate(examples):
+    for i, (seq, trained) in enumerate(examples):
         ids[i, : len(seq)] = torch.tensor(seq, dtype=torch.long)
-        # Completion token k sits at index prompt_len + k and is predicted at prompt_len + k - 1.
-        mask[i, prompt_len - 1 : len(seq) - 1] = True
+        # Token j is predicted at position j - 1.
+        mask[i, : len(seq) - 1] = torch.tensor(trained[1:], dtype=torch.bool)
     ids = ids.to(device)
     return ids[:, :-1], ids[:, 1:], mask.to(device)
 
@@ -70,7 +120,9 @@ def sft_warmstart(
 
     AdamW with a linear warm-up then cosine decay to 10% of `lr`, gradients clipped to
     `grad_clip`. Tasks come from `env.generate("train", steps * batch_size, seed)`, so the run is
-    a function of its arguments (and torch's kernels). The model is left in eval mode.
+    a function of its arguments (and torch's kernels). The model is left in eval mode. An env
+    with `warmstart_from_expert` trains on its expert's episodes (one example per trainable
+    sample; a batch is `batch_size` examples).
 
     Returns figures: steps, examples, tokens (trained), seconds, loss_first / loss_last (means
     over the first / last quarter of the steps, at most 10 each) and losses (every step).
@@ -81,7 +133,13 @@ def sft_warmstart(
         raise ValueError(f"lr must be > 0, got {lr}")
     device = next(model.parameters()).device
     tasks = env.generate("train", steps * batch_size, seed)
-    examples = [sft_sequence(tokenizer, env, t) for t in tasks]
+    if env.warmstart_from_expert:
+        examples = expert_examples(env, tokenizer, tasks)
+    else:
+        examples = []
+        for t in tasks:
+            seq, prompt_len = sft_sequence(tokenizer, env, t)
+            examples.append((seq, [False] * prompt_len + [True] * (len(seq) - prompt_len)))
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.95), weight_decay=weight_decay)
 

@@ -42,6 +42,8 @@ class TrainingPlan(msgspec.Struct, kw_only=True):
     """Samples per held-out task at the rollout temperature (the headline accuracy is their mean)."""
     eval_every: int = 0
     """Held-out eval on the latest version every N versions during the run (0: before and after only)."""
+    train_eval_tasks: int = 0
+    """Train-split tasks also evaluated before and after, like the held-out ones (0: not measured)."""
     timeout_s: float = 900.0
     model: str = ""
     """A named pretrained model (`smollm2-135m`): trained as is (no warm-start), with the settings below."""
@@ -74,6 +76,12 @@ class RunSummary(msgspec.Struct, kw_only=True):
     heldout_greedy_after: float = 0.0
     heldout_reward_before: float = 0.0
     heldout_reward_after: float = 0.0
+    heldout_invalid_call_rate_before: float = 0.0
+    """Invalid tool calls per tool call on the held-out tasks (sampled), for tool-using envs."""
+    heldout_invalid_call_rate_after: float = 0.0
+    train_accuracy_before: float = -1.0
+    """Train-split accuracy (sampled), when plan.train_eval_tasks > 0; -1 when not measured."""
+    train_accuracy_after: float = -1.0
     heldout_tasks: int = 0
     warmstart: dict[str, Any] = {}
     steps: int = 0

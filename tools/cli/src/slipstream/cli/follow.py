@@ -93,6 +93,9 @@ async def follow_run(plan: TrainingPlan, stack: Stack, summary: RunSummary, mode
                     "staleness": dict(s.staleness),
                     "dropped": dict(s.dropped),
                     "step_time_s": s.step_time_s,
+                    "turns_per_episode": s.turns_per_episode,
+                    "tool_calls_per_turn": s.tool_calls_per_turn,
+                    "invalid_call_rate": s.invalid_call_rate,
                     "t": time.monotonic() - t_train,
                 }
                 summary.steps_log.append(row)
@@ -131,7 +134,7 @@ async def follow_run(plan: TrainingPlan, stack: Stack, summary: RunSummary, mode
             if summary.final_version >= next_at and summary.final_version in last_manifest:
                 v = summary.final_version
                 score = await held_out(plan, model_dir, store_root, last_manifest[v])
-                row = {"version": v, "accuracy": score.accuracy, "reward": score.reward, "greedy": score.greedy}
+                row = score.row(v)
                 summary.eval_curve.append(row)
                 emit("eval", row)
                 next_at = v + plan.eval_every
@@ -160,14 +163,9 @@ async def follow_run(plan: TrainingPlan, stack: Stack, summary: RunSummary, mode
         after = await held_out(plan, model_dir, store_root, key)
         summary.heldout_accuracy_after, summary.heldout_reward_after = after.accuracy, after.reward
         summary.heldout_greedy_after = after.greedy
-        summary.eval_curve.append(
-            {
-                "version": summary.final_version,
-                "accuracy": after.accuracy,
-                "reward": after.reward,
-                "greedy": after.greedy,
-            }
-        )
+        summary.heldout_invalid_call_rate_after = after.invalid_call_rate
+        summary.train_accuracy_after = after.train_accuracy
+        summary.eval_curve.append(after.row(summary.final_version))
     finally:
         for w in watchers:
             w.cancel()

@@ -75,9 +75,12 @@ class ProgressView:
             self.version = max(self.version, int(data["version"]))
         elif kind == "eval":
             self.evals.append(data)
+            extra = f", invalid calls {data['invalid_call_rate']:.3f}" if data.get("invalid_call_rate") else ""
+            if "train_accuracy" in data:
+                extra += f", train {data['train_accuracy']:.3f}"
             self._line(
                 f"held-out accuracy of v{int(data['version'])}: {data['accuracy']:.3f} sampled, "
-                f"{data.get('greedy', 0.0):.3f} greedy"
+                f"{data.get('greedy', 0.0):.3f} greedy{extra}"
             )
         elif kind == "log" and not self.live_enabled:
             self.console.print(f"[dim]·[/dim] {data['message']}")
@@ -137,6 +140,28 @@ def summary_table(summary: Any) -> Table:
         ("held-out accuracy before RL", f"{summary.heldout_accuracy_before:.3f}"),
         ("held-out accuracy after RL", f"{summary.heldout_accuracy_after:.3f}"),
         ("  (greedy decoding before / after)", greedy),
+        *(
+            [
+                (
+                    "train-split accuracy before / after",
+                    f"{summary.train_accuracy_before:.3f} / {summary.train_accuracy_after:.3f}",
+                )
+            ]
+            if summary.train_accuracy_before >= 0
+            else []
+        ),
+        *(
+            [
+                (
+                    "held-out invalid tool calls before / after",
+                    f"{summary.heldout_invalid_call_rate_before:.3f} / {summary.heldout_invalid_call_rate_after:.3f}",
+                )
+            ]
+            if summary.heldout_invalid_call_rate_before
+            or summary.heldout_invalid_call_rate_after
+            or summary.plan.train_eval_tasks
+            else []
+        ),
         (
             "held-out tasks",
             f"{summary.heldout_tasks} x {summary.plan.heldout_samples} samples at T={summary.plan.temperature:g}",

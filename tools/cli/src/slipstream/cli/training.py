@@ -59,6 +59,16 @@ class HeldOutScore(msgspec.Struct):
     accuracy: float
     reward: float
     greedy: float
+    invalid_call_rate: float = 0.0
+    train_accuracy: float = -1.0
+
+    def row(self, version: int) -> dict[str, float]:
+        """The eval-curve row of this score."""
+        out = {"version": version, "accuracy": self.accuracy, "reward": self.reward, "greedy": self.greedy}
+        out["invalid_call_rate"] = self.invalid_call_rate
+        if self.train_accuracy >= 0:
+            out["train_accuracy"] = self.train_accuracy
+        return out
 
 
 class HeldOut:
@@ -90,6 +100,7 @@ class HeldOut:
             allow_partial_updates=plan.lora_rank > 0,
         )
         self.tasks = self.env.generate("heldout", plan.heldout_tasks, plan.seed + 7)
+        self.train_tasks = self.env.generate("train", plan.train_eval_tasks, plan.seed + 7)
         self.temperature = plan.temperature
         self.samples = plan.heldout_samples
 
@@ -112,7 +123,21 @@ class HeldOut:
             concurrency=32,
         )
         g = await evaluate(self.engine, self.tokenizer, self.env, self.tasks, concurrency=64)
-        return HeldOutScore(accuracy=s.accuracy, reward=s.mean_reward, greedy=g.accuracy)
+        score = HeldOutScore(
+            accuracy=s.accuracy, reward=s.mean_reward, greedy=g.accuracy, invalid_call_rate=s.invalid_call_rate
+        )
+        if self.train_tasks:
+            t = await evaluate(
+                self.engine,
+                self.tokenizer,
+                self.env,
+                self.train_tasks,
+                samples_per_task=self.samples,
+                params=sampled,
+                concurrency=32,
+            )
+            score.train_accuracy = t.accuracy
+        return score
 
     async def start(self) -> None:
         await self.engine.start()
@@ -157,7 +182,9 @@ def run_training(
     before = asyncio.run(held_out(plan, model_dir, None, None))
     summary.heldout_accuracy_before, summary.heldout_reward_before = before.accuracy, before.reward
     summary.heldout_greedy_before = before.greedy
-    row = {"version": 0, "accuracy": before.accuracy, "reward": before.reward, "greedy": before.greedy}
+    summary.heldout_invalid_call_rate_before = before.invalid_call_rate
+    summary.train_accuracy_before = before.train_accuracy
+    row = before.row(0)
     summary.eval_curve.append(row)
     emit("eval", row)
 

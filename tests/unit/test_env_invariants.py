@@ -1,0 +1,147 @@
+"""The episode invariants, run on EVERY registered environment (plus two local agentic ones).
+
+Each environment is played by two policies through the real harness: a tiny randomly initialised
+model (what anything may emit) and the environment's scripted expert (the multi-turn path: tool
+calls, results, answers). For every episode:
+
+1. each sample's concatenation reproduces every engine call's prompt + completion ids exactly,
+   and observation ids are the tokenizer's encoding of their text (token_problems);
+2. the loss mask covers exactly the engine-sampled tokens (token_problems);
+3. through the learner's credit path (slipstream.rl.credit.group_rows), every sampled token of a
+   trainable sample trains with its episode's advantage, no observation or frozen token does;
+4. a context edit is a new sample, started after its parent's last engine call, sharing
+   exactly `branch_pos` leading ids, and the parent's ids are never rewritten;
+5. the episode survives the wire and its score carries every component, summing to the reward.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import pytest
+import torch
+from agentic_envs import LOCAL_ENVS
+
+from slipstream.engine import ByteTokenizer, CausalLM, SamplingParams, TorchEngine, build_tiny
+from slipstream.envs import ENVIRONMENTS, get_env, task_of
+from slipstream.envs.base import Environment
+from slipstream.harness import RecordingEngine, ScriptedEngine, rollout_episodes, token_problems
+from slipstream.harness.episode import sample_of_request
+from slipstream.rl.credit import group_rows, token_advantages
+from slipstream.schemas import Episode, ScoredEpisode, decode, encode
+
+pytestmark = pytest.mark.unit
+
+TOK = ByteTokenizer()
+GROUP = 3
+ALL_ENVS = [*sorted(ENVIRONMENTS), *sorted(LOCAL_ENVS)]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread() -> Iterator[None]:
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def model() -> CausalLM:
+    m, _ = build_tiny("tiny", seed=3)
+    return m.eval()
+
+
+@pytest.fixture
+async def random_engine(model: CausalLM) -> AsyncIterator[RecordingEngine]:
+    eng = RecordingEngine(TorchEngine(model, TOK, max_batch=8, max_seq_len=512, device="cpu"))
+    await eng.start()
+    yield eng
+    await eng.stop()
+
+
+def _env(name: str) -> Environment[Any]:
+    return LOCAL_ENVS[name]() if name in LOCAL_ENVS else get_env(name)
+
+
+async def _play(env: Environment[Any], policy: str, engine: RecordingEngine, split: str) -> list[Episode]:
+    task = env.generate(split, 1, seed=5)[0]  # type: ignore[arg-type]
+    params = SamplingParams(temperature=1.0, max_tokens=16)
+    if policy == "expert":
+        engine = RecordingEngine(ScriptedEngine(TOK, lambda _req, context: env.expert(task, context)))
+        params = SamplingParams(temperature=1.0, max_tokens=256)
+    episodes = await rollout_episodes(engine, TOK, env, task, group_size=GROUP, params=params, group_id=f"g-{split}")
+    for e in episodes:
+        problems = token_problems(e, engine.calls_of(e), TOK)
+        assert problems == [], f"{env.name} ({policy}): {problems}"
+        _check_edits(e, engine)
+    return episodes
+
+
+def _check_edits(episode: Episode, engine: RecordingEngine) -> None:
+    order = [sample_of_request(c.request_id) for c in engine.calls_of(episode)]
+    for s in episode.samples:
+        if not s.branch_of:
+            assert s.edit == "" and s.branch_pos == 0
+            continue
+        parent = episode.sample(s.branch_of)
+        # The parent took no engine call after the edit, and its prefix is the branch's.
+        parent_calls = [i for i, sid in enumerate(order) if sid == parent.sample_id]
+        child_calls = [i for i, sid in enumerate(order) if sid == s.sample_id]
+        if parent_calls and child_calls:
+            assert max(parent_calls) < min(child_calls)
+        assert parent.finish_reason == "edit"
+        assert s.ids()[: s.branch_pos] == parent.ids()[: s.branch_pos]
+        assert s.prompt_len >= s.branch_pos and s.sample_id != parent.sample_id
+
+
+def _check_credit(env: Environment[Any], episodes: list[Episode]) -> None:
+    # Distinct rewards, so every episode's advantage differs from its neighbours' and from zero.
+    scored = [ScoredEpisode(episode=e, reward=float(i), components={}) for i, e in enumerate(episodes)]
+    mean = (GROUP - 1) / 2
+    rows = group_rows(scored)
+    for e, r in zip(episodes, rows, strict=True):
+        advantage = float(e.group_index) - mean
+        trained = [s for s in e.samples if s.trainable and s.n_sampled() > 0]
+        assert r.sample_ids == [s.sample_id for s in trained], "every trainable sample is a row, no frozen one"
+        for item, sample in zip(r.items, trained, strict=True):
+            assert item.advantage == pytest.approx(advantage)
+            assert item.token_ids == sample.ids() and item.loss_mask == sample.mask()
+        per_token = token_advantages(e, {agent: advantage for agent in {s.agent_id for s in e.samples}})
+        for sample, advs in zip(e.samples, per_token, strict=True):
+            for m, a in zip(sample.mask(), advs, strict=True):
+                expected = advantage if (m and sample.trainable) else 0.0
+                assert a == pytest.approx(expected), f"{env.name}: sample {sample.sample_id} token mask {m}"
+
+
+@pytest.mark.parametrize("split", ["train", "heldout"])
+@pytest.mark.parametrize("policy", ["random", "expert"])
+@pytest.mark.parametrize("name", ALL_ENVS)
+async def test_episode_invariants_hold_for_every_environment(
+    name: str, policy: str, split: str, random_engine: RecordingEngine
+) -> None:
+    env = _env(name)
+    episodes = await _play(env, policy, random_engine, split)
+    assert [e.group_index for e in episodes] == list(range(GROUP))
+    _check_credit(env, episodes)
+    for e in episodes:
+        assert decode(encode(e), Episode) == e
+        assert any(s.trainable and s.n_sampled() > 0 for s in e.samples)
+        score = env.score(task_of(e), e)
+        assert set(env.components) <= set(score.components)
+        assert score.reward == pytest.approx(sum(score.components.values()))
+
+
+async def test_the_suite_sees_edits_frozen_agents_and_tool_calls(random_engine: RecordingEngine) -> None:
+    """The suite above is not vacuous: some environment edits its context, one spawns a frozen
+    agent, one calls tools, and the expert of every registered env scores as correct."""
+    seen: dict[str, int] = {"edit": 0, "frozen": 0, "tool_calls": 0}
+    for name in ALL_ENVS:
+        env = _env(name)
+        for e in await _play(env, "expert", random_engine, "train"):
+            seen["edit"] += sum(1 for s in e.samples if s.branch_of)
+            seen["frozen"] += sum(1 for s in e.samples if not s.trainable)
+            seen["tool_calls"] += e.counts.get("tool_calls", 0)
+            if name in ENVIRONMENTS:
+                assert env.score(task_of(e), e).correct, f"{name}'s expert is not correct: {e.final_text!r}"
+    assert seen["edit"] >= GROUP and seen["frozen"] >= GROUP and seen["tool_calls"] >= GROUP
