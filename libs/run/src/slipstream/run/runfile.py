@@ -14,7 +14,7 @@ Sections (every key optional; what is left out keeps `TrainingPlan`'s default):
     [algorithm]  loss (grpo | cispo), lr, loss_constant, max_staleness, temperature
     [batch]      group_size, groups_per_step, max_steps, max_tokens, micro_batch
     [warmstart]  sft_steps, sft_batch, sft_lr (tiny models only)
-    [eval]       heldout_tasks, heldout_samples, eval_every
+    [eval]       heldout_tasks, heldout_samples, eval_every, train_eval_tasks (train accuracy beside held-out)
     [rollout]    max_batch, tasks_in_flight, max_seq_len (the workers' engines)
     [replicas]   rollout-worker, reward-model, eval-gate (the cluster's replica counts)
     [infra]      nats_url, redis_url, store: reuse running servers / an S3 store ("" = start locally)
@@ -86,6 +86,7 @@ class EvalSection(_Section):
     heldout_tasks: int | None = None
     heldout_samples: int | None = None
     eval_every: int | None = None
+    train_eval_tasks: int | None = None
 
 
 class RolloutSection(_Section):
