@@ -27,7 +27,7 @@ from slipstream.cli.spec import StackSpec, StoreSpec
 from slipstream.cli.stack import Stack
 from slipstream.cli.status import read_json
 from slipstream.cli.training import PIPELINE, TrainingPlan, service_env, warm_start
-from slipstream.schemas import Trajectory, decode
+from slipstream.schemas import SCHEMA_HEADER, Episode, decode_message
 from slipstream.stack import ManagedProcess, free_port
 from slipstream.store import LocalObjectStore
 from slipstream.weights import manifest_key, read_manifest
@@ -95,8 +95,13 @@ async def test_late_worker_catches_up_and_both_end_bit_identical(tmp_path: Path)
         tap = await nats.connect(stack.servers["nats"].url)
 
         async def on_traj(msg: Any) -> None:
-            t = decode(msg.data, Trajectory)
-            by_worker.setdefault(t.worker_id, []).append(t.versions())
+            # Raw rollouts are Episodes now (a v1 trajectory would be upgraded); versions in sampling order.
+            ep = decode_message(msg.data, (msg.headers or {}).get(SCHEMA_HEADER), Episode)
+            versions: list[int] = []
+            for seg in (seg for sample in ep.samples for seg in sample.segments):
+                if not versions or versions[-1] != seg.policy_version:
+                    versions.append(seg.policy_version)
+            by_worker.setdefault(ep.worker_id, []).append(versions)
 
         await tap.subscribe("traj.raw.>", cb=on_traj)
         store = LocalObjectStore(store_root)

@@ -97,5 +97,5 @@ def test_a_frame_renders_versions_sparklines_and_the_highlight() -> None:
     text = console.file.getvalue()  # type: ignore[attr-defined]
     assert "versions: learner step 5 -> v5 · announced v5 · promoted: none" in text
     assert "reward     0.500  ▁▂▄▆█" in text and "accuracy   0.250  ▁▂▄▆█" in text
-    assert "staleness (versions behind: trajectories) 0:6 1:2" in text
+    assert "staleness (versions behind: episodes) 0:6 1:2" in text
     assert "10 s ◀ slowest" in text and "dead letters: 3" in text and "note: bus slow" in text
