@@ -95,13 +95,9 @@ async def test_late_worker_catches_up_and_both_end_bit_identical(tmp_path: Path)
         tap = await nats.connect(stack.servers["nats"].url)
 
         async def on_traj(msg: Any) -> None:
-            # Raw rollouts are Episodes now (a v1 trajectory would be upgraded); versions in sampling order.
+            # Raw rollouts are Episodes now (a v1 trajectory would be upgraded).
             ep = decode_message(msg.data, (msg.headers or {}).get(SCHEMA_HEADER), Episode)
-            versions: list[int] = []
-            for seg in (seg for sample in ep.samples for seg in sample.segments):
-                if not versions or versions[-1] != seg.policy_version:
-                    versions.append(seg.policy_version)
-            by_worker.setdefault(ep.worker_id, []).append(versions)
+            by_worker.setdefault(ep.worker_id, []).append([v for sample in ep.samples for v in sample.versions()])
 
         await tap.subscribe("traj.raw.>", cb=on_traj)
         store = LocalObjectStore(store_root)

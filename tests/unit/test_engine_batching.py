@@ -4,7 +4,6 @@ per-request determinism, stop rules, aborts, request validation and the async fa
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
 
 import pytest
 import torch
@@ -21,19 +20,10 @@ from slipstream.engine import (
     process_logits,
 )
 
-pytestmark = pytest.mark.unit
+pytestmark = [pytest.mark.unit, pytest.mark.usefixtures("one_torch_thread")]
 
 SEED = 3
 PROMPTS = ["1+1=", "a longer prompt with more bytes: ", "x", "twelve chars", "9*9="]
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread() -> Iterator[None]:
-    # Two shared cores: OpenMP spin-waiting across 2 threads is 10-50x slower than 1 under load.
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")

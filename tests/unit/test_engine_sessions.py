@@ -6,25 +6,14 @@ same log-probs as re-prefilling the whole context every turn, with only the new 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
-import torch
 
 from slipstream.engine import ByteTokenizer, CausalLM, GenerationRequest, SamplingParams, TorchEngine, build_tiny
 
-pytestmark = pytest.mark.unit
+pytestmark = [pytest.mark.unit, pytest.mark.usefixtures("one_torch_thread")]
 
 TOK = ByteTokenizer()
 OBSERVATIONS = [" <result>42</result> ", " ok, next: ", " <result>7</result> done? "]
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread() -> Iterator[None]:
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")

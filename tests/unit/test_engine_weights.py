@@ -4,7 +4,6 @@ sampled them, bad updates are refused without effect, and the engine never stops
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
 
 import pytest
 import torch
@@ -20,22 +19,13 @@ from slipstream.engine import (
     build_tiny,
 )
 
-pytestmark = pytest.mark.unit
+pytestmark = [pytest.mark.unit, pytest.mark.usefixtures("one_torch_thread")]
 
 OLD_SEED, NEW_SEED = 21, 22
 TOK = ByteTokenizer()
 PROMPT = TOK.encode("12+30=")
 N = 24  # completion length
 K = 9  # tokens sampled before the update
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread() -> Iterator[None]:
-    # Two shared cores: OpenMP spin-waiting across 2 threads is 10-50x slower than 1 under load.
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def _models() -> tuple[CausalLM, CausalLM]:

@@ -16,11 +16,10 @@ calls, results, answers). For every episode:
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
-import torch
 from agentic_envs import LOCAL_ENVS
 
 from slipstream.engine import ByteTokenizer, CausalLM, SamplingParams, TorchEngine, build_tiny
@@ -31,19 +30,11 @@ from slipstream.harness.episode import sample_of_request
 from slipstream.rl.credit import group_rows, token_advantages
 from slipstream.schemas import Episode, ScoredEpisode, decode, encode
 
-pytestmark = pytest.mark.unit
+pytestmark = [pytest.mark.unit, pytest.mark.usefixtures("one_torch_thread")]
 
 TOK = ByteTokenizer()
 GROUP = 3
 ALL_ENVS = [*sorted(ENVIRONMENTS), *sorted(LOCAL_ENVS)]
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread() -> Iterator[None]:
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")

@@ -4,12 +4,11 @@ check that proves ids were made once (and catches a sample that was rebuilt or r
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from typing import Any, ClassVar
 
 import msgspec
 import pytest
-import torch
 
 from slipstream.engine import ByteTokenizer, CausalLM, SamplingParams, TorchEngine, build_tiny
 from slipstream.envs import (
@@ -27,17 +26,9 @@ from slipstream.envs.base import Environment, Problem
 from slipstream.harness import RecordingEngine, rollout_episodes, rollout_group, token_problems
 from slipstream.schemas import Episode, Sample, ToolEvent, decode, encode, pack_ids, pack_mask
 
-pytestmark = pytest.mark.unit
+pytestmark = [pytest.mark.unit, pytest.mark.usefixtures("one_torch_thread")]
 
 TOK = ByteTokenizer()
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread() -> Iterator[None]:
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from typing import ClassVar
 
 import msgspec
@@ -27,18 +27,10 @@ from slipstream.harness import (
 )
 from slipstream.schemas import Task, Trajectory, decode, encode
 
-pytestmark = pytest.mark.unit
+pytestmark = [pytest.mark.unit, pytest.mark.usefixtures("one_torch_thread")]
 
 TOK = ByteTokenizer()
 ARITH = get_env("arith")
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread() -> Iterator[None]:
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -12,18 +11,9 @@ import torch
 from slipstream.engine import ByteTokenizer, ModelConfig, build_tiny, count_parameters, load_pretrained, save_pretrained
 from slipstream.engine.loading import model_from_state_dict
 
-pytestmark = pytest.mark.unit
+pytestmark = [pytest.mark.unit, pytest.mark.usefixtures("one_torch_thread")]
 
 SEED = 7
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread() -> Iterator[None]:
-    # Two shared cores: OpenMP spin-waiting across 2 threads is 10-50x slower than 1 under load.
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")
