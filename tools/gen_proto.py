@@ -29,6 +29,7 @@ def render() -> dict[Path, str]:
         "$comment": "generated from slipstream.schemas.subjects by tools/gen_proto.py",
         "subjects": msgspec.to_builtins(subjects.SUBJECTS),
         "streams": msgspec.to_builtins(subjects.STREAMS),
+        "requests": msgspec.to_builtins(subjects.REQUESTS),
         "schema_versions": {n: c.VERSION for n, c in sorted(MESSAGE_TYPES.items())},  # type: ignore[attr-defined]
     }
     out[PROTO / "subjects.json"] = json.dumps(table, indent=2, sort_keys=True) + "\n"

@@ -25,6 +25,7 @@ CONFIG_CLASSES = {
     "weight-publisher": "slipstream.weight_publisher.config:WeightPublisherConfig",
     "eval-gate": "slipstream.eval_gate.config:EvalGateConfig",
     "task-source": "slipstream.task_source.config:TaskSourceConfig",
+    "tool-service": "slipstream.tool_service.config:ToolServiceConfig",
 }
 
 

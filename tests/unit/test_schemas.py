@@ -94,3 +94,16 @@ def test_subject_table_is_consistent() -> None:
     for s in subjects.STREAMS:
         if s.retention == "workqueue":
             assert len(s.consumers) == 1
+
+
+def test_request_subjects_are_outside_every_stream() -> None:
+    # A stream capturing tools.call.* would store (and ack) every request instead of letting a
+    # replica answer it.
+    for req in subjects.REQUESTS:
+        assert req.request in MESSAGE_TYPES and req.reply in MESSAGE_TYPES
+        with pytest.raises(KeyError):
+            subjects.spec_for(req.pattern.replace("*", "get"))
+    assert subjects.tool_subject("get") == "tools.call.get"
+    for bad in ("", "a.b", "a*", "x>", "a b"):
+        with pytest.raises(ValueError, match="subject token"):
+            subjects.tool_subject(bad)

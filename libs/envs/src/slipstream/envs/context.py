@@ -16,6 +16,9 @@ wire `Episode` (samples, tool log, counts) from what the loop did:
   rewritten.
 - `spawn(env, task, ...)` runs another environment's episode (a nested agent) inside this one;
   its samples join this episode under their own agent id, frozen unless said otherwise.
+- `tools(registry)` is where the episode's tool calls run: in this process by default, a
+  tool-service over NATS when the worker is configured so (`[tools] transport = "nats"`); the
+  results are classified the same either way.
 - `log_tool` / `count` record the environment's log for scorers; `reward` adds a named reward
   component known only during play (it is summed with the scorer's components).
 
@@ -33,6 +36,7 @@ from slipstream.schemas import ToolEvent
 
 if TYPE_CHECKING:
     from slipstream.envs.base import Environment, TaskSpec
+    from slipstream.tools import ToolRegistry, ToolTransport
 
 Doc = msgspec.Meta
 
@@ -134,6 +138,10 @@ class EpisodeContext(Protocol):
         trainable: bool = False,
     ) -> Outcome:
         """Run `env`'s episode on `task` as a nested agent; its samples join this episode."""
+        ...
+
+    def tools(self, registry: ToolRegistry) -> ToolTransport:
+        """Where calls of `registry`'s tools run for this episode (in-process unless configured otherwise)."""
         ...
 
     def log_tool(self, event: ToolEvent) -> None:

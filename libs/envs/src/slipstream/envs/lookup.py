@@ -27,6 +27,7 @@ policy whose episodes warm-start the model (`sft_warmstart` uses them: `warmstar
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import random
 import re
@@ -39,7 +40,7 @@ from slipstream.envs.base import Environment, Problem, Score, TaskSpec
 from slipstream.envs.context import EpisodeContext, Outcome
 from slipstream.envs.registry import register
 from slipstream.schemas import Episode as EpisodeRecord
-from slipstream.tools import LocalTransport, Tool, ToolCall, ToolRegistry, execute, renderer_for, tool_event
+from slipstream.tools import Tool, ToolCall, ToolRegistry, execute, renderer_for, tool_event
 
 Doc = msgspec.Meta
 
@@ -64,6 +65,9 @@ class LookupOptions(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fi
         float, Doc(description="Subtracted per invalid tool call (reward component 'invalid_call').")
     ] = 0.2
     salt: Annotated[str, Doc(description="Mixed into the value hash: a different table per salt.")] = "slipstream"
+    tool_latency_ms: Annotated[
+        int, Doc(description="Simulated backend latency of `get` in ms (load and fail-over tests); 0 answers at once.")
+    ] = 0
 
     def __post_init__(self) -> None:
         if not 1 <= self.min_len <= self.max_len <= 16:
@@ -76,6 +80,8 @@ class LookupOptions(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fi
             raise ValueError(f"max_calls must be in 1..16, got {self.max_calls}")
         if not 16 <= self.max_turn_tokens <= 1024:
             raise ValueError(f"max_turn_tokens must be in 16..1024, got {self.max_turn_tokens}")
+        if not 0 <= self.tool_latency_ms <= 1000:
+            raise ValueError(f"tool_latency_ms must be in 0..1000, got {self.tool_latency_ms}")
         if not self.correct_reward > 0 or self.invalid_call_penalty < 0:
             raise ValueError(
                 f"need correct_reward > 0 and invalid_call_penalty >= 0, got {self.correct_reward} "
@@ -109,7 +115,11 @@ class Lookup(Environment[LookupOptions]):
     def _tool(self) -> Tool:
         letters = re.escape(self.options.alphabet)
 
+        latency_s = self.options.tool_latency_ms / 1000
+
         async def get(key: str) -> str:
+            if latency_s:
+                await asyncio.sleep(latency_s)
             return self.value(key)
 
         return Tool(
@@ -151,7 +161,7 @@ class Lookup(Environment[LookupOptions]):
 
     async def run(self, ctx: EpisodeContext) -> Outcome:
         thread = ctx.open(ctx.task.prompt)
-        transport = LocalTransport(self.registry)
+        transport = ctx.tools(self.registry)
         stops = [*self.renderer.stop_strings, self.terminator]
         calls = 0
         while True:

@@ -42,6 +42,7 @@ from slipstream.schemas import (
     pack_ids,
     pack_mask,
 )
+from slipstream.tools import LocalTransport, ToolRegistry, ToolTransport
 
 if TYPE_CHECKING:
     from slipstream.envs.base import Environment
@@ -186,6 +187,8 @@ class EpisodeRun:
     max_seq_len: int | None = None
     chat: Callable[[TaskSpec, str], list[dict[str, str]]] | None = None
     """The env's `chat_messages`: the turns a chat model sees around a sample's opening text."""
+    tools: Callable[[ToolRegistry], ToolTransport] | None = None
+    """Where tool calls run (e.g. a tool-service over NATS); None: in this process."""
 
 
 class Recorder:
@@ -404,6 +407,10 @@ class Recorder:
         child = Recorder(self._run, self._state, task, agent_id=agent_id, role=role, trainable=trainable)
         self._state.count("subagents")
         return await env.run(child)
+
+    def tools(self, registry: ToolRegistry) -> ToolTransport:
+        factory = self._run.tools
+        return LocalTransport(registry) if factory is None else factory(registry)
 
     def log_tool(self, event: ToolEvent) -> None:
         self._state.tool_log.append(event)

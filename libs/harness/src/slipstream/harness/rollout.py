@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from collections.abc import Callable
 
 import msgspec
 
@@ -41,6 +42,7 @@ from slipstream.harness.episode import (
     prompt_ids,
 )
 from slipstream.schemas import Episode, Task, Trajectory
+from slipstream.tools import ToolRegistry, ToolTransport
 
 __all__ = [
     "RolloutAborted",
@@ -113,6 +115,7 @@ async def rollout_episodes(
     run_id: str | None = None,
     group_id: str | None = None,
     frozen_engine: Engine | None = None,
+    tools: Callable[[ToolRegistry], ToolTransport] | None = None,
 ) -> list[Episode]:
     """Play `task` `group_size` times (default: the wire task's group_size, else 1), concurrently.
 
@@ -120,8 +123,9 @@ async def rollout_episodes(
     root sample has the same id). `group_id` defaults to a fresh f"{task_id}/<uuid>"; `run_id` to
     the wire task's. Seeds: engine call k of episode i uses `params.seed + i` for k = 0 when
     params carry a seed, else a hash of (group id, i, k). `frozen_engine` serves the calls of
-    frozen (non-trainable) agents. Raises TaskRejected for a task this env/engine can never run,
-    RolloutAborted when the engine aborts a call; on any failure the other episodes are cancelled.
+    frozen (non-trainable) agents; `tools` says where tool calls run (None: in this process).
+    Raises TaskRejected for a task this env/engine can never run, RolloutAborted when the engine
+    aborts a call; on any failure the other episodes are cancelled.
     """
     spec = as_spec(task)
     if spec.env != env.name:
@@ -143,6 +147,7 @@ async def rollout_episodes(
             frozen_engine=frozen_engine,
             max_seq_len=max_seq_len if isinstance(max_seq_len, int) else None,
             chat=env.chat_messages,
+            tools=tools,
         )
         for i in range(size)
     ]

@@ -30,6 +30,7 @@ from slipstream.schemas.evaluation import EvalResult
 from slipstream.schemas.learner import LearnerStep
 from slipstream.schemas.packing import pack_floats, pack_ids, pack_mask, unpack_floats, unpack_ids, unpack_mask
 from slipstream.schemas.rollout import PolicySegment, ScoredTrajectory, Task, Timings, Trajectory, Turn
+from slipstream.schemas.tools import ToolReply, ToolRequest
 from slipstream.schemas.weights import ShardRef, TensorEntry, WeightAnnounce, WeightManifest, WeightsPromoted
 
 __all__ = [
@@ -51,6 +52,8 @@ __all__ = [
     "TensorEntry",
     "Timings",
     "ToolEvent",
+    "ToolReply",
+    "ToolRequest",
     "Trajectory",
     "Turn",
     "WeightAnnounce",

@@ -1,8 +1,9 @@
-"""The one table of subjects, streams and durable consumers.
+"""The one table of subjects, streams and durable consumers, and of request/reply services.
 
 The bus creates streams and consumers from it at start-up, the deploy manifests (KEDA scalers,
 the provisioning Job) are checked against it, and `proto/subjects.json` is generated from it.
-Change the wire topology here and nowhere else.
+Request/reply subjects (`REQUESTS`: tool calls) are core NATS, outside every stream: a request
+lives only while its caller waits. Change the wire topology here and nowhere else.
 """
 
 from __future__ import annotations
@@ -35,6 +36,17 @@ class SubjectSpec(msgspec.Struct, kw_only=True, frozen=True):
         tuple[str, ...],
         Doc(description="Older message types still admitted here, converted on decode (codec.UPGRADES)."),
     ] = ()
+
+
+class RequestSpec(msgspec.Struct, kw_only=True, frozen=True):
+    """A request/reply service on core NATS: replicas share a queue group, no stream holds requests."""
+
+    pattern: Annotated[str, Doc(description="Subject pattern requests are sent to.")]
+    request: Annotated[str, Doc(description="Schema name of the request type.")]
+    reply: Annotated[str, Doc(description="Schema name of the reply type.")]
+    queue_group: Annotated[str, Doc(description="Queue group every replica subscribes in (one answers).")]
+    service: Annotated[str, Doc(description="The service whose replicas answer.")]
+    description: str = ""
 
 
 class StreamSpec(msgspec.Struct, kw_only=True, frozen=True):
@@ -73,6 +85,19 @@ SUBJECTS: tuple[SubjectSpec, ...] = (
     SubjectSpec(pattern="eval.result", message="EvalResult", stream="EVAL", description="eval-gate decisions"),
     SubjectSpec(pattern="learner.step", message="LearnerStep", stream="LEARNER", description="per-step metrics"),
     SubjectSpec(pattern="dlq.>", message="DeadLetter", stream="DLQ", description="dlq.<stream>: dead letters"),
+)
+
+TOOL_QUEUE_GROUP = "tool-service"
+
+REQUESTS: tuple[RequestSpec, ...] = (
+    RequestSpec(
+        pattern="tools.call.*",
+        request="ToolRequest",
+        reply="ToolReply",
+        queue_group=TOOL_QUEUE_GROUP,
+        service="tool-service",
+        description="tools.call.<tool>: one tool call, answered by one tool-service replica",
+    ),
 )
 
 STREAMS: tuple[StreamSpec, ...] = (
@@ -170,6 +195,13 @@ def traj_raw_subject(env: str) -> str:
 
 def traj_scored_subject(env: str) -> str:
     return f"traj.scored.{env}"
+
+
+def tool_subject(tool: str) -> str:
+    """Where calls of `tool` are sent (`tools.call.<tool>`); the tool name is one subject token."""
+    if not tool or any(c in tool for c in ".*> \t\r\n"):
+        raise ValueError(f"tool name {tool!r} is not a single NATS subject token")
+    return f"tools.call.{tool}"
 
 
 WEIGHTS_ANNOUNCE = "weights.announce"

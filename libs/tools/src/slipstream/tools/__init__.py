@@ -16,6 +16,7 @@ from slipstream.tools import chatml as _chatml  # noqa: F401  (registers smollm2
 from slipstream.tools import tags as _tags  # noqa: F401  (registers tags)
 from slipstream.tools.builtin import calculator, evaluate, lookup, wait
 from slipstream.tools.calls import (
+    IN_PROCESS,
     INFRA_KINDS,
     MALFORMED_KINDS,
     OUTCOMES,
@@ -30,6 +31,7 @@ from slipstream.tools.calls import (
     tool_event,
 )
 from slipstream.tools.chatml import ChatMLRenderer
+from slipstream.tools.config import ToolsConfig
 from slipstream.tools.execution import LocalTransport, ToolTransport, execute, run_tool
 from slipstream.tools.parsing import HERMES_SYNTAX, TAG_SYNTAX, CallSyntax, ParsedTurn, parse_calls
 from slipstream.tools.renderer import RENDERERS, ChatMessage, Renderer, renderer_for
@@ -39,6 +41,7 @@ from slipstream.tools.tool import Tool, ToolDefinitionError, ToolInputError, Too
 __all__ = [
     "HERMES_SYNTAX",
     "INFRA_KINDS",
+    "IN_PROCESS",
     "MALFORMED_KINDS",
     "OUTCOMES",
     "RENDERERS",
@@ -61,6 +64,7 @@ __all__ = [
     "ToolRegistry",
     "ToolResult",
     "ToolTransport",
+    "ToolsConfig",
     "calculator",
     "evaluate",
     "execute",

@@ -35,6 +35,9 @@ InfraKind = Literal["timeout", "unavailable", "tool_crashed"]
 answered (after the transport's retries), or the implementation raised an unexpected exception."""
 INFRA_KINDS: tuple[InfraKind, ...] = ("timeout", "unavailable", "tool_crashed")
 
+IN_PROCESS = "local"
+"""`ToolResult.served_by` of a call run in the caller's process (`LocalTransport`)."""
+
 
 @dataclass(frozen=True)
 class ToolCall:
@@ -88,6 +91,11 @@ def tool_event(item: ToolCall | MalformedCall, result: ToolResult, *, sample_id:
     else:
         arguments = item.raw
     failed = result.outcome != "ok"
+    info = {"kind": result.kind} if result.kind else {}
+    if result.served_by and result.served_by != IN_PROCESS:
+        # Answered by a tool service: which replica, and after how many sends (retries are not events).
+        info["served_by"] = result.served_by
+        info["attempts"] = str(result.attempts)
     return ToolEvent(
         sample_id=sample_id,
         turn=turn,
@@ -98,7 +106,7 @@ def tool_event(item: ToolCall | MalformedCall, result: ToolResult, *, sample_id:
         result="" if failed else result.text,
         error=result.text if failed else "",
         latency_s=result.elapsed_s,
-        info={"kind": result.kind} if result.kind else {},
+        info=info,
     )
 
 

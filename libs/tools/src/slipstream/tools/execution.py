@@ -2,7 +2,7 @@
 
 A `ToolTransport` turns one well-formed `ToolCall` into one classified `ToolResult` and never
 raises for anything a tool or its backend does. `LocalTransport` runs implementations in this
-process; `NatsTransport` (nats.py) asks a tool service over NATS request/reply. One contract
+process; `NatsTransport` (remote.py) asks a tool service over NATS request/reply. One contract
 suite (tests/contract/test_tools.py) holds both to the same results.
 """
 
@@ -14,7 +14,7 @@ import time
 from collections.abc import Sequence
 from typing import Any, Protocol
 
-from slipstream.tools.calls import MalformedCall, ToolCall, ToolResult, invalid_result
+from slipstream.tools.calls import IN_PROCESS, MalformedCall, ToolCall, ToolResult, invalid_result
 from slipstream.tools.tool import Tool, ToolInputError, ToolRegistry
 
 
@@ -83,7 +83,7 @@ class LocalTransport:
         return self._registry
 
     async def invoke(self, call: ToolCall) -> ToolResult:
-        return await run_tool(self._registry.get(call.name), call, served_by="local")
+        return await run_tool(self._registry.get(call.name), call, served_by=IN_PROCESS)
 
     async def close(self) -> None:
         return None

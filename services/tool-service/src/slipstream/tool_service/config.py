@@ -1,0 +1,61 @@
+"""Configuration of the tool-service: one typed class, its shared sections owned by the libs.
+
+Resolved by `slipstream.runtime.config` from defaults, a TOML file (`--config`),
+`SLIPSTREAM_<SECTION>__<FIELD>` variables and `--section.field` flags, in that order. Only
+`[bus] url` and the connection timeouts of `[bus]` are used: requests are core NATS, no stream.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import msgspec
+
+from slipstream.bus.config import BusConfig
+from slipstream.runtime.section import ServiceSection
+from slipstream.telemetry.config import TelemetryConfig
+
+Doc = msgspec.Meta
+
+
+class ToolServeSection(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """`[tools]`: which tools this replica answers, how many calls it runs at once, what it remembers."""
+
+    sets: Annotated[
+        list[str],
+        Doc(
+            description=(
+                "Tool sets to serve: 'calc' (calculator), 'wait' (a slow echo for tests), or the name of an "
+                "environment with tools (e.g. 'lookup': its 'get')."
+            )
+        ),
+    ] = msgspec.field(default_factory=lambda: ["calc"])
+    options: Annotated[
+        dict[str, dict[str, Any]],
+        Doc(
+            description=(
+                "Options per tool set, {set: {option: value}}: an environment's options (keep them equal to the "
+                "workers' [worker] env_options: the lookup table's salt lives there), or timeout_s for calc/wait."
+            )
+        ),
+    ] = {}
+    concurrency: Annotated[int, Doc(description="Calls this replica runs at once; the rest wait in order.", ge=1)] = 64
+    remember_calls: Annotated[
+        int, Doc(description="Recent call ids (and replies) kept so a retried call is answered, not re-run.", ge=0)
+    ] = 8192
+    remember_s: Annotated[float, Doc(description="How long a call id is remembered.", gt=0)] = 300.0
+
+
+class ToolServiceConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    service: Annotated[ServiceSection, Doc(description="Process: run id, replica, probe port, drain budget.")] = (
+        msgspec.field(default_factory=ServiceSection)
+    )
+    bus: Annotated[BusConfig, Doc(description="NATS server (type must be 'nats'; only url and timeouts are used).")] = (
+        msgspec.field(default_factory=BusConfig)
+    )
+    telemetry: Annotated[TelemetryConfig, Doc(description="Logs and traces.")] = msgspec.field(
+        default_factory=TelemetryConfig
+    )
+    tools: Annotated[ToolServeSection, Doc(description="The tools served, concurrency and call-id memory.")] = (
+        msgspec.field(default_factory=ToolServeSection)
+    )

@@ -1,0 +1,61 @@
+"""Tool sets: the named groups of tools a replica serves (`[tools] sets`).
+
+`calc` and `wait` are the built-in deterministic tools of libs/tools (option: `timeout_s`); any
+other name is an environment from the registry whose tools are served as the environment itself
+defines them (`lookup` -> its `get`), built with the same options as the workers' copy, so a
+call answers the same on a replica as in-process.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from slipstream.envs import ENVIRONMENTS, EnvError, get_env
+from slipstream.tools import Tool, ToolRegistry, calculator, wait
+
+BUILTIN: dict[str, Callable[..., Tool]] = {"calc": calculator, "wait": wait}
+
+
+class ToolSetError(ValueError):
+    """A tool set that cannot be served: unknown name, an environment without tools, bad options, a clash."""
+
+
+def tools_of(name: str, options: Mapping[str, Any]) -> list[Tool]:
+    if name in BUILTIN:
+        unknown = set(options) - {"timeout_s"}
+        if unknown:
+            raise ToolSetError(f"tool set {name!r} takes only the option timeout_s, got {sorted(unknown)}")
+        timeout_s = options.get("timeout_s")
+        if timeout_s is None:
+            return [BUILTIN[name]()]
+        if isinstance(timeout_s, bool) or not isinstance(timeout_s, int | float) or timeout_s <= 0:
+            raise ToolSetError(f"tool set {name!r}: timeout_s must be a number > 0, got {timeout_s!r}")
+        return [BUILTIN[name](timeout_s=float(timeout_s))]
+    try:
+        env = get_env(name, **options)
+    except EnvError as exc:
+        known = ", ".join([*BUILTIN, *sorted(ENVIRONMENTS)])
+        raise ToolSetError(f"unknown tool set {name!r} ({exc}); known: {known}") from exc
+    registry = getattr(env, "registry", None)
+    if not isinstance(registry, ToolRegistry) or not len(registry):
+        raise ToolSetError(f"environment {name!r} has no tools to serve")
+    return list(registry)
+
+
+def build_registry(sets: list[str], options: Mapping[str, Mapping[str, Any]]) -> ToolRegistry:
+    """Every tool of every set, checked: at least one set, no tool served twice."""
+    if not sets:
+        raise ToolSetError("[tools] sets is empty: a replica must serve at least one tool set")
+    unused = set(options) - set(sets)
+    if unused:
+        raise ToolSetError(f"[tools] options names tool sets that are not served: {sorted(unused)}")
+    registry = ToolRegistry()
+    owner: dict[str, str] = {}
+    for name in sets:
+        for tool in tools_of(name, options.get(name, {})):
+            if tool.name in owner:
+                raise ToolSetError(f"tool {tool.name!r} is in both tool sets {owner[tool.name]!r} and {name!r}")
+            owner[tool.name] = name
+            registry.add(tool)
+    return registry
