@@ -66,6 +66,7 @@ class NatsTransport:
         retry_backoff_s: float = 0.1,
         caller: str = "",
         owns_connection: bool = False,
+        stats: dict[str, int] | None = None,
     ) -> None:
         if retries < 0 or reply_margin_s <= 0 or retry_backoff_s < 0:
             raise ValueError(
@@ -79,7 +80,11 @@ class NatsTransport:
         self.retry_backoff_s = retry_backoff_s
         self.caller = caller
         self._owns = owns_connection
-        self.stats = {"calls": 0, "retries": 0, "unavailable": 0}
+        # Counts of calls sent, re-sends and calls no replica answered; pass one dict to several
+        # transports (one per episode) to count them together.
+        self.stats = stats if stats is not None else {}
+        for key in ("calls", "retries", "unavailable"):
+            self.stats.setdefault(key, 0)
 
     @classmethod
     async def connect(
@@ -92,7 +97,14 @@ class NatsTransport:
 
     @classmethod
     def from_config(
-        cls, nc: Client, registry: ToolRegistry, cfg: ToolsConfig, *, caller: str = "", owns_connection: bool = False
+        cls,
+        nc: Client,
+        registry: ToolRegistry,
+        cfg: ToolsConfig,
+        *,
+        caller: str = "",
+        owns_connection: bool = False,
+        stats: dict[str, int] | None = None,
     ) -> NatsTransport:
         return cls(
             nc,
@@ -102,6 +114,7 @@ class NatsTransport:
             retry_backoff_s=cfg.retry_backoff_s,
             caller=caller,
             owns_connection=owns_connection,
+            stats=stats,
         )
 
     @property

@@ -16,6 +16,7 @@ from slipstream.engine.source import ModelSource
 from slipstream.runtime.section import ServiceSection
 from slipstream.store.config import StoreConfig
 from slipstream.telemetry.config import TelemetryConfig
+from slipstream.tools.config import ToolsConfig
 
 Doc = msgspec.Meta
 
@@ -101,3 +102,6 @@ class RolloutWorkerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=Tr
     worker: Annotated[WorkerSection, Doc(description="Task intake, sampling and weight following.")] = msgspec.field(
         default_factory=WorkerSection
     )
+    tools: Annotated[
+        ToolsConfig, Doc(description="Where the environments' tool calls run: in-process, or the tool-service.")
+    ] = msgspec.field(default_factory=ToolsConfig)

@@ -4,13 +4,15 @@ Before sampling, a task waits until the engine holds at least its `min_policy_ve
 source sets it to bound staleness at the source; with max_staleness 0 this is what makes the
 synchronous baseline sample with fresh weights). Environments are built once per name, with the
 options from `[worker] env_options`; sampling parameters come from `[worker]`, plus the env's
-answer terminator as a stop string.
+answer terminator as a stop string. Tool calls run in-process, or in the tool-service when
+`[tools] transport = "nats"` (the factory the service passes in).
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from typing import Any
 
 from slipstream.engine.interface import Engine, SamplingParams
@@ -20,6 +22,9 @@ from slipstream.harness import TaskRejected, rollout_episodes
 from slipstream.rollout_worker.config import WorkerSection
 from slipstream.rollout_worker.instruments import ROLLOUT_S
 from slipstream.schemas import Episode, Task
+from slipstream.tools import ToolRegistry, ToolTransport
+
+ToolsFactory = Callable[[ToolRegistry], ToolTransport]
 
 _VERSION_POLL_S = 0.02
 
@@ -28,9 +33,17 @@ class Sampler:
     """Environment lookup, sampling parameters, the version gate and the group rollout."""
 
     def __init__(
-        self, engine: Engine, tokenizer: Tokenizer, cfg: WorkerSection, *, worker_id: str, run_id: str
+        self,
+        engine: Engine,
+        tokenizer: Tokenizer,
+        cfg: WorkerSection,
+        *,
+        worker_id: str,
+        run_id: str,
+        tools: ToolsFactory | None = None,
     ) -> None:
         self.engine = engine
+        self.tools = tools
         self.tokenizer = tokenizer
         self.cfg = cfg
         self.worker_id = worker_id
@@ -88,6 +101,7 @@ class Sampler:
             params=self.params(env),
             worker_id=self.worker_id,
             run_id=task.run_id or self.run_id,
+            tools=self.tools,
         )
         ROLLOUT_S.observe(time.perf_counter() - t0)
         return episodes

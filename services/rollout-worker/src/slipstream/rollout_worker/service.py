@@ -4,9 +4,11 @@
     follower (weights.announce) -> engine.apply_weights, between two decode steps
 
 `setup` loads the model ([model]) into a TorchEngine, connects the bus and the object store and
-binds the `rollout-worker` durable. `run` takes tasks until SIGTERM; then it stops fetching, gives
-in-flight groups the drain budget (less a grace period) to finish and be published and acked,
-and hands back (releases) the rest. Everything the loops do is in their own modules.
+binds the `rollout-worker` durable; with `[tools] transport = "nats"` it also connects to the
+tool-service's NATS, and every episode's tool calls go there (libs/tools remote.py). `run`
+takes tasks until SIGTERM; then it stops fetching, gives in-flight groups the drain budget
+(less a grace period) to finish and be published and acked, and hands back (releases) the rest.
+Everything the loops do is in their own modules.
 """
 
 from __future__ import annotations
@@ -29,8 +31,11 @@ from slipstream.runtime.service import BaseService
 from slipstream.schemas import Task
 from slipstream.store import setup_store
 from slipstream.telemetry.logs import get_logger
+from slipstream.tools import ToolRegistry, ToolTransport
 
 if TYPE_CHECKING:
+    from nats.aio.client import Client
+
     from slipstream.bus import Bus, Consumer
     from slipstream.store import ObjectStore
 
@@ -52,10 +57,37 @@ class RolloutWorkerService(BaseService):
         self.follower: WeightFollower | None = None
         self.pipeline: TaskPipeline | None = None
         self.outbox: Outbox | None = None
+        self.tools_nc: Client | None = None
+        self.tool_stats: dict[str, int] = {}
+
+    def tools_url(self) -> str:
+        """Where the tool-service is: `[tools] url`, else the bus's NATS."""
+        t = self.cfg.tools
+        if t.url:
+            return t.url
+        if self.cfg.bus.type != "nats":
+            raise ValueError("[tools] transport = 'nats' needs [tools] url when [bus] type is not 'nats'")
+        return self.cfg.bus.url
+
+    async def _connect_tools(self) -> None:
+        from slipstream.tools.remote import connect
+
+        self.tools_nc = await connect(self.tools_url(), name=self.worker_id, timeout_s=self.cfg.tools.connect_timeout_s)
+
+    def _remote_tools(self, registry: ToolRegistry) -> ToolTransport:
+        from slipstream.tools.remote import NatsTransport
+
+        assert self.tools_nc is not None, "setup() did not connect the tool transport"
+        # One per episode: a cheap view of the one connection, counting into the worker's stats.
+        return NatsTransport.from_config(
+            self.tools_nc, registry, self.cfg.tools, caller=self.worker_id, stats=self.tool_stats
+        )
 
     async def setup(self) -> None:
         cfg, w = self.cfg, self.cfg.worker
         check_env_options(w.env_options)
+        if cfg.tools.transport == "nats":
+            self.tools_url()  # a missing url fails before the model is loaded
         model, tokenizer = await asyncio.to_thread(load_model, cfg.model)
         self.engine = TorchEngine(
             model,
@@ -87,7 +119,11 @@ class RolloutWorkerService(BaseService):
             digest=w.weights_digest,
             worker_id=self.worker_id,
         )
-        sampler = Sampler(self.engine, tokenizer, w, worker_id=self.worker_id, run_id=run_id)
+        tools = None
+        if cfg.tools.transport == "nats":
+            await self._connect_tools()
+            tools = self._remote_tools
+        sampler = Sampler(self.engine, tokenizer, w, worker_id=self.worker_id, run_id=run_id, tools=tools)
         self.outbox = Outbox(self.bus, self.store)
         self.pipeline = TaskPipeline(
             self.bus,
@@ -144,6 +180,8 @@ class RolloutWorkerService(BaseService):
                 await self.consumer.close()
         if self.bus is not None:
             await self.bus.close()
+        if self.tools_nc is not None and not self.tools_nc.is_closed:
+            await self.tools_nc.close()
         if self.store is not None:
             await asyncio.to_thread(self.store.close)
 
@@ -180,4 +218,10 @@ class RolloutWorkerService(BaseService):
             out["trajectories_published"] = self.outbox.published
         if self.follower is not None:
             out["weights"] = self.follower.status()
+        if self.cfg.tools.transport == "nats":
+            out["tools"] = {
+                "transport": "nats",
+                "connected": self.tools_nc is not None and self.tools_nc.is_connected,
+                **self.tool_stats,
+            }
         return out

@@ -1,0 +1,91 @@
+"""The rollout worker's `[tools]` wiring against a real tool-service process and nats-server.
+
+With `transport = "nats"` the worker's sampler plays `lookup` groups whose `get` calls are
+answered by the tool-service replica (visible in each tool event's `served_by`); with the
+default `local` they run in the worker and the events say nothing of a replica. A worker told to
+use remote tools without a NATS url to reach them fails before loading its model, naming the key.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from tool_replicas import ToolReplica
+
+from slipstream.bus import BusConfig
+from slipstream.engine import ByteTokenizer
+from slipstream.engine.interface import GenerationRequest
+from slipstream.envs import get_env, task_of
+from slipstream.harness import ScriptedEngine
+from slipstream.rollout_worker.config import RolloutWorkerConfig, WorkerSection
+from slipstream.rollout_worker.sampler import Sampler
+from slipstream.rollout_worker.service import RolloutWorkerService
+from slipstream.runtime.section import ServiceSection
+from slipstream.stack import Server
+from slipstream.tools import ToolsConfig
+
+pytestmark = pytest.mark.integration
+
+TOK = ByteTokenizer()
+SALT = {"salt": "worker-test"}
+
+
+def _config(url: str, transport: str) -> RolloutWorkerConfig:
+    return RolloutWorkerConfig(
+        service=ServiceSection(run_id="tools", replica="w0"),
+        bus=BusConfig(url=url),
+        worker=WorkerSection(max_tokens=64, env_options={"lookup": SALT}),
+        tools=ToolsConfig(transport=transport, reply_margin_s=0.5),  # type: ignore[arg-type]
+    )
+
+
+def _expert_engine() -> ScriptedEngine:
+    env = get_env("lookup", **SALT)
+
+    def reply(request: GenerationRequest, context: str) -> str:
+        # One engine for every task: lookup's expert reads all it needs (the key, the result) from the context.
+        return env.expert(None, context)  # type: ignore[arg-type]
+
+    return ScriptedEngine(TOK, reply)
+
+
+@pytest.mark.parametrize("transport", ["nats", "local"])
+async def test_worker_sends_tool_calls_where_its_config_says(
+    transport: str, nats_server: Server, tmp_path: Path
+) -> None:
+    replica = ToolReplica("w-tools", nats_server.url, tmp_path, sets=["lookup"], options={"lookup": SALT})
+    replica.wait_ready()
+    svc = RolloutWorkerService(_config(nats_server.url, transport))
+    try:
+        tools = None
+        if transport == "nats":
+            await svc._connect_tools()
+            tools = svc._remote_tools
+        sampler = Sampler(_expert_engine(), TOK, svc.cfg.worker, worker_id=svc.worker_id, run_id="tools", tools=tools)
+        env = sampler.env("lookup")
+        tasks = [t.to_task(run_id="tools", group_size=3) for t in env.generate("train", 4, seed=5)]
+        episodes = [e for t in tasks for e in await sampler.sample(t)]
+    finally:
+        await svc.close()
+        handled = replica.status()["handled"]
+        replica.stop()
+    assert len(episodes) == 12
+    assert all(env.score(task_of(e), e).correct and not e.infra_error for e in episodes)
+    events = [ev for e in episodes for ev in e.tool_log]
+    assert len(events) == 12
+    if transport == "nats":
+        assert {ev.info.get("served_by") for ev in events} == {replica.served_by}
+        assert handled == 12 and svc.tool_stats == {"calls": 12, "retries": 0, "unavailable": 0}
+    else:
+        assert {ev.info.get("served_by") for ev in events} == {None}
+        assert handled == 0
+
+
+async def test_remote_tools_without_a_nats_url_fail_before_the_model_loads() -> None:
+    cfg = _config("nats://unused:4222", "nats")
+    cfg.bus = BusConfig(type="memory", url="memory://x")
+    svc = RolloutWorkerService(cfg)
+    with pytest.raises(ValueError, match=r"\[tools\] url"):
+        await svc.setup()
+    assert svc.engine is None
