@@ -52,11 +52,11 @@ class ToolReplica:
             str(self.port_file),
             "--service.drain-timeout-s",
             str(drain_timeout_s),
-            "--tools.sets",
+            "--serve.sets",
             json.dumps(sets),
-            "--tools.options",
+            "--serve.options",
             json.dumps(options or {}),
-            "--tools.concurrency",
+            "--serve.concurrency",
             str(concurrency),
         ]
         self.proc = ManagedProcess(name, argv, root / "logs" / f"{name}.log", env=child_env())

@@ -23,7 +23,7 @@ from slipstream.rollout_worker.sampler import Sampler
 from slipstream.rollout_worker.service import RolloutWorkerService
 from slipstream.runtime.section import ServiceSection
 from slipstream.stack import Server
-from slipstream.tools import ToolsConfig
+from slipstream.tools import ToolCall, ToolsConfig
 
 pytestmark = pytest.mark.integration
 
@@ -89,3 +89,30 @@ async def test_remote_tools_without_a_nats_url_fail_before_the_model_loads() -> 
     with pytest.raises(ValueError, match=r"\[tools\] url"):
         await svc.setup()
     assert svc.engine is None
+
+
+async def test_the_local_stack_starts_the_tool_service_replicas_a_run_asks_for(tmp_path: Path) -> None:
+    from slipstream.cli.spec import StackSpec
+    from slipstream.cli.stack import Stack
+    from slipstream.tools.remote import NatsTransport
+
+    env = {"SLIPSTREAM_SERVE__SETS": '["lookup"]', "SLIPSTREAM_SERVE__OPTIONS": '{"lookup": {"salt": "worker-test"}}'}
+    spec = StackSpec(run_dir=tmp_path / "run", services=(), tool_services=2, env=env, drain_timeout_s=5.0)
+    with Stack(spec) as stack:
+        stack.wait_ready(60)
+        assert sorted(stack.services) == ["tool-service", "tool-service-2"]
+        lookup = get_env("lookup", **SALT)
+        t = await NatsTransport.connect(stack.servers["nats"].url, lookup.registry, name="stack-test")  # type: ignore[attr-defined]
+        try:
+            results = [await t.invoke(_get(i)) for i in range(40)]
+        finally:
+            await t.close()
+        codes = stack.stop()
+    assert [r.text for r in results] == [lookup.value(str(i)) for i in range(40)]  # type: ignore[attr-defined]
+    # The queue group spreads the calls over both replicas (40 calls all on one: p = 2 * 2**-40).
+    assert len({r.served_by for r in results}) == 2
+    assert codes == {"tool-service": 0, "tool-service-2": 0}
+
+
+def _get(i: int) -> ToolCall:
+    return ToolCall(id=f"stack-{i}", name="get", arguments={"key": str(i)})

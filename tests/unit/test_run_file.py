@@ -130,3 +130,24 @@ def test_print_config_shows_every_service(tmp_path: Path) -> None:
     headers = [line for line in proc.stdout.splitlines() if line.startswith("# ")]
     assert headers == [f"# {s} (replicas: {n})" for s, n in zip(CONFIG_CLASSES, (2, 1, 1, 1, 1, 1), strict=True)]
     assert '"max_operand": 19' in proc.stdout
+
+
+def test_a_run_asking_for_tool_service_replicas_points_the_workers_at_them(tmp_path: Path) -> None:
+    from slipstream.rollout_worker.config import RolloutWorkerConfig
+    from slipstream.tool_service.config import ToolServiceConfig
+
+    path = tmp_path / "remote.toml"
+    path.write_text('[env]\nname = "lookup"\noptions = {salt = "s1"}\n[replicas]\ntool-service = 2\n')
+    plan = load(path).plan()
+    assert plan.tool_service_replicas == 2
+    environ = service_env(plan, Path("/m"), Path("/staging"), Path("/outcomes.jsonl"))
+    worker = resolve(RolloutWorkerConfig, environ=environ)
+    served = resolve(ToolServiceConfig, environ=environ)
+    assert worker.tools.transport == "nats"
+    # The replicas build the env's tools exactly as the workers build the env: same options.
+    assert served.serve.sets == ["lookup"] and served.serve.options == worker.worker.env_options == {
+        "lookup": {"salt": "s1"}
+    }
+    # Without the key nothing changes: tools run in the workers.
+    local = resolve(RolloutWorkerConfig, environ=service_env(load(DEV_RUN).plan(), Path("/m"), Path("/s"), Path("/o")))
+    assert local.tools.transport == "local"

@@ -59,6 +59,8 @@ class TrainingPlan(msgspec.Struct, kw_only=True):
     """[model] device of every model-holding service: cpu, cuda or auto (cuda when present)."""
     max_seq_len: int = 0
     """KV-cache length of the workers' and the evaluator's engines; 0 = the engine's default (<= 2048)."""
+    tool_service_replicas: int = 0
+    """tool-service replicas serving the env's tools (`[replicas] tool-service`); 0: tools run in the workers."""
 
 
 class RunSummary(msgspec.Struct, kw_only=True):
@@ -160,6 +162,12 @@ def run_env(plan: TrainingPlan) -> dict[str, str]:
         env["SLIPSTREAM_REWARD__ENV_OPTIONS"] = env_options
         env["SLIPSTREAM_WORKER__ENV_OPTIONS"] = env_options
         env["SLIPSTREAM_GATE__ENV_OPTIONS"] = env_options
+    if plan.tool_service_replicas > 0:
+        # The workers call the env's tools over NATS; the tool-service serves them, built like the workers' env.
+        env["SLIPSTREAM_TOOLS__TRANSPORT"] = "nats"
+        env["SLIPSTREAM_SERVE__SETS"] = json.dumps([plan.env])
+        if env_options:
+            env["SLIPSTREAM_SERVE__OPTIONS"] = env_options
     return env
 
 

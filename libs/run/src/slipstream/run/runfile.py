@@ -16,7 +16,8 @@ Sections (every key optional; what is left out keeps `TrainingPlan`'s default):
     [warmstart]  sft_steps, sft_batch, sft_lr (tiny models only)
     [eval]       heldout_tasks, heldout_samples, eval_every, train_eval_tasks (train accuracy beside held-out)
     [rollout]    max_batch, tasks_in_flight, max_seq_len (the workers' engines)
-    [replicas]   rollout-worker, reward-model, eval-gate (the cluster's replica counts)
+    [replicas]   rollout-worker, reward-model, eval-gate (the cluster's replica counts); tool-service
+                 (> 0: the env's tools run in that many tool-service replicas, locally too)
     [infra]      nats_url, redis_url, store: reuse running servers / an S3 store ("" = start locally)
 
 Loading is strict: an unknown key, or a value of the wrong type, is a `RunFileError` that names
@@ -99,6 +100,7 @@ class ReplicasSection(_Section, rename="kebab"):
     rollout_worker: int = 1
     reward_model: int = 1
     eval_gate: int = 1
+    tool_service: int = 0
 
 
 class InfraSection(_Section):
@@ -133,6 +135,8 @@ class RunFile(_Section):
             ("rollout", "max_batch"): "worker_max_batch",
             ("rollout", "tasks_in_flight"): "worker_tasks_in_flight",
         }
+        if self.replicas.tool_service:
+            fields["tool_service_replicas"] = self.replicas.tool_service
         for top in ("seed", "timeout_s"):
             if getattr(self, top) is not None:
                 fields[top] = getattr(self, top)

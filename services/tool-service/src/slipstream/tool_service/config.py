@@ -19,7 +19,11 @@ Doc = msgspec.Meta
 
 
 class ToolServeSection(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    """`[tools]`: which tools this replica answers, how many calls it runs at once, what it remembers."""
+    """`[serve]`: which tools this replica answers, how many calls it runs at once, what it remembers.
+
+    Not `[tools]`: that is the callers' section (`ToolsConfig`, where their calls go), and one
+    shared environment (the cluster's `slipstream-env`) may carry both.
+    """
 
     sets: Annotated[
         list[str],
@@ -56,6 +60,6 @@ class ToolServiceConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True
     telemetry: Annotated[TelemetryConfig, Doc(description="Logs and traces.")] = msgspec.field(
         default_factory=TelemetryConfig
     )
-    tools: Annotated[ToolServeSection, Doc(description="The tools served, concurrency and call-id memory.")] = (
+    serve: Annotated[ToolServeSection, Doc(description="The tools served, concurrency and call-id memory.")] = (
         msgspec.field(default_factory=ToolServeSection)
     )

@@ -2,7 +2,7 @@
 
     tools.call.<tool> --(queue group "tool-service", one replica answers)--> ToolServer --> reply
 
-`setup` builds the served registry from `[tools] sets` (a bad set or option fails setup, naming
+`setup` builds the served registry from `[serve] sets` (a bad set or option fails setup, naming
 it), connects to NATS (core only: requests are never stored) and subscribes one queue-group
 subscription per tool. `run` waits for SIGTERM; `drain` unsubscribes (callers' next requests go
 to the other replicas, or, with none left, fail fast as "no responders" and are retried), answers
@@ -39,12 +39,12 @@ class ToolService(BaseService):
         self.cfg = cfg
         self.replica = f"{self.name}/{cfg.service.replica or 'local'}"
         # Built here, so a bad tool set or option is a construction error that names it.
-        self.registry = build_registry(cfg.tools.sets, cfg.tools.options)
+        self.registry = build_registry(cfg.serve.sets, cfg.serve.options)
         self.nc: Client | None = None
         self.server: ToolServer | None = None
 
     async def setup(self) -> None:
-        t = self.cfg.tools
+        t = self.cfg.serve
         self.nc = await connect(self.cfg.bus.url, name=self.replica, timeout_s=self.cfg.bus.connect_timeout_s)
         self.server = ToolServer(
             self.nc,

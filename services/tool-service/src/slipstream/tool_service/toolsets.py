@@ -1,4 +1,4 @@
-"""Tool sets: the named groups of tools a replica serves (`[tools] sets`).
+"""Tool sets: the named groups of tools a replica serves (`[serve] sets`).
 
 `calc` and `wait` are the built-in deterministic tools of libs/tools (option: `timeout_s`); any
 other name is an environment from the registry whose tools are served as the environment itself
@@ -46,10 +46,10 @@ def tools_of(name: str, options: Mapping[str, Any]) -> list[Tool]:
 def build_registry(sets: list[str], options: Mapping[str, Mapping[str, Any]]) -> ToolRegistry:
     """Every tool of every set, checked: at least one set, no tool served twice."""
     if not sets:
-        raise ToolSetError("[tools] sets is empty: a replica must serve at least one tool set")
+        raise ToolSetError("[serve] sets is empty: a replica must serve at least one tool set")
     unused = set(options) - set(sets)
     if unused:
-        raise ToolSetError(f"[tools] options names tool sets that are not served: {sorted(unused)}")
+        raise ToolSetError(f"[serve] options names tool sets that are not served: {sorted(unused)}")
     registry = ToolRegistry()
     owner: dict[str, str] = {}
     for name in sets:

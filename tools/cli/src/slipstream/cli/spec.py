@@ -28,6 +28,9 @@ SERVICES: tuple[str, ...] = (
     "task-source",
 )
 
+TOOL_SERVICE = "tool-service"
+"""Started only when a run asks for replicas of it (`StackSpec.tool_services`), never by --services."""
+
 HOME = Path(".slipstream")
 """Per-checkout state: runs/<timestamp>/ and the `current` pointer to the latest run."""
 
@@ -38,6 +41,16 @@ _ENV_KEY = re.compile(r"^SLIPSTREAM_[A-Z0-9_]+__[A-Z0-9_]+$")
 def module_of(service: str) -> str:
     """The Python module a service runs as: `reward-model` -> `slipstream.reward_model`."""
     return "slipstream." + service.replace("-", "_")
+
+
+def tool_replica_names(n: int) -> tuple[str, ...]:
+    """Process names of `n` tool-service replicas: `tool-service`, `tool-service-2`, ..."""
+    return tuple(TOOL_SERVICE if i == 0 else f"{TOOL_SERVICE}-{i + 1}" for i in range(n))
+
+
+def kind_of(name: str) -> str:
+    """The service a process name runs (`tool-service-2` -> `tool-service`)."""
+    return TOOL_SERVICE if name.startswith(TOOL_SERVICE) else name
 
 
 @dataclass(frozen=True)
@@ -83,6 +96,8 @@ class StackSpec:
     home: Path = HOME
     commands: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     """Per-service argv replacing `python -m slipstream.<pkg>` (a profiler, a test double)."""
+    tool_services: int = 0
+    """tool-service replicas started (before the services) when a run asks for them; 0: none."""
 
     @property
     def log_dir(self) -> Path:
@@ -112,6 +127,7 @@ class StackSpec:
             service_env={k: dict(v) for k, v in self.service_env.items()},
             home=self.home.expanduser().resolve(),
             commands={k: tuple(v) for k, v in self.commands.items()},
+            tool_services=self.tool_services,
         )
 
     def traces_file(self, service: str) -> Path | None:

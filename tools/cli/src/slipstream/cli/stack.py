@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from slipstream.cli.probe import HOST, probe_http, probe_tcp, url_endpoint
-from slipstream.cli.spec import StackSpec, module_of
+from slipstream.cli.spec import StackSpec, kind_of, module_of, tool_replica_names
 from slipstream.cli.stop_signals import StopFlag
 from slipstream.stack import ManagedProcess, ProcessGroup, Server, free_port, start_nats, start_redis
 
@@ -159,10 +159,11 @@ class Stack:
             assert spec.store is not None
             if spec.store.type == "local":
                 Path(spec.store.root).mkdir(parents=True, exist_ok=True)
-            for name in spec.services:
+            # Tool-service replicas first: a worker's first tool call finds them subscribed.
+            for name in (*tool_replica_names(spec.tool_services), *spec.services):
                 self._check_interrupt()
                 port = free_port()
-                argv = spec.commands.get(name) or (sys.executable, "-m", module_of(name))
+                argv = spec.commands.get(name) or (sys.executable, "-m", module_of(kind_of(name)))
                 proc = ManagedProcess(name, argv, spec.log_dir / f"{name}.log", self.service_env(name, port))
                 self.group.add(proc)
                 self.services[name] = ServiceProcess(name, port, proc, spec.traces_file(name))
@@ -207,7 +208,7 @@ class Stack:
         assert spec.store is not None
         env = dict(os.environ)
         env.update(spec.env)
-        env.update(spec.service_env.get(name, {}))
+        env.update(spec.service_env.get(kind_of(name), {}))
         env.update(spec.store.env())
         env.update(
             {

@@ -93,7 +93,10 @@ def print_config(run_file: Any, plan: Any) -> int:
     environ = service_env(plan, model_dir, where / "staging", where / "learner-outcomes.jsonl")
     environ["SLIPSTREAM_SERVICE__RUN_ID"] = run_file.name or "run"
     overrides = service_overrides(plan)
-    for service, target in CONFIG_CLASSES.items():
+    services = dict(CONFIG_CLASSES)
+    if run_file.replicas.tool_service:
+        services["tool-service"] = "slipstream.tool_service.config:ToolServiceConfig"
+    for service, target in services.items():
         module, _, name = target.partition(":")
         cls = getattr(importlib.import_module(module), name)
         cfg = resolve(cls, environ={**environ, **overrides.get(service, {})})

@@ -201,6 +201,7 @@ def run_training(
         service_env=service_overrides(plan),
         drain_timeout_s=10.0,
         traces=run_dir / "traces.jsonl" if traces else None,
+        tool_services=plan.tool_service_replicas,
     )
     stack = Stack(spec, log=lambda msg: emit("log", {"message": msg}))
     try:

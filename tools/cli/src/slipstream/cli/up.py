@@ -120,4 +120,11 @@ def with_run_file(spec: StackSpec, path: Path, parser: argparse.ArgumentParser) 
         store = spec.store or (parse_store(infra.store) if infra.store else None)
     except (RunFileError, ValueError, argparse.ArgumentTypeError) as exc:
         parser.error(f"--run: {exc}")
-    return dataclasses.replace(spec, env={**env, **spec.env}, nats_url=nats, redis_url=redis, store=store)
+    return dataclasses.replace(
+        spec,
+        env={**env, **spec.env},
+        nats_url=nats,
+        redis_url=redis,
+        store=store,
+        tool_services=run_file.replicas.tool_service,
+    )
