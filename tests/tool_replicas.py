@@ -37,6 +37,7 @@ class ToolReplica:
         options: dict[str, dict[str, Any]] | None = None,
         concurrency: int = 64,
         drain_timeout_s: float = 10.0,
+        extra: tuple[str, ...] = (),
     ) -> None:
         self.name = name
         self.port_file = root / "ports" / name
@@ -58,6 +59,7 @@ class ToolReplica:
             json.dumps(options or {}),
             "--serve.concurrency",
             str(concurrency),
+            *extra,
         ]
         self.proc = ManagedProcess(name, argv, root / "logs" / f"{name}.log", env=child_env())
         self.port = 0

@@ -10,7 +10,7 @@
 set -euo pipefail
 
 # Every final target of the Dockerfile (tests/unit/test_deploy_*.py checks this list against it).
-TARGETS=(rollout-worker rollout-worker-cpu reward-model learner learner-cpu learner-ray weight-publisher eval-gate task-source provision)
+TARGETS=(rollout-worker rollout-worker-cpu reward-model learner learner-cpu learner-ray weight-publisher eval-gate task-source tool-service provision)
 
 IMAGE_PREFIX="${IMAGE_PREFIX:-slipstream}"
 TAG="${TAG:-dev}"

@@ -1,6 +1,6 @@
 """The config each service container of a rendered overlay starts with, and where a run's services disagree.
 
-Why: one training run is configured in eight places: six TOML files (one per service, mounted
+Why: one training run is configured in nine places: seven TOML files (one per service, mounted
 from ConfigMaps), the shared `slipstream-env` ConfigMap and the `slipstream-credentials` Secret.
 A run whose learner steps on 8 groups while the task source paces for 4, or whose workers sample
 at another temperature than the learner assumes, deploys cleanly and trains badly. This module
@@ -46,6 +46,7 @@ ENV_OPTIONS = {
     "reward-model": ("reward", "env_options"),
     "rollout-worker": ("worker", "env_options"),
     "eval-gate": ("gate", "env_options"),
+    "tool-service": ("serve", "options"),
 }
 # What makes two [store] sections the same object store.
 STORE_FIELDS = ("type", "url", "endpoint_url", "region", "addressing_style")
@@ -209,6 +210,14 @@ def _disagree(pods: list[PodConfig], what: str, value: Any) -> list[str]:
     return [f"{what} differs: " + "; ".join(f"{v} in {', '.join(who)}" for v, who in seen.items())]
 
 
+def _holds_options(p: PodConfig, env: str) -> bool:
+    if p.service == "eval-gate":
+        return env in p.get("gate", "envs")
+    if p.service == "tool-service":
+        return env in p.get("serve", "sets")
+    return True
+
+
 def mismatches(pods: list[PodConfig]) -> list[str]:
     """Every rule of one run that `pods` break, as readable lines (empty: consistent)."""
     out: list[str] = []
@@ -255,8 +264,9 @@ def mismatches(pods: list[PodConfig]) -> list[str]:
                 out.append(f"{learner.owner}: publisher.staging_dir != learner.staging_dir")
     envs = {e for p in by.get("task-source", []) for e in p.get("tasks", "envs")}
     for env in sorted(envs):
-        # eval-gate holds options only for the environments of its suite.
-        holders = [p for s in ENV_OPTIONS for p in by.get(s, []) if s != "eval-gate" or env in p.get("gate", "envs")]
+        # eval-gate holds options only for the environments of its suite, the tool-service only for
+        # the environments whose tools it serves.
+        holders = [p for s in ENV_OPTIONS for p in by.get(s, []) if _holds_options(p, env)]
         out += _disagree(
             holders, f"env_options[{env!r}]", lambda p, env=env: p.get(*ENV_OPTIONS[p.service]).get(env, {})
         )

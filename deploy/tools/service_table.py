@@ -1,6 +1,6 @@
 """The deployables as deploy/ sees them: name, Python package, console script, config class.
 
-Why: the images, manifests, Tiltfile and their tests all name the same six services; this table
+Why: the images, manifests, Tiltfile and their tests all name the same seven services; this table
 says once how a service name maps onto its package (`reward-model` -> `slipstream.reward_model`),
 its entry point and its typed config class, so the checks compare manifests against the code.
 """
@@ -23,6 +23,7 @@ SERVICES: tuple[str, ...] = (
     "weight-publisher",
     "eval-gate",
     "task-source",
+    "tool-service",
 )
 
 CONFIG_CLASSES: dict[str, str] = {
@@ -32,6 +33,7 @@ CONFIG_CLASSES: dict[str, str] = {
     "weight-publisher": "WeightPublisherConfig",
     "eval-gate": "EvalGateConfig",
     "task-source": "TaskSourceConfig",
+    "tool-service": "ToolServiceConfig",
 }
 
 

@@ -11,11 +11,14 @@ against no responders, a retried call id answered from memory, SIGTERM draining 
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
+from opentelemetry import trace
+from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
 from tool_replicas import ToolReplica
 
 from slipstream.envs import get_env
@@ -221,3 +224,23 @@ async def test_sigterm_drains_the_calls_a_replica_holds(nats_server: Server, tmp
         ("ok", env.value(str(i)), 1, r.served_by)  # type: ignore[attr-defined]
         for i in range(8)
     ]
+
+
+async def test_a_call_carries_its_trace_into_the_replica(nats_server: Server, tmp_path: Path) -> None:
+    spans = tmp_path / "spans.jsonl"
+    traced = ("--telemetry.traces", "file", "--telemetry.traces-file", str(spans))
+    r = ToolReplica("traced", nats_server.url, tmp_path, sets=["calc"], extra=traced)
+    r.wait_ready()
+    t = await NatsTransport.connect(nats_server.url, registry(), name="traced-caller")
+    caller = SpanContext(trace_id=0xABC123, span_id=0x42, is_remote=False, trace_flags=TraceFlags(TraceFlags.SAMPLED))
+    try:
+        with trace.use_span(NonRecordingSpan(caller)):
+            result = await t.invoke(call("0", "calculator", expression="6*7"))
+    finally:
+        await t.close()
+        assert r.stop() == 0  # a clean exit flushes the span file
+    assert (result.outcome, result.text) == ("ok", "42")
+    records = [json.loads(line) for line in spans.read_text().splitlines()]
+    (span,) = [s for s in records if s["name"] == "tool calculator"]
+    assert (span["trace_id"], span["parent_span_id"], span["kind"]) == (f"{0xABC123:032x}", f"{0x42:016x}", "server")
+    assert span["attributes"]["slipstream.call_id"] == result.call_id

@@ -48,9 +48,8 @@ def test_every_rendered_object_validates_strictly(obj: dict[str, Any]) -> None:
 
 def test_overlays_cover_dev_prod_and_every_prod_service() -> None:
     assert {"dev", "prod", "prod/common", "prod/learner-ray"} <= set(OVERLAYS)
-    assert {f"prod/{s}" for s in ("rollout-worker", "reward-model", "learner", "eval-gate", "task-source")} <= set(
-        OVERLAYS
-    )
+    prod = ("rollout-worker", "reward-model", "learner", "eval-gate", "task-source", "tool-service")
+    assert {f"prod/{s}" for s in prod} <= set(OVERLAYS)
 
 
 def test_shipped_crds_are_valid_crds_and_strict() -> None:
@@ -176,8 +175,10 @@ def test_keda_scales_each_horizontal_service_on_its_own_jetstream_consumer() -> 
     objs = render("prod")
     helm = yaml.safe_load((DEPLOY / "helm" / "nats" / "values.yaml").read_text())
     scaled = {o["metadata"]["name"]: o for o in objs if o["kind"] == "ScaledObject"}
-    assert set(scaled) == {"rollout-worker", "reward-model", "eval-gate"}
+    assert set(scaled) == {"rollout-worker", "reward-model", "eval-gate", "tool-service"}
     for name, so in scaled.items():
+        if name == "tool-service":
+            continue  # request/reply: no consumer backlog; see the next test
         target = find(objs, "Deployment", so["spec"]["scaleTargetRef"]["name"])
         assert "replicas" not in target["spec"], f"{name}: a fixed replica count would fight KEDA's HPA"
         (trigger,) = so["spec"]["triggers"]
@@ -192,6 +193,29 @@ def test_keda_scales_each_horizontal_service_on_its_own_jetstream_consumer() -> 
     assert scaled["rollout-worker"]["spec"]["minReplicaCount"] == 1
     assert scaled["eval-gate"]["spec"]["minReplicaCount"] == 1
     assert find(objs, "Deployment", "learner")["spec"]["replicas"] == 1
+
+
+def test_keda_scales_the_tool_service_on_the_calls_its_replicas_hold() -> None:
+    # Tool calls are core NATS request/reply (subjects.REQUESTS): no stream, so no lag to read.
+    from slipstream.telemetry.metrics import prom_name
+    from slipstream.tool_service.server import IN_FLIGHT
+
+    objs = render("prod")
+    so = find(objs, "ScaledObject", "tool-service")
+    target = find(objs, "Deployment", so["spec"]["scaleTargetRef"]["name"])
+    assert "replicas" not in target["spec"]
+    (req,) = [r for r in subjects.REQUESTS if r.service == target["metadata"]["name"]]
+    assert req.queue_group == "tool-service"
+    (trigger,) = so["spec"]["triggers"]
+    assert trigger["type"] == "prometheus"
+    meta = trigger["metadata"]
+    # The query sums the gauge the service exports (a renamed metric would leave KEDA reading nothing).
+    assert meta["query"].strip() == f"sum({prom_name(IN_FLIGHT.name)})"
+    assert meta["serverAddress"].startswith("http://") and int(meta["threshold"]) >= 1
+    pod = target["spec"]["template"]["metadata"]["annotations"]
+    assert pod["prometheus.io/scrape"] == "true" and pod["prometheus.io/path"] == "/metrics"
+    # Never zero: with no replica every call fails at once and its episode is masked.
+    assert so["spec"]["minReplicaCount"] >= 1
 
 
 @pytest.mark.parametrize("overlay", ["dev", "prod"])

@@ -26,7 +26,7 @@ pytestmark = pytest.mark.unit
 
 REPO = Path(__file__).resolve().parents[2]
 TILTFILE = REPO / "Tiltfile"
-ROLES = {"infra", "tasks", "rollout", "scoring", "training", "eval"}
+ROLES = {"infra", "tasks", "rollout", "scoring", "training", "eval", "tools"}
 INFRA = {"nats", "redis", "minio", "otel-collector", "provision-streams"}
 
 
@@ -88,7 +88,7 @@ def test_cluster_mode_deploys_the_dev_overlay_and_defines_every_resource() -> No
     run = evaluate()
     (k,) = run.of("kustomize")
     assert k.args["pathToDir"] == "deploy/k8s/overlays/dev" and len(run.of("k8s_yaml")) == 1
-    workloads = {"rollout-worker", "reward-model", "learner", "eval-gate", "task-source"}
+    workloads = {"rollout-worker", "reward-model", "learner", "eval-gate", "task-source", "tool-service"}
     assert set(run.resources) == INFRA | workloads
     assert set(run.enabled) == INFRA | workloads | {"uncategorized"}
     rendered = {o["metadata"]["name"] for o in kl.build(REPO / k.args["pathToDir"])}
