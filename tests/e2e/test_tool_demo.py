@@ -15,6 +15,7 @@ steps cannot guarantee a rise; the per-seed figures are in libs/envs/README.md):
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -60,3 +61,34 @@ def test_lookup_demo_path_runs_end_to_end(tmp_path: Path) -> None:
     assert sum(row["tool_calls_per_turn"] for row in summary.steps_log) > 0
     assert [row["version"] for row in summary.eval_curve] == [0, summary.final_version]
     assert all("invalid_call_rate" in row and "train_accuracy" in row for row in summary.eval_curve)
+
+
+@pytest.mark.timeout(900)
+def test_lookup_demo_path_with_its_tool_in_two_tool_service_replicas(tmp_path: Path) -> None:
+    # The same path with `[replicas] tool-service = 2`: the stack starts two replicas first, the
+    # workers call `get` over NATS request/reply, and the run trains as it does in-process.
+    plan = demo_plan("lookup")
+    plan.max_steps = 2
+    plan.sft_steps = 150
+    plan.eval_every = 0
+    plan.heldout_tasks = 8
+    plan.train_eval_tasks = 8
+    plan.heldout_samples = 2
+    plan.tool_service_replicas = 2
+    run = tmp_path / "run"
+    summary = run_training(plan, run, traces=True)
+    assert summary.ok, summary.error
+    assert summary.steps == plan.max_steps
+    tr = summary.trajectories
+    assert tr["accounted_raw"] and tr["accounted_scored"], tr
+    # Masked episodes would be dropped as infra_error: the replicas answered every call.
+    assert "infra_error" not in (tr["dropped"] or {}), tr["dropped"]
+    assert sum(row["tool_calls_per_turn"] for row in summary.steps_log) > 0
+    # Both replicas served calls: each wrote a server span per call it ran.
+    served = {
+        name: sum(
+            json.loads(line)["name"] == "tool get" for line in (run / f"traces.{name}.jsonl").read_text().splitlines()
+        )
+        for name in ("tool-service", "tool-service-2")
+    }
+    assert all(n > 0 for n in served.values()), served

@@ -68,7 +68,8 @@ class ToolServer:
 
     @property
     def in_flight(self) -> int:
-        return len(self._jobs)
+        """Calls running plus calls received and waiting for a slot (what KEDA scales on)."""
+        return len(self._jobs) + sum(sub.pending_msgs for sub in self._subs)
 
     async def start(self) -> None:
         for tool in self.registry:
@@ -84,13 +85,13 @@ class ToolServer:
         await self._slots.acquire()
         job = asyncio.create_task(self._answer(msg))
         self._jobs.add(job)
-        IN_FLIGHT.set(len(self._jobs))
+        IN_FLIGHT.set(self.in_flight)
         job.add_done_callback(self._finished)
 
     def _finished(self, job: asyncio.Task[None]) -> None:
         self._jobs.discard(job)
         self._slots.release()
-        IN_FLIGHT.set(len(self._jobs))
+        IN_FLIGHT.set(self.in_flight)
         if not job.cancelled() and job.exception() is not None:
             log.error("answering a call failed", error=repr(job.exception()))
 

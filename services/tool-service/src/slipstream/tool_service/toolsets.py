@@ -32,11 +32,13 @@ def tools_of(name: str, options: Mapping[str, Any]) -> list[Tool]:
         if isinstance(timeout_s, bool) or not isinstance(timeout_s, int | float) or timeout_s <= 0:
             raise ToolSetError(f"tool set {name!r}: timeout_s must be a number > 0, got {timeout_s!r}")
         return [BUILTIN[name](timeout_s=float(timeout_s))]
+    if name not in ENVIRONMENTS:
+        known = ", ".join([*BUILTIN, *sorted(ENVIRONMENTS)])
+        raise ToolSetError(f"unknown tool set {name!r}; known: {known}")
     try:
         env = get_env(name, **options)
     except EnvError as exc:
-        known = ", ".join([*BUILTIN, *sorted(ENVIRONMENTS)])
-        raise ToolSetError(f"unknown tool set {name!r} ({exc}); known: {known}") from exc
+        raise ToolSetError(f"tool set {name!r}: {exc}") from exc
     registry = getattr(env, "registry", None)
     if not isinstance(registry, ToolRegistry) or not len(registry):
         raise ToolSetError(f"environment {name!r} has no tools to serve")
