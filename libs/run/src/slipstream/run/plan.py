@@ -43,7 +43,8 @@ class TrainingPlan(msgspec.Struct, kw_only=True):
     eval_every: int = 0
     """Held-out eval on the latest version every N versions during the run (0: before and after only)."""
     train_eval_tasks: int = 0
-    """Train-split tasks also evaluated before and after, like the held-out ones (0: not measured)."""
+    """Train-split tasks also evaluated (sampled and greedy) at every held-out eval, on the same footing
+    as the held-out ones, so train vs held-out shows memorisation (0: not measured)."""
     timeout_s: float = 900.0
     model: str = ""
     """A named pretrained model (`smollm2-135m`): trained as is (no warm-start), with the settings below."""
@@ -84,6 +85,9 @@ class RunSummary(msgspec.Struct, kw_only=True):
     train_accuracy_before: float = -1.0
     """Train-split accuracy (sampled), when plan.train_eval_tasks > 0; -1 when not measured."""
     train_accuracy_after: float = -1.0
+    train_greedy_before: float = -1.0
+    """Train-split accuracy of greedy decoding, when plan.train_eval_tasks > 0; -1 when not measured."""
+    train_greedy_after: float = -1.0
     heldout_tasks: int = 0
     warmstart: dict[str, Any] = {}
     steps: int = 0

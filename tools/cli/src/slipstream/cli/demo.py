@@ -75,7 +75,8 @@ def demo_plan(env: str | None = None) -> Any:
     """The demo for `env` (default: reverse): TrainingPlan's defaults plus ENV_PLANS[env]."""
     from slipstream.cli.training import TrainingPlan
 
-    plan = TrainingPlan(eval_every=15)
+    # Train-split accuracy is measured like held-out (fresh tasks, same sampling), side by side.
+    plan = TrainingPlan(eval_every=15, train_eval_tasks=256)
     if env is not None:
         plan.env = env
         for field, value in ENV_PLANS.get(env, {}).items():

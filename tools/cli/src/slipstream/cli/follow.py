@@ -165,6 +165,7 @@ async def follow_run(plan: TrainingPlan, stack: Stack, summary: RunSummary, mode
         summary.heldout_greedy_after = after.greedy
         summary.heldout_invalid_call_rate_after = after.invalid_call_rate
         summary.train_accuracy_after = after.train_accuracy
+        summary.train_greedy_after = after.train_greedy
         summary.eval_curve.append(after.row(summary.final_version))
     finally:
         for w in watchers:

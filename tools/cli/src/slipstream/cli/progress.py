@@ -77,7 +77,8 @@ class ProgressView:
             self.evals.append(data)
             extra = f", invalid calls {data['invalid_call_rate']:.3f}" if data.get("invalid_call_rate") else ""
             if "train_accuracy" in data:
-                extra += f", train {data['train_accuracy']:.3f}"
+                train, train_greedy = data["train_accuracy"], data.get("train_greedy", -1.0)
+                extra += f"; train split {train:.3f} sampled, {train_greedy:.3f} greedy"
             self._line(
                 f"held-out accuracy of v{int(data['version'])}: {data['accuracy']:.3f} sampled, "
                 f"{data.get('greedy', 0.0):.3f} greedy{extra}"
@@ -92,10 +93,15 @@ class ProgressView:
 
     def render(self) -> Group:
         t = Table(title=f"slipstream demo — {self.phase} {self.detail}", expand=False)
-        for col in ("step", "version", "reward", "train acc", "held-out acc", "staleness", "traj/s", "elapsed"):
+        # batch reward / acc: the learner's step, over the groups it trained on (uniform groups are
+        # dropped, so these run above what the policy scores on fresh tasks: compare train vs held-out).
+        cols = ("step", "version", "batch reward", "batch acc", "train acc", "held-out acc", "staleness", "traj/s")
+        for col in (*cols, "elapsed"):
             t.add_column(col, justify="right")
         last = self.steps[-1] if self.steps else None
-        held = f"{self.evals[-1]['accuracy']:.3f} (v{int(self.evals[-1]['version'])})" if self.evals else "-"
+        ev = self.evals[-1] if self.evals else None
+        held = f"{ev['accuracy']:.3f} (v{int(ev['version'])})" if ev else "-"
+        train = f"{ev['train_accuracy']:.3f}" if ev and "train_accuracy" in ev else "-"
         if last is not None:
             trained = sum(s["trajectories"] for s in self.steps)
             rate = trained / max(1e-6, last["t"]) if last["t"] else 0.0
@@ -105,13 +111,14 @@ class ProgressView:
                 str(self.version),
                 f"{last['reward']:.3f}",
                 f"{last['accuracy']:.3f}",
+                train,
                 held,
                 " ".join(f"{k}:{v}" for k, v in sorted(stale.items())) or "-",
                 f"{rate:.1f}",
                 f"{time.monotonic() - self.t0:.0f} s",
             )
         else:
-            t.add_row("-", str(self.version), "-", "-", held, "-", "-", f"{time.monotonic() - self.t0:.0f} s")
+            t.add_row("-", str(self.version), "-", "-", train, held, "-", "-", f"{time.monotonic() - self.t0:.0f} s")
         rewards = [s["reward"] for s in self.steps]
         spark = Text(f"reward  {sparkline(rewards)}\n")
         spark.append(f"held-out {sparkline([e['accuracy'] for e in self.evals], 20)}")
@@ -128,28 +135,59 @@ def weights_line(w: dict[str, Any]) -> str:
     )
 
 
-def summary_table(summary: Any) -> Table:
+def _calls_tools(env: str) -> bool:
+    """Whether `env` scores invalid tool calls, so its invalid-call rate is worth a row even at 0."""
+    from slipstream.envs import ENVIRONMENTS
+
+    cls = ENVIRONMENTS.get(env)
+    return cls is not None and "invalid_call" in cls.components
+
+
+def _fig(value: float) -> str:
+    return f"{value:.3f}" if value >= 0 else "-"
+
+
+def accuracy_table(summary: Any) -> Table:
+    """Train split and held-out side by side, before and after RL, sampled and greedy.
+
+    Both splits are scored the same way (fresh tasks of the split, the same sampling), so a
+    policy that memorises its training prompts shows as train rising while held-out does not.
+    """
+    plan = summary.plan
+    t = Table(title="accuracy — train split vs held-out", show_edge=True)
+    t.add_column("decoding")
+    for col in ("train before", "train after", "held-out before", "held-out after"):
+        t.add_column(col, justify="right")
+    t.add_row(
+        f"sampled (T={plan.temperature:g}, {plan.heldout_samples}/task)",
+        _fig(summary.train_accuracy_before),
+        _fig(summary.train_accuracy_after),
+        f"{summary.heldout_accuracy_before:.3f}",
+        f"{summary.heldout_accuracy_after:.3f}",
+    )
+    t.add_row(
+        "greedy",
+        _fig(summary.train_greedy_before),
+        _fig(summary.train_greedy_after),
+        f"{summary.heldout_greedy_before:.3f}",
+        f"{summary.heldout_greedy_after:.3f}",
+    )
+    train = f"{plan.train_eval_tasks} train-split" if plan.train_eval_tasks else "no train-split"
+    t.caption = f"{train} and {summary.heldout_tasks} held-out tasks"
+    return t
+
+
+def summary_table(summary: Any) -> Group:
+    """The closing summary: the accuracy table, then what the run did."""
     t = Table(title="slipstream demo — summary", show_header=False)
     t.add_column("what")
     t.add_column("value", justify="right")
     tr = summary.trajectories or {}
-    greedy = f"{summary.heldout_greedy_before:.3f} / {summary.heldout_greedy_after:.3f}"
     left = tr.get("left_unscored", 0) + tr.get("left_in_learner_stream", 0)
+    rates = (summary.heldout_invalid_call_rate_before, summary.heldout_invalid_call_rate_after)
+    invalid = any(rates) or _calls_tools(summary.plan.env)
     rows = [
         ("result", "ok" if summary.ok else "FAILED"),
-        ("held-out accuracy before RL", f"{summary.heldout_accuracy_before:.3f}"),
-        ("held-out accuracy after RL", f"{summary.heldout_accuracy_after:.3f}"),
-        ("  (greedy decoding before / after)", greedy),
-        *(
-            [
-                (
-                    "train-split accuracy before / after",
-                    f"{summary.train_accuracy_before:.3f} / {summary.train_accuracy_after:.3f}",
-                )
-            ]
-            if summary.train_accuracy_before >= 0
-            else []
-        ),
         *(
             [
                 (
@@ -157,14 +195,8 @@ def summary_table(summary: Any) -> Table:
                     f"{summary.heldout_invalid_call_rate_before:.3f} / {summary.heldout_invalid_call_rate_after:.3f}",
                 )
             ]
-            if summary.heldout_invalid_call_rate_before
-            or summary.heldout_invalid_call_rate_after
-            or summary.plan.train_eval_tasks
+            if invalid
             else []
-        ),
-        (
-            "held-out tasks",
-            f"{summary.heldout_tasks} x {summary.plan.heldout_samples} samples at T={summary.plan.temperature:g}",
         ),
         ("learner steps", str(summary.steps)),
         ("versions published", f"{summary.versions_published} (final v{summary.final_version})"),
@@ -180,4 +212,4 @@ def summary_table(summary: Any) -> Table:
     ]
     for k, v in rows:
         t.add_row(k, v)
-    return t
+    return Group(accuracy_table(summary), t)

@@ -61,6 +61,7 @@ class HeldOutScore(msgspec.Struct):
     greedy: float
     invalid_call_rate: float = 0.0
     train_accuracy: float = -1.0
+    train_greedy: float = -1.0
 
     def row(self, version: int) -> dict[str, float]:
         """The eval-curve row of this score."""
@@ -68,6 +69,7 @@ class HeldOutScore(msgspec.Struct):
         out["invalid_call_rate"] = self.invalid_call_rate
         if self.train_accuracy >= 0:
             out["train_accuracy"] = self.train_accuracy
+            out["train_greedy"] = self.train_greedy
         return out
 
 
@@ -136,7 +138,8 @@ class HeldOut:
                 params=sampled,
                 concurrency=32,
             )
-            score.train_accuracy = t.accuracy
+            tg = await evaluate(self.engine, self.tokenizer, self.env, self.train_tasks, concurrency=64)
+            score.train_accuracy, score.train_greedy = t.accuracy, tg.accuracy
         return score
 
     async def start(self) -> None:
@@ -184,6 +187,7 @@ def run_training(
     summary.heldout_greedy_before = before.greedy
     summary.heldout_invalid_call_rate_before = before.invalid_call_rate
     summary.train_accuracy_before = before.train_accuracy
+    summary.train_greedy_before = before.train_greedy
     row = before.row(0)
     summary.eval_curve.append(row)
     emit("eval", row)

@@ -1,0 +1,74 @@
+"""The demo's closing summary puts train-split and held-out accuracy side by side.
+
+Rendered with rich into text and read back: one row per decoding (sampled, greedy), columns
+train before / after and held-out before / after, so a memorising policy (train up, held-out
+flat) is visible at a glance. Unmeasured train figures (-1) show as "-".
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from rich.console import Console
+
+from slipstream.cli.demo import demo_plan
+from slipstream.cli.progress import summary_table
+from slipstream.cli.training import RunSummary
+
+pytestmark = pytest.mark.unit
+
+
+def render(summary: RunSummary) -> list[str]:
+    console = Console(record=True, width=140, color_system=None)
+    console.print(summary_table(summary))
+    return console.export_text().splitlines()
+
+
+def row(lines: list[str], label: str) -> list[str]:
+    hits = [line for line in lines if label in line]
+    assert len(hits) == 1, (label, lines)
+    return [cell.strip() for cell in re.split("[│┃]", hits[0]) if cell.strip()]
+
+
+def test_train_and_heldout_sit_side_by_side_before_and_after() -> None:
+    plan = demo_plan()
+    s = RunSummary(
+        ok=True,
+        plan=plan,
+        heldout_tasks=plan.heldout_tasks,
+        train_accuracy_before=0.111,
+        train_accuracy_after=0.222,
+        heldout_accuracy_before=0.333,
+        heldout_accuracy_after=0.444,
+        train_greedy_before=0.555,
+        train_greedy_after=0.666,
+        heldout_greedy_before=0.777,
+        heldout_greedy_after=0.888,
+    )
+    lines = render(s)
+    header = row(lines, "train before")
+    assert header == ["decoding", "train before", "train after", "held-out before", "held-out after"]
+    assert row(lines, "sampled (T=")[1:] == ["0.111", "0.222", "0.333", "0.444"]
+    assert row(lines, "greedy")[1:] == ["0.555", "0.666", "0.777", "0.888"]
+    assert any(f"{plan.train_eval_tasks} train-split and {plan.heldout_tasks} held-out tasks" in x for x in lines)
+    # reverse calls no tools: no invalid-call row
+    assert not any("invalid tool calls" in x for x in lines)
+
+
+def test_unmeasured_train_split_shows_a_dash() -> None:
+    plan = demo_plan()
+    plan.train_eval_tasks = 0
+    s = RunSummary(ok=True, plan=plan, heldout_accuracy_before=0.25, heldout_greedy_after=0.5)
+    lines = render(s)
+    assert row(lines, "sampled (T=")[1:] == ["-", "-", "0.250", "0.000"]
+    assert row(lines, "greedy")[1:] == ["-", "-", "0.000", "0.500"]
+
+
+def test_the_reverse_demo_measures_train_like_heldout_and_lookup_keeps_its_own() -> None:
+    plan = demo_plan()
+    assert plan.train_eval_tasks == plan.heldout_tasks > 0
+    lookup = demo_plan("lookup")
+    assert lookup.train_eval_tasks == 128
+    lines = render(RunSummary(ok=True, plan=lookup))
+    assert any("invalid tool calls" in x for x in lines)
