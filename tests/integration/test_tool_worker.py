@@ -116,3 +116,28 @@ async def test_the_local_stack_starts_the_tool_service_replicas_a_run_asks_for(t
 
 def _get(i: int) -> ToolCall:
     return ToolCall(id=f"stack-{i}", name="get", arguments={"key": str(i)})
+
+
+async def test_with_no_replica_up_the_episode_is_masked_never_the_models_fault(nats_server: Server) -> None:
+    from slipstream.reward_model.scorer import Scorer
+
+    svc = RolloutWorkerService(_config(nats_server.url, "nats"))
+    svc.cfg.tools.retry_backoff_s = 0.01
+    try:
+        await svc._connect_tools()
+        sampler = Sampler(
+            _expert_engine(), TOK, svc.cfg.worker, worker_id=svc.worker_id, run_id="tools", tools=svc._remote_tools
+        )
+        task = sampler.env("lookup").generate("train", 1, seed=3)[0].to_task(run_id="tools", group_size=2)
+        episodes = await sampler.sample(task)
+    finally:
+        await svc.close()
+    assert svc.tool_stats == {"calls": 2, "retries": 4, "unavailable": 2}
+    for e in episodes:
+        (event,) = e.tool_log
+        assert (event.status, event.info["kind"], event.info["attempts"]) == ("infra_error", "unavailable", "3")
+        assert e.infra_error.startswith("get: error: tool get unavailable (no responders")
+        assert "invalid_tool_call" not in e.counts  # not the model's fault: no tag, no penalty
+        scored, score = Scorer({"lookup": SALT}).score(e, now=0.0)
+        # Passed on unjudged (the learner drops it as infra_error), not graded as a wrong answer.
+        assert (scored.reward, scored.components) == (0.0, {}) and score.reason.startswith("infra_error: get:")

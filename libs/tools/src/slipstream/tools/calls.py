@@ -93,8 +93,9 @@ def tool_event(item: ToolCall | MalformedCall, result: ToolResult, *, sample_id:
     failed = result.outcome != "ok"
     info = {"kind": result.kind} if result.kind else {}
     if result.served_by and result.served_by != IN_PROCESS:
-        # Answered by a tool service: which replica, and after how many sends (retries are not events).
-        info["served_by"] = result.served_by
+        info["served_by"] = result.served_by  # the tool-service replica that answered
+    if result.attempts != 1 or "served_by" in info:
+        # Sends of a remote call (retries are not events: one call, one event, however many sends).
         info["attempts"] = str(result.attempts)
     return ToolEvent(
         sample_id=sample_id,
