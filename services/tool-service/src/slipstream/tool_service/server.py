@@ -78,6 +78,7 @@ class ToolServer:
             )
             self._subs.append(sub)
         await self.nc.flush()
+        IN_FLIGHT.set(0)  # the series exists from the start: KEDA's query must not come back empty
         log.info("serving tools", tools=list(self.registry.names), queue_group=TOOL_QUEUE_GROUP)
 
     async def _on_message(self, msg: Msg) -> None:
