@@ -21,9 +21,10 @@ import pytest
 
 from slipstream.bus import Bus, BusConfig, connect_bus
 from slipstream.runtime.section import ServiceSection
-from slipstream.schemas import LearnerStep, Task, Trajectory, WeightAnnounce
+from slipstream.schemas import LearnerStep, Task, Trajectory, WeightAnnounce, WeightManifest, to_json
 from slipstream.schemas.subjects import LEARNER_STEP, WEIGHTS_ANNOUNCE
 from slipstream.stack import ManagedProcess, Server
+from slipstream.store import LocalObjectStore, StoreConfig
 from slipstream.task_source.config import TaskSourceConfig, TasksSection
 from slipstream.task_source.service import TaskSourceService
 
@@ -70,12 +71,13 @@ async def _eq(value: Awaitable[int], expected: int) -> bool:
     return await value == expected
 
 
-async def test_window_min_policy_version_and_stop(nats_server: Server) -> None:
+async def test_window_min_policy_version_and_stop(nats_server: Server, tmp_path: Path) -> None:
     group_size, gps, staleness, max_steps = 2, 2, 1, 3
     window = gps * (staleness + 1)
     cfg = TaskSourceConfig(
         service=ServiceSection(run_id=RUN, replica="ts-0"),
         bus=BusConfig(url=nats_server.url),
+        store=StoreConfig(type="local", root=str(tmp_path / "store")),
         tasks=TasksSection(
             envs=["arith", "reverse"],
             group_size=group_size,
@@ -125,8 +127,12 @@ async def test_window_min_policy_version_and_stop(nats_server: Server) -> None:
         assert svc.published == 2 * window + 2
         assert svc.status()["outstanding"] == window
 
-        # An announce of version 5 moves min_policy_version to 4.
-        await bus.publish(WEIGHTS_ANNOUNCE, WeightAnnounce(policy_version=5, manifest_key="k", run_id=RUN))
+        # An announce of a version far ahead without a manifest is refused: min_policy_version stays.
+        await bus.publish(WEIGHTS_ANNOUNCE, WeightAnnounce(policy_version=500, manifest_key="nowhere", run_id=RUN))
+        await until(lambda: svc.status()["announces"]["refused"] == {"missing_manifest": 1}, 5, "the forgery refused")
+        # An announce of version 5, its manifest stored, moves min_policy_version to 4.
+        LocalObjectStore(tmp_path / "store").put("m5", to_json(WeightManifest(policy_version=5, run_id=RUN)))
+        await bus.publish(WEIGHTS_ANNOUNCE, WeightAnnounce(policy_version=5, manifest_key="m5", run_id=RUN))
         await until(lambda: svc.progress.latest_version == 5, 5, "the announce seen")
         fresh = await take(bus, window - 1)
         # The one left from before step 1, and the two refilled after it.

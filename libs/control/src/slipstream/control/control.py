@@ -34,6 +34,18 @@ class Control:
         """The learner's leader lease, as `holder_id` (default: host:pid:random) would hold it."""
         return LeaderLease(self.client, self.run_id, holder_id, ttl_s)
 
+    async def granted_fence(self) -> int | None:
+        """The highest fencing token the run's lease has ever granted (the counter every acquisition
+        increments), or None when Redis holds no counter (a fresh run, or Redis restarted empty).
+
+        A version announced under a higher token was never staged by a learner that held the lease.
+        """
+        raw = await self.client.call("lease.granted", lambda r: r.get(self.keys.fence))
+        if raw is None:
+            return None
+        text = str(raw)
+        return int(text) if text.isdigit() else None
+
     @property
     def healthy(self) -> bool:
         """False while the last operation could not reach Redis."""

@@ -24,6 +24,14 @@ class ServiceSection(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         float, Doc(description="Budget to finish or hand back in-flight work on SIGTERM.", ge=0)
     ] = 20.0
     redis_url: Annotated[str, Doc(description="Redis URL for control-plane state; empty when unused.")] = ""
+    stall_after_s: Annotated[
+        float,
+        Doc(
+            description="Readiness fails, naming why, once work has been pending this long without progress "
+            "(learner, rollout workers, task source); 0 = never.",
+            ge=0,
+        ),
+    ] = 300.0
     port_file: Annotated[
         str,
         Doc(description="File the bound HTTP port is written to (for http_port=0 under a supervisor); empty = none."),

@@ -53,6 +53,23 @@ class WeightManifest(msgspec.Struct, kw_only=True):
     step_finished_at: Annotated[float, Doc(description="Unix time the optimizer step ended.")] = 0.0
     created_at: float = 0.0
     signature: Annotated[str, Doc(description="sha256 over the shard digests, in order.")] = ""
+    fence_token: Annotated[
+        int,
+        Doc(
+            description=(
+                "Fencing token of the learner lease the version was staged under (0: no control plane); "
+                "signed with the rest, so an announce cannot claim another."
+            )
+        ),
+    ] = 0
+    key_id: Annotated[
+        str,
+        Doc(description="Id of the ed25519 key that signed this manifest (16 hex of its sha256); empty: unsigned."),
+    ] = ""
+    ed25519: Annotated[
+        str,
+        Doc(description="Base64 ed25519 signature over every other field (slipstream.trust.signing); empty: unsigned."),
+    ] = ""
 
 
 class WeightAnnounce(msgspec.Struct, kw_only=True):

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import torch
@@ -44,6 +44,10 @@ log = get_logger(__name__)
 
 DEFAULT_KEYFRAME_EVERY = 10
 DEFAULT_FETCH_ATTEMPTS = 3
+Seal = Callable[[WeightManifest], WeightManifest]
+"""Called on a manifest right before it is committed; returns what is stored (the publisher signs it here)."""
+ManifestCheck = Callable[[WeightManifest], None]
+"""Called on every manifest a load reads; raises to refuse the version (a verifier checks signatures here)."""
 _SECONDS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 
 ENCODE_SECONDS = histogram("weights/encode/seconds", "Seconds to encode one version (label kind).", _SECONDS)
@@ -100,13 +104,16 @@ def publish_version(
     frame_bytes: int = DEFAULT_FRAME_BYTES,
     level: int = DEFAULT_LEVEL,
     threads: int = 0,
+    fence_token: int = 0,
+    seal: Seal | None = None,
 ) -> Published:
     """Store `version` as a delta against `base` = (its version, its tensors), or as a keyframe.
 
     A keyframe is written when the version is due (`is_keyframe_version`), when `base` is None,
     when the base's tensors do not match (names, dtypes, shapes) or when the base version has
     no manifest in the store (a delta on it could never be resolved). Raises VersionExists if
-    `version` is already committed.
+    `version` is already committed. `fence_token` is recorded in the manifest; `seal` (a signer)
+    sees the manifest last.
     """
     due = is_keyframe_version(version, keyframe_every)
     mkey = layout.manifest_key(run_id, version)
@@ -142,6 +149,8 @@ def publish_version(
         version=version,
         base_version=None if delta_base is None else delta_base[0],
         step_finished_at=step_finished_at,
+        fence_token=fence_token,
+        seal=seal,
     )
     upload_s = time.perf_counter() - t0
     UPLOAD_SECONDS.observe(upload_s)
@@ -164,6 +173,8 @@ def store_coded(
     version: int,
     base_version: int | None,
     step_finished_at: float = 0.0,
+    fence_token: int = 0,
+    seal: Seal | None = None,
 ) -> WeightManifest:
     """Upload an encoded version's shards in parallel, then commit its manifest (write-once)."""
     if coded.keyframe != (base_version is None):
@@ -186,7 +197,10 @@ def store_coded(
         step_finished_at=step_finished_at,
         created_at=time.time(),
         signature=signature(refs),
+        fence_token=fence_token,
     )
+    if seal is not None:
+        manifest = seal(manifest)
     mkey = layout.manifest_key(run_id, version)
     if not store.put_if_absent(mkey, to_json(manifest)):
         raise VersionExists(f"weight version {version} of run {run_id} was committed concurrently ({mkey})")
@@ -194,13 +208,19 @@ def store_coded(
 
 
 def resolve_chain(
-    store: ObjectStore, run_id: str, target_version: int, have_version: int | None = None
+    store: ObjectStore,
+    run_id: str,
+    target_version: int,
+    have_version: int | None = None,
+    *,
+    check: ManifestCheck | None = None,
 ) -> list[WeightManifest]:
     """The manifests to apply, oldest first, to go from `have_version` (or nothing) to `target_version`.
 
     Empty when `have_version == target_version`; the deltas after `have_version` when it lies on
     the target's chain; otherwise the latest keyframe at or before the target and the deltas
-    after it. Raises WeightsError when a manifest on the way is missing or inconsistent.
+    after it. Raises WeightsError when a manifest on the way is missing or inconsistent, and
+    whatever `check` raises for a manifest it refuses.
     """
     chain: list[WeightManifest] = []
     v = target_version
@@ -208,6 +228,8 @@ def resolve_chain(
         m = read_manifest(store, layout.manifest_key(run_id, v))
         if m.policy_version != v:
             raise WeightsError(f"manifest of version {v} says it is version {m.policy_version}")
+        if check is not None:
+            check(m)
         chain.append(m)
         if m.keyframe:
             break
@@ -342,15 +364,17 @@ def load_version(
     spare: Mapping[str, torch.Tensor] | None = None,
     threads: int = 0,
     attempts: int = DEFAULT_FETCH_ATTEMPTS,
+    check: ManifestCheck | None = None,
 ) -> dict[str, torch.Tensor]:
     """The tensors of `version`, from `have` = (version held, its tensors) when on the chain, else from a keyframe.
 
     If the held tensors turn out not to be the content of the version they claim (BaseMismatch:
     nothing was written to them), the version is loaded from its keyframe instead. `spare`
     (see apply_chain) is written over when it fits: a worker passes the version it held before
-    `have`, so that decoding reuses memory it has already touched.
+    `have`, so that decoding reuses memory it has already touched. `check` sees every manifest
+    read on the way (see `resolve_chain`).
     """
-    chain = resolve_chain(store, run_id, version, None if have is None else have[0])
+    chain = resolve_chain(store, run_id, version, None if have is None else have[0], check=check)
     if have is None or not chain or chain[0].keyframe:
         # A chain that starts with a keyframe does not need the held tensors at all.
         base = None if have is None or chain else have[1]
@@ -369,7 +393,9 @@ def load_version(
     except BaseMismatch as exc:
         log.warning("version %d: %s; loading it from its keyframe instead", version, exc)
         BASE_FALLBACKS.add(1)
-    return apply_chain(store, resolve_chain(store, run_id, version), spare=spare, threads=threads, attempts=attempts)
+    return apply_chain(
+        store, resolve_chain(store, run_id, version, check=check), spare=spare, threads=threads, attempts=attempts
+    )
 
 
 def _fits(spare: Mapping[str, torch.Tensor], m: WeightManifest, base: Mapping[str, torch.Tensor] | None) -> bool:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import torch
@@ -88,11 +88,14 @@ def publish_snapshot(
     tensors: Mapping[str, torch.Tensor],
     step_finished_at: float = 0.0,
     shard_bytes: int = DEFAULT_SHARD_BYTES,
+    fence_token: int = 0,
+    seal: Callable[[WeightManifest], WeightManifest] | None = None,
 ) -> tuple[str, WeightManifest]:
     """Store a full snapshot of `tensors` as `version`; returns (manifest key, manifest).
 
     Raises VersionExists if a manifest for this version is already committed (versions are
-    write-once: a second writer never overwrites what workers may have applied).
+    write-once: a second writer never overwrites what workers may have applied). `fence_token`
+    is recorded in the manifest; `seal` (a signer) sees the manifest last.
     """
     mkey = layout.manifest_key(run_id, version)
     if store.exists(mkey):
@@ -118,7 +121,10 @@ def publish_snapshot(
         step_finished_at=step_finished_at,
         created_at=time.time(),
         signature=signature(refs),
+        fence_token=fence_token,
     )
+    if seal is not None:
+        manifest = seal(manifest)
     if not store.put_if_absent(mkey, to_json(manifest)):
         raise VersionExists(f"weight version {version} of run {run_id} was committed concurrently ({mkey})")
     return mkey, manifest

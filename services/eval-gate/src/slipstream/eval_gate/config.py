@@ -19,6 +19,7 @@ from slipstream.engine.source import ModelSource
 from slipstream.runtime.section import ServiceSection
 from slipstream.store.config import StoreConfig
 from slipstream.telemetry.config import TelemetryConfig
+from slipstream.trust.config import TrustConfig
 
 Doc = msgspec.Meta
 # The suite name is part of an object-store key and of a NATS msg id.
@@ -101,4 +102,7 @@ class EvalGateConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     ] = msgspec.field(default_factory=ModelSource)
     gate: Annotated[GateSection, Doc(description="Versions evaluated, the pinned suite, the promotion rule.")] = (
         msgspec.field(default_factory=GateSection)
+    )
+    trust: Annotated[TrustConfig, Doc(description="Public keys a candidate version must be signed with.")] = (
+        msgspec.field(default_factory=TrustConfig)
     )

@@ -1,10 +1,14 @@
 """The source loop: take announcements from the `eval-gate` durable and settle each one exactly once.
 
-    fetch (only while Redis answers) -> classify -> gate.consider (heartbeats meanwhile) -> ack / nak
+    fetch (only while Redis answers) -> verify -> classify -> gate.consider (heartbeats meanwhile) -> ack / nak
 
 - Redis down: nothing is fetched (so no announcement uses up deliveries and reaches the DLQ
   while the control plane is away); Redis is pinged every `retry_delay_s` and fetching resumes
   by itself. An outage in the middle of a judgement naks that announcement with the delay.
+- Every announcement of this run is verified first (`slipstream.trust`: manifest present and
+  consistent, signed by a trusted key, a fencing token the lease granted). A refused one is acked
+  (outcome `refused_<reason>`, counted by the verifier) and never judged; one whose manifest the
+  store could not serve in time is handed back for later instead.
 - Of several due announcements fetched together, only the newest is evaluated when
   `skip_superseded` (the others are acked and counted): a gate that fell behind catches up
   instead of queueing evaluations of versions nobody will serve.
@@ -29,6 +33,7 @@ from slipstream.eval_gate.gate import Gate
 from slipstream.eval_gate.instruments import RETRIED, SKIPPED
 from slipstream.schemas import WeightAnnounce
 from slipstream.telemetry.logs import get_logger
+from slipstream.trust import AnnounceVerifier
 
 if TYPE_CHECKING:
     from slipstream.bus import Consumer, Delivery
@@ -51,6 +56,7 @@ class AnnounceIntake:
         retry_delay_s: float,
         heartbeat_s: float,
         skip_superseded: bool,
+        verifier: AnnounceVerifier | None = None,
     ) -> None:
         self.consumer = consumer
         self.gate = gate
@@ -60,6 +66,7 @@ class AnnounceIntake:
         self.retry_delay_s = retry_delay_s
         self.heartbeat_s = heartbeat_s
         self.skip_superseded = skip_superseded
+        self.verifier = verifier
         self.outcomes: Counter[str] = Counter()
         self.in_flight = 0
 
@@ -81,7 +88,7 @@ class AnnounceIntake:
 
     async def handle(self, fetched: list[Delivery[WeightAnnounce]], stop: asyncio.Event) -> None:
         """Settle every delivery of one fetch (see the module docstring for the order)."""
-        work = list(fetched)
+        work = await self._verified(list(fetched))
         if self.skip_superseded:
             work = await self._drop_superseded(work)
         for i, d in enumerate(work):
@@ -90,6 +97,24 @@ class AnnounceIntake:
                     await self._settle(rest, "released", rest.release())
                 return
             await self._one(d)
+
+    async def _verified(self, fetched: list[Delivery[WeightAnnounce]]) -> list[Delivery[WeightAnnounce]]:
+        """The deliveries that pass the verifier (other runs pass through: the gate skips them)."""
+        if self.verifier is None:
+            return fetched
+        keep: list[Delivery[WeightAnnounce]] = []
+        for d in fetched:
+            if d.msg.run_id and d.msg.run_id != self.gate.run_id:
+                keep.append(d)
+                continue
+            verdict = await self.verifier.verify(d.msg)
+            if verdict.ok:
+                keep.append(d)
+            elif verdict.reason == "unfetchable":
+                await self._settle(d, "nak_unfetchable", d.nak(self.retry_delay_s))
+            else:
+                await self._settle(d, f"refused_{verdict.reason}", d.ack())
+        return keep
 
     async def _drop_superseded(self, fetched: list[Delivery[WeightAnnounce]]) -> list[Delivery[WeightAnnounce]]:
         gate = self.gate

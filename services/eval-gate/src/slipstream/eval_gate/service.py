@@ -29,6 +29,7 @@ from slipstream.schemas import WeightAnnounce, WeightsPromoted
 from slipstream.schemas.subjects import WEIGHTS_PROMOTED, consumer
 from slipstream.store import setup_store
 from slipstream.telemetry.logs import get_logger
+from slipstream.trust import AnnounceVerifier, Keyring
 
 if TYPE_CHECKING:
     from slipstream.bus import Bus, Consumer
@@ -56,12 +57,17 @@ class EvalGateService(BaseService):
         self.gate: Gate | None = None
         self.consumer: Consumer[WeightAnnounce] | None = None
         self.intake: AnnounceIntake | None = None
+        self.verifier: AnnounceVerifier | None = None
 
     async def setup(self) -> None:
         cfg, g = self.cfg, self.cfg.gate
         run_id = cfg.service.run_id
+        keyring = Keyring.parse(cfg.trust.trusted_keys)  # BadKey names the entry: fatal
         self.store = await asyncio.to_thread(setup_store, cfg.store)
         self.control = Control(ControlClient(cfg.service.redis_url, timeout_s=g.control_timeout_s), run_id)
+        self.verifier = AnnounceVerifier(
+            self.store, run_id=run_id, keyring=keyring, control=self.control, timeout_s=cfg.trust.verify_timeout_s
+        )
         self.evaluator = await build_evaluator(cfg.model, g, self.store, run_id)
         self.bus = await connect_bus(cfg.bus, name=f"{self.name}/{cfg.service.replica}")
         await self.bus.ensure_streams()
@@ -79,6 +85,7 @@ class EvalGateService(BaseService):
             retry_delay_s=g.retry_delay_s,
             heartbeat_s=spec.ack_wait_s / 3,
             skip_superseded=g.skip_superseded,
+            verifier=self.verifier,
         )
         if await self.control.ping():
             await self._restore_pointer()
@@ -148,4 +155,6 @@ class EvalGateService(BaseService):
                 }
         if self.intake is not None:
             out["announcements"] = dict(self.intake.outcomes)
+        if self.verifier is not None:
+            out["announces"] = self.verifier.status()
         return out

@@ -26,6 +26,9 @@ and it goes on by itself when Redis is back.
 Tracing: each step is a root span `learner.step` with one link per trajectory trained (to the
 scored publish that delivered it, in its task's trace); its context is staged with the weights
 (`traceparent` in the file's metadata), so the publisher's `weights.publish` is its child.
+
+Readiness reflects progress: with groups held (complete or waiting for members) and no step for
+`[service] stall_after_s`, `/readyz` fails and its status names why (`progress`).
 """
 
 from __future__ import annotations
@@ -59,6 +62,7 @@ from slipstream.learner.report import observe, publish_step
 from slipstream.learner.resume import resume
 from slipstream.learner.trainer import Trainer
 from slipstream.rl import DropReason
+from slipstream.runtime.progress import ProgressWatch
 from slipstream.runtime.service import BaseService
 from slipstream.schemas import ScoredEpisode
 from slipstream.schemas.subjects import STREAMS, StreamSpec, consumer
@@ -101,6 +105,7 @@ class LearnerService(BaseService):
         self.ledger = TrainedLedger(self.section.keep_checkpoints)
         self.outcomes = OutcomeLog(self.section.outcomes_path)
         self.progress = Progress()
+        self.watch = ProgressWatch(cfg.service.stall_after_s)
         self.control: Control | None = None
         self.lead: Lead | None = None
         self.claims: Claims[Delivery[ScoredEpisode]] = Claims(None, self._ack_members)
@@ -411,7 +416,17 @@ class LearnerService(BaseService):
 
     # -- probes -----------------------------------------------------------------------------------
     def ready(self) -> bool:
-        return self.bus is not None and self.bus.connected
+        return self.bus is not None and self.bus.connected and self._stall() is None
+
+    def _stall(self) -> str | None:
+        """Groups held while no step is taken (see ProgressWatch), or None."""
+        pending = None
+        if self.intake is not None and (self.intake.ready_groups or self.intake.pending_groups):
+            pending = (
+                f"{self.intake.ready_groups} group(s) ready and {self.intake.pending_groups} waiting for members "
+                f"at step {self.progress.step}"
+            )
+        return self.watch.observe(self.progress.step, pending)
 
     def in_flight(self) -> int:
         return self.intake.in_flight if self.intake is not None else 0
@@ -435,6 +450,8 @@ class LearnerService(BaseService):
                 pending_groups=self.intake.pending_groups,
                 dropped=dict(self.intake.dropped),
             )
+        self._stall()
+        out["progress"] = self.watch.status()
         return out
 
 

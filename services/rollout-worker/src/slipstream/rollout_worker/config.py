@@ -17,6 +17,7 @@ from slipstream.runtime.section import ServiceSection
 from slipstream.store.config import StoreConfig
 from slipstream.telemetry.config import TelemetryConfig
 from slipstream.tools.config import ToolsConfig
+from slipstream.trust.config import TrustConfig
 
 Doc = msgspec.Meta
 
@@ -105,3 +106,6 @@ class RolloutWorkerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=Tr
     tools: Annotated[
         ToolsConfig, Doc(description="Where the environments' tool calls run: in-process, or the tool-service.")
     ] = msgspec.field(default_factory=ToolsConfig)
+    trust: Annotated[TrustConfig, Doc(description="Public keys a weight version must be signed with.")] = msgspec.field(
+        default_factory=TrustConfig
+    )

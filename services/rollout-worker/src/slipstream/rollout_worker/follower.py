@@ -26,6 +26,13 @@ With tracing on, each application is a `weights.apply` span, child of the announ
 promotion's) context from its headers, so it closes the trace learner step -> weights.publish ->
 announce; it carries the version, this worker's id and the pause it cost.
 
+Before an announce can become the version to apply, the verifier (`slipstream.trust`) checks it:
+its manifest exists, names the same run and version, is signed by a trusted key, and carries the
+fencing token the announce claims, one the control plane granted. A refused announce is counted
+and dropped before it touches the slot, so a forged version far ahead never hides the real
+versions below it; every manifest on the chain a load reads is checked again. A version that
+passes but then cannot be fetched is dropped from the slot too, so the next announce is taken.
+
 Time-to-policy is the optimizer step's end (`step_finished_at`, from the announcement) to the
 first token sampled under the version: the moment the engine switched if a rollout was running
 then, else the start of the first rollout after it. Rollouts report back through `note_rollout`.
@@ -57,6 +64,7 @@ from slipstream.schemas import Episode, WeightAnnounce, WeightsPromoted
 from slipstream.schemas.subjects import WEIGHTS_ANNOUNCE, WEIGHTS_PROMOTED
 from slipstream.store import ObjectStore
 from slipstream.telemetry.logs import get_logger
+from slipstream.trust import AnnounceVerifier
 from slipstream.weights import read_manifest
 from slipstream.weights.chain import load_version
 from slipstream.weights.tensors import shares_memory
@@ -99,10 +107,12 @@ class WeightFollower:
         mode: FollowMode = "latest",
         digest: bool = False,
         worker_id: str = "",
+        verifier: AnnounceVerifier | None = None,
     ) -> None:
         if mode not in ("latest", "promoted"):
             raise ValueError(f"follow mode must be 'latest' or 'promoted', got {mode!r}")
         self.mode = mode
+        self.verifier = verifier
         self.bus = bus
         self.store = store
         self.engine = engine
@@ -162,9 +172,33 @@ class WeightFollower:
 
     async def _read(self, reader: Any) -> None:
         async for delivery in reader:
-            taken = self.offer_promoted(delivery.msg) if self.mode == "promoted" else self.offer(delivery.msg)
+            taken = self.offer_promoted(delivery.msg) if self.mode == "promoted" else await self.consider(delivery.msg)
             if taken:
                 self._newest_context = delivery.context if tracing_active() else None
+
+    async def consider(self, announce: WeightAnnounce) -> bool:
+        """Check one announcement (latest mode) and offer it; True if it became the version to apply next.
+
+        Only an announce that would change something is verified (one manifest read): a newer
+        version, or a higher fencing token (which would fence every lower one after it); old
+        versions and other runs are skipped for free. A refused one is counted by the verifier and
+        dropped.
+        """
+        if not self._admissible(announce):
+            return self.offer(announce)  # counts why it is skipped
+        if self.verifier is not None and not (await self.verifier.verify(announce)).ok:
+            return False
+        return self.offer(announce)
+
+    def _admissible(self, announce: WeightAnnounce) -> bool:
+        if announce.run_id and announce.run_id != self.run_id:
+            return False
+        if 0 < announce.fence_token < self.fence_token:
+            return False
+        if announce.fence_token > self.fence_token:
+            return True  # it would raise the high-water mark, even on a version already held: check it
+        floor = max(self.engine.policy_version, self._newest.policy_version if self._newest else -1)
+        return announce.policy_version > floor
 
     def offer_promoted(self, promoted: WeightsPromoted) -> bool:
         """Consider one promotion (promoted mode); True if it became the version to apply next.
@@ -263,6 +297,8 @@ class WeightFollower:
         version = announce.policy_version
         tensors = await self._fetch(announce)
         if tensors is None:
+            if self._newest is announce:
+                self._newest = None  # whatever comes next is taken, even a version below this one
             return False
         try:
             self.engine.apply_weights(version, tensors)
@@ -320,7 +356,10 @@ class WeightFollower:
         delta's exact base (else from the latest keyframe plus the deltas after it). Every shard's
         sha256 is verified and corrupt shards refetched (bounded) by `load_version`."""
         manifest = read_manifest(self.store, announce.manifest_key)
-        tensors = load_version(self.store, manifest.run_id, manifest.policy_version, have=self._held, spare=self._spare)
+        check = None if self.verifier is None else self.verifier.check_chain_manifest
+        tensors = load_version(
+            self.store, manifest.run_id, manifest.policy_version, have=self._held, spare=self._spare, check=check
+        )
         retired = None if self._held is None else self._held[1]
         if retired is not None and shares_memory(tensors.values(), retired.values()):
             retired = None  # nothing was decoded: it is still what we hold
@@ -384,12 +423,14 @@ class WeightFollower:
             "follow": self.mode,
             "policy_version": self.engine.policy_version,
             "announced_version": self.announced,
+            "fence_token": self.fence_token,
             "promoted_version": self.promoted,
             "applied_versions": list(self.history),
             "pending_version": (
                 self._newest.policy_version if self._newest is not None and self._wanted(self._newest) else None
             ),
             "fetch_failures": self.failures,
+            "announces": self.verifier.status() if self.verifier is not None else {"signatures": "unchecked"},
             "last_pause_ms": round(self.last_pause_ms, 3),
             "last_time_to_policy_s": self.last_time_to_policy_s,
         }

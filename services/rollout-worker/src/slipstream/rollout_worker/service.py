@@ -9,6 +9,10 @@ tool-service's NATS, and every episode's tool calls go there (libs/tools remote.
 takes tasks until SIGTERM; then it stops fetching, gives in-flight groups the drain budget
 (less a grace period) to finish and be published and acked, and hands back (releases) the rest.
 Everything the loops do is in their own modules.
+
+Every announce is verified first (`[trust]`, and with `[service] redis_url` the granted fencing
+token). `/readyz` fails, with the reason in its status, when tasks are held or a newer version is
+known and neither a rollout nor a version has gone through for `[service] stall_after_s`.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import contextlib
 from typing import TYPE_CHECKING, Any
 
 from slipstream.bus import connect_bus
+from slipstream.control import Control, ControlClient
 from slipstream.engine.engine import TorchEngine
 from slipstream.engine.source import load_model, resolve_device, torch_dtype
 from slipstream.rollout_worker.config import RolloutWorkerConfig
@@ -27,11 +32,13 @@ from slipstream.rollout_worker.intake import TaskIntake
 from slipstream.rollout_worker.outbox import Outbox
 from slipstream.rollout_worker.pipeline import TaskPipeline
 from slipstream.rollout_worker.sampler import Sampler, check_env_options
+from slipstream.runtime.progress import ProgressWatch
 from slipstream.runtime.service import BaseService
 from slipstream.schemas import Task
 from slipstream.store import setup_store
 from slipstream.telemetry.logs import get_logger
 from slipstream.tools import ToolRegistry, ToolTransport
+from slipstream.trust import AnnounceVerifier, Keyring
 
 if TYPE_CHECKING:
     from nats.aio.client import Client
@@ -59,6 +66,9 @@ class RolloutWorkerService(BaseService):
         self.outbox: Outbox | None = None
         self.tools_nc: Client | None = None
         self.tool_stats: dict[str, int] = {}
+        self.control: Control | None = None
+        self.verifier: AnnounceVerifier | None = None
+        self.progress = ProgressWatch(cfg.service.stall_after_s)
 
     def tools_url(self) -> str:
         """Where the tool-service is: `[tools] url`, else the bus's NATS."""
@@ -88,6 +98,7 @@ class RolloutWorkerService(BaseService):
         check_env_options(w.env_options)
         if cfg.tools.transport == "nats":
             self.tools_url()  # a missing url fails before the model is loaded
+        keyring = Keyring.parse(cfg.trust.trusted_keys)  # BadKey names the entry: fatal before the model loads
         model, tokenizer = await asyncio.to_thread(load_model, cfg.model)
         self.engine = TorchEngine(
             model,
@@ -108,6 +119,12 @@ class RolloutWorkerService(BaseService):
         await self.bus.ensure_streams()
         self.consumer = await self.bus.consumer(DURABLE, Task)
         run_id = cfg.service.run_id
+        if cfg.service.redis_url:
+            # Only to compare announced fencing tokens with the granted ones; no ping: Redis away = unchecked.
+            self.control = Control(ControlClient(cfg.service.redis_url), run_id)
+        self.verifier = AnnounceVerifier(
+            self.store, run_id=run_id, keyring=keyring, control=self.control, timeout_s=cfg.trust.verify_timeout_s
+        )
         self.follower = WeightFollower(
             self.bus,
             self.store,
@@ -118,6 +135,7 @@ class RolloutWorkerService(BaseService):
             mode=w.follow,
             digest=w.weights_digest,
             worker_id=self.worker_id,
+            verifier=self.verifier,
         )
         tools = None
         if cfg.tools.transport == "nats":
@@ -182,6 +200,8 @@ class RolloutWorkerService(BaseService):
             await self.bus.close()
         if self.tools_nc is not None and not self.tools_nc.is_closed:
             await self.tools_nc.close()
+        if self.control is not None:
+            await self.control.close()
         if self.store is not None:
             await asyncio.to_thread(self.store.close)
 
@@ -192,7 +212,21 @@ class RolloutWorkerService(BaseService):
             and self.engine is not None
             and self.pipeline is not None
             and self.pipeline.fatal is None
+            and self._stall() is None
         )
+
+    def _stall(self) -> str | None:
+        """Why this worker cannot advance (see ProgressWatch), or None."""
+        if self.intake is None or self.pipeline is None or self.follower is None or self.engine is None:
+            return None
+        pending = None
+        target = self.follower.status()["pending_version"]
+        if self.intake.in_flight:
+            pending = f"{self.intake.in_flight} task(s) held"
+        elif target is not None:
+            pending = f"version {target} announced, engine at {self.engine.policy_version}"
+        mark = (self.pipeline.outcomes["acked"], self.engine.policy_version)
+        return self.progress.observe(mark, pending)
 
     def in_flight(self) -> int:
         return self.intake.in_flight if self.intake is not None else 0
@@ -224,4 +258,6 @@ class RolloutWorkerService(BaseService):
                 "connected": self.tools_nc is not None and self.tools_nc.is_connected,
                 **self.tool_stats,
             }
+        self._stall()
+        out["progress"] = self.progress.status()
         return out

@@ -13,7 +13,9 @@ import msgspec
 
 from slipstream.bus.config import BusConfig
 from slipstream.runtime.section import ServiceSection
+from slipstream.store.config import StoreConfig
 from slipstream.telemetry.config import TelemetryConfig
+from slipstream.trust.config import TrustConfig
 
 Doc = msgspec.Meta
 
@@ -103,4 +105,10 @@ class TaskSourceConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True)
     )
     tasks: Annotated[TasksSection, Doc(description="Task generation, pacing and the stop condition.")] = msgspec.field(
         default_factory=TasksSection
+    )
+    store: Annotated[
+        StoreConfig, Doc(description="Object store (local directory or S3) announced manifests are checked in.")
+    ] = msgspec.field(default_factory=StoreConfig)
+    trust: Annotated[TrustConfig, Doc(description="Public keys an announced version must be signed with.")] = (
+        msgspec.field(default_factory=TrustConfig)
     )

@@ -13,6 +13,12 @@ filter (`difficulty.py`) first: tasks always or never solved are skipped (counte
 
 With tracing on, every task is published inside its own root span `task.publish`: the trace a
 task's rollouts, scores and learner step continue.
+
+An announce moves `latest_version` only once the verifier (`slipstream.trust`) has found its
+manifest in the store, signed by a trusted key, under a fencing token the lease granted: a forged
+version far ahead would otherwise raise min_policy_version above every real version and stall
+the run. `/readyz` fails, naming why, when groups are outstanding and the learner has not moved
+for `[service] stall_after_s`.
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ import asyncio
 import contextlib
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import msgspec
@@ -30,9 +36,11 @@ from opentelemetry.trace import SpanKind
 from slipstream.bus import BusError, connect_bus
 from slipstream.bus.tracing import AttributeValue, message_ids, service_span, tracing_active
 from slipstream.control import Control, ControlClient
+from slipstream.runtime.progress import ProgressWatch
 from slipstream.runtime.service import BaseService
 from slipstream.schemas import LearnerStep, Task, WeightAnnounce
 from slipstream.schemas.subjects import LEARNER_STEP, WEIGHTS_ANNOUNCE, spec_for, tasks_subject
+from slipstream.store import setup_store
 from slipstream.task_source.config import TaskSourceConfig
 from slipstream.task_source.difficulty import DifficultyFilter
 from slipstream.task_source.generator import TaskGenerator
@@ -46,9 +54,11 @@ from slipstream.task_source.pacing import (
 from slipstream.task_source.progress import LearnerProgress
 from slipstream.telemetry.logs import get_logger
 from slipstream.telemetry.metrics import counter, gauge
+from slipstream.trust import AnnounceVerifier, Keyring
 
 if TYPE_CHECKING:
     from slipstream.bus import Bus
+    from slipstream.store import ObjectStore
 
 M = TypeVar("M", bound=msgspec.Struct)
 log = get_logger(__name__)
@@ -92,6 +102,9 @@ class TaskSourceService(BaseService):
         # Drawn and admitted, not yet published (a failed publish goes back to the front): sent before new ones.
         self._queue: deque[Task] = deque()
         self._news = asyncio.Event()
+        self.store: ObjectStore | None = None
+        self.verifier: AnnounceVerifier | None = None
+        self.watch = ProgressWatch(cfg.service.stall_after_s)
 
     async def setup(self) -> None:
         t = self.cfg.tasks
@@ -103,6 +116,8 @@ class TaskSourceService(BaseService):
             group_size=t.group_size,
             run_id=self.cfg.service.run_id,
         )
+        keyring = Keyring.parse(self.cfg.trust.trusted_keys)  # BadKey names the entry: fatal
+        self.store = await asyncio.to_thread(setup_store, self.cfg.store)
         self.bus = await connect_bus(self.cfg.bus, name=f"{self.name}/{self.cfg.service.replica}")
         await self.bus.ensure_streams()
         WINDOW.set(self.window)
@@ -115,13 +130,25 @@ class TaskSourceService(BaseService):
                 solved_above=t.skip_solved_above,
                 solved_below=t.skip_solved_below,
             )
+        if self.cfg.service.redis_url and self.control is None:
+            # Only to compare announced fencing tokens with the granted ones; no ping: Redis away = unchecked.
+            self.control = Control(ControlClient(self.cfg.service.redis_url), self.cfg.service.run_id)
+        self.verifier = AnnounceVerifier(
+            self.store,
+            run_id=self.cfg.service.run_id,
+            keyring=keyring,
+            control=self.control,
+            timeout_s=self.cfg.trust.verify_timeout_s,
+        )
 
     async def run(self, stop: asyncio.Event) -> None:
         subjects = (LEARNER_STEP, WEIGHTS_ANNOUNCE)
         synced = [asyncio.Event(), asyncio.Event()]
         followers = [
             asyncio.create_task(self._follow(LEARNER_STEP, LearnerStep, self.progress.on_step, synced[0])),
-            asyncio.create_task(self._follow(WEIGHTS_ANNOUNCE, WeightAnnounce, self.progress.on_announce, synced[1])),
+            asyncio.create_task(
+                self._follow(WEIGHTS_ANNOUNCE, WeightAnnounce, self.progress.on_announce, synced[1], self._trusted)
+            ),
         ]
         if self.control is not None:
             followers.append(asyncio.create_task(self._probe(stop)))
@@ -161,8 +188,25 @@ class TaskSourceService(BaseService):
     def _finished(self) -> bool:
         return self.progress.finished(self.cfg.tasks.max_steps)
 
-    async def _follow(self, subject: str, cls: type[M], take: Callable[[M], bool], first: asyncio.Event) -> None:
+    async def _trusted(self, announce: WeightAnnounce) -> bool:
+        """Whether an announce may move the source's version (verified only when it would)."""
+        if self.verifier is None or announce.run_id != self.cfg.service.run_id:
+            return True  # another run's is ignored by the progress itself
+        if announce.policy_version <= self.progress.latest_version:
+            return True  # changes nothing: the progress keeps maxima
+        return (await self.verifier.verify(announce)).ok
+
+    async def _follow(
+        self,
+        subject: str,
+        cls: type[M],
+        take: Callable[[M], bool],
+        first: asyncio.Event,
+        check: Callable[[M], Awaitable[bool]] | None = None,
+    ) -> None:
         """Feed every message of a fan-out subject (the newest stored one first) to `take`, for ever.
+
+        `check` (the announce verifier) may refuse a message first: it is then dropped.
 
         A subscription that fails is opened again after a pause: without it the source would never
         learn that the run finished. Re-reading the newest message is harmless (`take` keeps maxima).
@@ -173,6 +217,8 @@ class TaskSourceService(BaseService):
             try:
                 async for d in sub:
                     first.set()
+                    if check is not None and not await check(d.msg):
+                        continue
                     if take(d.msg):
                         LATEST_VERSION.set(self.progress.latest_version)
                         LATEST_STEP.set(self.progress.latest_step)
@@ -258,11 +304,24 @@ class TaskSourceService(BaseService):
             await self.control.close()
         if self.bus is not None:
             await self.bus.close()
+        if self.store is not None:
+            await asyncio.to_thread(self.store.close)
 
     def ready(self) -> bool:
-        return self.bus is not None and self.bus.connected
+        return self.bus is not None and self.bus.connected and self._stall() is None
+
+    def _stall(self) -> str | None:
+        """Groups outstanding while the learner stands still (see ProgressWatch), or None."""
+        pending = None
+        if self.outstanding > 0 and not self._finished():
+            pending = (
+                f"{self.outstanding:g} group(s) outstanding, learner at step {self.progress.latest_step} "
+                f"(version {self.progress.latest_version})"
+            )
+        return self.watch.observe((self.progress.latest_step, self.progress.latest_version), pending)
 
     def status(self) -> dict[str, Any]:
+        self._stall()
         return {
             "bus": {"type": self.cfg.bus.type, "connected": self.bus is not None and self.bus.connected},
             "published": self.published,
@@ -272,6 +331,8 @@ class TaskSourceService(BaseService):
             "latest_step": self.progress.latest_step,
             "finished": self._finished(),
             **self._filter_status(),
+            "announces": self.verifier.status() if self.verifier is not None else {},
+            "progress": self.watch.status(),
         }
 
     def _filter_status(self) -> dict[str, Any]:

@@ -11,6 +11,9 @@ The base survives restarts: a publisher that starts (or finds a gap) rebuilds it
 version is stored as a keyframe. A version whose manifest is already committed (a publisher that
 stored it and died before announcing, or a second writer) is not written again: its committed
 manifest is returned with `already_stored=True`, for the publisher to announce again.
+
+With a signing key (`[trust] signing_key`), every manifest records the fencing token its version
+was staged under and is signed (slipstream.trust) right before it is committed.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from typing import TYPE_CHECKING, Literal
 from slipstream.schemas import WeightManifest
 from slipstream.store import ObjectStore
 from slipstream.telemetry.metrics import gauge, histogram
+from slipstream.trust import SigningKey, sign_manifest
 from slipstream.weights import VersionExists, manifest_key, publish_snapshot, read_manifest
 from slipstream.weights.chain import latest_version, load_version, publish_version
 
@@ -57,6 +61,7 @@ class VersionStore:
         keyframe_every: int = 10,
         zstd_level: int = 1,
         threads: int = 0,
+        signing_key: SigningKey | None = None,
     ) -> None:
         self.store = store
         self.run_id = run_id
@@ -65,6 +70,7 @@ class VersionStore:
         self.keyframe_every = keyframe_every
         self.zstd_level = zstd_level
         self.threads = threads
+        self.signing_key = signing_key
         self._base: tuple[int, Mapping[str, torch.Tensor]] | None = None
         self._recovered = False
 
@@ -80,10 +86,18 @@ class VersionStore:
         except Exception as exc:  # an unreadable chain: the next version is a keyframe, nothing is lost
             log.warning("cannot rebuild the delta base (%s); the next version is a keyframe", exc)
 
+    def _seal(self, manifest: WeightManifest) -> WeightManifest:
+        return manifest if self.signing_key is None else sign_manifest(manifest, self.signing_key)
+
     def store_version(
-        self, *, version: int, load: Callable[[], Mapping[str, torch.Tensor]], step_finished_at: float
+        self,
+        *,
+        version: int,
+        load: Callable[[], Mapping[str, torch.Tensor]],
+        step_finished_at: float,
+        fence_token: int = 0,
     ) -> StoredVersion:
-        """Store `version` (tensors from `load()`, called only when needed). Blocking."""
+        """Store `version` (tensors from `load()`, called only when needed) under `fence_token`. Blocking."""
         key = manifest_key(self.run_id, version)
         if self.store.exists(key):
             return self._committed(version, key, load)
@@ -99,6 +113,8 @@ class VersionStore:
                     tensors=tensors,
                     step_finished_at=step_finished_at,
                     shard_bytes=self.shard_bytes,
+                    fence_token=fence_token,
+                    seal=self._seal,
                 )
             else:
                 t0 = time.monotonic()
@@ -113,6 +129,8 @@ class VersionStore:
                     shard_bytes=self.shard_bytes,
                     level=self.zstd_level,
                     threads=self.threads,
+                    fence_token=fence_token,
+                    seal=self._seal,
                 )
                 key, manifest = published.key, published.manifest
                 ENCODE_SECONDS.observe(published.encode_s)

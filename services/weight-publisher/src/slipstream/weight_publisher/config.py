@@ -14,6 +14,7 @@ from slipstream.bus.config import BusConfig
 from slipstream.runtime.section import ServiceSection
 from slipstream.store.config import StoreConfig
 from slipstream.telemetry.config import TelemetryConfig
+from slipstream.trust.config import TrustConfig
 
 Doc = msgspec.Meta
 
@@ -74,4 +75,7 @@ class WeightPublisherConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=
     )
     publisher: Annotated[PublisherSection, Doc(description="Staging directory, shard size, clean-up.")] = msgspec.field(
         default_factory=PublisherSection
+    )
+    trust: Annotated[TrustConfig, Doc(description="The ed25519 key each manifest is signed with.")] = msgspec.field(
+        default_factory=TrustConfig
     )

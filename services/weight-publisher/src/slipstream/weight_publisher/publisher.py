@@ -99,6 +99,7 @@ class VersionPublisher:
                 version=staged.version,
                 load=lambda: load_staged(staged),
                 step_finished_at=staged.step_finished_at,
+                fence_token=0 if staged_fence is None else staged_fence.token,
             )
         except Exception:
             FAILURES.add(1, stage="store")
@@ -111,7 +112,9 @@ class VersionPublisher:
             run_id=self.run_id,
             step_finished_at=staged.step_finished_at,
             announced_at=time.time(),
-            fence_token=0 if staged_fence is None else staged_fence.token,
+            # The token the manifest was signed with: verifiers refuse an announce that claims another.
+            # (A version committed before, by an earlier start, keeps the token it was stored under.)
+            fence_token=stored.manifest.fence_token,
         )
         annotate(
             {

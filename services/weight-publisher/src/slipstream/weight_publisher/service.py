@@ -13,6 +13,9 @@ With `[service] redis_url`, every version passes the fence (`fence.py`): it is p
 while the learner that staged it leads the run. A fenced version's staged file is discarded
 (renamed `*.fenced` when `delete_staged` is false); while the fence cannot decide (Redis away,
 lease vacant) the version waits and is retried, and `/readyz` shows the control plane degraded.
+
+With `[trust] signing_key`, every manifest is signed (ed25519) before it is committed; `status()`
+names the key id, which verifiers must list in their `[trust] trusted_keys`.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from slipstream.control import Control, ControlClient
 from slipstream.runtime.service import BaseService
 from slipstream.store import setup_store
 from slipstream.telemetry.logs import get_logger
+from slipstream.trust import SigningKey, load_signing_key
 from slipstream.weight_publisher.codec import VersionStore
 from slipstream.weight_publisher.config import WeightPublisherConfig
 from slipstream.weight_publisher.fence import Fence, Fenced, FenceWait
@@ -56,8 +60,14 @@ class WeightPublisherService(BaseService):
         self.fenced = 0
         self.control: Control | None = None
         self._waiting: tuple[int, str] | None = None  # the version the fence holds back, and why (logged once)
+        self.signing_key: SigningKey | None = None
 
     async def setup(self) -> None:
+        if self.cfg.trust.signing_key:
+            self.signing_key = load_signing_key(self.cfg.trust.signing_key)  # BadKey names the file: fatal
+            log.info("signing manifests", key_id=self.signing_key.key_id, public_key=self.signing_key.public)
+        else:
+            log.warning("no [trust] signing_key: manifests are not signed; verifiers with trusted keys refuse them")
         self.store = await asyncio.to_thread(setup_store, self.cfg.store)
         self.bus = await connect_bus(self.cfg.bus, name=f"{self.name}/{self.cfg.service.replica}")
         await self.bus.ensure_streams()
@@ -80,6 +90,7 @@ class WeightPublisherService(BaseService):
                 keyframe_every=self.cfg.publisher.keyframe_every,
                 zstd_level=self.cfg.publisher.zstd_level,
                 threads=self.cfg.publisher.codec_threads,
+                signing_key=self.signing_key,
             ),
             delete_staged=self.cfg.publisher.delete_staged,
             fence=fence,
@@ -187,6 +198,7 @@ class WeightPublisherService(BaseService):
             "latest_version": self.publisher.latest_version if self.publisher is not None else -1,
             "published": self.published,
             "pending": self._pending,
+            "signing_key": self.signing_key.key_id if self.signing_key is not None else "",
             **self._fence_status(),
         }
 

@@ -8,9 +8,11 @@
 
 `start()` starts nats-server (JetStream) and redis-server unless URLs were given, makes the local
 store directory, then one `python -m slipstream.<pkg>` per service, configured only through
-SLIPSTREAM_<SECTION>__<FIELD> variables. `stop()` sends SIGTERM to every service at once, waits
-their drain budget, SIGKILLs what is left, then stops the servers it started (Redis, then NATS)
-— never a server it was given by URL.
+SLIPSTREAM_<SECTION>__<FIELD> variables. Each run gets its own ed25519 key (data/keys/, mode
+0600): the weight-publisher signs manifests with it and every verifier trusts only its public key,
+unless --env names a key of its own (SLIPSTREAM_TRUST__SIGNING_KEY / __TRUSTED_KEYS). `stop()`
+sends SIGTERM to every service at once, waits their drain budget, SIGKILLs what is left, then
+stops the servers it started (Redis, then NATS) — never a server it was given by URL.
 """
 
 from __future__ import annotations
@@ -30,8 +32,11 @@ from slipstream.cli.probe import HOST, probe_http, probe_tcp, url_endpoint
 from slipstream.cli.spec import StackSpec, kind_of, module_of, tool_replica_names
 from slipstream.cli.stop_signals import StopFlag
 from slipstream.stack import ManagedProcess, ProcessGroup, Server, free_port, start_nats, start_redis
+from slipstream.trust import generate_keypair, load_signing_key
 
 STATE_FILE = "stack.json"
+SIGNING_KEY_ENV = "SLIPSTREAM_TRUST__SIGNING_KEY"
+TRUSTED_KEYS_ENV = "SLIPSTREAM_TRUST__TRUSTED_KEYS"
 KILL_GRACE_S = 5.0
 """Extra wait past the services' own drain budget before SIGKILL (their shutdown needs a moment)."""
 
@@ -141,6 +146,8 @@ class Stack:
         self.exit_codes: dict[str, int | None] = {}
         self._reported: set[str] = set()
         self._state_written = False
+        self._trust: dict[str, str] = {}
+        self.signing_key_id = ""
 
     # ---- start ----
 
@@ -159,6 +166,7 @@ class Stack:
             assert spec.store is not None
             if spec.store.type == "local":
                 Path(spec.store.root).mkdir(parents=True, exist_ok=True)
+            self._trust = self._run_key()
             # Tool-service replicas first: a worker's first tool call finds them subscribed.
             for name in (*tool_replica_names(spec.tool_services), *spec.services):
                 self._check_interrupt()
@@ -202,11 +210,23 @@ class Stack:
         self._log(f"started {name} at {server.url} (pid {server.pid})")
         return ServerHandle(name, server.url, server)
 
+    def _run_key(self) -> dict[str, str]:
+        """The run's signing key (made once per run dir) and the trusted-keys list naming it."""
+        given = self.spec.env.get(SIGNING_KEY_ENV)
+        path = Path(given) if given else self.spec.data_dir / "keys" / "weights-signing.pem"
+        key = load_signing_key(path) if given or path.exists() else generate_keypair(path)
+        self.signing_key_id = key.key_id
+        return {SIGNING_KEY_ENV: str(path), TRUSTED_KEYS_ENV: json.dumps([key.public])}
+
     def service_env(self, name: str, port: int) -> dict[str, str]:
-        """The child's environment: inherited, plus --env, plus the stack's own config variables."""
+        """The child's environment: inherited, plus the run's keys, plus --env, plus the stack's own variables."""
         spec = self.spec
         assert spec.store is not None
         env = dict(os.environ)
+        if self._trust:
+            env[TRUSTED_KEYS_ENV] = self._trust[TRUSTED_KEYS_ENV]
+            if name == "weight-publisher":
+                env[SIGNING_KEY_ENV] = self._trust[SIGNING_KEY_ENV]
         env.update(spec.env)
         env.update(spec.service_env.get(kind_of(name), {}))
         env.update(spec.store.env())
@@ -350,6 +370,7 @@ class Stack:
                 for s in self.services.values()
             },
             "exit_codes": dict(self.exit_codes),
+            "signing_key_id": self.signing_key_id,
         }
 
     def write_state(self) -> Path:
