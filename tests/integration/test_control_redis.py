@@ -353,3 +353,27 @@ def test_keys_are_namespaced_by_run_with_a_cluster_hash_tag_and_urls_lose_their_
     assert redact_url("redis://:s3cret@db:6380/2") == "redis://:***@db:6380/2"
     assert redact_url("redis://user:pw@db/0") == "redis://user:***@db/0"
     assert redact_url("redis://127.0.0.1:6379/0") == "redis://127.0.0.1:6379/0"
+
+
+async def test_announces_under_a_token_the_lease_never_granted_are_refused(control: Control, tmp_path: Path) -> None:
+    """The verifier compares an announce's (signed) fencing token with the lease's granted counter."""
+    from slipstream.schemas import WeightAnnounce, WeightManifest, to_json
+    from slipstream.store import LocalObjectStore
+    from slipstream.trust import AnnounceVerifier, Keyring
+
+    store = LocalObjectStore(tmp_path / "store")
+    verifier = AnnounceVerifier(store, run_id=RUN, keyring=Keyring({}), control=control)
+
+    def put(version: int, token: int) -> WeightAnnounce:
+        store.put(f"m{version}", to_json(WeightManifest(policy_version=version, run_id=RUN, fence_token=token)))
+        return WeightAnnounce(policy_version=version, manifest_key=f"m{version}", run_id=RUN, fence_token=token)
+
+    assert await control.granted_fence() is None
+    # No counter in Redis (a fresh run, or Redis restarted empty): nothing to compare, not refused.
+    assert (await verifier.verify(put(1, 3))).ok
+    token = await control.lease("learner-a").acquire()
+    assert await control.granted_fence() == token
+    assert (await verifier.verify(put(2, token))).ok
+    refused = await verifier.verify(put(3, token + 1))
+    assert refused.reason == "fence" and "never granted" in refused.detail
+    assert verifier.refused == {"fence": 1}
