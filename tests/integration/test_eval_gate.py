@@ -238,6 +238,17 @@ async def test_gate_promotes_rejects_noise_and_serving_follows_rollback(
         await _until(lambda: engine.policy_version == 2, 10, "serving follower on v2 again")
         assert list(follower.history) == [0, 2, 0, 2]  # never v1 (not promoted) nor v4 (rejected)
         assert follower.status()["follow"] == "promoted" and follower.failures == 0
+
+        # A forged announce far ahead (no manifest, due) is refused and acked, never judged.
+        await bus.publish(
+            WEIGHTS_ANNOUNCE,
+            WeightAnnounce(policy_version=1000, manifest_key="weights/forged/manifest.json", run_id=RUN),
+            msg_id=f"{RUN}:forged:1000",
+        )
+        await _until(lambda: gate.intake.outcomes["refused_missing_manifest"] == 1, 20, "the forgery refused")
+        assert gate.status()["announces"]["refused"] == {"missing_manifest": 1}
+        await asyncio.sleep(0.3)
+        assert len(results) == 3 and gate.gate is not None and gate.gate.evaluating is None
     finally:
         stop.set()
         for tap in jobs[2:]:  # the taps read until cancelled

@@ -78,6 +78,25 @@ def test_service_row_reads_health_and_version_from_readyz() -> None:
     assert status.service_row("learner", svc, None, None)["health"] == "no answer"
 
 
+def test_service_row_shows_refused_announces_and_a_stall() -> None:
+    svc = {"pid": 11, "url": "http://127.0.0.1:1"}
+    refused = {"missing_manifest": 1, "fence": 2}
+    worker = {"status": {"weights": {"announces": {"signatures": "required", "refused": refused}}}}
+    assert status.service_row("rollout-worker", svc, 200, worker)["refused_announces"] == refused
+    source = {"status": {"announces": {"refused": {"unsigned": 1}}}}
+    assert status.service_row("task-source", svc, 200, source)["refused_announces"] == {"unsigned": 1}
+    assert "refused_announces" not in status.service_row("learner", svc, 200, {"status": {}})
+    stalled = {
+        "state": "running",
+        "status": {"progress": {"stalled": True, "reason": "2 task(s) held; nothing advanced for 301 s"}},
+    }
+    row = status.service_row("rollout-worker", svc, 503, stalled)
+    assert row["health"] == "not ready (stalled: 2 task(s) held; nothing advanced for 301 s)"
+    snap = _snapshot()
+    snap["services"][0]["refused_announces"] = refused
+    assert "fence 2, missing_manifest 1" in _text(status.render(snap))
+
+
 def test_stream_row_and_dlq_counts() -> None:
     info = {
         "name": "TASKS",

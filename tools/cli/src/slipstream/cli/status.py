@@ -162,6 +162,9 @@ def service_row(name: str, svc: dict[str, Any], code: int | None, body: dict[str
     else:
         health = f"not ready ({(body or {}).get('state', code)})"
     st = (body or {}).get("status") or {}
+    progress = st.get("progress") or {}
+    if code is not None and code != 200 and progress.get("stalled"):
+        health = f"not ready (stalled: {progress.get('reason', '')})"
     weights = st.get("weights") or {}
     row: dict[str, Any] = {"name": name, "pid": svc.get("pid"), "url": svc.get("url", ""), "health": health}
     version = st.get("policy_version")
@@ -171,6 +174,11 @@ def service_row(name: str, svc: dict[str, Any], code: int | None, body: dict[str
     control = st.get("control")
     if isinstance(control, dict) and control.get("redis"):
         row["redis"] = control["redis"]
+    # Weight announces this service refused (forged, unsigned, unfetchable, spoofed fence), by reason.
+    announces = st.get("announces") or weights.get("announces") or {}
+    refused = announces.get("refused") if isinstance(announces, dict) else None
+    if isinstance(refused, dict) and refused:
+        row["refused_announces"] = {str(k): int(v) for k, v in refused.items()}
     return row
 
 
@@ -327,18 +335,19 @@ def render(status: dict[str, Any]) -> list[Any]:
 
     out: list[Any] = [f"run [bold]{status['run_id']}[/bold] ({status['state']}) in {status['run_dir']}"]
     svc = Table(title="processes", title_justify="left")
-    for col in ("name", "pid", "port", "health", "version", "behind"):
-        svc.add_column(col, no_wrap=col != "health")
+    for col in ("name", "pid", "port", "health", "version", "behind", "refused announces"):
+        svc.add_column(col, no_wrap=col not in ("health", "refused announces"))
     for s in status["servers"]:
         health = "up" if s["up"] else "unreachable"
-        svc.add_row(s["name"], "-", _port(s["url"]), _colour(health), "", "")
+        svc.add_row(s["name"], "-", _port(s["url"]), _colour(health), "", "", "")
     for s in status["services"]:
         version = "" if s.get("policy_version") is None else f"v{s['policy_version']}"
         if s.get("follow") == "promoted":
             version += " (promoted)"
         behind = "" if s.get("versions_behind") is None else str(s["versions_behind"])
         health = s["health"] + (f", redis {s['redis']}" if s.get("redis") == "degraded" else "")
-        svc.add_row(s["name"], str(s.get("pid") or "-"), _port(s["url"]), _colour(health), version, behind)
+        refused = ", ".join(f"{k} {v}" for k, v in sorted((s.get("refused_announces") or {}).items()))
+        svc.add_row(s["name"], str(s.get("pid") or "-"), _port(s["url"]), _colour(health), version, behind, refused)
     out.append(svc)
 
     streams = Table(title="streams (pending: not yet delivered; unacked: delivered, not acked)", title_justify="left")
