@@ -234,6 +234,42 @@ async def test_drain_hands_back_a_task_that_cannot_finish_in_the_budget(
     assert await bus.dead_letters("TASKS") == []
 
 
+async def test_a_worker_that_cannot_advance_says_so_on_readyz(bus: Bus, nats_server: Server, tmp_path: Path) -> None:
+    cfg = _config(nats_server.url, tmp_path / "store")
+    cfg = RolloutWorkerConfig(
+        service=ServiceSection(run_id=RUN, replica="w0", drain_timeout_s=5.0, stall_after_s=1.5),
+        bus=cfg.bus,
+        store=cfg.store,
+        model=cfg.model,
+        worker=cfg.worker,
+    )
+    service = RolloutWorkerService(cfg)
+    runtime = Runtime(service, cfg.service)
+    running = asyncio.create_task(runtime.run(handle_signals=False))
+    store = LocalObjectStore(str(tmp_path / "store"))
+    reader = await bus.consumer("reward-model", Episode)
+    try:
+        await _until(lambda: runtime.readiness()[0], 60.0, "the worker to become ready")
+        assert service.engine is not None
+        # Nothing to do for longer than the budget is not a stall.
+        await asyncio.sleep(2.0)
+        assert runtime.readiness()[0]
+        # A task wanting version 1, which nobody announces: held, and nothing advances.
+        await _publish_tasks(bus, [_task(40, group_size=2, min_version=1)])
+        await _until(lambda: not runtime.readiness()[0], 10.0, "readiness to report the stall")
+        progress = runtime.readiness()[1]["status"]["progress"]
+        assert progress["stalled"] and progress["reason"].startswith("1 task(s) held; nothing advanced for")
+        # Version 1 arrives: the task goes through and readiness comes back by itself.
+        await _announce(bus, store, 1, {k: v + 0.01 for k, v in service.engine.state_dict().items()})
+        await _collect(reader, 2)
+        await _until(lambda: runtime.readiness()[0], 10.0, "readiness back")
+    finally:
+        runtime.request_stop("test")
+        code = await asyncio.wait_for(running, 30.0)
+        await reader.close()
+    assert code == 0
+
+
 def _http_json(port: int, path: str) -> tuple[int, dict[str, object]]:
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=2) as resp:
