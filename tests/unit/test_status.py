@@ -86,6 +86,10 @@ def test_service_row_shows_refused_announces_and_a_stall() -> None:
     source = {"status": {"announces": {"refused": {"unsigned": 1}}}}
     assert status.service_row("task-source", svc, 200, source)["refused_announces"] == {"unsigned": 1}
     assert "refused_announces" not in status.service_row("learner", svc, 200, {"status": {}})
+    verified = {"status": {"weights": {"announced_version": 7, "announces": {"signatures": "required"}}}}
+    assert status.service_row("rollout-worker", svc, 200, verified)["verified_version"] == 7
+    unverifying = {"status": {"weights": {"announced_version": 7}}}  # an older worker: no verifier
+    assert "verified_version" not in status.service_row("rollout-worker", svc, 200, unverifying)
     stalled = {
         "state": "running",
         "status": {"progress": {"stalled": True, "reason": "2 task(s) held; nothing advanced for 301 s"}},

@@ -123,6 +123,13 @@ async def collect(info: dict[str, Any], *, timeout_s: float = 3.0) -> dict[str, 
         await _from_redis(status, info["servers"]["redis"]["url"], timeout_s)
     else:
         status["errors"].append(f"redis at {info['servers']['redis']['url']} is not reachable")
+    verified = [row["verified_version"] for row in status["services"] if "verified_version" in row]
+    if verified:
+        # The workers' verified view beats the last message on the subject, which anyone can publish.
+        last = status["versions"].get("latest")
+        status["versions"]["latest"] = max(verified)
+        if last is not None and last != max(verified):
+            status["versions"]["last_announce_message"] = last
     latest = status["versions"].get("latest")
     for row in status["services"]:
         v = row.get("policy_version")
@@ -171,6 +178,11 @@ def service_row(name: str, svc: dict[str, Any], code: int | None, body: dict[str
     row["policy_version"] = version if isinstance(version, int) else None
     if weights.get("follow"):
         row["follow"] = weights["follow"]
+    announced, announces = weights.get("announced_version"), weights.get("announces")
+    # Only versions its verifier accepted: a forged announce far ahead never shows up here.
+    verifying = isinstance(announces, dict) and announces.get("signatures") in ("required", "off")
+    if verifying and isinstance(announced, int) and announced >= 0:
+        row["verified_version"] = announced
     control = st.get("control")
     if isinstance(control, dict) and control.get("redis"):
         row["redis"] = control["redis"]
