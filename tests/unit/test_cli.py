@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -226,3 +227,28 @@ def test_unknown_flag_is_an_error_of_the_subcommand(capsys: pytest.CaptureFixtur
     err = capsys.readouterr().err
     assert "usage: slipstream up" in err
     assert "unrecognized arguments: --detach" in err
+
+
+def test_each_run_gets_a_signing_key_only_the_publisher_holds(tmp_path: Path) -> None:
+    from slipstream.trust import Keyring, generate_keypair, load_signing_key
+
+    stack = _stack_with_fake_servers(tmp_path)
+    stack._trust = stack._run_key()
+    key_file = tmp_path / "run" / "data" / "keys" / "weights-signing.pem"
+    assert key_file.stat().st_mode & 0o777 == 0o600
+    key = load_signing_key(key_file)
+    assert stack.signing_key_id == key.key_id and stack.info()["signing_key_id"] == key.key_id
+    publisher, worker = stack.service_env("weight-publisher", 1), stack.service_env("rollout-worker", 2)
+    assert publisher["SLIPSTREAM_TRUST__SIGNING_KEY"] == str(key_file)
+    assert "SLIPSTREAM_TRUST__SIGNING_KEY" not in worker
+    trusted = json.loads(worker["SLIPSTREAM_TRUST__TRUSTED_KEYS"])
+    assert Keyring.parse(trusted).ids == [key.key_id]
+    # The same run directory keeps its key (a restarted stack verifies what it signed before).
+    assert _stack_with_fake_servers(tmp_path)._run_key() == stack._trust
+    # A key of the operator's own (--env) replaces the run's, and its public half is trusted.
+    own = tmp_path / "own.pem"
+    mine = generate_keypair(own)
+    other = _stack_with_fake_servers(tmp_path, env={"SLIPSTREAM_TRUST__SIGNING_KEY": str(own)})
+    other._trust = other._run_key()
+    assert other.signing_key_id == mine.key_id
+    assert json.loads(other.service_env("task-source", 3)["SLIPSTREAM_TRUST__TRUSTED_KEYS"]) == [mine.public]
