@@ -15,6 +15,7 @@ import pytest
 import torch
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from slipstream.eval_gate.evaluator import Unloadable, fetch_weights
 from slipstream.schemas import WeightAnnounce
 from slipstream.store import LocalObjectStore
 from slipstream.trust import AnnounceVerifier, Keyring, SigningKey, TrustConfig, Untrusted
@@ -73,3 +74,9 @@ async def test_keys_rotate_by_config_without_refusing_a_real_version(tmp_path: P
     for v in (4, 5):
         loaded = load_version(store, RUN, v, check=only_new.check_chain_manifest)
         assert torch.equal(loaded["w"], _tensors(v)["w"])
+
+    # The eval gate loads candidates and baselines the same way: an untrusted chain is Unloadable.
+    with pytest.raises(Unloadable, match="unknown_key"):
+        fetch_weights(store, stored[3].manifest_key, RUN, only_new.check_chain_manifest)
+    manifest, tensors = fetch_weights(store, stored[5].manifest_key, RUN, only_new.check_chain_manifest)
+    assert manifest.policy_version == 5 and torch.equal(tensors["w"], _tensors(5)["w"])

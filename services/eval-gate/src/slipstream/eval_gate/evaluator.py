@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
 from slipstream.engine.source import ModelSource
@@ -39,20 +39,31 @@ class Unloadable(Exception):
     """The version's weights could not be fetched, verified or applied."""
 
 
-def fetch_weights(store: ObjectStore, manifest_key: str, run_id: str) -> tuple[WeightManifest, dict[str, torch.Tensor]]:
-    """Manifest and verified tensors of the version at `manifest_key` (blocking: run it in a thread)."""
+def fetch_weights(
+    store: ObjectStore,
+    manifest_key: str,
+    run_id: str,
+    check: Callable[[WeightManifest], None] | None = None,
+) -> tuple[WeightManifest, dict[str, torch.Tensor]]:
+    """Manifest and verified tensors of the version at `manifest_key` (blocking: run it in a thread).
+
+    `check` (the announce verifier's signature step) sees every manifest read, the version's and
+    those of its chain; a manifest it refuses makes the version Unloadable.
+    """
     import msgspec
 
     from slipstream.weights import WeightsError, fetch_version, read_manifest
 
     try:
         manifest = read_manifest(store, manifest_key)
+        if check is not None:
+            check(manifest)
         if manifest.keyframe and all(s.codec == "raw" for s in manifest.shards):
             return fetch_version(store, manifest_key)
         # A zstd keyframe or a delta: the chain codec knows how to rebuild it.
         from slipstream.weights import load_version
 
-        return manifest, load_version(store, manifest.run_id or run_id, manifest.policy_version)
+        return manifest, load_version(store, manifest.run_id or run_id, manifest.policy_version, check=check)
     except (WeightsError, ValueError, msgspec.DecodeError) as exc:
         # Missing, corrupt or malformed: it will not get better. Store outages (OSError, botocore)
         # propagate instead, so the announcement is retried.
@@ -70,13 +81,16 @@ class Evaluator:
         self.suite = suite
         self.store = store
         self.run_id = run_id
+        self.check: Callable[[WeightManifest], None] | None = None  # the verifier's signature step, when set
         self._lock = asyncio.Lock()  # one evaluation at a time: the engine holds one version
 
     async def score(self, version: int, manifest_key: str) -> EvalDetails:
         """Evaluate `version` (stored at `manifest_key`) on the suite; raises Unloadable."""
         async with self._lock:
             t0 = time.perf_counter()
-            manifest, tensors = await asyncio.to_thread(fetch_weights, self.store, manifest_key, self.run_id)
+            manifest, tensors = await asyncio.to_thread(
+                fetch_weights, self.store, manifest_key, self.run_id, self.check
+            )
             if manifest.policy_version != version:
                 raise Unloadable(f"manifest {manifest_key} holds version {manifest.policy_version}, not {version}")
             await self._apply(version, tensors)
