@@ -6,13 +6,16 @@
 - the server restarts on the same port and store: the bus reconnects, publishes go through
   (one sent during the outage included) and the stream kept its messages;
 - no server at all: BusUnavailable names the URL, within the connect budget;
-- the backlog gauge a consumer exports agrees with the server's own count.
+- the backlog gauge a consumer exports agrees with the server's own count;
+- a message just under the server's size limit that fails to decode ends in the DLQ (its body
+  cut to fit beside the dead-letter headers, the cut recorded) and leaves its stream.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import hashlib
 import signal
 import sys
 import time
@@ -22,8 +25,9 @@ import msgspec
 import pytest
 
 from slipstream.bus import BusConfig, BusUnavailable, Delivery, connect_bus
-from slipstream.bus.instruments import CONSUME_PENDING
-from slipstream.schemas import Task
+from slipstream.bus.envelope import wire_size
+from slipstream.bus.instruments import CONSUME_PENDING, DLQ_CUT
+from slipstream.schemas import Episode, Task
 from slipstream.schemas.subjects import STREAMS, StreamSpec
 from slipstream.stack import ManagedProcess, Server, free_port, start_nats
 
@@ -197,3 +201,38 @@ async def test_unreachable_server_raises_bus_unavailable_naming_the_url() -> Non
     with pytest.raises(BusUnavailable, match=url.replace(".", r"\.")):
         await connect_bus(BusConfig(url=url, connect_budget_s=1.0, reconnect_wait_s=0.2), name="test")
     assert time.monotonic() - t0 < 4.0
+
+
+async def test_a_message_just_under_the_size_limit_that_fails_to_decode_ends_in_the_dlq(
+    nats_server: Server,
+) -> None:
+    bus = await connect_bus(BusConfig(url=nats_server.url, stream_storage="memory"), name="test")
+    try:
+        await bus.ensure_streams()
+        limit = bus.max_payload
+        headers = {"Slipstream-Schema": "Episode/1"}
+        body = b"\xc1" * (limit - wire_size(b"", headers) - 8)  # 0xc1 is never valid msgpack
+        assert limit - 64 < wire_size(body, headers) <= limit
+        await bus.publish_raw("traj.raw.arith", body, headers)
+        ok = Task(task_id="fine", env="arith", prompt="1+1=", reference="2")
+        cut_before = DLQ_CUT.value(stream="TRAJ_RAW")
+
+        consumer = await bus.consumer("reward-model", Episode)
+        assert await consumer.fetch(batch=4, timeout=3) == []  # not admitted: dead-lettered, not handed out
+        await consumer.close()
+
+        letters = await bus.dead_letters("TRAJ_RAW")
+        assert len(letters) == 1
+        letter = letters[0]
+        assert letter.reason.startswith("decode: cannot decode Episode"), letter.reason
+        assert (letter.subject, letter.sequence, letter.consumer) == ("traj.raw.arith", 1, "reward-model")
+        assert letter.cut and letter.original_size == len(body)
+        assert letter.original_sha256 == hashlib.sha256(body).hexdigest()
+        assert body.startswith(letter.data) and len(body) - len(letter.data) < 1024
+        assert DLQ_CUT.value(stream="TRAJ_RAW") == cut_before + 1
+        info = await bus.stream_info("TRAJ_RAW")
+        assert info["messages"] == 0  # it left its stream: nothing retried forever
+        # The bus still works for everything else.
+        assert await bus.publish("tasks.arith", ok, msg_id="fine") >= 1
+    finally:
+        await bus.close()

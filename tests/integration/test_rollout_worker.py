@@ -9,7 +9,9 @@ In-process (the service driven by the runtime, so its lifecycle is the real one)
 - a task for an unknown environment goes to dlq.TASKS with the reason;
 - SIGTERM-equivalent stop: exit code 0, nothing left in flight.
 As a subprocess (`python -m slipstream.rollout_worker`, env-only config): it becomes ready,
-rolls out a task, and exits 0 on SIGTERM.
+rolls out a task, and exits 0 on SIGTERM; SIGKILLed while it holds tasks (waiting for a version
+that never comes), the tasks it held for longer than the durable's ack wait (kept with
+in-progress signals) come back to another consumer within seconds of its death.
 """
 
 from __future__ import annotations
@@ -225,7 +227,7 @@ async def test_drain_hands_back_a_task_that_cannot_finish_in_the_budget(
     assert code == 0
     assert dict(pipeline.outcomes) == {"released": 1}
     assert (await bus.stream_info("TRAJ_RAW"))["messages"] == 0
-    # Handed back, not left to time out: the next worker gets it at once (ack_wait is 300 s).
+    # Handed back, not left to time out: the next worker gets it at once (not after the 10 s ack_wait).
     taker = await bus.consumer("rollout-worker", Task)
     again = await taker.fetch(4, 2.0)
     assert [(d.msg.task_id, d.num_delivered) for d in again] == [("t1", 2)]
@@ -278,14 +280,13 @@ def _http_json(port: int, path: str) -> tuple[int, dict[str, object]]:
         return err.code, json.loads(err.read())
 
 
-async def test_worker_as_a_process_with_env_only_config(bus: Bus, nats_server: Server, tmp_path: Path) -> None:
-    port = free_port()
-    env = {
+def _worker_env(nats_url: str, port: int, tmp_path: Path) -> dict[str, str]:
+    return {
         **os.environ,
         "SLIPSTREAM_SERVICE__RUN_ID": RUN,
         "SLIPSTREAM_SERVICE__HTTP_PORT": str(port),
         "SLIPSTREAM_SERVICE__DRAIN_TIMEOUT_S": "10",
-        "SLIPSTREAM_BUS__URL": nats_server.url,
+        "SLIPSTREAM_BUS__URL": nats_url,
         "SLIPSTREAM_BUS__STREAM_STORAGE": "memory",
         "SLIPSTREAM_STORE__ROOT": str(tmp_path / "store"),
         "SLIPSTREAM_MODEL__THREADS": "1",
@@ -293,23 +294,38 @@ async def test_worker_as_a_process_with_env_only_config(bus: Bus, nats_server: S
         "SLIPSTREAM_WORKER__ENV_OPTIONS": '{"arith": {"max_operand": 9}}',
         "SLIPSTREAM_TELEMETRY__LOG_FORMAT": "json",
     }
+
+
+async def _start_worker(nats_url: str, tmp_path: Path, **env: str) -> tuple[subprocess.Popen[bytes], int, Path]:
+    """`python -m slipstream.rollout_worker` configured by env only, once its /readyz answers 200."""
+    port = free_port()
     log_path = tmp_path / "worker.log"
     with log_path.open("wb") as log:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "slipstream.rollout_worker"], env=env, stdout=log, stderr=subprocess.STDOUT
+            [sys.executable, "-m", "slipstream.rollout_worker"],
+            env={**os.environ, **_worker_env(nats_url, port, tmp_path), **env},
+            stdout=log,
+            stderr=subprocess.STDOUT,
         )
+    deadline = time.monotonic() + 60.0
+    while True:
+        assert proc.poll() is None, log_path.read_text()[-3000:]
+        if time.monotonic() > deadline:
+            proc.kill()
+            proc.wait()
+            raise AssertionError("worker not ready in 60 s:\n" + log_path.read_text()[-3000:])
+        try:
+            code, _ = await asyncio.to_thread(_http_json, port, "/readyz")
+            if code == 200:
+                return proc, port, log_path
+        except OSError:
+            pass
+        await asyncio.sleep(0.2)
+
+
+async def test_worker_as_a_process_with_env_only_config(bus: Bus, nats_server: Server, tmp_path: Path) -> None:
+    proc, port, log_path = await _start_worker(nats_server.url, tmp_path)
     try:
-        deadline = time.monotonic() + 60.0
-        while True:
-            assert proc.poll() is None, log_path.read_text()[-3000:]
-            assert time.monotonic() < deadline, "worker not ready in 60 s:\n" + log_path.read_text()[-3000:]
-            try:
-                code, _ = await asyncio.to_thread(_http_json, port, "/readyz")
-                if code == 200:
-                    break
-            except OSError:
-                pass
-            await asyncio.sleep(0.2)
         reader = await bus.consumer("reward-model", Episode)
         await _publish_tasks(bus, [_task(1, group_size=2)])
         got = await _collect(reader, 2)
@@ -325,3 +341,47 @@ async def test_worker_as_a_process_with_env_only_config(bus: Bus, nats_server: S
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+async def test_a_sigkilled_workers_tasks_come_back_within_seconds(
+    bus: Bus, nats_server: Server, tmp_path: Path
+) -> None:
+    """The table's own ack wait (10 s, not an override): held past it by heartbeats, freed by death."""
+    from slipstream.schemas.subjects import consumer
+
+    ack_wait = consumer("rollout-worker")[1].ack_wait_s
+    proc, _, log_path = await _start_worker(nats_server.url, tmp_path)
+    try:
+        # Version 1 never comes: the worker holds each task, waiting for it, and keeps it with heartbeats.
+        await _publish_tasks(bus, [_task(i, group_size=2, min_version=1) for i in range(3)])
+
+        async def held() -> dict[str, int]:
+            return dict((await bus.stream_info("TASKS"))["consumers"]["rollout-worker"])
+
+        deadline = time.monotonic() + 20
+        while (await held())["num_ack_pending"] < 3:
+            assert time.monotonic() < deadline, f"the worker did not take the tasks: {await held()}"
+            await asyncio.sleep(0.1)
+        await asyncio.sleep(ack_wait + 2)  # past the ack wait: only the heartbeats keep the tasks
+        state = await held()
+        assert state["num_ack_pending"] == 3 and state["num_redelivered"] == 0, state
+        proc.send_signal(signal.SIGKILL)
+        killed_at = time.monotonic()
+        proc.wait()
+
+        taker = await bus.consumer("rollout-worker", Task)
+        back: dict[str, float] = {}
+        while len(back) < 3 and time.monotonic() - killed_at < 60:
+            for d in await taker.fetch(3, 0.5):
+                back.setdefault(d.msg.task_id, time.monotonic() - killed_at)
+                await d.ack()
+        await taker.close()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert sorted(back) == ["t0", "t1", "t2"], (back, log_path.read_text()[-2000:])
+    slowest = max(back.values())
+    print(f"tasks of the SIGKILLed worker back after {slowest:.1f} s (ack wait {ack_wait:.0f} s)")
+    # Before: a 300 s ack wait. Now: the 10 s wait since the worker's last heartbeat, plus a fetch.
+    assert slowest < 15.0, back

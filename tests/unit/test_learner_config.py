@@ -64,7 +64,7 @@ def test_the_ack_wait_override_touches_only_the_learner_durable() -> None:
     assert learner_streams(0.0) is STREAMS
     patched = {c.durable: c for s in learner_streams(5.0) for c in s.consumers}
     original = {c.durable: c for s in STREAMS for c in s.consumers}
-    assert patched["learner"].ack_wait_s == 5.0 and original["learner"].ack_wait_s == 600.0
+    assert patched["learner"].ack_wait_s == 5.0 and original["learner"].ack_wait_s == 20.0
     assert {k: v for k, v in patched.items() if k != "learner"} == {k: v for k, v in original.items() if k != "learner"}
     assert patched["learner"].max_ack_pending == original["learner"].max_ack_pending
 

@@ -14,7 +14,7 @@ from typing import Any, Generic, Protocol, TypeVar
 import msgspec
 
 from slipstream.bus import dlq
-from slipstream.bus.base import PayloadTooLarge, PublishError
+from slipstream.bus.base import PublishError
 from slipstream.bus.delivery import Action, Delivery
 from slipstream.bus.envelope import schema_of
 from slipstream.bus.instruments import DLQ_ERRORS
@@ -28,6 +28,9 @@ log = logging.getLogger(__name__)
 
 
 class RawPublisher(Protocol):
+    @property
+    def max_payload(self) -> int: ...
+
     async def publish_raw(self, subject: str, data: bytes, headers: dict[str, str]) -> int: ...
 
 
@@ -96,41 +99,35 @@ class BaseConsumer(Generic[T]):
         kind: dlq.ReasonKind,
         detail: str,
     ) -> bool:
-        """Publish to dlq.<STREAM>, then term the source. On failure, leave it for a redelivery."""
-        hdrs = dlq.dead_letter_headers(
-            headers,
-            kind=kind,
-            detail=detail,
-            subject=subject,
-            stream=self.stream,
-            consumer=self.durable,
-            deliveries=delivered,
-            sequence=seq,
-        )
+        """Publish to dlq.<STREAM>, then term the source. On failure, leave it for a redelivery.
+
+        A message that fits the bus but not with the DLQ headers is dead-lettered with its body
+        cut, the cut recorded in headers (`dlq.fit`): never left to be retried forever.
+        """
+
+        def dlq_headers(original: dict[str, str] | None) -> dict[str, str]:
+            return dlq.dead_letter_headers(
+                original,
+                kind=kind,
+                detail=detail,
+                subject=subject,
+                stream=self.stream,
+                consumer=self.durable,
+                deliveries=delivered,
+                sequence=seq,
+            )
+
+        body, hdrs, cut = dlq.fit(data, dlq_headers(headers), dlq_headers(None), self._bus.max_payload)
         target = dlq.target(self.stream)
         try:
-            try:
-                await self._bus.publish_raw(target, data, hdrs)
-            except PayloadTooLarge:
-                # The original headers pushed it over the limit: keep only the DLQ's own.
-                slim = dlq.dead_letter_headers(
-                    None,
-                    kind=kind,
-                    detail=detail,
-                    subject=subject,
-                    stream=self.stream,
-                    consumer=self.durable,
-                    deliveries=delivered,
-                    sequence=seq,
-                )
-                await self._bus.publish_raw(target, data, slim)
+            await self._bus.publish_raw(target, body, hdrs)
         except PublishError as exc:
             DLQ_ERRORS.add(1, stream=self.stream)
             log.error("cannot dead-letter %s seq %d to %s (%s); left for redelivery", subject, seq, target, exc)
             await self._raw_nak(handle, DLQ_RETRY_DELAY_S)
             return False
         await self._raw_term(handle)
-        dlq.count(self.stream, kind, subject, seq, detail)
+        dlq.count(self.stream, kind, subject, seq, detail, cut)
         return True
 
     # -- settlement (called by Delivery) --------------------------------------------------------

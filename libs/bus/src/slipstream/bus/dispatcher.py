@@ -7,6 +7,11 @@ nak'd with a delay and counted; it never ends the loop. A handler that returns n
 delivery acked unless it settled it itself (`auto_ack=False` leaves settlement to the handler,
 as the learner does when it acks after the step commits).
 
+Every delivery the loop holds (fetched and waiting for a slot, or in its handler) gets an
+in-progress signal every `heartbeat_s` (default: a third of the consumer's ack_wait), so the
+ack waits in the subject table can stay short: they only decide how soon a *dead* replica's
+messages come back, never whether a slow live one loses them.
+
 With a tracer provider installed, each handler runs inside a CONSUMER span whose parent is the
 producer's context from the message headers (`tracing.consumer_span`), so whatever the handler
 publishes continues the same trace. Without one, the loop does not touch trace context at all.
@@ -66,8 +71,13 @@ async def consume(
     fetch_timeout_s: float | None = None,
     auto_ack: bool = True,
     error_delay_s: float = 1.0,
+    heartbeat_s: float | None = None,
 ) -> ConsumeStats:
-    """Run until `stop` is set; returns what happened. See the module docstring."""
+    """Run until `stop` is set; returns what happened. See the module docstring.
+
+    `heartbeat_s`: interval of in-progress signals on held deliveries; None = a third of the
+    consumer's ack_wait, 0 = none.
+    """
     if concurrency < 1:
         raise ValueError(f"concurrency must be >= 1, not {concurrency}")
     stats = ConsumeStats()
@@ -75,9 +85,18 @@ async def consume(
     slots = asyncio.Semaphore(concurrency)
     running: set[asyncio.Task[None]] = set()
     fetched: list[Delivery[T]] = []
+    held: set[Delivery[T]] = set()
     backoff = 0.1
+    interval = default_heartbeat(consumer) if heartbeat_s is None else heartbeat_s
+    beats = asyncio.create_task(_heartbeats(held, interval)) if interval > 0 else None
 
     async def run(d: Delivery[T]) -> None:
+        try:
+            await handle(d)
+        finally:
+            held.discard(d)
+
+    async def handle(d: Delivery[T]) -> None:
         try:
             if tracing_active():
                 with consumer_span(d, durable):
@@ -111,6 +130,7 @@ async def consume(
                 backoff = min(backoff * 2, _MAX_BACKOFF_S)
                 continue
             backoff = 0.1
+            held.update(fetched)
             while fetched and not stop.is_set():
                 if concurrency == 1:
                     await run(fetched.pop(0))
@@ -130,4 +150,27 @@ async def consume(
                 stats.released += 1
                 await _settle_quietly("release", d.release())
         fetched = []
+        held.clear()
+        if beats is not None:
+            beats.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await beats
     return stats
+
+
+def default_heartbeat(consumer: object) -> float:
+    """A third of the consumer's ack_wait (0 when it has none: no heartbeats)."""
+    spec = getattr(consumer, "spec", None)
+    ack_wait = getattr(spec, "ack_wait_s", 0.0) or 0.0
+    return float(ack_wait) / 3.0
+
+
+async def _heartbeats(held: set[Delivery[Any]], interval: float) -> None:
+    while True:
+        await asyncio.sleep(interval)
+        for d in list(held):
+            try:
+                await d.in_progress()  # a no-op once settled
+            except Exception as exc:  # nats-py raises its own hierarchy; the next beat may get through
+                CONSUME_ERRORS.add(1, reason="heartbeat")
+                log.warning("in-progress signal failed on %r: %r", d, exc)

@@ -20,6 +20,9 @@ CONSUME_PENDING = gauge(
 )
 CONSUME_ERRORS = counter("bus/consume/errors", "Handler failures and fetch errors (label reason).")
 DLQ_MESSAGES = counter("bus/dlq/messages", "Messages dead-lettered (labels stream, reason).")
+DLQ_CUT = counter(
+    "bus/dlq/cut", "Dead letters whose body was cut to fit the bus limit (label stream); the cut is in their headers."
+)
 DLQ_ERRORS = counter("bus/dlq/errors", "Dead letters that could not be published (left for redelivery).")
 RECONNECTS = counter("bus/connection/reconnects", "Reconnections to the NATS server.")
 DISCONNECTS = counter("bus/connection/disconnects", "Losses of the NATS connection.")

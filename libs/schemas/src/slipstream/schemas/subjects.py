@@ -17,12 +17,23 @@ Retention = Literal["workqueue", "limits", "interest"]
 
 
 class ConsumerSpec(msgspec.Struct, kw_only=True, frozen=True):
-    """A durable pull consumer shared by every replica of one service."""
+    """A durable pull consumer shared by every replica of one service.
+
+    Ack waits are short on purpose: a consumer that holds a message for long (a rollout, a step
+    waiting for its checkpoint) keeps it with in-progress signals every ack_wait/3, so the wait
+    only decides how soon a *dead* holder's messages come back to the other replicas.
+    """
 
     durable: Annotated[str, Doc(description="Durable name; replicas bind to the same one.")]
     filter_subject: str
     service: Annotated[str, Doc(description="The service whose replicas consume it.")]
-    ack_wait_s: float = 60.0
+    ack_wait_s: Annotated[
+        float,
+        Doc(
+            description="Seconds without an ack or in-progress signal before the server redelivers "
+            "(how long a dead holder's messages stay locked)."
+        ),
+    ] = 10.0
     max_deliver: Annotated[int, Doc(description="Deliveries before the message goes to the DLQ.")] = 5
     max_ack_pending: int = 1024
 
@@ -105,16 +116,16 @@ STREAMS: tuple[StreamSpec, ...] = (
         name="TASKS",
         retention="workqueue",
         consumers=(
-            ConsumerSpec(
-                durable="rollout-worker", filter_subject="tasks.>", service="rollout-worker", ack_wait_s=300.0
-            ),
+            ConsumerSpec(durable="rollout-worker", filter_subject="tasks.>", service="rollout-worker", ack_wait_s=10.0),
         ),
         description="Task backlog; each task is taken by exactly one rollout worker.",
     ),
     StreamSpec(
         name="TRAJ_RAW",
         retention="workqueue",
-        consumers=(ConsumerSpec(durable="reward-model", filter_subject="traj.raw.>", service="reward-model"),),
+        consumers=(
+            ConsumerSpec(durable="reward-model", filter_subject="traj.raw.>", service="reward-model", ack_wait_s=10.0),
+        ),
         description="Raw trajectories waiting to be scored.",
     ),
     StreamSpec(
@@ -125,7 +136,7 @@ STREAMS: tuple[StreamSpec, ...] = (
                 durable="learner",
                 filter_subject="traj.scored.>",
                 service="learner",
-                ack_wait_s=600.0,
+                ack_wait_s=20.0,
                 max_ack_pending=65536,
             ),
         ),
@@ -135,7 +146,9 @@ STREAMS: tuple[StreamSpec, ...] = (
         name="WEIGHTS",
         retention="limits",
         max_age_s=7 * DAY,
-        consumers=(ConsumerSpec(durable="eval-gate", filter_subject="weights.announce", service="eval-gate"),),
+        consumers=(
+            ConsumerSpec(durable="eval-gate", filter_subject="weights.announce", service="eval-gate", ack_wait_s=30.0),
+        ),
         description="Weight announcements and promotions: a replayable log.",
     ),
     StreamSpec(name="EVAL", retention="limits", max_age_s=30 * DAY, description="Eval results log."),

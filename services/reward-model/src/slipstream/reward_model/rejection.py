@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from slipstream.bus import Bus, Delivery
+from slipstream.bus.dlq import fit
 from slipstream.schemas.dead_letter import H_CONSUMER, H_DELIVERIES, H_REASON, H_SEQUENCE, H_STREAM, H_SUBJECT
 from slipstream.schemas.subjects import dlq_subject
 
@@ -23,10 +24,12 @@ H_ORIGINAL_MSG_ID = "Slipstream-Dlq-Msg-Id"
 _MAX_REASON = 400
 
 
-def rejection_headers(delivery: Delivery[Any], *, reason: str, stream: str, consumer: str) -> dict[str, str]:
-    """Headers of the dead-letter copy of `delivery`."""
+def rejection_headers(
+    delivery: Delivery[Any], *, reason: str, stream: str, consumer: str, keep_original: bool = True
+) -> dict[str, str]:
+    """Headers of the dead-letter copy of `delivery` (without its own headers when not `keep_original`)."""
     hdrs: dict[str, str] = {}
-    for k, v in delivery.headers.items():
+    for k, v in (delivery.headers if keep_original else {}).items():
         if k == MSG_ID_HEADER:
             hdrs[H_ORIGINAL_MSG_ID] = v
         elif not k.startswith("Nats-"):
@@ -46,8 +49,12 @@ async def reject(bus: Bus, delivery: Delivery[Any], *, reason: str, stream: str,
     """Store the dead letter (waiting for the stream's ack), then term the source message.
 
     A failed DLQ publish raises (`PublishError`) before the term, so the message stays and is
-    redelivered: it is never dropped without a trace.
+    redelivered: it is never dropped without a trace. A message too big to fit beside the
+    dead-letter headers loses its own headers, then the end of its body (`slipstream.bus.dlq.fit`
+    records the cut), rather than being retried forever.
     """
-    hdrs = rejection_headers(delivery, reason=reason, stream=stream, consumer=consumer)
-    await bus.publish_raw(dlq_subject(stream), delivery.data, hdrs)
+    full = rejection_headers(delivery, reason=reason, stream=stream, consumer=consumer)
+    slim = rejection_headers(delivery, reason=reason, stream=stream, consumer=consumer, keep_original=False)
+    body, hdrs, _ = fit(delivery.data, full, slim, bus.max_payload)
+    await bus.publish_raw(dlq_subject(stream), body, hdrs)
     await delivery.term()

@@ -76,8 +76,12 @@ class WorkerSection(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     ] = 2.0
     heartbeat_s: Annotated[
         float,
-        Doc(description="Interval of in-progress signals on held tasks (keep it well under ack_wait, 300 s).", gt=0),
-    ] = 30.0
+        Doc(
+            description="Interval of in-progress signals on held tasks; must be under half the `rollout-worker` "
+            "durable's ack_wait (10 s), which is how soon a dead worker's tasks come back.",
+            gt=0,
+        ),
+    ] = 3.0
     env_options: Annotated[
         dict[str, dict[str, Any]],
         Doc(description='Options per environment, e.g. {"arith": {"max_operand": 19}}; others use defaults.'),

@@ -138,18 +138,25 @@ class TaskPipeline:
     async def _reject(self, delivery: Delivery[Task], reason: str) -> None:
         """Dead-letter a task no worker of this build can run: original bytes + reason to dlq.TASKS."""
         stream = spec_for(delivery.subject).stream
-        headers = dead_letters.dead_letter_headers(
-            delivery.headers,
-            kind="schema",
-            detail=reason,
-            subject=delivery.subject,
-            stream=stream,
-            consumer="rollout-worker",
-            deliveries=delivery.num_delivered,
-            sequence=delivery.stream_seq,
+
+        def dlq_headers(original: dict[str, str] | None) -> dict[str, str]:
+            return dead_letters.dead_letter_headers(
+                original,
+                kind="schema",
+                detail=reason,
+                subject=delivery.subject,
+                stream=stream,
+                consumer="rollout-worker",
+                deliveries=delivery.num_delivered,
+                sequence=delivery.stream_seq,
+            )
+
+        # A task just under the bus limit does not fit beside the DLQ headers: cut, not retried forever.
+        body, headers, _ = dead_letters.fit(
+            delivery.data, dlq_headers(delivery.headers), dlq_headers(None), self.bus.max_payload
         )
         try:
-            await self.bus.publish_raw(dlq_subject(stream), delivery.data, headers)
+            await self.bus.publish_raw(dlq_subject(stream), body, headers)
         except Exception as exc:
             log.error("could not dead-letter a task; nak", task_id=delivery.msg.task_id, error=repr(exc))
             await self._settle(delivery, "nak_error", delivery.nak(self.retry_delay_s))

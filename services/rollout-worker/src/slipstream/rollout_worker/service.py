@@ -35,6 +35,7 @@ from slipstream.rollout_worker.sampler import Sampler, check_env_options
 from slipstream.runtime.progress import ProgressWatch
 from slipstream.runtime.service import BaseService
 from slipstream.schemas import Task
+from slipstream.schemas.subjects import consumer as durable_spec
 from slipstream.store import setup_store
 from slipstream.telemetry.logs import get_logger
 from slipstream.tools import ToolRegistry, ToolTransport
@@ -99,6 +100,13 @@ class RolloutWorkerService(BaseService):
         if cfg.tools.transport == "nats":
             self.tools_url()  # a missing url fails before the model is loaded
         keyring = Keyring.parse(cfg.trust.trusted_keys)  # BadKey names the entry: fatal before the model loads
+        ack_wait_s = durable_spec(DURABLE)[1].ack_wait_s
+        if w.heartbeat_s * 2 > ack_wait_s:
+            # A missed beat or two must not let the server hand a live worker's task to another one.
+            raise ValueError(
+                f"worker.heartbeat_s = {w.heartbeat_s} s is more than half the {DURABLE!r} durable's "
+                f"ack_wait ({ack_wait_s} s); held tasks would be redelivered while still running"
+            )
         model, tokenizer = await asyncio.to_thread(load_model, cfg.model)
         self.engine = TorchEngine(
             model,
