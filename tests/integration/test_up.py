@@ -3,14 +3,15 @@
 The CLI tests run `slipstream up` as a subprocess, wait for stack.json, talk to the servers it
 lists, send SIGINT and check that every PID it started is gone (and that a server given by URL
 is left alone). The `Stack` tests stand small fake services (an HTTP /readyz and a SIGTERM
-handler) in for the real ones, to drive readiness, death and drain paths in a few seconds; the
-real five services run in the last test once their entry points exist.
+handler) in for the real ones, to drive readiness, death, restart and drain paths in a few
+seconds; the real five services run in the last test once their entry points exist.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import signal
 import socket
 import subprocess
@@ -27,6 +28,7 @@ from rich.console import Console
 from slipstream.cli import up
 from slipstream.cli.spec import SERVICES, StackSpec, module_of
 from slipstream.cli.stack import ServerHandle, Stack, StackError, StackInterrupted
+from slipstream.cli.supervisor import NO_RESTART, RestartPolicy
 from slipstream.stack import Server, pid_alive
 
 pytestmark = pytest.mark.integration
@@ -42,6 +44,9 @@ print(f"fake {name} starting ({mode})", flush=True)
 if mode == "die-early":
     print("boom: cannot open the frobnicator", flush=True)
     sys.exit(3)
+if mode == "bad-config":
+    print("config error: worker.frobs must be > 0", flush=True)
+    sys.exit(2)
 
 class Health(BaseHTTPRequestHandler):
     def do_GET(self):
@@ -199,7 +204,7 @@ def test_stack_starts_fakes_with_their_config_env_and_drains_them(tmp_path: Path
 
 
 def test_stack_names_a_service_that_dies_before_ready(tmp_path: Path) -> None:
-    stack = Stack(_fake_spec(tmp_path, {"reward-model": "ok", "eval-gate": "die-early"}))
+    stack = Stack(_fake_spec(tmp_path, {"reward-model": "ok", "eval-gate": "die-early"}, restart=NO_RESTART))
     with stack, pytest.raises(StackError, match="eval-gate exited with code 3 before it was ready") as exc:
         stack.wait_ready(timeout_s=30)
     assert "boom: cannot open the frobnicator" in exc.value.tails["eval-gate"]
@@ -246,7 +251,9 @@ def test_a_stop_request_ends_the_ready_wait_and_a_second_one_skips_the_drain(tmp
 
 @pytest.mark.parametrize("keep_going", [False, True])
 def test_supervisor_reports_a_death_after_ready(tmp_path: Path, keep_going: bool) -> None:
-    stack = Stack(_fake_spec(tmp_path, {"reward-model": "ok", "weight-publisher": "die-later"}))
+    # --no-restart: today's behaviour, the first death ends `up` (or is only reported with --keep-going).
+    spec = _fake_spec(tmp_path, {"reward-model": "ok", "weight-publisher": "die-later"}, restart=NO_RESTART)
+    stack = Stack(spec)
     console = Console(record=True, width=120)
     with stack:
         stack.wait_ready(timeout_s=30)
@@ -264,6 +271,93 @@ def test_supervisor_reports_a_death_after_ready(tmp_path: Path, keep_going: bool
     assert "weight-publisher exited with code 4" in text
     assert "crashed after being ready" in text
     assert stack.exit_codes["reward-model"] == 0
+    assert stack.restarts == {"reward-model": 0, "weight-publisher": 0}
+
+
+def _poll_until(stack: Stack, cond: Any, timeout_s: float, what: str) -> list[tuple[str, int | None]]:
+    """Drive the supervisor (as `up` and the demo do) until `cond()`; the final exits it reported."""
+    exits: list[tuple[str, int | None]] = []
+    deadline = time.monotonic() + timeout_s
+    while not cond():
+        assert time.monotonic() < deadline, f"timed out after {timeout_s} s waiting for {what}; exits {exits}"
+        exits += stack.poll_exits()
+        time.sleep(0.05)
+    return exits
+
+
+def test_a_sigkilled_service_is_restarted_on_its_port_and_counted(tmp_path: Path) -> None:
+    events: list[str] = []
+    spec = _fake_spec(tmp_path, {"reward-model": "ok", "learner": "ok"}, restart=RestartPolicy(backoff_s=0.2))
+    with Stack(spec, on_event=lambda ev: events.append(f"{ev.service} {ev.kind}")) as stack:
+        stack.wait_ready(timeout_s=30)
+        stack.write_state()
+        learner = stack.services["learner"]
+        old_pid, port = learner.pid, learner.port
+        os.kill(old_pid, signal.SIGKILL)
+        t0 = time.monotonic()
+        exits = _poll_until(stack, lambda: stack.restarts["learner"] == 1, 10, "the restart")
+        restarted_after = time.monotonic() - t0
+        assert exits == []  # a restarted crash is not a final exit
+        assert learner.pid != old_pid and learner.port == port
+        _poll_until(stack, lambda: stack.health()[-1]["health"] == "ready", 20, "the restarted learner's /readyz")
+        state = json.loads((tmp_path / "run" / "stack.json").read_text())
+        assert state["services"]["learner"]["pid"] == learner.pid
+        assert state["services"]["learner"]["restarts"] == 1
+        assert state["services"]["reward-model"]["restarts"] == 0
+        assert [e["kind"] for e in state["supervisor_events"]] == ["crashed", "restarted"]
+        assert state["supervisor_events"][0]["exit_code"] == -signal.SIGKILL
+        assert {r["name"]: r["restarts"] for r in stack.health() if "restarts" in r} == {
+            "reward-model": 0,
+            "learner": 1,
+        }
+    assert 0.2 <= restarted_after < 5
+    assert events == ["learner crashed", "learner restarted"]
+    assert stack.exit_codes == {"reward-model": 0, "learner": 0}
+    assert not pid_alive(old_pid) and not pid_alive(learner.pid)
+    # One log, appended to across the restart.
+    assert Path(learner.process.log_path).read_text().count("fake learner starting") == 2
+
+
+def test_up_gives_up_on_a_service_that_keeps_crashing(tmp_path: Path) -> None:
+    policy = RestartPolicy(backoff_s=0.1, max_restarts=2, window_s=120)
+    stack = Stack(_fake_spec(tmp_path, {"reward-model": "ok", "weight-publisher": "die-later"}, restart=policy))
+    console = Console(record=True, width=200)
+    with stack:
+        stack.wait_ready(timeout_s=30)
+        timer = threading.Timer(60.0, stack.interrupt.set)  # a safety net only: the give-up ends it
+        timer.start()
+        rc = up._supervise(stack, console, keep_going=False)
+        timer.cancel()
+        assert stack.services["reward-model"].alive()
+    text = console.export_text()
+    assert rc == 1
+    assert stack.restarts == {"reward-model": 0, "weight-publisher": 2}
+    assert (
+        "weight-publisher crashed 3 times within 120 s (last: exit code 4) after 2 restart(s); "
+        "not restarting it again" in text
+    )
+    assert "crashed after being ready" in text  # the log tail
+    kinds = [e.kind for e in stack.supervisor.events if e.service == "weight-publisher"]
+    assert kinds == ["crashed", "restarted", "crashed", "restarted", "gave_up"]
+
+
+def test_a_configuration_error_is_not_restarted(tmp_path: Path) -> None:
+    stack = Stack(_fake_spec(tmp_path, {"reward-model": "ok", "learner": "bad-config"}))
+    t0 = time.monotonic()
+    with stack, pytest.raises(StackError, match=r"learner exited with exit code 2 \(a configuration error\)") as exc:
+        stack.wait_ready(timeout_s=30)
+    assert time.monotonic() - t0 < 15
+    assert "worker.frobs must be > 0" in exc.value.tails["learner"]
+    assert stack.restarts["learner"] == 0
+
+
+def test_a_crash_before_ready_is_restarted_and_the_wait_goes_on(tmp_path: Path) -> None:
+    # "die-early" exits 3 at once every time: with a budget of one restart the wait ends with the give-up.
+    policy = RestartPolicy(backoff_s=0.1, max_restarts=1, window_s=60)
+    stack = Stack(_fake_spec(tmp_path, {"eval-gate": "die-early"}, restart=policy))
+    with stack, pytest.raises(StackError, match=r"eval-gate crashed 2 times .* before it was ready"):
+        stack.wait_ready(timeout_s=30)
+    assert stack.restarts == {"eval-gate": 1}
 
 
 # ---- the real services ----

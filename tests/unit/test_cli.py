@@ -21,9 +21,11 @@ from slipstream.cli.spec import (
     default_run_dir,
     parse_services,
     parse_store,
+    restart_policy,
     spec_from_args,
 )
 from slipstream.cli.stack import OWNED_ENV, ServerHandle, Stack, StackError
+from slipstream.cli.supervisor import NO_RESTART, RestartPolicy
 from slipstream.runtime.section import ServiceSection
 from slipstream.store.config import StoreConfig
 from slipstream.telemetry.config import TelemetryConfig
@@ -129,6 +131,18 @@ def test_server_urls_and_env_flags_are_validated(capsys: pytest.CaptureFixture[s
     assert "must be > 0" in _parse_error(["up", "--ready-timeout", "0"], capsys)
     args = build_parser().parse_args(["up", "--env", "SLIPSTREAM_LEARNER__LR=1e-5", "--env", "SLIPSTREAM_A__B=x=y"])
     assert dict(args.env) == {"SLIPSTREAM_LEARNER__LR": "1e-5", "SLIPSTREAM_A__B": "x=y"}
+
+
+def test_restart_flags_on_up_demo_and_train(capsys: pytest.CaptureFixture[str]) -> None:
+    args = build_parser().parse_args(["up"])
+    assert spec_from_args(args, args.parser).restart == RestartPolicy()
+    args = build_parser().parse_args(["up", "--no-restart"])
+    assert not spec_from_args(args, args.parser).restart.enabled
+    args = build_parser().parse_args(["up", "--max-restarts", "0"])
+    assert spec_from_args(args, args.parser).restart.max_restarts == 0
+    assert restart_policy(build_parser().parse_args(["demo", "--no-restart"])) == NO_RESTART
+    assert restart_policy(build_parser().parse_args(["train", "x.toml", "--max-restarts", "2"])).max_restarts == 2
+    assert "'-1' must be >= 0" in _parse_error(["demo", "--max-restarts", "-1"], capsys)
 
 
 def test_default_run_dir_does_not_reuse_a_taken_second(tmp_path: Path) -> None:

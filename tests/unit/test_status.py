@@ -60,7 +60,7 @@ def test_status_command_without_a_stack_exits_2(tmp_path: Path, capsys: pytest.C
 
 
 def test_service_row_reads_health_and_version_from_readyz() -> None:
-    svc = {"pid": 11, "url": "http://127.0.0.1:1"}
+    svc = {"pid": 11, "url": "http://127.0.0.1:1", "restarts": 2}
     body = {"state": "running", "status": {"policy_version": 5, "weights": {"follow": "promoted"}}}
     row = status.service_row("rollout-worker", svc, 200, body)
     assert row == {
@@ -68,9 +68,11 @@ def test_service_row_reads_health_and_version_from_readyz() -> None:
         "pid": 11,
         "url": "http://127.0.0.1:1",
         "health": "ready",
+        "restarts": 2,
         "policy_version": 5,
         "follow": "promoted",
     }
+    assert status.service_row("learner", {"pid": 1, "url": ""}, 200, None)["restarts"] == 0  # an older stack.json
     gate = status.service_row("eval-gate", svc, 200, {"status": {"control": {"redis": "degraded"}}})
     assert gate["redis"] == "degraded" and gate["policy_version"] is None
     assert status.service_row("learner", svc, 503, {"state": "starting"})["health"] == "not ready (starting)"

@@ -103,6 +103,10 @@ class RunSummary(msgspec.Struct, kw_only=True):
     wall_time_s: float = 0.0
     train_time_s: float = 0.0
     """From the stack being ready to the learner's last step."""
+    restarts: dict[str, int] = {}
+    """Restarts per service by the local supervisor (0 for each service that never crashed)."""
+    supervisor_events: list[dict[str, Any]] = []
+    """What the supervisor saw and did: crashed / restarted / finished / gave_up, per service, with times."""
 
 
 def service_env(plan: TrainingPlan, model_dir: Path, staging_dir: Path, outcomes: Path) -> dict[str, str]:

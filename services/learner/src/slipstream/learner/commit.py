@@ -90,6 +90,7 @@ class Committer:
         if p.step == p.committed_step or self.diverged or not await confirmed(self.lead, stop):
             return
         ids = [m.episode_id for m in self.held]
+        sequences = [sorted({h.stream_seq for h in m.handles}) for m in self.held]
         started = time.perf_counter()
         await asyncio.to_thread(
             self.checkpoints.save,
@@ -107,7 +108,8 @@ class Committer:
         self.ledger.commit(ids)
         held, self.held = self.held, []
         self.outcomes.write(
-            Outcome(trajectory_id=tid, outcome=TRAINED, step=p.step, policy_version=p.version) for tid in ids
+            Outcome(trajectory_id=tid, outcome=TRAINED, step=p.step, policy_version=p.version, sequences=seqs)
+            for tid, seqs in zip(ids, sequences, strict=True)
         )
         HELD.set(0)
         await self.claims.committed(Committed(p.step, held))
@@ -135,7 +137,14 @@ class Committer:
             [d.scored for d in drops if d.reason == DropReason.UNIFORM_GROUP and d.scored is not None], p.step
         )
         self.outcomes.write(
-            Outcome(trajectory_id=d.episode_id, outcome=DROPPED, reason=d.reason, step=p.step) for d in drops
+            Outcome(
+                trajectory_id=d.episode_id,
+                outcome=DROPPED,
+                reason=d.reason,
+                step=p.step,
+                sequences=sorted({h.stream_seq for h in d.handles}),
+            )
+            for d in drops
         )
         for drop in drops:
             DROPPED_METRIC.add(1, reason=drop.reason)

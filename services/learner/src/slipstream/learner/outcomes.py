@@ -32,6 +32,8 @@ class Outcome(msgspec.Struct, kw_only=True):
     policy_version: int = 0
     at: float = 0.0
     pid: int = 0
+    sequences: list[int] = []
+    """Stream sequences of the deliveries this line settles (one per distinct message of the episode)."""
 
 
 class OutcomeLog:

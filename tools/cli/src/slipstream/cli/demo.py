@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from slipstream.cli.spec import default_run_dir
+from slipstream.cli.spec import add_restart_arguments, default_run_dir, restart_policy
 
 
 def register(sub: Any) -> None:
@@ -51,6 +51,7 @@ def register(sub: Any) -> None:
     p.add_argument("--heldout-tasks", type=int, default=None, help="held-out tasks evaluated before and after")
     p.add_argument("--no-live", action="store_true", help="plain log lines instead of the live view")
     p.add_argument("--traces", action="store_true", help="write each service's spans to RUN_DIR/traces.<service>.jsonl")
+    add_restart_arguments(p)
     p.set_defaults(func=run, parser=p)
 
 
@@ -164,7 +165,9 @@ def execute(plan: Any, args: argparse.Namespace, *, title: str, **stack: Any) ->
     view = ProgressView(console, plan, live=not args.no_live)
     t0 = time.monotonic()
     with view:
-        summary = run_training(plan, run_dir, on_event=view.on_event, traces=args.traces, **stack)
+        summary = run_training(
+            plan, run_dir, on_event=view.on_event, traces=args.traces, restart=restart_policy(args), **stack
+        )
     console.print(summary_table(summary))
     if args.summary_json:
         args.summary_json.parent.mkdir(parents=True, exist_ok=True)

@@ -1,28 +1,36 @@
 """Following a training run from outside: what the bus says, held-out accuracy, and the final accounting.
 
-The run's own services do the work; this watches `learner.step` and `weights.announce`, taps
-`traj.raw.>` with a plain (non-JetStream) subscription to see every trajectory as it is
-published, evaluates stored versions on held-out tasks in this process, and at the end reads
-the streams to account for every trajectory.
+The run's own services do the work; this watches `learner.step` and `weights.announce`, reads
+what the `Tap` (subscribed to `traj.raw.>` and `traj.scored.>` since the server came up) saw
+of every trajectory published, evaluates stored versions on held-out tasks in this process, keeps the stack
+supervised (a crashed service is restarted; the run fails only when the supervisor gives up),
+and at the end reads the streams, the dead letters and the learner's outcome log to account for
+every trajectory — including messages published into the streams from outside the run.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from slipstream.schemas import SCHEMA_HEADER, Episode, LearnerStep, WeightAnnounce, decode_message
+from slipstream.schemas import LearnerStep, WeightAnnounce
 from slipstream.schemas.subjects import LEARNER_STEP, WEIGHTS_ANNOUNCE
 
 if TYPE_CHECKING:
     from slipstream.cli.stack import Stack
+    from slipstream.cli.tap import Tap
     from slipstream.cli.training import HeldOutScore, RunSummary, TrainingPlan
 
 Emit = Callable[[str, dict[str, Any]], None]
+
+
+class RunFailed(RuntimeError):
+    """A service ended for good while the run needed it (the supervisor gave up, or --no-restart)."""
+
+
 # The services that end on their own when the run reaches max_steps; the rest are stopped after.
 SELF_ENDING = ("learner", "task-source")
 STOP_ORDER = ("task-source", "rollout-worker", "reward-model", "weight-publisher")
@@ -50,28 +58,14 @@ async def held_out(
         await ev.stop()
 
 
-async def follow_run(plan: TrainingPlan, stack: Stack, summary: RunSummary, model_dir: Path, emit: Emit) -> None:
-    import nats
-
+async def follow_run(
+    plan: TrainingPlan, stack: Stack, summary: RunSummary, model_dir: Path, emit: Emit, tap: Tap
+) -> None:
     from slipstream.bus import BusConfig, connect_bus
 
     url = stack.servers["nats"].url
     store_root = Path(stack.spec.store.root) if stack.spec.store else None
     bus = await connect_bus(BusConfig(url=url), name="follow")
-    tap = await nats.connect(url, name="follow-tap")
-    spanning = 0
-    tapped = 0
-
-    async def on_traj(msg: Any) -> None:
-        nonlocal spanning, tapped
-        tapped += 1
-        with contextlib.suppress(Exception):  # a malformed message is the DLQ's business, not ours
-            episode = decode_message(msg.data, (msg.headers or {}).get(SCHEMA_HEADER), Episode)
-            # An episode (any producer's: a v1 trajectory is upgraded) sampled under more than one version.
-            if len({seg.policy_version for s in episode.samples for seg in s.segments}) > 1:
-                spanning += 1
-
-    sub = await tap.subscribe("traj.raw.>", cb=on_traj)
     last_manifest: dict[int, str] = {}
     done = asyncio.Event()
     t_train = time.monotonic()
@@ -99,7 +93,7 @@ async def follow_run(plan: TrainingPlan, stack: Stack, summary: RunSummary, mode
                     "t": time.monotonic() - t_train,
                 }
                 summary.steps_log.append(row)
-                emit("step", {**row, "spanning": spanning, "tapped": tapped})
+                emit("step", {**row, "spanning": tap.spanning, "tapped": tap.tapped})
 
     async def watch_weights() -> None:
         async with bus.subscribe(WEIGHTS_ANNOUNCE, WeightAnnounce, deliver="all") as announces:
@@ -113,16 +107,16 @@ async def follow_run(plan: TrainingPlan, stack: Stack, summary: RunSummary, mode
                 emit("version", {"version": a.policy_version})
 
     async def watch_processes() -> None:
+        # poll_exits restarts crashed services (on this, the main, thread) and reports final exits only.
         while True:
             for name, code in stack.poll_exits():
                 if name in SELF_ENDING and code == 0:
                     emit("log", {"message": f"{name} finished"})
+                    if name == "learner":
+                        done.set()
+                        return
                     continue
-                raise RuntimeError(f"{name} exited with code {code}:\n{stack.tail(name)}")
-            learner = stack.services.get("learner")
-            if learner is not None and not learner.alive():
-                done.set()
-                return
+                raise RunFailed(f"{stack.exit_message(name, code)}:\n{stack.tail(name)}")
             await asyncio.sleep(0.2)
 
     async def evals() -> None:
@@ -152,12 +146,13 @@ async def follow_run(plan: TrainingPlan, stack: Stack, summary: RunSummary, mode
             svc = stack.services.get(name)
             if svc is not None and svc.alive():
                 emit("log", {"message": f"stopping {name}"})
-                await asyncio.to_thread(svc.process.stop, stack.spec.drain_timeout_s + 5)
+                await asyncio.to_thread(stack.stop_service, name, stack.spec.drain_timeout_s + 5)
         await asyncio.sleep(0.2)  # let the tap see the last publishes
-        summary.trajectories = await account(bus, summary, stack)
+        await asyncio.to_thread(tap.stop)
+        summary.trajectories = await account(bus, summary, stack, tap.injected_scored())
         if store_root is not None:
             summary.weights = await asyncio.to_thread(weight_bytes, store_root, stack.spec.run_id)
-        summary.spanning_versions = spanning
+        summary.spanning_versions = tap.spanning
         emit("phase", {"phase": "eval", "detail": f"held-out accuracy of version {summary.final_version}"})
         key = last_manifest.get(summary.final_version)
         after = await held_out(plan, model_dir, store_root, key)
@@ -171,35 +166,47 @@ async def follow_run(plan: TrainingPlan, stack: Stack, summary: RunSummary, mode
         for w in watchers:
             w.cancel()
         await asyncio.gather(*watchers, return_exceptions=True)
-        await sub.unsubscribe()
-        await tap.close()
         await bus.close()
 
 
-async def account(bus: Any, summary: RunSummary, stack: Stack) -> dict[str, Any]:
-    """Every trajectory published, and where it went (streams are work queues: acked = removed)."""
+async def account(bus: Any, summary: RunSummary, stack: Stack, injected: int = 0) -> dict[str, Any]:
+    """Every trajectory published, and where it went (streams are work queues: acked = removed).
+
+    Two balances, each stream's own: what entered TRAJ_RAW (the workers' episodes and anything
+    published there from outside) was scored, dead-lettered or is still there; what entered
+    TRAJ_SCORED (the reward-model's output and anything injected from outside) was settled by the
+    learner (trained or dropped with a reason, counted once per stream message however often it
+    was redelivered), dead-lettered, or is still there. `injected` is how many messages on
+    `traj.scored.>` the tap could not trace to a raw trajectory (`TapIds.injected_scored`).
+    """
     raw = await bus.stream_info("TRAJ_RAW")
     scored = await bus.stream_info("TRAJ_SCORED")
-    dead = await bus.dead_letters("TRAJ_RAW", limit=10_000)
+    dead = await bus.dead_letters("TRAJ_RAW", limit=100_000)
+    dead_scored = await bus.dead_letters("TRAJ_SCORED", limit=100_000)
     trained = sum(r["trajectories"] for r in summary.steps_log)
     dropped = dict(summary.steps_log[-1]["dropped"]) if summary.steps_log else {}
-    outcomes = outcome_counts(Path(stack.spec.run_dir) / "learner-outcomes.jsonl")
-    if outcomes:
-        trained = outcomes.pop("trained", 0)
-        dropped = outcomes
+    settled: int | None = None
+    repeats = 0
+    tally = outcome_tally(Path(stack.spec.run_dir) / "learner-outcomes.jsonl")
+    if tally is not None:
+        trained, dropped, settled, repeats = tally.trained, tally.dropped, tally.settled, tally.repeats
     published = int(raw["last_seq"])
     scored_published = int(scored["last_seq"])
     out = {
         "published": published,
-        "scored": scored_published,
+        "scored": scored_published - injected,
         "dead_lettered": len(dead),
         "left_unscored": int(raw["messages"]),
         "trained": trained,
         "dropped": dropped,
         "left_in_learner_stream": int(scored["messages"]),
+        "injected_scored": injected,
+        "dead_lettered_scored": len(dead_scored),
+        "settled_by_learner": trained + sum(dropped.values()) if settled is None else settled,
+        "repeat_deliveries": repeats,
     }
-    out["accounted_raw"] = published == scored_published + len(dead) + int(raw["messages"])
-    out["accounted_scored"] = scored_published == trained + sum(dropped.values()) + int(scored["messages"])
+    out["accounted_raw"] = published == out["scored"] + len(dead) + int(raw["messages"])
+    out["accounted_scored"] = scored_published == out["settled_by_learner"] + len(dead_scored) + int(scored["messages"])
     return out
 
 
@@ -228,15 +235,59 @@ def weight_bytes(store_root: Path, run_id: str) -> dict[str, Any]:
 
 def outcome_counts(path: Path) -> dict[str, int]:
     """trained / dropped-by-reason counts from the learner's outcome log (one JSON line per trajectory)."""
+    tally = outcome_tally(path)
+    if tally is None:
+        return {}
+    return {"trained": tally.trained, **tally.dropped} if tally.trained else dict(tally.dropped)
+
+
+class OutcomeTally:
+    """The learner's outcome log reduced to one outcome per trajectory and a count of stream messages.
+
+    A learner that was killed after writing an outcome but before its acks reached the server
+    sees the same messages again: the next learner logs them as `duplicate` (or, for a drop,
+    drops them again). Each trajectory therefore counts once, as `trained` if any line says so
+    or calls it a `duplicate` (its id is in a committed checkpoint), else as its first drop
+    reason; `settled` counts the distinct stream messages the lines name (two messages with the
+    same episode id, a republish after the duplicate window, are two) and `repeats` the lines
+    beyond one per trajectory.
+    """
+
+    def __init__(self) -> None:
+        self.trained = 0
+        self.dropped: dict[str, int] = {}
+        self.settled = 0
+        self.repeats = 0
+
+
+def outcome_tally(path: Path) -> OutcomeTally | None:
+    """None when the log does not exist (the learner ran without `[learner] outcomes_path`)."""
     import msgspec
 
     if not path.exists():
-        return {}
-    counts: dict[str, int] = {}
+        return None
+    final: dict[str, str] = {}
+    sequences: dict[str, set[int]] = {}
+    lines = 0
     for line in path.read_bytes().splitlines():
         if not line.strip():
             continue
         row = msgspec.json.decode(line)
-        key = "trained" if row["outcome"] == "trained" else row.get("reason") or "dropped"
-        counts[key] = counts.get(key, 0) + 1
-    return counts
+        lines += 1
+        tid = row["trajectory_id"]
+        # `duplicate` means "in a committed checkpoint": trained, by this learner or one before it.
+        trained = row["outcome"] == "trained" or row.get("reason") == "duplicate"
+        key = "trained" if trained else row.get("reason") or "dropped"
+        if tid not in final or (key == "trained" and final[tid] != "trained"):
+            final[tid] = key
+        sequences.setdefault(tid, set()).update(row.get("sequences") or ())
+    tally = OutcomeTally()
+    for tid, key in final.items():
+        if key == "trained":
+            tally.trained += 1
+        else:
+            tally.dropped[key] = tally.dropped.get(key, 0) + 1
+        # An older learner wrote no sequences: one message per trajectory.
+        tally.settled += max(1, len(sequences[tid]))
+    tally.repeats = lines - len(final)
+    return tally

@@ -16,7 +16,7 @@ from rich.table import Table
 def _style(health: str) -> str:
     if health in ("ready", "up") or health.startswith("up "):
         return "green"
-    return "red" if health.startswith(("exited", "unreachable")) else "yellow"
+    return "red" if health.startswith(("exited", "unreachable", "gave up")) else "yellow"
 
 
 def health_table(rows: Iterable[Mapping[str, Any]], title: str = "slipstream stack") -> Table:

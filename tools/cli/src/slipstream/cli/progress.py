@@ -38,6 +38,7 @@ class ProgressView:
         self.steps: list[dict[str, Any]] = []
         self.evals: list[dict[str, float]] = []
         self.version = 0
+        self.restarts: dict[str, int] = {}
         self.t0 = time.monotonic()
         self._live: Live | None = None
 
@@ -83,6 +84,16 @@ class ProgressView:
                 f"held-out accuracy of v{int(data['version'])}: {data['accuracy']:.3f} sampled, "
                 f"{data.get('greedy', 0.0):.3f} greedy{extra}"
             )
+        elif kind == "supervisor":
+            # Crashes, restarts and give-ups are shown in the live view too (without it, the stack's
+            # own log line says the same).
+            if data["kind"] == "restarted":
+                self.restarts[data["service"]] = int(data["restarts"])
+            shown = data["kind"] in ("crashed", "gave_up", "restarted")
+            if self.live_enabled and shown:
+                what = data["kind"].replace("_", " ")
+                detail = data["detail"] or f"restart {data['restarts']}"
+                self._line(f"[yellow]{data['service']} {what}[/yellow] ({detail})")
         elif kind == "log" and not self.live_enabled:
             self.console.print(f"[dim]·[/dim] {data['message']}")
         if self._live is not None:
@@ -122,6 +133,8 @@ class ProgressView:
         rewards = [s["reward"] for s in self.steps]
         spark = Text(f"reward  {sparkline(rewards)}\n")
         spark.append(f"held-out {sparkline([e['accuracy'] for e in self.evals], 20)}")
+        if self.restarts:
+            spark.append("\nrestarts " + ", ".join(f"{k} {v}" for k, v in sorted(self.restarts.items())))
         return Group(t, spark)
 
 
@@ -177,6 +190,17 @@ def accuracy_table(summary: Any) -> Table:
     return t
 
 
+def dead_lettered(tr: dict[str, Any]) -> str:
+    if "dead_lettered" not in tr:
+        return "-"
+    return str(tr["dead_lettered"] + tr.get("dead_lettered_scored", 0))
+
+
+def restarts_line(restarts: dict[str, int]) -> str:
+    done = {k: v for k, v in sorted(restarts.items()) if v}
+    return ", ".join(f"{k} {v}" for k, v in done.items()) if done else "none"
+
+
 def summary_table(summary: Any) -> Group:
     """The closing summary: the accuracy table, then what the run did."""
     t = Table(title="slipstream demo — summary", show_header=False)
@@ -203,8 +227,14 @@ def summary_table(summary: Any) -> Group:
         ("trajectories published", str(tr.get("published", "-"))),
         ("  scored / trained", f"{tr.get('scored', '-')} / {tr.get('trained', '-')}"),
         ("  dropped", ", ".join(f"{k} {v}" for k, v in sorted((tr.get("dropped") or {}).items())) or "none"),
-        ("  dead-lettered / left unconsumed", f"{tr.get('dead_lettered', '-')} / {left}"),
+        ("  dead-lettered / left unconsumed", f"{dead_lettered(tr)} / {left}"),
+        *(
+            [("  injected from outside (scored stream)", str(tr["injected_scored"]))]
+            if tr.get("injected_scored")
+            else []
+        ),
         ("  all accounted for", str(bool(tr.get("accounted_raw")) and bool(tr.get("accounted_scored")))),
+        ("service restarts", restarts_line(summary.restarts)),
         ("rollouts spanning a weight update", str(summary.spanning_versions)),
         ("weights stored vs full snapshots", weights_line(summary.weights)),
         ("training time", f"{summary.train_time_s:.0f} s"),

@@ -17,6 +17,8 @@ from pathlib import Path
 from typing import Literal
 from urllib.parse import urlsplit
 
+from slipstream.cli.supervisor import NO_RESTART, RestartPolicy
+
 # Canonical names (as in services/<name>/ and DESIGN.md), in start order: consumers of the
 # weights first is not needed since every service waits for its own streams.
 SERVICES: tuple[str, ...] = (
@@ -98,6 +100,8 @@ class StackSpec:
     """Per-service argv replacing `python -m slipstream.<pkg>` (a profiler, a test double)."""
     tool_services: int = 0
     """tool-service replicas started (before the services) when a run asks for them; 0: none."""
+    restart: RestartPolicy = field(default_factory=RestartPolicy)
+    """How crashed services are restarted (`NO_RESTART`: a death is reported and nothing restarts)."""
 
     @property
     def log_dir(self) -> Path:
@@ -128,6 +132,7 @@ class StackSpec:
             home=self.home.expanduser().resolve(),
             commands={k: tuple(v) for k, v in self.commands.items()},
             tool_services=self.tool_services,
+            restart=self.restart,
         )
 
     def traces_file(self, service: str) -> Path | None:
@@ -259,6 +264,44 @@ def default_run_dir(home: Path = HOME, now: float | None = None) -> Path:
     return candidate
 
 
+def add_restart_arguments(parser: argparse.ArgumentParser) -> None:
+    """`--no-restart` and `--max-restarts`: how `up`, `demo` and `train` treat a crashed service."""
+    g = parser.add_argument_group("restarts")
+    g.add_argument(
+        "--no-restart",
+        action="store_true",
+        help="do not restart a crashed service: report it and end the run (the behaviour before restarts)",
+    )
+    g.add_argument(
+        "--max-restarts",
+        type=non_negative_int,
+        default=RestartPolicy().max_restarts,
+        metavar="N",
+        help=(
+            f"restarts of one service allowed within {RestartPolicy().window_s:.0f} s before giving up "
+            f"(backoff {RestartPolicy().backoff_s:g} s, doubling, at most {RestartPolicy().max_backoff_s:g} s; "
+            f"default {RestartPolicy().max_restarts})"
+        ),
+    )
+
+
+def restart_policy(args: argparse.Namespace) -> RestartPolicy:
+    """The policy `add_restart_arguments`' flags describe."""
+    if getattr(args, "no_restart", False):
+        return NO_RESTART
+    return RestartPolicy(max_restarts=getattr(args, "max_restarts", RestartPolicy().max_restarts))
+
+
+def non_negative_int(raw: str) -> int:
+    try:
+        value = int(raw)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{raw!r} is not a whole number") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{raw!r} must be >= 0")
+    return value
+
+
 def add_stack_arguments(parser: argparse.ArgumentParser) -> None:
     """The flags `up` and `demo` share."""
     g = parser.add_argument_group("stack")
@@ -330,6 +373,7 @@ def add_stack_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="S",
         help="services' drain budget on stop (SLIPSTREAM_SERVICE__DRAIN_TIMEOUT_S), then SIGKILL (default: 20)",
     )
+    add_restart_arguments(parser)
 
 
 def spec_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser) -> StackSpec:
@@ -350,4 +394,5 @@ def spec_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser) ->
         ready_timeout_s=args.ready_timeout,
         drain_timeout_s=args.drain_timeout,
         env=dict(args.env),
+        restart=restart_policy(args),
     )

@@ -13,6 +13,12 @@ SLIPSTREAM_<SECTION>__<FIELD> variables. Each run gets its own ed25519 key (data
 unless --env names a key of its own (SLIPSTREAM_TRUST__SIGNING_KEY / __TRUSTED_KEYS). `stop()`
 sends SIGTERM to every service at once, waits their drain budget, SIGKILLs what is left, then
 stops the servers it started (Redis, then NATS) — never a server it was given by URL.
+
+A service that crashes is started again (same port, same environment, its log appended to) by
+`poll_exits()`, which `wait_ready()` and the callers' watch loops call, as the `Supervisor`
+decides: backoff, a crash budget, restart counts (in stack.json, for `slipstream status`) and
+events (for the live views). `StackSpec.restart = NO_RESTART` reports every death instead.
+nats-server and Redis are never restarted here.
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ from typing import Any
 from slipstream.cli.probe import HOST, probe_http, probe_tcp, url_endpoint
 from slipstream.cli.spec import StackSpec, kind_of, module_of, tool_replica_names
 from slipstream.cli.stop_signals import StopFlag
+from slipstream.cli.supervisor import Supervisor, SupervisorEvent, describe_exit
 from slipstream.stack import ManagedProcess, ProcessGroup, Server, free_port, start_nats, start_redis
 from slipstream.trust import generate_keypair, load_signing_key
 
@@ -132,6 +139,7 @@ class Stack:
         interrupt: StopFlag | None = None,
         log: Callable[[str], None] | None = None,
         kill_grace_s: float = KILL_GRACE_S,
+        on_event: Callable[[SupervisorEvent], None] | None = None,
     ) -> None:
         self.spec = spec.normalized()
         self.kill_grace_s = kill_grace_s
@@ -145,9 +153,12 @@ class Stack:
         self.started_at = 0.0
         self.exit_codes: dict[str, int | None] = {}
         self._reported: set[str] = set()
+        self._unclaimed: list[tuple[str, int | None]] = []
         self._state_written = False
         self._trust: dict[str, str] = {}
         self.signing_key_id = ""
+        self._on_event = on_event
+        self.supervisor = Supervisor(self.spec.restart, on_event=self._supervisor_event)
 
     # ---- start ----
 
@@ -171,15 +182,22 @@ class Stack:
             for name in (*tool_replica_names(spec.tool_services), *spec.services):
                 self._check_interrupt()
                 port = free_port()
-                argv = spec.commands.get(name) or (sys.executable, "-m", module_of(kind_of(name)))
-                proc = ManagedProcess(name, argv, spec.log_dir / f"{name}.log", self.service_env(name, port))
-                self.group.add(proc)
+                proc = self._spawn(name, port)
                 self.services[name] = ServiceProcess(name, port, proc, spec.traces_file(name))
+                self.supervisor.watch(name)
                 self._log(f"started {name} (pid {proc.pid}, port {port})")
         except BaseException:
             self.stop()
             raise
         return self
+
+    def _spawn(self, name: str, port: int) -> ManagedProcess:
+        # Call from the main thread only: the child's parent-death signal is tied to the thread
+        # that forked it, so a child forked from a worker thread would die with that thread.
+        argv = self.spec.commands.get(name) or (sys.executable, "-m", module_of(kind_of(name)))
+        proc = ManagedProcess(name, argv, self.spec.log_dir / f"{name}.log", self.service_env(name, port))
+        self.group.add(proc)
+        return proc
 
     def _check_buildable(self) -> None:
         clash = sorted(k for k in self.spec.env if k in OWNED_ENV)
@@ -271,12 +289,15 @@ class Stack:
                 if not handle.alive():
                     tail = handle.server.process.tail() if handle.server else ""
                     raise StackError(f"{handle.name} exited while the stack was starting", {handle.name: tail})
+            # Crashed services are restarted here as later; only a final exit ends the wait.
+            for name, code in self.poll_exits():
+                svc = self.services.get(name)
+                if svc is not None and svc in pending:
+                    raise StackError(f"{self.exit_message(name, code)} before it was ready", {name: svc.process.tail()})
+                self._unclaimed.append((name, code))  # a ready one that ended: the caller's watch loop hears of it
             for svc in list(pending):
                 if not svc.alive():
-                    raise StackError(
-                        f"{svc.name} exited with code {svc.returncode} before it was ready",
-                        {svc.name: svc.process.tail()},
-                    )
+                    continue  # waiting for its restart
                 if probe_http(svc.port, "/readyz", timeout_s=0.5) == 200:
                     svc.ready_after_s = time.monotonic() - self.started_at
                     pending.remove(svc)
@@ -292,17 +313,66 @@ class Stack:
             self.interrupt.sleep(0.2)
 
     def poll_exits(self) -> list[tuple[str, int | None]]:
-        """Processes (services, and servers we started) that died since the last call."""
-        out: list[tuple[str, int | None]] = []
+        """Processes (services, and servers we started) that ended for good since the last call.
+
+        A crashed service that the supervisor restarts is not reported here (its `crashed` and
+        `restarted` events go to `on_event` and the log); one that finished (exit 0), that the
+        supervisor gave up on, or any death under NO_RESTART is, once. Restarts that are due
+        happen during this call.
+        """
+        out, self._unclaimed = self._unclaimed, []
+        supervising = self.spec.restart.enabled and self.state in ("starting", "ready")
         for svc in self.services.values():
-            if svc.name not in self._reported and not svc.alive():
+            if svc.name in self._reported or svc.alive() or self.supervisor.state(svc.name) == "backoff":
+                continue
+            code = svc.returncode
+            if not supervising or self.supervisor.state(svc.name) == "retired":
                 self._reported.add(svc.name)
-                out.append((svc.name, svc.returncode))
+                out.append((svc.name, code))
+                continue
+            event = self.supervisor.exited(svc.name, code)
+            if event.kind != "crashed":
+                self._reported.add(svc.name)
+                out.append((svc.name, code))
+        if supervising:
+            for name in self.supervisor.due():
+                self._restart(self.services[name])
         for handle in self.servers.values():
             if handle.server and handle.name not in self._reported and not handle.alive():
                 self._reported.add(handle.name)
                 out.append((handle.name, handle.server.process.proc.poll()))
         return out
+
+    def _restart(self, svc: ServiceProcess) -> None:
+        old = svc.process
+        old.stop(timeout_s=1.0)  # already dead: reaps it, kills what it left in its group, closes its log
+        if old in self.group.procs:
+            self.group.procs.remove(old)
+        svc.process = self._spawn(svc.name, svc.port)
+        self.supervisor.restarted(svc.name, f"pid {svc.process.pid}")
+        if self._state_written:
+            self.write_state()  # new pid: `slipstream status` and the chaos suite read it there
+
+    def _supervisor_event(self, event: SupervisorEvent) -> None:
+        self._log(event.message())
+        if self._on_event is not None:
+            self._on_event(event)
+
+    def stop_service(self, name: str, timeout_s: float) -> int | None:
+        """Stop one service on purpose (SIGTERM, then SIGKILL after `timeout_s`); it is not restarted."""
+        svc = self.services[name]
+        self.supervisor.retire(name)
+        return svc.process.stop(timeout_s)
+
+    def exit_message(self, name: str, code: int | None) -> str:
+        """`learner exited with code 1` — plus why it was not restarted when the supervisor gave up."""
+        why = self.supervisor.gave_up(name)
+        return why if why else f"{name} exited with code {code}"
+
+    @property
+    def restarts(self) -> dict[str, int]:
+        """Restarts per service so far."""
+        return {n: self.supervisor.restarts(n) for n in self.services}
 
     def tail(self, name: str, n: int = 40) -> str:
         if name in self.services:
@@ -320,12 +390,26 @@ class Stack:
                 health = ("up" if h.reachable() else "unreachable") + ("" if h.managed else " (external)")
             rows.append({"name": h.name, "pid": h.pid, "url": h.url, "health": health, "log": h.log_path})
         for s in self.services.values():
-            if not s.alive():
+            wait = self.supervisor.restart_in(s.name)
+            if wait is not None:
+                health = f"restarting in {wait:.0f} s ({describe_exit(self.supervisor.last_exit(s.name))})"
+            elif self.supervisor.gave_up(s.name):
+                health = f"gave up ({describe_exit(self.supervisor.last_exit(s.name))})"
+            elif not s.alive():
                 health = f"exited ({s.returncode})"
             else:
                 status = probe_http(s.port, "/readyz", timeout_s=0.5)
                 health = "ready" if status == 200 else f"not ready ({status or 'no answer'})"
-            rows.append({"name": s.name, "pid": s.pid, "url": s.url, "health": health, "log": s.process.log_path})
+            rows.append(
+                {
+                    "name": s.name,
+                    "pid": s.pid,
+                    "url": s.url,
+                    "health": health,
+                    "log": s.process.log_path,
+                    "restarts": self.supervisor.restarts(s.name),
+                }
+            )
         return rows
 
     # ---- state file ----
@@ -366,11 +450,19 @@ class Stack:
                     "log": str(s.process.log_path),
                     "traces_file": str(s.traces_file) if s.traces_file else None,
                     "ready_after_s": s.ready_after_s,
+                    "restarts": self.supervisor.restarts(s.name),
+                    "supervisor": self.supervisor.state(s.name),
                 }
                 for s in self.services.values()
             },
             "exit_codes": dict(self.exit_codes),
             "signing_key_id": self.signing_key_id,
+            "restart_policy": {
+                "enabled": self.spec.restart.enabled,
+                "max_restarts": self.spec.restart.max_restarts,
+                "window_s": self.spec.restart.window_s,
+            },
+            "supervisor_events": [e.as_dict() for e in self.supervisor.events[-100:]],
         }
 
     def write_state(self) -> Path:
@@ -410,6 +502,9 @@ class Stack:
         """Services first (SIGTERM together, drain budget, SIGKILL), then the servers we started. Idempotent."""
         if self.state == "stopped":
             return self.exit_codes
+        self.state = "stopping"  # no restarts from here on
+        for s in self.services.values():
+            self.supervisor.retire(s.name)
         alive = [s for s in self.services.values() if s.alive()]
         if alive:
             self._log(f"stopping {len(alive)} service(s) (drain budget {self.spec.drain_timeout_s:.0f} s)")

@@ -174,6 +174,8 @@ def service_row(name: str, svc: dict[str, Any], code: int | None, body: dict[str
         health = f"not ready (stalled: {progress.get('reason', '')})"
     weights = st.get("weights") or {}
     row: dict[str, Any] = {"name": name, "pid": svc.get("pid"), "url": svc.get("url", ""), "health": health}
+    # Written by the supervisor into stack.json at every restart (absent in an older stack.json).
+    row["restarts"] = int(svc.get("restarts") or 0)
     version = st.get("policy_version")
     row["policy_version"] = version if isinstance(version, int) else None
     if weights.get("follow"):
@@ -347,11 +349,11 @@ def render(status: dict[str, Any]) -> list[Any]:
 
     out: list[Any] = [f"run [bold]{status['run_id']}[/bold] ({status['state']}) in {status['run_dir']}"]
     svc = Table(title="processes", title_justify="left")
-    for col in ("name", "pid", "port", "health", "version", "behind", "refused announces"):
+    for col in ("name", "pid", "port", "health", "restarts", "version", "behind", "refused announces"):
         svc.add_column(col, no_wrap=col not in ("health", "refused announces"))
     for s in status["servers"]:
         health = "up" if s["up"] else "unreachable"
-        svc.add_row(s["name"], "-", _port(s["url"]), _colour(health), "", "", "")
+        svc.add_row(s["name"], "-", _port(s["url"]), _colour(health), "", "", "", "")
     for s in status["services"]:
         version = "" if s.get("policy_version") is None else f"v{s['policy_version']}"
         if s.get("follow") == "promoted":
@@ -359,7 +361,17 @@ def render(status: dict[str, Any]) -> list[Any]:
         behind = "" if s.get("versions_behind") is None else str(s["versions_behind"])
         health = s["health"] + (f", redis {s['redis']}" if s.get("redis") == "degraded" else "")
         refused = ", ".join(f"{k} {v}" for k, v in sorted((s.get("refused_announces") or {}).items()))
-        svc.add_row(s["name"], str(s.get("pid") or "-"), _port(s["url"]), _colour(health), version, behind, refused)
+        restarts = s.get("restarts") or 0
+        svc.add_row(
+            s["name"],
+            str(s.get("pid") or "-"),
+            _port(s["url"]),
+            _colour(health),
+            f"[yellow]{restarts}[/yellow]" if restarts else "0",
+            version,
+            behind,
+            refused,
+        )
     out.append(svc)
 
     streams = Table(title="streams (pending: not yet delivered; unacked: delivered, not acked)", title_justify="left")

@@ -19,6 +19,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from slipstream.cli.spec import add_restart_arguments
+
 # Each service's config class: what `--print-config` resolves the run into.
 CONFIG_CLASSES = {
     "rollout-worker": "slipstream.rollout_worker.config:RolloutWorkerConfig",
@@ -46,6 +48,7 @@ def register(sub: Any) -> None:
     p.add_argument("--heldout-tasks", type=int, default=None, help="override [eval] heldout_tasks")
     p.add_argument("--no-live", action="store_true", help="plain log lines instead of the live view")
     p.add_argument("--traces", action="store_true", help="write each service's spans to RUN_DIR/traces.<service>.jsonl")
+    add_restart_arguments(p)
     p.set_defaults(func=run, parser=p)
 
 

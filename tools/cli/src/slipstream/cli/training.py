@@ -20,6 +20,7 @@ from typing import Any
 import msgspec
 
 from slipstream.cli.spec import StackSpec, StoreSpec
+from slipstream.cli.supervisor import RestartPolicy
 from slipstream.run.plan import RunSummary, TrainingPlan, service_env, service_overrides
 
 PIPELINE = ("rollout-worker", "reward-model", "learner", "weight-publisher", "task-source")
@@ -160,14 +161,20 @@ def run_training(
     nats_url: str | None = None,
     redis_url: str | None = None,
     store: StoreSpec | None = None,
+    restart: RestartPolicy | None = None,
+    on_stack: Callable[[Any], None] | None = None,
 ) -> RunSummary:
     """Run one training end to end; never raises for a failed run (the summary says why).
 
     `traces` writes each service's spans to run_dir/traces.<service>.jsonl (for `slipstream
     report`); `extra_services` adds services beyond the pipeline (e.g. eval-gate); `nats_url`,
     `redis_url` and `store` reuse existing servers and an object store instead of local ones.
+    `restart` is how crashed services are restarted (default: `RestartPolicy()`; `NO_RESTART`
+    fails the run at the first death); the summary counts restarts per service. `on_stack` is
+    handed the running `Stack` once every service is ready (the tests' and the chaos suite's
+    hook: it is called on the main thread and must return at once).
     """
-    from slipstream.cli.follow import follow_run, held_out
+    from slipstream.cli.follow import RunFailed, follow_run, held_out
 
     t0 = time.monotonic()
     emit = on_event or (lambda _kind, _data: None)
@@ -193,6 +200,7 @@ def run_training(
     emit("eval", row)
 
     from slipstream.cli.stack import Stack, StackError
+    from slipstream.cli.tap import Tap, TapError
 
     spec = StackSpec(
         run_dir=run_dir,
@@ -206,22 +214,36 @@ def run_training(
         drain_timeout_s=10.0,
         traces=run_dir / "traces.jsonl" if traces else None,
         tool_services=plan.tool_service_replicas,
+        restart=restart or RestartPolicy(),
     )
-    stack = Stack(spec, log=lambda msg: emit("log", {"message": msg}))
+    stack = Stack(
+        spec, log=lambda msg: emit("log", {"message": msg}), on_event=lambda ev: emit("supervisor", ev.as_dict())
+    )
+    tap: Tap | None = None
     try:
         emit("phase", {"phase": "stack", "detail": "starting nats-server, redis and the services"})
         stack.start()
+        # At once: the services are still importing, so the tap sees every trajectory ever published.
+        tap = Tap(stack.servers["nats"].url).start()
         stack.write_state()
         stack.wait_ready()
         stack.write_state()
-        asyncio.run(follow_run(plan, stack, summary, model_dir, emit))
+        if on_stack is not None:
+            on_stack(stack)
+        asyncio.run(follow_run(plan, stack, summary, model_dir, emit, tap))
     except StackError as exc:
         summary.error = f"{exc}\n" + "\n".join(f"--- {k}\n{v}" for k, v in exc.tails.items())
+    except (RunFailed, TapError) as exc:  # a service the supervisor gave up on (with its log tail), no tap
+        summary.error = str(exc)
     except KeyboardInterrupt:
         summary.error = "interrupted"
     finally:
+        if tap is not None:
+            tap.stop()
         codes = stack.stop()
         stack.write_state()
+        summary.restarts = stack.restarts
+        summary.supervisor_events = [e.as_dict() for e in stack.supervisor.events]
         bad = {k: v for k, v in codes.items() if v not in (0, None)}
         if bad and not summary.error:
             summary.error = f"services exited with errors: {bad}"

@@ -1,7 +1,12 @@
 """`slipstream up`: start the local stack, wait until every service is ready, supervise until Ctrl-C.
 
-Exit codes: 0 after an orderly stop (SIGINT/SIGTERM), 1 when the stack could not become ready or
-a process died (unless --keep-going), 2 for bad arguments, 130 when interrupted while starting.
+A service that crashes is restarted with backoff (`slipstream.cli.supervisor`), its restarts
+counted in stack.json; one that keeps crashing is given up on. `--no-restart` ends the stack at
+the first death instead.
+
+Exit codes: 0 after an orderly stop (SIGINT/SIGTERM), 1 when the stack could not become ready, a
+service was given up on, a server died, or (with --no-restart) a process died (unless
+--keep-going), 2 for bad arguments, 130 when interrupted while starting.
 Only argparse is imported at module level so `slipstream --help` stays instant.
 """
 
@@ -34,9 +39,10 @@ def register(sub: Any) -> None:
         "up",
         help="start NATS, Redis, the object store and the services; Ctrl-C stops everything",
         description=(
-            "Start an embedded nats-server (JetStream), redis-server, a local object store and the five "
+            "Start an embedded nats-server (JetStream), redis-server, a local object store and the six "
             "services as processes on free loopback ports; wait for every /readyz; write RUN_DIR/stack.json "
-            "and .slipstream/current; supervise until SIGINT/SIGTERM, then stop services, Redis and NATS."
+            "and .slipstream/current; supervise until SIGINT/SIGTERM (a crashed service is restarted with "
+            "backoff, as a cluster would), then stop services, Redis and NATS."
         ),
     )
     add_stack_arguments(p)
@@ -93,13 +99,23 @@ def run(args: argparse.Namespace) -> int:
             servers = [h.name for h in reversed(stack.servers.values()) if h.managed]
             done = [f"{n} (exit {c})" for n, c in codes.items()] + servers
             console.print("stopped" + (": " + ", ".join(done) if done else ""))
+            restarted = {n: c for n, c in stack.restarts.items() if c}
+            if restarted:
+                console.print("restarts: " + ", ".join(f"{n} {c}" for n, c in restarted.items()))
 
 
 def _supervise(stack: Stack, console: Console, *, keep_going: bool) -> int:
-    """Watch the processes until a stop is requested; 1 at the first death unless keep_going."""
+    """Watch (and restart) the processes until a stop is requested; 1 at the first final death unless keep_going.
+
+    With restarts on, a service that ends with exit 0 has finished its work (the learner at
+    max_steps) and the rest keep running; a crash is restarted inside `poll_exits`.
+    """
     while not stack.interrupt.sleep(SUPERVISE_INTERVAL_S):
         for name, code in stack.poll_exits():
-            console.print(f"[red]{name} exited with code {code}[/red]")
+            if code == 0 and stack.spec.restart.enabled and name in stack.services:
+                console.print(f"{name} finished (exit code 0)")
+                continue
+            console.print(f"[red]{stack.exit_message(name, code)}[/red]")
             console.rule(f"last lines of {name}'s log")
             console.print(stack.tail(name) or "(empty)", markup=False)
             if not keep_going:
