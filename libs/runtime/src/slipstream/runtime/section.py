@@ -31,7 +31,7 @@ class ServiceSection(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             "(learner, rollout workers, task source); 0 = never.",
             ge=0,
         ),
-    ] = 300.0
+    ] = 600.0
     port_file: Annotated[
         str,
         Doc(description="File the bound HTTP port is written to (for http_port=0 under a supervisor); empty = none."),

@@ -313,7 +313,8 @@ class TaskSourceService(BaseService):
     def _stall(self) -> str | None:
         """Groups outstanding while the learner stands still (see ProgressWatch), or None."""
         pending = None
-        if self.outstanding > 0 and not self._finished():
+        # Before the learner's first step it is starting (loading a model can take minutes), not stuck.
+        if self.outstanding > 0 and self.progress.latest_step > 0 and not self._finished():
             pending = (
                 f"{self.outstanding:g} group(s) outstanding, learner at step {self.progress.latest_step} "
                 f"(version {self.progress.latest_version})"
