@@ -193,3 +193,24 @@ def test_generator_rejects_unknown_envs_and_options_at_construction() -> None:
         TaskGenerator(["arith"], env_options={"arith": {"colour": "red"}})
     with pytest.raises(ValueError, match="at least one"):
         TaskGenerator([])
+
+
+def test_the_source_reports_a_stall_only_after_the_learner_started_and_then_stood_still() -> None:
+    from slipstream.runtime.progress import ProgressWatch
+    from slipstream.task_source.config import TaskSourceConfig
+    from slipstream.task_source.service import TaskSourceService
+
+    now = [0.0]
+    svc = TaskSourceService(TaskSourceConfig())
+    svc.watch = ProgressWatch(60.0, clock=lambda: now[0])
+    svc.outstanding = 12.0
+    now[0] = 500.0
+    assert svc._stall() is None  # groups outstanding, but the learner has not taken a step yet: starting
+    svc.progress.on_step(LearnerStep(step=1, policy_version=1, run_id=svc.cfg.service.run_id, n_trajectories=4))
+    assert svc._stall() is None
+    now[0] = 561.0
+    reason = svc._stall()
+    assert reason is not None and reason.startswith("12 group(s) outstanding, learner at step 1 (version 1)")
+    assert svc.status()["progress"]["stalled"] is True
+    svc.progress.on_step(LearnerStep(step=2, policy_version=2, run_id=svc.cfg.service.run_id, n_trajectories=4))
+    assert svc._stall() is None
