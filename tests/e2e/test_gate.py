@@ -41,6 +41,7 @@ from slipstream.schemas import EvalResult, WeightAnnounce, WeightsPromoted
 from slipstream.schemas.subjects import EVAL_RESULT, WEIGHTS_ANNOUNCE, WEIGHTS_PROMOTED
 from slipstream.stack import ManagedProcess, free_port
 from slipstream.store import LocalObjectStore
+from slipstream.trust import load_signing_key, sign_manifest
 from slipstream.weights import fetch_version, manifest_key, publish_snapshot
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -185,14 +186,24 @@ async def test_gate_promotes_rejects_corruption_and_serving_rolls_back(tmp_path:
         current, before = promoted[-1], promoted[-2]
         await _until(lambda: probe.version == current, 30, f"serving worker on v{current}", tail=serving_log)
 
-        # A corrupted candidate, published as the next due version after the learner's last one.
+        # A corrupted candidate, published as the next due version after the learner's last one
+        # and signed with the run's key (a bad version from the learner itself, not a forgery:
+        # tests/e2e/test_forged_announces.py has those).
         await _until(lambda: not stack.services["learner"].alive(), 60, "learner done")
         store = LocalObjectStore(stack.spec.store.root if stack.spec.store else "")
         _, good = await asyncio.to_thread(fetch_version, store, manifest_key(RUN, STEPS))
         g = torch.Generator().manual_seed(7)
         noise = {n: (torch.randn(t.shape, generator=g) * 10).to(t.dtype) for n, t in good.items()}
         bad = STEPS + EVERY
-        key, _ = await asyncio.to_thread(publish_snapshot, store, run_id=RUN, version=bad, tensors=noise)
+        run_key = load_signing_key(stack.spec.data_dir / "keys" / "weights-signing.pem")
+        key, _ = await asyncio.to_thread(
+            publish_snapshot,
+            store,
+            run_id=RUN,
+            version=bad,
+            tensors=noise,
+            seal=lambda m: sign_manifest(m, run_key),
+        )
         await bus.publish(
             WEIGHTS_ANNOUNCE, WeightAnnounce(policy_version=bad, manifest_key=key, run_id=RUN), msg_id=f"corrupt-{bad}"
         )
