@@ -404,8 +404,27 @@ def test_up_with_all_services(tmp_path: Path) -> None:
         assert all(pid_alive(p) for p in pids)
         for svc in state["services"].values():
             assert svc["ready_after_s"] is not None
+        # A SIGKILLed service comes back under `up` (new pid, counted in stack.json, shown by status).
+        killed = state["services"]["reward-model"]["pid"]
+        os.kill(killed, signal.SIGKILL)
+        path = tmp_path / "run" / "stack.json"
+        deadline = time.monotonic() + 60
+        while (now := json.loads(path.read_text()))["services"]["reward-model"]["restarts"] < 1:
+            assert time.monotonic() < deadline and proc.poll() is None, now["supervisor_events"]
+            time.sleep(0.2)
+        back = now["services"]["reward-model"]["pid"]
+        assert back != killed and pid_alive(back)
+        pids.append(back)
+        status = subprocess.run(
+            [sys.executable, "-m", "slipstream.cli", "status", "--run-dir", "run", "--json"],
+            cwd=tmp_path, capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        rows = {r["name"]: r for r in json.loads(status.stdout)["services"]}
+        assert rows["reward-model"]["restarts"] == 1 and rows["learner"]["restarts"] == 0
     finally:
         rc, out = _interrupt(proc, timeout_s=60)
     assert rc == 0, out
+    assert "reward-model crashed (killed by SIGKILL); restarting in 1.0 s" in out
+    assert "restarts: reward-model 1" in out
     assert not any(pid_alive(p) for p in pids), out
     assert all(code == 0 for code in json.loads((tmp_path / "run" / "stack.json").read_text())["exit_codes"].values())
