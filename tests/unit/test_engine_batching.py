@@ -228,3 +228,56 @@ async def test_cancelled_generate_frees_its_slot(model: CausalLM) -> None:
         assert res.finish_reason in ("length", "stop") and engine.stats()["requests_aborted"] == 1
     finally:
         await engine.stop()
+
+
+def _count_forwards(engine: TorchEngine, monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, int]]:
+    """Record the [rows, tokens] shape of every forward the engine makes."""
+    shapes: list[tuple[int, int]] = []
+    real = engine.model.forward_cached
+
+    def counted(ids: torch.Tensor, *args: object, **kw: object) -> torch.Tensor:
+        shapes.append((int(ids.shape[0]), int(ids.shape[1])))
+        return real(ids, *args, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(engine.model, "forward_cached", counted)
+    return shapes
+
+
+def test_ragged_prompts_are_prefilled_in_one_padded_forward_and_match_solo_runs(
+    model: CausalLM, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    prompts = ["1+1=", "23+4=", "9*9=", "7-2=", "55+5="]
+    reqs = [
+        _req(f"p{i}", p, temperature=1.0, max_tokens=6, seed=40 + i, ignore_eos=True) for i, p in enumerate(prompts)
+    ]
+    engine = _engine(model, max_batch=len(prompts))
+    shapes = _count_forwards(engine, monkeypatch)
+    batched = _run(engine, reqs)
+    # One prefill of 5 rows padded to the longest prompt, then 1-token decodes.
+    assert shapes[0] == (5, max(len(r.prompt_ids) for r in reqs)) and all(t == 1 for _, t in shapes[1:])
+    assert engine.stats()["prefill_tokens"] == sum(len(r.prompt_ids) for r in reqs)
+    for r in reqs:
+        solo = _run(_engine(model, max_batch=1), [r])[r.request_id]
+        assert batched[r.request_id].completion_ids == solo.completion_ids, r.request_id
+        assert batched[r.request_id].logprobs == pytest.approx(solo.logprobs, abs=1e-4)
+
+
+def test_a_groups_identical_prompts_are_prefilled_once(model: CausalLM, monkeypatch: pytest.MonkeyPatch) -> None:
+    prompt = "the same task for every sample: "
+    reqs = [_req(f"g{i}", prompt, temperature=1.0, max_tokens=5, seed=10 + i, ignore_eos=True) for i in range(4)]
+    reqs.append(_req("other", "another prompt", temperature=1.0, max_tokens=5, seed=9, ignore_eos=True))
+    engine = _engine(model, max_batch=5)
+    shapes = _count_forwards(engine, monkeypatch)
+    batched = _run(engine, reqs)
+    n = len(reqs[0].prompt_ids)
+    stats = engine.stats()
+    assert stats["prefill_tokens"] == n + len(reqs[-1].prompt_ids)
+    assert stats["prompt_shared_tokens"] == 3 * n
+    assert sum(rows * t for rows, t in shapes if t > 1) <= 2 * n  # the group's prompt went through once
+    # Each sample still draws from its own stream, so the group's samples differ from each other
+    # and each equals the same request run alone.
+    assert len({tuple(batched[f"g{i}"].completion_ids) for i in range(4)}) > 1
+    for r in reqs:
+        solo = _run(_engine(model, max_batch=1), [r])[r.request_id]
+        assert batched[r.request_id].completion_ids == solo.completion_ids, r.request_id
+        assert batched[r.request_id].logprobs == pytest.approx(solo.logprobs, abs=1e-4)

@@ -80,6 +80,31 @@ def test_cached_forward_matches_full_forward_across_slots_and_lengths(tiny: torc
         assert (step[row, 0] - full[row, n - 1]).abs().max() < 1e-5, f"row {row}"
 
 
+def test_bf16_decode_attention_matches_the_sdpa_kernel(tiny: torch.nn.Module) -> None:
+    """bf16 decode on CPU takes the grouped-matmul attention path; prefill keeps torch's kernel."""
+    import copy
+
+    model = copy.deepcopy(tiny).to(torch.bfloat16)
+    gen = torch.Generator().manual_seed(SEED)
+    ids = torch.randint(0, 259, (3, 20), generator=gen)
+    lengths = [20, 7, 13]
+    slots = [2, 0, 1]
+    with torch.no_grad():
+        cache = model.new_cache(slots=3, max_seq_len=24)
+        ref = model.new_cache(slots=3, max_seq_len=24)
+        for row, (n, slot) in enumerate(zip(lengths, slots, strict=True)):
+            model.forward_cached(ids[row : row + 1, : n - 1], torch.arange(n - 1)[None], cache, [slot])
+            model.forward_cached(ids[row : row + 1, : n - 1], torch.arange(n - 1)[None], ref, [slot])
+        last = torch.stack([ids[r, n - 1 : n] for r, n in enumerate(lengths)])
+        pos = torch.tensor([[n - 1] for n in lengths])
+        step = model.forward_cached(last, pos, cache, slots)[:, 0].float()
+        # The same step through torch's kernel: a 2-token forward whose first token rewrites n-2.
+        two = torch.stack([ids[r, n - 2 : n] for r, n in enumerate(lengths)])
+        kernel = model.forward_cached(two, torch.cat([pos - 1, pos], dim=1), ref, slots)[:, 1].float()
+    assert (step - kernel).abs().max() < 0.05 * kernel.abs().max()
+    assert (step.argmax(-1) == kernel.argmax(-1)).all()
+
+
 def test_attention_mask_left_and_right_padding(tiny: torch.nn.Module) -> None:
     gen = torch.Generator().manual_seed(SEED)
     ids = torch.randint(0, 256, (1, 12), generator=gen)

@@ -4,8 +4,9 @@ Scheduling, one `step()` at a time:
 1. apply queued weights, if any (between two decode steps; see DESIGN.md "in-flight weight
    refresh"), timing the pause; optionally recompute running rows' caches under them;
 2. retire aborted requests;
-3. admit waiting requests into free slots: one prefill forward each, which also samples their
-   first token;
+3. admit waiting requests into free slots and prefill them together (rows right-padded into a
+   few batched forwards; rows with the same prompt, such as a GRPO group's samples, prefilled
+   once and the keys/values copied), which also samples their first tokens;
 4. decode every running row in one batched forward (each row at its own position, attending to
    its own slot's valid prefix), sample, and retire rows that hit eos, a stop string,
    max_tokens or max_seq_len.
@@ -51,6 +52,8 @@ log = logging.getLogger(__name__)
 
 # Throughput in stats() is measured over this many recent steps.
 _RATE_WINDOW_STEPS = 64
+# Most tokens (rows x padded width) one prefill forward takes; more rows wait for the next one.
+_PREFILL_CHUNK_TOKENS = 8192
 
 
 class EngineError(RuntimeError):
@@ -108,6 +111,7 @@ class TorchEngine:
         self._aborted = 0
         self._weight_updates = 0
         self._kv_reused_tokens = 0
+        self._prompt_shared_tokens = 0
         self._session_hits = 0
         self._session_fallbacks = 0
         self._session_evictions = 0
@@ -176,6 +180,7 @@ class TorchEngine:
             "last_weight_apply_ms": self._last_apply_ms,
             "kv_sessions_parked": float(len(self._parked)),
             "kv_reused_tokens": float(self._kv_reused_tokens),
+            "prompt_shared_tokens": float(self._prompt_shared_tokens),
             "kv_session_hits": float(self._session_hits),
             "kv_session_fallbacks": float(self._session_fallbacks),
             "kv_session_evictions": float(self._session_evictions),
@@ -291,10 +296,12 @@ class TorchEngine:
             self._parked.pop(session, None)
 
     def _admit(self, done: list[SequenceState]) -> None:
+        """Give waiting requests slots (a session its parked one), then prefill them together."""
+        batch: list[tuple[SequenceState, int]] = []
         while True:
             with self._lock:
                 if not self._waiting:
-                    return
+                    break
                 seq = self._waiting[0]
             session = seq.request.session_id
             parked = self._parked.pop(session, None) if session else None
@@ -308,7 +315,7 @@ class TorchEngine:
             else:
                 free = self._free_slot()
                 if free is None:
-                    return
+                    break
                 slot, keep = free, 0
             with self._lock:
                 self._waiting.popleft()
@@ -316,11 +323,86 @@ class TorchEngine:
             seq.started_at = time.time()
             self._slots[slot] = seq
             # At least the last prompt token goes through a forward: its logits give the first sample.
-            keep = min(keep, len(seq.tokens) - 1)
-            logits = self._forward_from(seq, keep, seq.tokens)
-            self._prefill_tokens += len(seq.tokens) - keep
-            self._kv_reused_tokens += keep
-            self._sample([seq], logits, done)
+            batch.append((seq, min(keep, len(seq.tokens) - 1)))
+        if batch:
+            self._prefill(batch, done)
+
+    def _prefill(self, batch: list[tuple[SequenceState, int]], done: list[SequenceState]) -> None:
+        """Forward each admitted row's uncached tokens, a few rows per forward, and sample once.
+
+        Rows starting from an empty slot with the same prompt (a GRPO group's samples) are
+        prefilled once: the others copy the leader's keys/values and share its logits, sampling
+        from them with their own random streams.
+        """
+        leaders: dict[tuple[int, ...], SequenceState] = {}
+        followers: dict[int, list[SequenceState]] = collections.defaultdict(list)
+        work: list[tuple[SequenceState, int]] = []
+        for seq, keep in batch:
+            if keep == 0:
+                leader = leaders.setdefault(tuple(seq.tokens), seq)
+                if leader is not seq:
+                    followers[id(leader)].append(seq)
+                    continue
+            work.append((seq, keep))
+        rows: list[SequenceState] = []
+        logits: list[Tensor] = []
+        for chunk in self._prefill_chunks(work):
+            chunk_logits = self._forward_rows(chunk)
+            for (seq, keep), row_logits in zip(chunk, chunk_logits, strict=True):
+                self._prefill_tokens += len(seq.tokens) - keep
+                self._kv_reused_tokens += keep
+                rows.append(seq)
+                logits.append(row_logits)
+                shared = followers.get(id(seq), [])
+                if shared:
+                    self.cache.copy_prefix(seq.slot, [f.slot for f in shared], len(seq.tokens))
+                    for f in shared:
+                        f.cache_len = len(f.tokens)
+                        self._prompt_shared_tokens += len(f.tokens)
+                        rows.append(f)
+                        logits.append(row_logits)
+        self._sample(rows, torch.stack(logits), done)
+
+    def _prefill_chunks(self, work: list[tuple[SequenceState, int]]) -> list[list[tuple[SequenceState, int]]]:
+        """Rows grouped for batched forwards, longest first, right-padded to the chunk's longest.
+
+        A row joins a chunk while padding stays under a quarter of the chunk's tokens, the chunk
+        stays under `_PREFILL_CHUNK_TOKENS`, and its padded positions stay inside the cache.
+        """
+        items = sorted(work, key=lambda w: len(w[0].tokens) - w[1], reverse=True)
+        chunks: list[list[tuple[SequenceState, int]]] = []
+        width = real = 0
+        for seq, keep in items:
+            n = len(seq.tokens) - keep
+            if chunks:
+                size = (len(chunks[-1]) + 1) * width
+                if size <= _PREFILL_CHUNK_TOKENS and size <= 1.25 * (real + n) and keep + width <= self.max_seq_len:
+                    chunks[-1].append((seq, keep))
+                    real += n
+                    continue
+            chunks.append([(seq, keep)])
+            width, real = n, n
+        return chunks
+
+    def _forward_rows(self, chunk: list[tuple[SequenceState, int]]) -> Tensor:
+        """One forward of each row's tokens[keep:] into its slot; logits [rows, V] at each row's last token."""
+        width = max(len(seq.tokens) - keep for seq, keep in chunk)
+        ids = torch.zeros((len(chunk), width), dtype=torch.long)
+        starts = torch.tensor([keep for _, keep in chunk], dtype=torch.long)
+        last = torch.empty(len(chunk), dtype=torch.long)
+        for b, (seq, keep) in enumerate(chunk):
+            new = seq.tokens[keep:]
+            ids[b, : len(new)] = torch.tensor(new, dtype=torch.long)
+            last[b] = len(new) - 1
+            seq.cache_len = len(seq.tokens)
+        pos = starts[:, None] + torch.arange(width)[None]
+        return self.model.forward_cached(
+            ids.to(self.device),
+            pos.to(self.device),
+            self.cache,
+            [seq.slot for seq, _ in chunk],
+            last=last.to(self.device),
+        )
 
     def _free_slot(self) -> int | None:
         """A slot neither running nor parked; else the least recently parked session's (evicted)."""
@@ -334,14 +416,14 @@ class TorchEngine:
             return slot
         return None
 
-    def _forward_from(self, seq: SequenceState, start: int, tokens: list[int]) -> Tensor:
+    def _forward_from(self, seq: SequenceState, start: int, tokens: list[int]) -> None:
         """Forward `tokens[start:]` at positions start.. into seq's slot (whose keys/values before
-        `start` are already there); sets cache_len to len(tokens); logits of the last one [1, V]."""
+        `start` are already there); sets cache_len to len(tokens)."""
         ids = torch.tensor([tokens[start:]], dtype=torch.long, device=self.device)
         pos = torch.arange(start, len(tokens), device=self.device)[None]
-        logits = self.model.forward_cached(ids, pos, self.cache, [seq.slot])
+        last = torch.tensor([len(tokens) - start - 1], device=self.device)
+        self.model.forward_cached(ids, pos, self.cache, [seq.slot], last=last)
         seq.cache_len = len(tokens)
-        return logits[:, -1]
 
     def _decode(self, done: list[SequenceState]) -> None:
         rows = self._running()
@@ -349,10 +431,11 @@ class TorchEngine:
             return
         ids = torch.tensor([[s.tokens[-1]] for s in rows], dtype=torch.long, device=self.device)
         pos = torch.tensor([[s.cache_len] for s in rows], dtype=torch.long, device=self.device)
-        logits = self.model.forward_cached(ids, pos, self.cache, [s.slot for s in rows])
+        last = torch.zeros(len(rows), dtype=torch.long, device=self.device)
+        logits = self.model.forward_cached(ids, pos, self.cache, [s.slot for s in rows], last=last)
         for s in rows:
             s.cache_len += 1
-        self._sample(rows, logits[:, 0], done)
+        self._sample(rows, logits, done)
 
     def _sample(self, rows: list[SequenceState], logits: Tensor, done: list[SequenceState]) -> None:
         ids, logps = sample(logits, [s.request.params for s in rows], [s.generator for s in rows])

@@ -19,6 +19,7 @@ BENCHES: dict[str, str] = {
     "weights": "bench_weights",
     "lora": "bench_lora",
     "multiturn": "bench_multiturn",
+    "engine": "bench_engine",
 }
 
 

@@ -1,0 +1,306 @@
+"""`slipstream bench engine`: the engine and the learner against plain Hugging Face on a real model.
+
+Generation: `TorchEngine` (through its async face, as a rollout worker drives it) against
+`transformers`' `generate` on the same SmolLM2-135M weights, same prompts, same number of new
+tokens per row (eos ignored), sampling at temperature 0.7, for each batch size and dtype. Two
+workloads:
+
+- `group` (the RL workload): B rows = B/8 prompts x 8 samples, as GRPO samples a group. HF
+  gets the B rows as one batch (what `num_return_sequences=8` expands to); the engine gets B
+  requests and prefills each distinct prompt once.
+- `distinct`: B different prompts of the same length.
+
+Tokens/s counts generated tokens over the wall time of the whole call (prefill included). Each
+repeat runs both systems back to back, alternating which goes first, and the figure is the
+median over repeats of each pair's ratio; the machine's load average is recorded with it.
+
+Learner: one optimizer step of the learner's `Trainer` (GRPO loss, fp32 master weights, bf16
+autocast as the real-model demo trains) on a batch of sequences, against a plain HF
+forward + cross-entropy + backward + AdamW step on the same token ids and the same autocast.
+Target: engine >= 1.5x at batch 16 and 64; learner >= 1.0x.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+GROUP = 8
+TARGET_ENGINE = 1.5
+TARGET_LEARNER = 1.0
+
+
+def register(bench_subparsers: Any) -> None:
+    p = bench_subparsers.add_parser(
+        "engine",
+        help="engine tokens/s vs HF generate, and learner tokens/s vs HF forward+backward, on SmolLM2",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--json", metavar="FILE", default="", help="write the results as JSON to FILE")
+    p.add_argument("--model", default="smollm2-135m", help="named model or local HF directory (default smollm2-135m)")
+    p.add_argument("--batches", type=int, nargs="+", default=[1, 16, 64], help="batch sizes (default 1 16 64)")
+    p.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"], help="(default float32 bfloat16)")
+    p.add_argument(
+        "--workloads", nargs="+", default=["group", "distinct"], choices=("group", "distinct"), help="(default both)"
+    )
+    p.add_argument("--prompt-len", type=int, default=96, help="prompt tokens per row (default 96)")
+    p.add_argument("--new", type=int, default=48, help="tokens generated per row (default 48)")
+    p.add_argument("--repeats", type=int, default=3, help="pairs per configuration; medians reported (default 3)")
+    p.add_argument("--threads", type=int, default=0, help="torch threads (default: all cores)")
+    p.add_argument("--learner-batch", type=int, default=8, help="sequences per learner step (default 8)")
+    p.add_argument("--learner-len", type=int, default=256, help="tokens per learner sequence (default 256)")
+    p.add_argument("--no-learner", action="store_true", help="skip the learner comparison")
+    p.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
+    p.set_defaults(func=_command)
+
+
+def _command(args: argparse.Namespace) -> int:
+    result = run(args)
+    if args.json:
+        path = Path(args.json)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(result, indent=2))
+        print(f"wrote {path}")
+    return 0
+
+
+def _prompts(tok: Any, *, batch: int, length: int, workload: str) -> list[list[int]]:
+    """`batch` prompts of exactly `length` tokens; in `group`, each distinct one repeated GROUP times."""
+    distinct = batch if workload == "distinct" else max(1, batch // GROUP)
+    out: list[list[int]] = []
+    for i in range(distinct):
+        text = f"Task {i}: a user asks question number {i * 7919 % 1000} about the history of city {i}. " * 40
+        ids = tok.encode(text)[:length]
+        if len(ids) < length:
+            raise ValueError(f"prompt {i} has only {len(ids)} tokens, fewer than --prompt-len {length}")
+        out.append(ids)
+    return [out[r % distinct] if workload == "distinct" else out[r // GROUP % distinct] for r in range(batch)]
+
+
+async def _engine_call(engine: Any, prompts: list[list[int]], new: int, tag: str) -> int:
+    from slipstream.engine.interface import GenerationRequest, SamplingParams
+
+    params = SamplingParams(temperature=0.7, max_tokens=new, ignore_eos=True)
+    results = await asyncio.gather(
+        *(
+            engine.generate(GenerationRequest(request_id=f"{tag}/{i}", prompt_ids=p, params=params))
+            for i, p in enumerate(prompts)
+        )
+    )
+    return sum(len(r.completion_ids) for r in results)
+
+
+def _hf_call(hf: Any, prompts: list[list[int]], new: int, device: str) -> int:
+    import torch
+
+    ids = torch.tensor(prompts, device=device)
+    with torch.no_grad():
+        out = hf.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            do_sample=True,
+            temperature=0.7,
+            top_k=0,
+            top_p=1.0,
+            max_new_tokens=new,
+            min_new_tokens=new,
+            pad_token_id=0,
+        )
+    return int((out.shape[1] - ids.shape[1]) * ids.shape[0])
+
+
+def _load_avg() -> float:
+    return os.getloadavg()[0]
+
+
+async def _generation(args: argparse.Namespace, model_dir: Path) -> list[dict[str, Any]]:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from slipstream.engine.engine import TorchEngine
+    from slipstream.engine.loading import load_pretrained
+
+    rows: list[dict[str, Any]] = []
+    for dtype_name in args.dtypes:
+        dtype = getattr(torch, dtype_name)
+        model, tok = load_pretrained(model_dir, dtype=dtype, device=args.device)
+        hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).to(args.device).eval()
+        for batch in args.batches:
+            engine = TorchEngine(
+                model, tok, max_batch=batch, max_seq_len=args.prompt_len + args.new + 8, device=args.device, dtype=dtype
+            )
+            await engine.start()
+            try:
+                for workload in args.workloads:
+                    if workload == "group" and batch < GROUP:
+                        continue  # a group needs GROUP rows; batch 1 runs as `distinct`
+                    prompts = _prompts(tok, batch=batch, length=args.prompt_len, workload=workload)
+                    # Warm-up: first calls pay one-off allocation and kernel selection costs.
+                    await _engine_call(engine, prompts[: min(batch, 2)], 4, f"warm/{workload}")
+                    _hf_call(hf, prompts[: min(batch, 2)], 4, args.device)
+                    pairs: list[dict[str, float]] = []
+                    for rep in range(args.repeats):
+                        timing: dict[str, float] = {"load_avg": _load_avg()}
+                        order = ("engine", "hf") if rep % 2 == 0 else ("hf", "engine")
+                        for system in order:
+                            t0 = time.perf_counter()
+                            if system == "engine":
+                                made = await _engine_call(engine, prompts, args.new, f"{workload}/{rep}")
+                            else:
+                                made = _hf_call(hf, prompts, args.new, args.device)
+                            timing[f"{system}_tok_s"] = made / (time.perf_counter() - t0)
+                        timing["ratio"] = timing["engine_tok_s"] / timing["hf_tok_s"]
+                        pairs.append(timing)
+                    row = {
+                        "dtype": dtype_name,
+                        "batch": batch,
+                        "workload": workload,
+                        "engine_tok_s": statistics.median(p["engine_tok_s"] for p in pairs),
+                        "hf_tok_s": statistics.median(p["hf_tok_s"] for p in pairs),
+                        "ratio": statistics.median(p["ratio"] for p in pairs),
+                        "load_avg": statistics.median(p["load_avg"] for p in pairs),
+                        "repeats": pairs,
+                    }
+                    rows.append(row)
+                    print(
+                        f"{dtype_name:8} batch {batch:3} {workload:8}: engine {row['engine_tok_s']:7.1f} tok/s, "
+                        f"HF generate {row['hf_tok_s']:7.1f} tok/s, ratio {row['ratio']:.2f}x "
+                        f"(load {row['load_avg']:.1f})",
+                        flush=True,
+                    )
+            finally:
+                await engine.stop()
+        del model, hf
+    return rows
+
+
+def _learner_figures(args: argparse.Namespace, model_dir: Path) -> dict[str, Any]:
+    import torch
+    import torch.nn.functional as F
+    from transformers import AutoModelForCausalLM
+
+    from slipstream.engine.loading import load_pretrained
+    from slipstream.learner.config import LearnerSection
+    from slipstream.learner.trainer import Trainer
+    from slipstream.rl import LossConfig
+    from slipstream.schemas import ScoredTrajectory, Trajectory, scored_episode_from_v1
+    from slipstream.schemas.packing import pack_floats, pack_ids, pack_mask
+
+    n, length = args.learner_batch, args.learner_len
+    prompt = length // 2
+    gen = torch.Generator().manual_seed(0)
+    ids = torch.randint(100, 10000, (n, length), generator=gen)
+    group = [
+        scored_episode_from_v1(
+            ScoredTrajectory(
+                trajectory=Trajectory(
+                    trajectory_id=f"t{i}",
+                    task_id="bench",
+                    env="bench",
+                    group_index=i,
+                    group_size=n,
+                    prompt_len=prompt,
+                    token_ids=pack_ids(ids[i].tolist()),
+                    logprobs=pack_floats([-2.0] * (length - prompt)),
+                    loss_mask=pack_mask([1] * (length - prompt)),
+                ),
+                reward=float(i % 2),
+                correct=bool(i % 2),
+            )
+        )
+        for i in range(n)
+    ]
+    tokens = n * length
+    section = LearnerSection(lr=1e-5, micro_batch=n, autocast="bfloat16")
+    model, _ = load_pretrained(model_dir, dtype=torch.float32, device=args.device)
+    trainer = Trainer(model, section, LossConfig(), pad_id=0)
+    hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).to(args.device)
+    hf_opt = torch.optim.AdamW(hf.parameters(), lr=1e-5)
+    batch = ids.to(args.device)
+
+    def hf_step() -> None:
+        hf.train()
+        with torch.autocast(torch.device(args.device).type, dtype=torch.bfloat16):
+            logits = hf(input_ids=batch, attention_mask=torch.ones_like(batch)).logits[:, :-1]
+        loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), batch[:, 1:].reshape(-1))
+        loss.backward()
+        hf_opt.step()
+        hf_opt.zero_grad(set_to_none=True)
+
+    trainer.step([group], 0)  # warm-up
+    hf_step()
+    pairs: list[dict[str, float]] = []
+    for rep in range(args.repeats):
+        timing: dict[str, float] = {"load_avg": _load_avg()}
+        for system in ("learner", "hf") if rep % 2 == 0 else ("hf", "learner"):
+            t0 = time.perf_counter()
+            if system == "learner":
+                trainer.step([group], rep + 1)
+            else:
+                hf_step()
+            timing[f"{system}_tok_s"] = tokens / (time.perf_counter() - t0)
+        timing["ratio"] = timing["learner_tok_s"] / timing["hf_tok_s"]
+        pairs.append(timing)
+    out = {
+        "sequences": n,
+        "tokens_per_sequence": length,
+        "autocast": "bfloat16",
+        "learner_tok_s": statistics.median(p["learner_tok_s"] for p in pairs),
+        "hf_tok_s": statistics.median(p["hf_tok_s"] for p in pairs),
+        "ratio": statistics.median(p["ratio"] for p in pairs),
+        "repeats": pairs,
+    }
+    print(
+        f"learner step {n}x{length} (fp32 master, bf16 autocast): learner {out['learner_tok_s']:.0f} tok/s, "
+        f"HF forward+backward {out['hf_tok_s']:.0f} tok/s, ratio {out['ratio']:.2f}x",
+        flush=True,
+    )
+    return out
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    import torch
+
+    from slipstream.engine.catalog import ensure_model
+
+    try:
+        import transformers  # noqa: F401
+    except ModuleNotFoundError:
+        raise SystemExit("slipstream bench engine needs `transformers` (a dev dependency: make install)") from None
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    local = Path(args.model)
+    model_dir = local if local.is_dir() else ensure_model(args.model)
+    t0 = time.monotonic()
+    generation = asyncio.run(_generation(args, model_dir))
+    learner = None if args.no_learner else _learner_figures(args, model_dir)
+    judged = [r for r in generation if r["batch"] >= 16]
+    engine_met = bool(judged) and all(r["ratio"] >= TARGET_ENGINE for r in judged)
+    result: dict[str, Any] = {
+        "bench": "engine",
+        "model": args.model,
+        "device": args.device,
+        "torch_threads": torch.get_num_threads(),
+        "prompt_len": args.prompt_len,
+        "new_tokens": args.new,
+        "generation": generation,
+        "learner": learner,
+        "target": {
+            "engine_ratio_at_batch_16_and_64": TARGET_ENGINE,
+            "engine_met": engine_met,
+            "learner_ratio": TARGET_LEARNER,
+            "learner_met": None if learner is None else learner["ratio"] >= TARGET_LEARNER,
+        },
+        "seconds": round(time.monotonic() - t0, 1),
+    }
+    print(f"engine target >= {TARGET_ENGINE}x at batch >= 16: {'met' if engine_met else 'NOT met'} in every row")
+    if learner is not None:
+        print(f"learner target >= {TARGET_LEARNER}x: {'met' if result['target']['learner_met'] else 'NOT met'}")
+    return result
