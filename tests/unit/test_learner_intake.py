@@ -282,3 +282,24 @@ def test_infra_errors_and_bad_branches_are_dropped_with_their_reason() -> None:
     foreign = multi("f", frozen_version=5)
     foreign.episode.samples[2].token_ids = pack_ids([1, 2, 3, 9000, 9001, 9002])
     assert inspect(foreign, VOCAB).problem == ""
+
+
+def test_a_learner_holding_groups_without_stepping_reports_the_stall() -> None:
+    from slipstream.learner.config import LearnerConfig
+    from slipstream.learner.service import LearnerService
+    from slipstream.runtime.progress import ProgressWatch
+
+    now = [0.0]
+    svc = LearnerService(LearnerConfig())
+    svc.watch = ProgressWatch(60.0, clock=lambda: now[0])
+    svc.intake = make()
+    assert svc._stall() is None  # nothing held: idle, not stuck
+    svc.intake.offer(scored("a1", "t1/a", size=2, reward=1.0), "h-a1", version=0, now=0.0)
+    assert svc._stall() is None  # held from now on
+    now[0] = 59.0
+    assert svc._stall() is None
+    now[0] = 61.0
+    reason = svc._stall()
+    assert reason is not None and reason.startswith("0 group(s) ready and 1 waiting for members at step 0")
+    svc.progress.step = 1  # a step was taken: progress
+    assert svc._stall() is None
