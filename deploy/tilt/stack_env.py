@@ -4,7 +4,8 @@ Why: `slipstream up --services none` starts NATS and Redis on free ports and rec
 run directory's stack.json; a Tilt local_resource cannot know those ports when the Tiltfile is
 evaluated. This wrapper waits for stack.json, maps the URLs it finds onto the services' config
 variables (SLIPSTREAM_BUS__URL, SLIPSTREAM_SERVICE__REDIS_URL; a value already set in the
-environment wins) and execs the command.
+environment wins), adds the run's manifest-signing key and its trusted public key when the stack
+recorded them (`trust`: the publisher signs, every verifier checks) and execs the command.
 
 Usage: python deploy/tilt/stack_env.py .slipstream/tilt/stack.json [--timeout 60] -- python -m slipstream.learner
 """
@@ -64,6 +65,11 @@ def service_env(doc: Any, environ: Mapping[str, str]) -> dict[str, str]:
     env = dict(environ)
     for var, url in stack_urls(doc).items():
         env.setdefault(var, url)
+    trust = doc.get("trust") if isinstance(doc, Mapping) else None
+    if isinstance(trust, Mapping) and trust.get("signing_key"):
+        # Only the publisher reads signing_key ([trust] of the other services ignores it locally).
+        env.setdefault("SLIPSTREAM_TRUST__SIGNING_KEY", str(trust["signing_key"]))
+        env.setdefault("SLIPSTREAM_TRUST__TRUSTED_KEYS", json.dumps(list(trust.get("trusted_keys") or [])))
     return env
 
 

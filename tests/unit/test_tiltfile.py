@@ -11,6 +11,7 @@ hands the stack's URLs to local services.
 from __future__ import annotations
 
 import importlib.util
+import json
 import sys
 import tomllib
 from functools import cache
@@ -225,6 +226,17 @@ def test_stack_env_maps_the_stack_urls_onto_config_variables() -> None:
     assert env["SLIPSTREAM_SERVICE__REDIS_URL"] == "redis://mine:1/0"  # already set: the developer's value wins
     assert env["PATH"] == "/bin"
     assert stack_env.stack_urls({"nats_url": "nats://h:1"}) == {"SLIPSTREAM_BUS__URL": "nats://h:1"}
+
+
+def test_stack_env_passes_the_runs_signing_key_and_its_trusted_public_key() -> None:
+    doc = {
+        "servers": {"nats": {"url": "nats://127.0.0.1:40123"}},
+        "trust": {"signing_key": "/run/data/keys/weights-signing.pem", "trusted_keys": ["ed25519:AAAA"]},
+    }
+    env = stack_env.service_env(doc, {})
+    assert env["SLIPSTREAM_TRUST__SIGNING_KEY"] == "/run/data/keys/weights-signing.pem"
+    assert json.loads(env["SLIPSTREAM_TRUST__TRUSTED_KEYS"]) == ["ed25519:AAAA"]
+    assert "SLIPSTREAM_TRUST__SIGNING_KEY" not in stack_env.service_env({"nats": "nats://h:1"}, {})
 
 
 @pytest.mark.parametrize(

@@ -457,6 +457,11 @@ class Stack:
             },
             "exit_codes": dict(self.exit_codes),
             "signing_key_id": self.signing_key_id,
+            # For services started beside the stack (Tilt --local): who signs, and what to trust.
+            "trust": {
+                "signing_key": self._trust.get(SIGNING_KEY_ENV, ""),
+                "trusted_keys": json.loads(self._trust.get(TRUSTED_KEYS_ENV, "[]")),
+            },
             "restart_policy": {
                 "enabled": self.spec.restart.enabled,
                 "max_restarts": self.spec.restart.max_restarts,
