@@ -32,7 +32,7 @@ from typing import Any
 import pytest
 import torch
 
-from slipstream.bus import Bus, BusConfig, connect_bus
+from slipstream.bus import Bus, connect_bus
 from slipstream.cli.spec import StackSpec, StoreSpec
 from slipstream.cli.stack import Stack
 from slipstream.cli.status import read_json
@@ -161,7 +161,7 @@ async def test_gate_promotes_rejects_corruption_and_serving_rolls_back(tmp_path:
         serving_log = serving.tail
         await _until(lambda: read_json(port, "/readyz")[0] == 200, 120, "serving worker ready", tail=serving_log)
 
-        bus = await connect_bus(BusConfig(url=stack.servers["nats"].url), name="gate-e2e")
+        bus = await connect_bus(stack.admin_bus(), name="gate-e2e")
         results: list[EvalResult] = []
         promotions: list[WeightsPromoted] = []
         announces: list[WeightAnnounce] = []

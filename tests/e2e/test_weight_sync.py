@@ -92,7 +92,7 @@ async def test_late_worker_catches_up_and_both_end_bit_identical(tmp_path: Path)
     try:
         await asyncio.to_thread(stack.start)
         await asyncio.to_thread(stack.wait_ready)
-        tap = await nats.connect(stack.servers["nats"].url)
+        tap = await nats.connect(stack.servers["nats"].url, **stack.admin_nats_options())
 
         async def on_traj(msg: Any) -> None:
             # Raw rollouts are Episodes now (a v1 trajectory would be upgraded).

@@ -26,6 +26,7 @@ import redis
 from rich.console import Console
 
 from slipstream.cli import up
+from slipstream.cli.credentials import Credentials, redis_url_for
 from slipstream.cli.spec import SERVICES, StackSpec, module_of
 from slipstream.cli.stack import ServerHandle, Stack, StackError, StackInterrupted
 from slipstream.cli.supervisor import NO_RESTART, RestartPolicy
@@ -117,9 +118,18 @@ def test_up_starts_servers_and_stops_them_on_a_signal(tmp_path: Path, sig: signa
         nats, red = state["servers"]["nats"], state["servers"]["redis"]
         assert nats["managed"] and red["managed"]
         assert _nats_info(nats["url"]).startswith(b"INFO {")
-        client = redis.Redis.from_url(red["url"])
+        client = redis.Redis.from_url(redis_url_for(state))  # the admin, from credentials.json
         assert client.ping() is True
         client.close()
+        anonymous = redis.Redis.from_url(red["url"])
+        with pytest.raises(redis.exceptions.AuthenticationError):
+            anonymous.ping()
+        anonymous.close()
+        creds = Credentials.load(tmp_path / "run")
+        assert creds is not None and (tmp_path / "run" / "credentials.json").stat().st_mode & 0o077 == 0
+        secrets = [*creds.nats.values(), *creds.redis.values()]
+        written = (tmp_path / "run" / "stack.json").read_text() + (tmp_path / "run" / "logs" / "nats.log").read_text()
+        assert not [s for s in secrets if s in written], "a password reached stack.json or a log"
         assert (tmp_path / ".slipstream" / "current").resolve() == (tmp_path / "run").resolve()
         assert Path(state["store"]["root"]).is_dir()
         assert Path(nats["log"]).exists() and Path(red["log"]).exists()
@@ -188,7 +198,13 @@ def test_stack_starts_fakes_with_their_config_env_and_drains_them(tmp_path: Path
         svc = info["services"][name]
         seen = json.loads((tmp_path / "seen" / f"{name}.env.json").read_text())
         assert seen["SLIPSTREAM_BUS__URL"] == info["servers"]["nats"]["url"]
-        assert seen["SLIPSTREAM_SERVICE__REDIS_URL"] == info["servers"]["redis"]["url"]
+        # Each service connects as its own user, on both servers.
+        creds = stack.credentials
+        assert creds is not None
+        assert seen["SLIPSTREAM_BUS__USER"] == name and seen["SLIPSTREAM_BUS__PASSWORD"] == creds.nats[name]
+        assert seen["SLIPSTREAM_SERVICE__REDIS_URL"] == info["servers"]["redis"]["url"].replace(
+            "redis://", f"redis://{name}:{creds.redis[name]}@"
+        )
         assert seen["SLIPSTREAM_SERVICE__HTTP_PORT"] == str(svc["port"])
         assert seen["SLIPSTREAM_SERVICE__RUN_ID"] == "run"
         assert seen["SLIPSTREAM_STORE__ROOT"] == info["store"]["root"]
@@ -382,7 +398,10 @@ def test_every_service_resolves_the_stack_env_into_its_config(tmp_path: Path) ->
         assert out.returncode == 0, out.stderr
         cfg = json.loads(out.stdout)
         assert cfg["bus"]["url"] == "nats://127.0.0.1:14222", name
-        assert cfg["service"]["redis_url"] == "redis://127.0.0.1:16379/0", name
+        # Its own users; --print-config never shows a password.
+        assert cfg["service"]["redis_url"] == f"redis://{name}:***@127.0.0.1:16379/0", name
+        assert cfg["bus"]["user"] == name and cfg["bus"]["password"] == "***", name
+        assert stack.credentials is not None and stack.credentials.nats[name] not in out.stdout
         assert cfg["service"]["http_port"] == 18080, name
         assert cfg["service"]["drain_timeout_s"] == 7.5, name
         assert cfg["service"]["run_id"] == "run", name

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -24,7 +25,7 @@ from slipstream.cli.spec import (
     restart_policy,
     spec_from_args,
 )
-from slipstream.cli.stack import OWNED_ENV, ServerHandle, Stack, StackError
+from slipstream.cli.stack import OWNED_ENV, OWNED_WHEN_SECURE, ServerHandle, Stack, StackError
 from slipstream.cli.supervisor import NO_RESTART, RestartPolicy
 from slipstream.runtime.section import ServiceSection
 from slipstream.store.config import StoreConfig
@@ -176,7 +177,13 @@ def test_service_env_maps_onto_config_fields(tmp_path: Path) -> None:
     )
     env = stack.service_env("learner", 18080)
     assert env["SLIPSTREAM_BUS__URL"] == "nats://127.0.0.1:14222"
-    assert env["SLIPSTREAM_SERVICE__REDIS_URL"] == "redis://127.0.0.1:16379/0"
+    # The learner's own users (the stack makes fresh passwords per run).
+    assert stack.credentials is not None
+    learner_pw = stack.credentials.redis["learner"]
+    assert env["SLIPSTREAM_SERVICE__REDIS_URL"] == f"redis://learner:{learner_pw}@127.0.0.1:16379/0"
+    assert env["SLIPSTREAM_BUS__USER"] == "learner"
+    assert env["SLIPSTREAM_BUS__PASSWORD"] == stack.credentials.nats["learner"]
+    assert stack.credentials.nats["learner"] != stack.credentials.nats["reward-model"]
     assert env["SLIPSTREAM_SERVICE__HTTP_PORT"] == "18080"
     assert env["SLIPSTREAM_SERVICE__RUN_ID"] == "r1"
     assert env["SLIPSTREAM_SERVICE__DRAIN_TIMEOUT_S"] == "7.5"
@@ -193,9 +200,19 @@ def test_service_env_maps_onto_config_fields(tmp_path: Path) -> None:
         "service": ServiceSection,
         "telemetry": TelemetryConfig,
     }
-    for key in [*OWNED_ENV, *(k for k in env if k.startswith("SLIPSTREAM_") and k not in stack.spec.env)]:
+    owned = [*OWNED_ENV, *OWNED_WHEN_SECURE]
+    for key in [*owned, *(k for k in env if k.startswith("SLIPSTREAM_") and k not in stack.spec.env)]:
         section, _, field = key.removeprefix("SLIPSTREAM_").lower().partition("__")
         assert field in sections[section].__struct_fields__, key
+
+
+def test_an_insecure_stack_hands_out_no_credentials(tmp_path: Path) -> None:
+    stack = _stack_with_fake_servers(tmp_path, secure=False)
+    env = stack.service_env("learner", 18080)
+    assert stack.credentials is None
+    assert env["SLIPSTREAM_SERVICE__REDIS_URL"] == "redis://127.0.0.1:16379/0"
+    assert env.get("SLIPSTREAM_BUS__USER", "") == os.environ.get("SLIPSTREAM_BUS__USER", "")
+    assert stack.info()["credentials_file"] is None
 
 
 def test_env_flag_cannot_override_what_the_stack_sets(tmp_path: Path) -> None:

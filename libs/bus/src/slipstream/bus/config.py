@@ -1,7 +1,9 @@
-"""Bus configuration section (`[bus]`): which backend, where the server is, and the publish/fetch bounds."""
+"""Bus configuration section (`[bus]`): which backend, where the server is, who connects, publish/fetch bounds."""
 
 from __future__ import annotations
 
+import ssl
+from pathlib import Path
 from typing import Annotated, Literal
 
 import msgspec
@@ -36,6 +38,52 @@ class BusConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     ] = 15.0
     reconnect_wait_s: Annotated[float, Doc(description="Pause between reconnection attempts (forever).")] = 1.0
     drain_timeout_s: Annotated[float, Doc(description="Longest wait to drain subscriptions and acks on close.")] = 5.0
+    user: Annotated[
+        str,
+        Doc(
+            description="NATS user to connect as (one per service, permissions from the subject table); "
+            "empty connects without credentials."
+        ),
+    ] = ""
+    password: Annotated[
+        str, Doc(description="Password of `user` (from a Secret or the local stack; never logged or printed).")
+    ] = ""
+    password_file: Annotated[
+        str, Doc(description="File holding the password of `user` (a mounted Secret); used when `password` is empty.")
+    ] = ""
+    tls_ca_file: Annotated[
+        str, Doc(description="CA bundle to verify the server's TLS certificate; set (or use tls://) to require TLS.")
+    ] = ""
+    tls_cert_file: Annotated[str, Doc(description="Client certificate for mutual TLS (with `tls_key_file`).")] = ""
+    tls_key_file: Annotated[str, Doc(description="Private key of `tls_cert_file`.")] = ""
     memory_max_payload: Annotated[
         int, Doc(description="Largest message the memory backend accepts (NATS reads max_payload from the server).")
     ] = 1024 * 1024
+
+    def resolved_password(self) -> str:
+        """`password`, or the contents of `password_file` (trailing newline stripped)."""
+        if self.password or not self.password_file:
+            return self.password
+        try:
+            return Path(self.password_file).read_text().rstrip("\r\n")
+        except OSError as exc:
+            raise ValueError(f"[bus] password_file {self.password_file!r} cannot be read: {exc}") from exc
+
+    def wants_tls(self) -> bool:
+        return bool(self.tls_ca_file or self.tls_cert_file) or any(
+            u.strip().startswith("tls://") for u in self.url.split(",")
+        )
+
+    def tls_context(self) -> ssl.SSLContext | None:
+        """The client TLS context, or None for plain TCP."""
+        if not self.wants_tls():
+            return None
+        if bool(self.tls_cert_file) != bool(self.tls_key_file):
+            raise ValueError("[bus] tls_cert_file and tls_key_file go together (mutual TLS); set both or neither")
+        try:
+            ctx = ssl.create_default_context(cafile=self.tls_ca_file or None)
+            if self.tls_cert_file:
+                ctx.load_cert_chain(self.tls_cert_file, self.tls_key_file)
+        except (OSError, ssl.SSLError) as exc:
+            raise ValueError(f"[bus] TLS files cannot be loaded: {exc}") from exc
+        return ctx

@@ -26,3 +26,6 @@ DLQ_CUT = counter(
 DLQ_ERRORS = counter("bus/dlq/errors", "Dead letters that could not be published (left for redelivery).")
 RECONNECTS = counter("bus/connection/reconnects", "Reconnections to the NATS server.")
 DISCONNECTS = counter("bus/connection/disconnects", "Losses of the NATS connection.")
+DENIED = counter(
+    "bus/permission/denied", "Operations the server refused as outside this user's permissions (label op)."
+)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 from collections.abc import Mapping
 from typing import Any, Generic, TypeVar
 
@@ -28,7 +29,8 @@ from slipstream.bus.consumer import BaseConsumer
 from slipstream.bus.delivery import Delivery
 from slipstream.bus.envelope import check_size, envelope
 from slipstream.bus.fanout import FanoutReader, RawMessage
-from slipstream.bus.instruments import CONSUME_MESSAGES, CONSUME_PENDING, DISCONNECTS, RECONNECTS
+from slipstream.bus.instruments import CONSUME_MESSAGES, CONSUME_PENDING, DENIED, DISCONNECTS, RECONNECTS
+from slipstream.bus.permissions import ADMIN, inbox_prefix
 from slipstream.bus.provisioning import ensure_all, ensure_stream
 from slipstream.bus.publisher import JetStreamPublisher
 from slipstream.bus.pull import PullFetcher
@@ -45,6 +47,21 @@ _NAK = b"-NAK"
 _TERM = b"+TERM"
 _PROGRESS = b"+WPI"
 _DELIVER = {"new": DeliverPolicy.NEW, "last": DeliverPolicy.LAST, "all": DeliverPolicy.ALL}
+
+
+_VIOLATION = re.compile(r"permissions violation for (publish|subscription) to \"?([^\"']+)", re.IGNORECASE)
+
+
+def permission_violation(exc: BaseException) -> tuple[str, str] | None:
+    """("publish" | "subscribe", subject) when `exc` is the server refusing an operation, else None.
+
+    The subject comes back lower-cased (nats-py lower-cases the server's error line).
+    """
+    m = _VIOLATION.search(str(exc))
+    if m is None:
+        return None
+    op = "publish" if m.group(1).lower() == "publish" else "subscribe"
+    return op, m.group(2).strip().split(" ")[0]
 
 
 def _pending(reply: str) -> int:
@@ -143,11 +160,24 @@ class NatsBus:
     # -- connection ---------------------------------------------------------------------------
     async def start(self) -> None:
         servers = [u.strip() for u in self.cfg.url.split(",") if u.strip()]
+        auth: dict[str, Any] = {}
+        if self.cfg.user:
+            # Replies (acks, pull deliveries, API answers) come back under the user's own prefix,
+            # the only place its permissions let it subscribe (slipstream.bus.permissions).
+            auth = {
+                "user": self.cfg.user,
+                "password": self.cfg.resolved_password(),
+                "inbox_prefix": inbox_prefix(self.cfg.user),
+            }
+        tls = self.cfg.tls_context()
+        if tls is not None:
+            auth["tls"] = tls
         try:
             await asyncio.wait_for(
                 self.nc.connect(
                     servers=servers,
                     name=self.name,
+                    **auth,
                     connect_timeout=self.cfg.connect_timeout_s,  # type: ignore[arg-type]  # floats work
                     reconnect_time_wait=self.cfg.reconnect_wait_s,  # type: ignore[arg-type]
                     max_reconnect_attempts=-1,
@@ -165,8 +195,9 @@ class NatsBus:
                 await self.nc.close()
             except nats.errors.Error as close_exc:
                 log.debug("close after a failed connect: %r", close_exc)
+            who = f" as user {self.cfg.user!r}" if self.cfg.user else " without credentials"
             raise BusUnavailable(
-                f"cannot connect to NATS at {self.cfg.url} within {self.cfg.connect_budget_s:.0f}s ({exc!r})"
+                f"cannot connect to NATS at {self.cfg.url}{who} within {self.cfg.connect_budget_s:.0f}s ({exc!r})"
             ) from exc
         self._connected = True
         self._js = self.nc.jetstream()
@@ -188,6 +219,17 @@ class NatsBus:
             self._publisher.on_reconnected()
 
     async def _on_error(self, exc: Exception) -> None:
+        denied = permission_violation(exc)
+        if denied is not None:
+            op, subject = denied
+            DENIED.add(1, op=op)
+            log.error(
+                "bus %s: the server refused to let user %r %s %r (not in its permissions)",
+                self.name, self.cfg.user or "(none)", op, subject,
+            )  # fmt: skip
+            if op == "publish" and self._publisher is not None:
+                self._publisher.on_denied(subject)
+            return
         log.warning("bus %s: NATS error %r", self.name, exc)
 
     async def _on_closed(self) -> None:
@@ -214,8 +256,13 @@ class NatsBus:
         return self._publisher
 
     # -- provisioning ---------------------------------------------------------------------------
+    @property
+    def may_provision(self) -> bool:
+        """Whether this connection may create and update streams (no user, or the admin user)."""
+        return not self.cfg.user or self.cfg.user == ADMIN
+
     async def ensure_streams(self) -> None:
-        await ensure_all(self.js, self.topology, self.cfg)
+        await ensure_all(self.js, self.topology, self.cfg, admin=self.may_provision)
 
     # -- publishing -----------------------------------------------------------------------------
     async def publish(
@@ -260,7 +307,7 @@ class NatsBus:
     # -- consuming ------------------------------------------------------------------------------
     async def consumer(self, durable: str, cls: type[T]) -> JetStreamConsumer[T]:
         stream, spec = self.topology.consumer(durable)
-        await ensure_stream(self.js, stream, self.topology.subjects[stream.name], self.cfg)
+        await ensure_stream(self.js, stream, self.topology.subjects[stream.name], self.cfg, admin=self.may_provision)
         fetcher = PullFetcher(self.nc, stream.name, durable)
         await fetcher.start()
         consumer = JetStreamConsumer(self, stream, spec, cls, fetcher)

@@ -1,9 +1,12 @@
 """Creating (or updating) JetStream streams and durable consumers from the topology.
 
-Safe to run from every replica at once: adding a stream or consumer whose configuration matches
-is a no-op on the server, a stream whose configuration drifted is updated, and a consumer create
-with a changed configuration updates it (nats-server ≥ 2.10). A JetStream that is still starting
-answers 503; that is retried for a few seconds.
+Safe to run from every replica at once: a stream or consumer whose configuration already matches
+the table is only read (stream/consumer info, which every service's NATS user may do), a missing
+one is created, a stream whose configuration drifted is updated, and a consumer with a changed
+configuration is updated (nats-server ≥ 2.10). Creating and updating are the admin's rights
+(`slipstream.bus.permissions`): a service connected as its own user that finds a stream missing
+or drifted says so and asks for provisioning instead of waiting on a refused request. A
+JetStream that is still starting answers 503; that is retried for a few seconds.
 """
 
 from __future__ import annotations
@@ -73,10 +76,52 @@ async def _with_retries(what: str, op: Callable[[], Awaitable[None]]) -> None:
             delay = min(delay * 2, 2.0)
 
 
-async def ensure_stream(js: JetStreamContext, spec: StreamSpec, subjects: list[str], cfg: BusConfig) -> None:
+def _same_stream(have: StreamConfig, want: StreamConfig) -> bool:
+    return (
+        sorted(have.subjects or []) == sorted(want.subjects or [])
+        and have.retention == want.retention
+        and have.storage == want.storage
+        and (have.num_replicas or 1) == (want.num_replicas or 1)
+        and float(have.max_age or 0) == float(want.max_age or 0)
+        and (have.max_bytes if have.max_bytes is not None else -1) == want.max_bytes
+        and float(have.duplicate_window or 0) == float(want.duplicate_window or 0)
+        and (have.description or None) == (want.description or None)
+    )
+
+
+def _same_consumer(have: ConsumerConfig, want: ConsumerConfig) -> bool:
+    return (
+        have.filter_subject == want.filter_subject
+        and have.ack_policy == want.ack_policy
+        and have.deliver_policy == want.deliver_policy
+        and float(have.ack_wait or 0) == float(want.ack_wait or 0)
+        and have.max_deliver == want.max_deliver
+        and have.max_ack_pending == want.max_ack_pending
+    )
+
+
+def _needs_admin(what: str) -> BusError:
+    return BusError(
+        f"{what}; this bus user may not create or update streams and consumers: provision them as the admin "
+        "user first (python -m slipstream.bus.provision, or the deploy's provision-streams Job)"
+    )
+
+
+async def ensure_stream(
+    js: JetStreamContext, spec: StreamSpec, subjects: list[str], cfg: BusConfig, *, admin: bool = True
+) -> None:
     sc = stream_config(spec, subjects, cfg)
 
     async def add_or_update() -> None:
+        try:
+            have = (await js.stream_info(spec.name)).config
+        except nats.js.errors.NotFoundError:
+            have = None
+        if have is not None and _same_stream(have, sc):
+            return
+        if not admin:
+            state = "is missing" if have is None else "differs from the subject table"
+            raise _needs_admin(f"stream {spec.name} {state}")
         try:
             await js.add_stream(sc)
         except nats.js.errors.BadRequestError as exc:
@@ -93,13 +138,22 @@ async def ensure_stream(js: JetStreamContext, spec: StreamSpec, subjects: list[s
 
     await _with_retries(f"create stream {spec.name}", add_or_update)
     for c in spec.consumers:
-        await ensure_consumer(js, spec, c)
+        await ensure_consumer(js, spec, c, admin=admin)
 
 
-async def ensure_consumer(js: JetStreamContext, stream: StreamSpec, spec: ConsumerSpec) -> None:
+async def ensure_consumer(js: JetStreamContext, stream: StreamSpec, spec: ConsumerSpec, *, admin: bool = True) -> None:
     cc = consumer_config(spec)
 
     async def add() -> None:
+        try:
+            have = (await js.consumer_info(stream.name, spec.durable)).config
+        except nats.js.errors.NotFoundError:
+            have = None
+        if have is not None and _same_consumer(have, cc):
+            return
+        if not admin:
+            state = "is missing" if have is None else "differs from the subject table"
+            raise _needs_admin(f"consumer {spec.durable} on {stream.name} {state}")
         try:
             await js.add_consumer(stream.name, cc)
         except nats.js.errors.BadRequestError as exc:
@@ -108,6 +162,6 @@ async def ensure_consumer(js: JetStreamContext, stream: StreamSpec, spec: Consum
     await _with_retries(f"create consumer {spec.durable}", add)
 
 
-async def ensure_all(js: JetStreamContext, topology: Topology, cfg: BusConfig) -> None:
+async def ensure_all(js: JetStreamContext, topology: Topology, cfg: BusConfig, *, admin: bool = True) -> None:
     for spec in topology.streams.values():
-        await ensure_stream(js, spec, topology.subjects[spec.name], cfg)
+        await ensure_stream(js, spec, topology.subjects[spec.name], cfg, admin=admin)

@@ -177,6 +177,16 @@ class JetStreamPublisher:
         for p in self._order:
             p.deadline = min(p.deadline, now)
 
+    def on_denied(self, subject: str) -> None:
+        """The server refused a publish to `subject`: fail its waiting messages now, not at the ack timeout.
+
+        nats-py lower-cases the server's error line, so subjects are compared without case.
+        """
+        subject = subject.lower()
+        for p in list(self._pending.values()):
+            if p.subject.lower() == subject:
+                self._fail(p, "permission denied: this bus user may not publish here", "denied")
+
     async def close(self) -> None:
         self._closed = True
         if self._watchdog is not None:

@@ -272,8 +272,26 @@ def to_dict(cfg: msgspec.Struct) -> dict[str, Any]:
     return msgspec.to_builtins(cfg)
 
 
+SECRET = "***"
+_URL_PASSWORD = re.compile(r"^([a-z][a-z0-9+.-]*://[^:/@\s]*):[^@/\s]+@", re.IGNORECASE)
+
+
+def redacted(tree: Any) -> Any:
+    """`tree` with every `password` field and every password inside a URL replaced by ***."""
+    if isinstance(tree, dict):
+        return {
+            k: (SECRET if v and (k == "password" or k.endswith("_password")) else redacted(v)) for k, v in tree.items()
+        }
+    if isinstance(tree, list):
+        return [redacted(v) for v in tree]
+    if isinstance(tree, str):
+        return _URL_PASSWORD.sub(rf"\1:{SECRET}@", tree)
+    return tree
+
+
 def dump(cfg: msgspec.Struct) -> str:
-    return msgspec.json.format(msgspec.json.encode(cfg).decode(), indent=2)
+    """The config as JSON for people (`--print-config`): passwords are never printed."""
+    return msgspec.json.format(msgspec.json.encode(redacted(msgspec.to_builtins(cfg))).decode(), indent=2)
 
 
 def parse_cli(cls: type[C], argv: Sequence[str] | None = None, *, prog: str | None = None, description: str = "") -> C:

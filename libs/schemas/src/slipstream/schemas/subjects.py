@@ -47,6 +47,14 @@ class SubjectSpec(msgspec.Struct, kw_only=True, frozen=True):
         tuple[str, ...],
         Doc(description="Older message types still admitted here, converted on decode (codec.UPGRADES)."),
     ] = ()
+    publishers: Annotated[
+        tuple[str, ...],
+        Doc(description="Services allowed to publish here (their bus users get nothing else to publish)."),
+    ] = ()
+    readers: Annotated[
+        tuple[str, ...],
+        Doc(description="Services that read every message here through a fan-out (ordered, ephemeral) view."),
+    ] = ()
 
 
 class RequestSpec(msgspec.Struct, kw_only=True, frozen=True):
@@ -74,13 +82,20 @@ class StreamSpec(msgspec.Struct, kw_only=True, frozen=True):
 DAY = 86400.0
 
 SUBJECTS: tuple[SubjectSpec, ...] = (
-    SubjectSpec(pattern="tasks.>", message="Task", stream="TASKS", description="tasks.<env>: prompts to roll out"),
+    SubjectSpec(
+        pattern="tasks.>",
+        message="Task",
+        stream="TASKS",
+        description="tasks.<env>: prompts to roll out",
+        publishers=("task-source",),
+    ),
     SubjectSpec(
         pattern="traj.raw.>",
         message="Episode",
         stream="TRAJ_RAW",
         description="traj.raw.<env>: unscored episodes",
         upgrades_from=("Trajectory",),
+        publishers=("rollout-worker",),
     ),
     SubjectSpec(
         pattern="traj.scored.>",
@@ -88,13 +103,41 @@ SUBJECTS: tuple[SubjectSpec, ...] = (
         stream="TRAJ_SCORED",
         description="traj.scored.<env>: episodes with rewards",
         upgrades_from=("ScoredTrajectory",),
+        publishers=("reward-model",),
     ),
     SubjectSpec(
-        pattern="weights.announce", message="WeightAnnounce", stream="WEIGHTS", description="a version is stored"
+        pattern="weights.announce",
+        message="WeightAnnounce",
+        stream="WEIGHTS",
+        description="a version is stored",
+        publishers=("weight-publisher",),
+        readers=("rollout-worker", "learner", "task-source"),
     ),
-    SubjectSpec(pattern="weights.promoted", message="WeightsPromoted", stream="WEIGHTS", description="serving version"),
-    SubjectSpec(pattern="eval.result", message="EvalResult", stream="EVAL", description="eval-gate decisions"),
-    SubjectSpec(pattern="learner.step", message="LearnerStep", stream="LEARNER", description="per-step metrics"),
+    SubjectSpec(
+        pattern="weights.promoted",
+        message="WeightsPromoted",
+        stream="WEIGHTS",
+        description="serving version",
+        publishers=("eval-gate",),
+        readers=("rollout-worker", "eval-gate"),
+    ),
+    SubjectSpec(
+        pattern="eval.result",
+        message="EvalResult",
+        stream="EVAL",
+        description="eval-gate decisions",
+        publishers=("eval-gate",),
+    ),
+    SubjectSpec(
+        pattern="learner.step",
+        message="LearnerStep",
+        stream="LEARNER",
+        description="per-step metrics",
+        publishers=("learner",),
+        readers=("task-source",),
+    ),
+    # Publishers of dlq.<STREAM> are not listed: the consumers of STREAM's durables may dead-letter
+    # into it (slipstream.bus.permissions derives that), nobody else.
     SubjectSpec(pattern="dlq.>", message="DeadLetter", stream="DLQ", description="dlq.<stream>: dead letters"),
 )
 

@@ -60,28 +60,68 @@ class Server:
         self.process.stop(timeout_s)
 
 
-def start_nats(data_dir: Path, log_dir: Path, port: int = 0, max_payload: int = 1024 * 1024) -> Server:
-    """nats-server with JetStream, its store in `data_dir`."""
+@dataclass(frozen=True)
+class TlsFiles:
+    """A server certificate and key (PEM), and optionally a CA whose client certificates are required."""
+
+    cert: Path
+    key: Path
+    client_ca: Path | None = None
+
+
+def _private_file(path: Path, text: str) -> None:
+    """Write a file only its owner can read (it may hold passwords)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+
+
+def start_nats(
+    data_dir: Path,
+    log_dir: Path,
+    port: int = 0,
+    max_payload: int = 1024 * 1024,
+    *,
+    authorization: str = "",
+    tls: TlsFiles | None = None,
+) -> Server:
+    """nats-server with JetStream, its store in `data_dir`.
+
+    `authorization` is a config block (`slipstream.bus.permissions.server_authorization`): with
+    it, only those users may connect, each within its permissions. With `tls` the server only
+    speaks TLS (and requires client certificates when `tls.client_ca` is set).
+    """
     port = port or free_port()
     data_dir.mkdir(parents=True, exist_ok=True)
     conf = data_dir / "nats.conf"
-    conf.write_text(
+    text = (
         f"listen: {HOST}:{port}\n"
         f"max_payload: {max_payload}\n"
         "max_pending: 268435456\n"
         f'jetstream {{ store_dir: "{data_dir / "js"}" }}\n'
     )
+    if tls is not None:
+        text += f'tls {{ cert_file: "{tls.cert}"\n  key_file: "{tls.key}"\n'
+        if tls.client_ca is not None:
+            text += f'  ca_file: "{tls.client_ca}"\n  verify: true\n'
+        text += "}\n"
+    _private_file(conf, text + authorization)
     proc = ManagedProcess("nats", [nats_server_binary(), "-c", str(conf)], log_dir / "nats.log")
     try:
         wait_port(HOST, port, 20.0, proc.proc)
     except Exception:
         proc.stop(2)
         raise RuntimeError(f"nats-server did not start:\n{proc.tail()}") from None
-    return Server("nats", f"nats://{HOST}:{port}", port, proc)
+    scheme = "tls" if tls is not None else "nats"
+    return Server("nats", f"{scheme}://{HOST}:{port}", port, proc)
 
 
-def start_redis(data_dir: Path, log_dir: Path, port: int = 0) -> Server:
-    """A real redis-server on loopback, persistence off (tests and the laptop stack)."""
+def start_redis(data_dir: Path, log_dir: Path, port: int = 0, *, acl: str = "") -> Server:
+    """A real redis-server on loopback, persistence off (tests and the laptop stack).
+
+    `acl` is the text of an ACL file (`slipstream.control.acl.acl_file`): with it, connections
+    must authenticate as one of its users and stay within that user's keys and commands.
+    """
     port = port or free_port()
     data_dir.mkdir(parents=True, exist_ok=True)
     argv = [
@@ -93,6 +133,10 @@ def start_redis(data_dir: Path, log_dir: Path, port: int = 0) -> Server:
         "--dir", str(data_dir),
         "--protected-mode", "no",
     ]  # fmt: skip
+    if acl:
+        acl_path = data_dir / "users.acl"
+        _private_file(acl_path, acl)
+        argv += ["--aclfile", str(acl_path)]
     proc = ManagedProcess("redis", argv, log_dir / "redis.log")
     try:
         wait_port(HOST, port, 20.0, proc.proc)

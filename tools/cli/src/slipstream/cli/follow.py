@@ -61,11 +61,11 @@ async def held_out(
 async def follow_run(
     plan: TrainingPlan, stack: Stack, summary: RunSummary, model_dir: Path, emit: Emit, tap: Tap
 ) -> None:
-    from slipstream.bus import BusConfig, connect_bus
+    from slipstream.bus import connect_bus
 
     url = stack.servers["nats"].url
     store_root = Path(stack.spec.store.root) if stack.spec.store else None
-    bus = await connect_bus(BusConfig(url=url), name="follow")
+    bus = await connect_bus(stack.admin_bus(), name="follow")
     last_manifest: dict[int, str] = {}
     done = asyncio.Event()
     t_train = time.monotonic()

@@ -111,13 +111,14 @@ def gate_config(
     info: dict[str, Any], run_dir: Path, *, config_file: Path | None = None, model_path: Path | None = None
 ) -> EvalGateConfig:
     """The gate's config for this stack: file and SLIPSTREAM_* variables, with the stack's addresses on top."""
+    from slipstream.cli.credentials import redis_url_for
     from slipstream.eval_gate.config import EvalGateConfig
     from slipstream.runtime.config import ConfigError, resolve
 
     store = info["store"]
     overrides: dict[str, dict[str, Any]] = {
-        "service": {"run_id": info["run_id"], "redis_url": info["servers"]["redis"]["url"]},
-        "bus": {"type": "nats", "url": info["servers"]["nats"]["url"]},
+        "service": {"run_id": info["run_id"], "redis_url": redis_url_for(info)},
+        "bus": {"type": "nats", "url": info["servers"]["nats"]["url"], **_bus_user(info)},
         "store": {k: store[k] for k in ("type", "root", "url", "endpoint_url") if store.get(k)},
     }
     model = model_path or (run_dir / "model-init" if (run_dir / "model-init" / "config.json").exists() else None)
@@ -129,18 +130,25 @@ def gate_config(
         raise Refused(f"gate config: {exc}") from None
 
 
+def _bus_user(info: dict[str, Any]) -> dict[str, str]:
+    """The admin's NATS credentials for a stack that has users (the CLI acts for the operator)."""
+    from slipstream.cli.credentials import bus_config_for
+
+    cfg = bus_config_for(info)
+    return {"user": cfg.user, "password": cfg.password} if cfg.user else {}
+
+
 async def _connect(info: dict[str, Any]) -> tuple[Any, Any]:
-    from slipstream.bus import BusConfig, BusError, connect_bus
+    from slipstream.bus import BusError, connect_bus
+    from slipstream.cli.credentials import bus_config_for, redis_url_for
     from slipstream.control import ControlUnavailable, connect_control
 
     try:
-        control = await connect_control(info["servers"]["redis"]["url"], info["run_id"])
+        control = await connect_control(redis_url_for(info), info["run_id"])
     except ControlUnavailable as exc:
         raise Refused(str(exc)) from None
     try:
-        bus = await connect_bus(
-            BusConfig(url=info["servers"]["nats"]["url"], connect_budget_s=3.0), name="slipstream-cli"
-        )
+        bus = await connect_bus(bus_config_for(info, connect_budget_s=3.0), name="slipstream-cli")
     except BusError as exc:
         await control.close()
         raise Refused(f"nats: {exc}") from None

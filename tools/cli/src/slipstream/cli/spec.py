@@ -102,6 +102,8 @@ class StackSpec:
     """tool-service replicas started (before the services) when a run asks for them; 0: none."""
     restart: RestartPolicy = field(default_factory=RestartPolicy)
     """How crashed services are restarted (`NO_RESTART`: a death is reported and nothing restarts)."""
+    secure: bool = True
+    """Servers started here get one user per service (NATS permissions, Redis ACLs) with fresh passwords."""
 
     @property
     def log_dir(self) -> Path:
@@ -133,6 +135,7 @@ class StackSpec:
             commands={k: tuple(v) for k, v in self.commands.items()},
             tool_services=self.tool_services,
             restart=self.restart,
+            secure=self.secure,
         )
 
     def traces_file(self, service: str) -> Path | None:

@@ -10,9 +10,12 @@
 store directory, then one `python -m slipstream.<pkg>` per service, configured only through
 SLIPSTREAM_<SECTION>__<FIELD> variables. Each run gets its own ed25519 key (data/keys/, mode
 0600): the weight-publisher signs manifests with it and every verifier trusts only its public key,
-unless --env names a key of its own (SLIPSTREAM_TRUST__SIGNING_KEY / __TRUSTED_KEYS). `stop()`
-sends SIGTERM to every service at once, waits their drain budget, SIGKILLs what is left, then
-stops the servers it started (Redis, then NATS) — never a server it was given by URL.
+unless --env names a key of its own (SLIPSTREAM_TRUST__SIGNING_KEY / __TRUSTED_KEYS). When it
+starts both servers itself (and `spec.secure`, the default), they run with one user per service
+(`credentials.py`): NATS permissions and Redis ACLs from the tables, fresh passwords per run,
+streams provisioned as the admin before any service starts. `stop()` sends SIGTERM to every
+service at once, waits their drain budget, SIGKILLs what is left, then stops the servers it
+started (Redis, then NATS) — never a server it was given by URL.
 
 A service that crashes is started again (same port, same environment, its log appended to) by
 `poll_exits()`, which `wait_ready()` and the callers' watch loops call, as the `Supervisor`
@@ -23,6 +26,8 @@ nats-server and Redis are never restarted here.
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import importlib.util
 import json
 import os
@@ -34,6 +39,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
+from slipstream.bus.config import BusConfig
+from slipstream.bus.permissions import ADMIN
+from slipstream.cli.credentials import FILE as CREDENTIALS_FILE
+from slipstream.cli.credentials import Credentials
 from slipstream.cli.probe import HOST, probe_http, probe_tcp, url_endpoint
 from slipstream.cli.spec import StackSpec, kind_of, module_of, tool_replica_names
 from slipstream.cli.stop_signals import StopFlag
@@ -64,6 +75,8 @@ OWNED_ENV = (
     "SLIPSTREAM_TELEMETRY__TRACES",
     "SLIPSTREAM_TELEMETRY__TRACES_FILE",
 )
+# Also the stack's own when it makes the credentials.
+OWNED_WHEN_SECURE = ("SLIPSTREAM_BUS__USER", "SLIPSTREAM_BUS__PASSWORD", "SLIPSTREAM_BUS__PASSWORD_FILE")
 
 
 class StackError(RuntimeError):
@@ -159,6 +172,9 @@ class Stack:
         self.signing_key_id = ""
         self._on_event = on_event
         self.supervisor = Supervisor(self.spec.restart, on_event=self._supervisor_event)
+        self.credentials: Credentials | None = None
+        if self.spec.secure and self.spec.nats_url is None and self.spec.redis_url is None:
+            self.credentials = Credentials.generate(self.spec.services)
 
     # ---- start ----
 
@@ -172,8 +188,18 @@ class Stack:
         try:
             spec.log_dir.mkdir(parents=True, exist_ok=True)
             spec.data_dir.mkdir(parents=True, exist_ok=True)
-            self.servers["nats"] = self._server("nats", spec.nats_url, start_nats)
-            self.servers["redis"] = self._server("redis", spec.redis_url, start_redis)
+            creds = self.credentials
+            if creds is None:
+                self.servers["nats"] = self._server("nats", spec.nats_url, start_nats)
+                self.servers["redis"] = self._server("redis", spec.redis_url, start_redis)
+            else:
+                creds.save(spec.run_dir)
+                nats_auth, redis_acl = creds.nats_authorization(), creds.redis_acl(spec.run_id)
+                self.servers["nats"] = self._server(
+                    "nats", None, lambda d, logs: start_nats(d, logs, authorization=nats_auth)
+                )
+                self.servers["redis"] = self._server("redis", None, lambda d, logs: start_redis(d, logs, acl=redis_acl))
+                self._provision(creds)
             assert spec.store is not None
             if spec.store.type == "local":
                 Path(spec.store.root).mkdir(parents=True, exist_ok=True)
@@ -199,8 +225,32 @@ class Stack:
         self.group.add(proc)
         return proc
 
+    def _provision(self, creds: Credentials) -> None:
+        """Create the streams and durables as the admin: the services' own users may not."""
+        from slipstream.bus.provision import ProvisionConfig, provision
+        from slipstream.runtime.config import build, env_layer
+
+        # The services' stream settings (storage, replicas) come from the same variables.
+        tree = env_layer(ProvisionConfig, self.spec.env)
+        bus = msgspec.structs.replace(
+            build(ProvisionConfig, tree, "--env").bus,
+            type="nats",
+            url=self.servers["nats"].url,
+            user=ADMIN,
+            password=creds.nats[ADMIN],
+        )
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:  # start() may run inside an event loop
+            try:
+                pool.submit(asyncio.run, provision(bus)).result()
+            except Exception as exc:
+                raise StackError(f"cannot provision the streams as the admin user: {exc}") from exc
+        self._log("provisioned streams and durables (services connect as their own users)")
+
+    def _owned_env(self) -> tuple[str, ...]:
+        return OWNED_ENV + (OWNED_WHEN_SECURE if self.credentials is not None else ())
+
     def _check_buildable(self) -> None:
-        clash = sorted(k for k in self.spec.env if k in OWNED_ENV)
+        clash = sorted(k for k in self.spec.env if k in self._owned_env())
         if clash:
             raise StackError(f"{', '.join(clash)} is set by the stack itself; use the matching flag instead of --env")
         missing = [
@@ -262,11 +312,28 @@ class Stack:
                 "PYTHONUNBUFFERED": "1",
             }
         )
+        if self.credentials is not None:
+            env.update(self.credentials.service_env(name, self.servers["redis"].url))
         traces = spec.traces_file(name)
         if traces is not None:
             env["SLIPSTREAM_TELEMETRY__TRACES"] = "file"
             env["SLIPSTREAM_TELEMETRY__TRACES_FILE"] = str(traces)
         return env
+
+    def admin_bus(self, **kw: Any) -> BusConfig:
+        """A BusConfig for this stack's NATS with the admin's rights (tests, read-outs, the CLI)."""
+        url = self.servers["nats"].url
+        return self.credentials.admin_bus(url, **kw) if self.credentials else BusConfig(url=url, **kw)
+
+    def admin_nats_options(self) -> dict[str, str]:
+        """`nats.connect` keyword arguments that authenticate as the admin (empty without credentials)."""
+        if self.credentials is None:
+            return {}
+        return {"user": ADMIN, "password": self.credentials.nats[ADMIN]}
+
+    def admin_redis_url(self) -> str:
+        url = self.servers["redis"].url
+        return self.credentials.admin_redis_url(url) if self.credentials else url
 
     def _check_interrupt(self) -> None:
         if self.interrupt.is_set():
@@ -468,6 +535,8 @@ class Stack:
                 "window_s": self.spec.restart.window_s,
             },
             "supervisor_events": [e.as_dict() for e in self.supervisor.events[-100:]],
+            # Users per service on the servers; the admin's passwords are in this file (mode 0600).
+            "credentials_file": str(spec.run_dir / CREDENTIALS_FILE) if self.credentials else None,
         }
 
     def write_state(self) -> Path:

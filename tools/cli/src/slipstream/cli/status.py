@@ -18,10 +18,13 @@ import argparse
 import http.client
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from slipstream.cli.probe import HOST, probe_tcp, url_endpoint
 from slipstream.cli.spec import HOME
+
+if TYPE_CHECKING:
+    from slipstream.bus import BusConfig
 
 DEFAULT_RUN_DIR = HOME / "current"
 _READ_LAST_S = 1.0
@@ -99,6 +102,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 async def collect(info: dict[str, Any], *, timeout_s: float = 3.0) -> dict[str, Any]:
+    from slipstream.cli.credentials import bus_config_for, redis_url_for
+
     """Everything `status` shows, probed now. Unreachable parts are reported in `errors`, never raised."""
     status: dict[str, Any] = {
         "run_id": info["run_id"],
@@ -116,11 +121,11 @@ async def collect(info: dict[str, Any], *, timeout_s: float = 3.0) -> dict[str, 
     }
     servers = {row["name"]: row for row in status["servers"]}
     if servers["nats"]["up"]:
-        await _from_bus(status, info["servers"]["nats"]["url"], timeout_s)
+        await _from_bus(status, bus_config_for(info, connect_budget_s=timeout_s))
     else:
         status["errors"].append(f"nats at {info['servers']['nats']['url']} is not reachable")
     if servers["redis"]["up"]:
-        await _from_redis(status, info["servers"]["redis"]["url"], timeout_s)
+        await _from_redis(status, redis_url_for(info), timeout_s)
     else:
         status["errors"].append(f"redis at {info['servers']['redis']['url']} is not reachable")
     verified = [row["verified_version"] for row in status["services"] if "verified_version" in row]
@@ -220,13 +225,13 @@ def dlq_counts(subject_counts: dict[str, int], streams: list[str]) -> dict[str, 
     return {s: int(subject_counts.get(f"dlq.{s}", 0)) for s in streams if s != "DLQ"}
 
 
-async def _from_bus(status: dict[str, Any], url: str, timeout_s: float) -> None:
-    from slipstream.bus import BusConfig, BusError, connect_bus
+async def _from_bus(status: dict[str, Any], cfg: BusConfig) -> None:
+    from slipstream.bus import BusError, connect_bus
     from slipstream.schemas import LearnerStep, WeightAnnounce, WeightsPromoted
     from slipstream.schemas.subjects import LEARNER_STEP, STREAMS, WEIGHTS_ANNOUNCE, WEIGHTS_PROMOTED
 
     try:
-        bus = await connect_bus(BusConfig(url=url, connect_budget_s=timeout_s), name="slipstream-status")
+        bus = await connect_bus(cfg, name="slipstream-status")
     except BusError as exc:
         status["errors"].append(f"nats: {exc}")
         return

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
+from collections.abc import Mapping
 from typing import Any
 
 from slipstream.bus.envelope import MSG_ID_HEADER
@@ -58,8 +59,9 @@ class TapIds:
 class Tap:
     """The two subscriptions, on their own thread; `start()` returns once the server has them."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, options: Mapping[str, Any] | None = None) -> None:
         self.url = url
+        self._options = dict(options or {})  # the admin's credentials on a stack with users
         self.ids = TapIds()
         self.tapped = 0
         """Messages seen on traj.raw.> (repeats of a publish included)."""
@@ -106,7 +108,7 @@ class Tap:
 
         self._loop = asyncio.get_running_loop()
         self._quit = asyncio.Event()
-        nc = await nats.connect(self.url, name="follow-tap")
+        nc = await nats.connect(self.url, name="follow-tap", **self._options)
         try:
             await nc.subscribe("traj.raw.>", cb=self._on_raw)
             await nc.subscribe("traj.scored.>", cb=self._on_scored)

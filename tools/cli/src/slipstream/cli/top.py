@@ -193,7 +193,8 @@ class StackWatch:
             raise StackStateError(f"{path} is not valid JSON: {exc}") from None
 
     async def start(self) -> None:
-        from slipstream.bus import BusConfig, BusError, connect_bus
+        from slipstream.bus import BusError, connect_bus
+        from slipstream.cli.credentials import bus_config_for
         from slipstream.schemas import LearnerStep, WeightAnnounce, WeightsPromoted
         from slipstream.schemas.subjects import LEARNER_STEP, WEIGHTS_ANNOUNCE, WEIGHTS_PROMOTED
 
@@ -203,7 +204,7 @@ class StackWatch:
             return
         try:
             self.bus = await connect_bus(
-                BusConfig(url=url, connect_budget_s=3.0, connect_timeout_s=1.0), name="slipstream-top"
+                bus_config_for(self.info, connect_budget_s=3.0, connect_timeout_s=1.0), name="slipstream-top"
             )
         except BusError as exc:
             self.notes.append(f"bus at {url} unreachable: {exc}")

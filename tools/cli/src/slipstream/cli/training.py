@@ -224,7 +224,7 @@ def run_training(
         emit("phase", {"phase": "stack", "detail": "starting nats-server, redis and the services"})
         stack.start()
         # At once: the services are still importing, so the tap sees every trajectory ever published.
-        tap = Tap(stack.servers["nats"].url).start()
+        tap = Tap(stack.servers["nats"].url, stack.admin_nats_options()).start()
         stack.write_state()
         stack.wait_ready()
         stack.write_state()

@@ -1,0 +1,169 @@
+"""Least privilege on the bus: each service's NATS permissions, generated from the subject table.
+
+A service's user may publish only what the table says it publishes, and take only from its own
+durables; everything else is refused by the server ("Permissions Violation"). From one row of
+`slipstream.schemas.subjects` a user gets:
+
+- `publishers`: publish on the row's pattern;
+- a durable consumer (`ConsumerSpec.service`): pull its next batch
+  (`$JS.API.CONSUMER.MSG.NEXT.<stream>.<durable>`), ack / nak / term / progress its deliveries
+  (`$JS.ACK.<stream>.<durable>.>`), and dead-letter into `dlq.<stream>`;
+- `readers`: open ordered ephemeral consumers on the row's stream
+  (`$JS.API.CONSUMER.CREATE.<stream>`) and answer their flow control (`$JS.FC.<stream>.>`).
+
+Every service also reads topology metadata (stream and consumer info, never messages), which
+start-up checks and backlog reads need, and subscribes only under its own reply prefix
+`_INBOX.<user>.>`: the bus connects with that inbox prefix, so no service can read another's
+replies (a pull consumer's deliveries arrive on an inbox). Creating, updating or deleting streams
+and durables is the admin's (the provisioning identity's) alone.
+
+A new service row needs no edits here: a name in `publishers`, `readers`, `responders` or a
+consumer's `service` is a user with exactly those rights. `responders` (request/reply services,
+say `tools.call.<tool>`) subscribe to the pattern and may publish only to the reply subject of a
+request they received (NATS `allow_responses`).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import secrets
+from collections.abc import Iterable, Mapping, Sequence
+
+import msgspec
+
+from slipstream.schemas import subjects as table
+from slipstream.schemas.subjects import StreamSpec, SubjectSpec
+
+ADMIN = "admin"
+"""The provisioning / operator identity: every subject, stream and consumer administration."""
+
+METADATA_SUBJECTS: tuple[str, ...] = (
+    "$JS.API.INFO",
+    "$JS.API.STREAM.INFO.*",
+    "$JS.API.CONSUMER.INFO.*.*",
+    "$JS.API.CONSUMER.LIST.*",
+)
+"""JetStream API requests every service may make: configuration and counts, no message bodies."""
+
+_NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
+
+
+class Permissions(msgspec.Struct, kw_only=True, frozen=True):
+    """One NATS user's allow lists (anything not allowed is denied by the server)."""
+
+    user: str
+    publish: tuple[str, ...]
+    subscribe: tuple[str, ...]
+    allow_responses: bool = False
+
+
+def inbox_prefix(user: str) -> str:
+    """The reply-subject prefix a bus connecting as `user` uses (and may subscribe under)."""
+    return f"_INBOX.{user}"
+
+
+def check_user(name: str) -> str:
+    if not _NAME.match(name):
+        raise ValueError(
+            f"service/user name {name!r} cannot be a NATS user: use lower-case letters, digits and '-' "
+            "(it becomes a subject token in the user's inbox prefix)"
+        )
+    return name
+
+
+def services(
+    subjects: Sequence[SubjectSpec] = table.SUBJECTS, streams: Sequence[StreamSpec] = table.STREAMS
+) -> tuple[str, ...]:
+    """Every service the table names, sorted: each gets one user."""
+    names = {n for s in subjects for n in (*s.publishers, *s.readers, *_responders(s))}
+    names |= {c.service for s in streams for c in s.consumers}
+    return tuple(sorted(check_user(n) for n in names))
+
+
+def _responders(spec: SubjectSpec) -> tuple[str, ...]:
+    # Read with getattr so the generator works before and after the table grows a `responders` column.
+    return tuple(getattr(spec, "responders", ()))
+
+
+def service_permissions(
+    service: str, subjects: Sequence[SubjectSpec] = table.SUBJECTS, streams: Sequence[StreamSpec] = table.STREAMS
+) -> Permissions:
+    """What `service` may publish and subscribe to, from the table alone."""
+    check_user(service)
+    publish: list[str] = list(METADATA_SUBJECTS)
+    subscribe: list[str] = [inbox_prefix(service) + ".>"]
+    responds = False
+    for s in subjects:
+        if service in s.publishers:
+            publish.append(s.pattern)
+        if service in s.readers:
+            publish += [f"$JS.API.CONSUMER.CREATE.{s.stream}", f"$JS.FC.{s.stream}.>"]
+        if service in _responders(s):
+            subscribe.append(s.pattern)
+            responds = True
+    for st in streams:
+        for c in st.consumers:
+            if c.service == service:
+                publish += [
+                    f"$JS.API.CONSUMER.MSG.NEXT.{st.name}.{c.durable}",
+                    f"$JS.ACK.{st.name}.{c.durable}.>",
+                    table.dlq_subject(st.name),
+                ]
+    if len(publish) == len(METADATA_SUBJECTS) and len(subscribe) == 1 and not responds:
+        raise KeyError(f"service {service!r} appears nowhere in the subject table; known: {list(services())}")
+    return Permissions(
+        user=service, publish=tuple(dict.fromkeys(publish)), subscribe=tuple(dict.fromkeys(subscribe)),
+        allow_responses=responds,
+    )  # fmt: skip
+
+
+def admin_permissions() -> Permissions:
+    return Permissions(user=ADMIN, publish=(">",), subscribe=(">",))
+
+
+def all_permissions(
+    subjects: Sequence[SubjectSpec] = table.SUBJECTS, streams: Sequence[StreamSpec] = table.STREAMS
+) -> list[Permissions]:
+    """The admin, then one user per service."""
+    return [admin_permissions()] + [service_permissions(n, subjects, streams) for n in services(subjects, streams)]
+
+
+def new_passwords(users: Iterable[str]) -> dict[str, str]:
+    """Fresh random passwords (the local stack makes one set per run)."""
+    return {u: secrets.token_urlsafe(24) for u in users}
+
+
+def _user_block(p: Permissions, password: str) -> dict[str, object]:
+    perms: dict[str, object] = {"publish": {"allow": list(p.publish)}, "subscribe": {"allow": list(p.subscribe)}}
+    if p.allow_responses:
+        perms["allow_responses"] = True
+    return {"user": p.user, "password": password, "permissions": perms}
+
+
+def server_authorization(passwords: Mapping[str, str], perms: Sequence[Permissions] | None = None) -> str:
+    """The nats-server config `authorization { users = [...] }` block for these users.
+
+    `passwords` maps every user in `perms` (default: `all_permissions()`) to its password; a
+    value may be a config variable reference such as `$NATS_PW_LEARNER` (then it is not quoted),
+    which is how the Helm values take them from a Secret through the environment.
+    """
+    perms = all_permissions() if perms is None else perms
+    missing = [p.user for p in perms if p.user not in passwords]
+    if missing:
+        raise KeyError(f"no password for NATS user(s) {missing}")
+    lines = ["authorization {", "  users = ["]
+    for p in perms:
+        block = _user_block(p, passwords[p.user])
+        text = json.dumps(block)
+        pw = passwords[p.user]
+        if pw.startswith("$"):
+            text = text.replace(json.dumps(pw), pw)
+        lines.append(f"    {text}")
+    lines += ["  ]", "}"]
+    return "\n".join(lines) + "\n"
+
+
+def password_env(user: str) -> str:
+    """The environment variable a deployed nats-server reads `user`'s password from."""
+    return "NATS_PW_" + user.upper().replace("-", "_")
