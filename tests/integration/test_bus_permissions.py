@@ -38,7 +38,7 @@ from slipstream.stack import Server, start_nats
 
 pytestmark = pytest.mark.integration
 
-SERVICES = ("eval-gate", "learner", "reward-model", "rollout-worker", "task-source", "weight-publisher")
+SERVICES = ("eval-gate", "learner", "reward-model", "rollout-worker", "task-source", "tool-service", "weight-publisher")
 SUBJECTS = (
     "tasks.arith",
     "traj.raw.arith",
@@ -56,6 +56,7 @@ MAY_PUBLISH = {
     "learner": {"learner.step", "dlq.TRAJ_SCORED"},
     "weight-publisher": {"weights.announce"},
     "eval-gate": {"weights.promoted", "eval.result", "dlq.WEIGHTS"},
+    "tool-service": set(),  # replies to the tool calls it receives, nothing else (below)
 }
 DURABLES = {"rollout-worker": "TASKS", "reward-model": "TRAJ_RAW", "learner": "TRAJ_SCORED", "eval-gate": "WEIGHTS"}
 MAY_READ = {  # fan-out (ordered consumer) views, per stream
@@ -123,7 +124,8 @@ async def test_the_servers_users_are_the_tables_services(secured: Secured) -> No
 async def test_each_service_publishes_exactly_its_subjects(secured: Secured, admin: Bus, service: str) -> None:
     bus = await connect_bus(secured.cfg(service, ack_timeout_s=5.0, publish_retries=0), name=service)
     try:
-        await bus.ensure_streams()  # provisioned by the admin: a service only reads the topology
+        if service != "tool-service":  # no JetStream role, so not even the topology to read
+            await bus.ensure_streams()  # provisioned by the admin: a service only reads the topology
         before = {s.name: (await admin.stream_info(s.name))["messages"] for s in STREAMS}
         stored, refused = set(), set()
         for subject in SUBJECTS:
@@ -291,3 +293,38 @@ async def test_a_reader_cannot_redefine_another_services_durable(secured: Secure
         assert still.config.ack_wait == 60.0
     finally:
         await nc.close()
+
+
+async def test_tool_calls_go_only_from_workers_to_the_tool_service(secured: Secured) -> None:
+    from slipstream.tool_service.memory import CallMemory
+    from slipstream.tool_service.server import ToolServer
+    from slipstream.tool_service.toolsets import build_registry
+    from slipstream.tools import ToolCall, ToolsConfig
+    from slipstream.tools.remote import NatsTransport
+
+    registry = build_registry(["calc"], {})
+    once = ToolsConfig(transport="nats", retries=0, reply_margin_s=0.5)
+    server_nc, server_errors = await secured.raw("tool-service")
+    server = ToolServer(server_nc, registry, replica="tool-service/t", concurrency=4, memory=CallMemory(16, 60.0))
+    await server.start()
+    worker_nc, _ = await secured.raw("rollout-worker")
+    reward_nc, reward_errors = await secured.raw("reward-model")
+    try:
+        worker = NatsTransport.from_config(worker_nc, registry, once, caller="worker")
+        ok = await worker.invoke(ToolCall(id="call-1", name="calculator", arguments={"expression": "2+3"}))
+        assert (ok.outcome, ok.text) == ("ok", "5")
+        # The reward model has no business calling tools: its request never reaches a replica.
+        outsider = NatsTransport.from_config(reward_nc, registry, once, caller="reward")
+        refused = await outsider.invoke(ToolCall(id="call-2", name="calculator", arguments={"expression": "1+1"}))
+        assert refused.outcome != "ok"
+        assert any("permissions violation" in e.lower() and "tools.call" in e.lower() for e in reward_errors)
+        assert server.counts["handled"] == 1
+        # The tool-service answers requests only: no trajectories, no listening outside its queue group.
+        await server_nc.publish("traj.raw.arith", b"{}")
+        await server_nc.subscribe("tools.call.*")
+        await server_nc.flush()
+        await asyncio.sleep(0.2)
+        assert sum("permissions violation" in e.lower() for e in server_errors) == 2, server_errors
+    finally:
+        for nc in (server_nc, worker_nc, reward_nc):
+            await nc.close()

@@ -102,7 +102,11 @@ async def test_the_local_stack_starts_the_tool_service_replicas_a_run_asks_for(t
         stack.wait_ready(60)
         assert sorted(stack.services) == ["tool-service", "tool-service-2"]
         lookup = get_env("lookup", **SALT)
-        t = await NatsTransport.connect(stack.servers["nats"].url, lookup.registry, name="stack-test")  # type: ignore[attr-defined]
+        # Calling as a rollout worker would: the stack's NATS has one user per service.
+        as_worker = stack.service_bus("rollout-worker").nats_options()
+        t = await NatsTransport.connect(
+            stack.servers["nats"].url, lookup.registry, name="stack-test", options=as_worker
+        )  # type: ignore[attr-defined]
         try:
             results = [await t.invoke(_get(i)) for i in range(40)]
         finally:

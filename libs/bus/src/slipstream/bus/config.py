@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import ssl
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 import msgspec
 
@@ -68,6 +68,22 @@ class BusConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             return Path(self.password_file).read_text().rstrip("\r\n")
         except OSError as exc:
             raise ValueError(f"[bus] password_file {self.password_file!r} cannot be read: {exc}") from exc
+
+    def nats_options(self) -> dict[str, Any]:
+        """`nats.connect` keyword arguments for this config's identity: user, password, inbox prefix, TLS.
+
+        With a user, replies come back under the user's own prefix (`_INBOX.<user>`), the only
+        place its permissions let it subscribe (slipstream.bus.permissions).
+        """
+        from slipstream.bus.permissions import inbox_prefix
+
+        out: dict[str, Any] = {}
+        if self.user:
+            out = {"user": self.user, "password": self.resolved_password(), "inbox_prefix": inbox_prefix(self.user)}
+        tls = self.tls_context()
+        if tls is not None:
+            out["tls"] = tls
+        return out
 
     def wants_tls(self) -> bool:
         return bool(self.tls_ca_file or self.tls_cert_file) or any(

@@ -30,7 +30,7 @@ from slipstream.bus.delivery import Delivery
 from slipstream.bus.envelope import check_size, envelope
 from slipstream.bus.fanout import FanoutReader, RawMessage
 from slipstream.bus.instruments import CONSUME_MESSAGES, CONSUME_PENDING, DENIED, DISCONNECTS, RECONNECTS
-from slipstream.bus.permissions import ADMIN, inbox_prefix
+from slipstream.bus.permissions import ADMIN
 from slipstream.bus.provisioning import ensure_all, ensure_stream
 from slipstream.bus.publisher import JetStreamPublisher
 from slipstream.bus.pull import PullFetcher
@@ -160,18 +160,7 @@ class NatsBus:
     # -- connection ---------------------------------------------------------------------------
     async def start(self) -> None:
         servers = [u.strip() for u in self.cfg.url.split(",") if u.strip()]
-        auth: dict[str, Any] = {}
-        if self.cfg.user:
-            # Replies (acks, pull deliveries, API answers) come back under the user's own prefix,
-            # the only place its permissions let it subscribe (slipstream.bus.permissions).
-            auth = {
-                "user": self.cfg.user,
-                "password": self.cfg.resolved_password(),
-                "inbox_prefix": inbox_prefix(self.cfg.user),
-            }
-        tls = self.cfg.tls_context()
-        if tls is not None:
-            auth["tls"] = tls
+        auth = self.cfg.nats_options()
         try:
             await asyncio.wait_for(
                 self.nc.connect(

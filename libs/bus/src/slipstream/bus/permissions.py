@@ -17,10 +17,12 @@ start-up checks and backlog reads need, and subscribes only under its own reply 
 replies (a pull consumer's deliveries arrive on an inbox). Creating, updating or deleting streams
 and durables is the admin's (the provisioning identity's) alone.
 
-A new service row needs no edits here: a name in `publishers`, `readers`, `responders` or a
-consumer's `service` is a user with exactly those rights. `responders` (request/reply services,
-say `tools.call.<tool>`) subscribe to the pattern and may publish only to the reply subject of a
-request they received (NATS `allow_responses`).
+A new service row needs no edits here: a name in `publishers`, `readers`, a consumer's
+`service`, or a request/reply row (`REQUESTS`) is a user with exactly those rights. A request
+row's `callers` may send requests on its pattern (the replies come back to their own inbox); its
+`service` subscribes to the pattern in the row's queue group only, and may publish nothing but
+the reply to a request it received (NATS `allow_responses`). A service with no JetStream role
+(the tool-service) gets no JetStream API rights at all.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from collections.abc import Iterable, Mapping, Sequence
 import msgspec
 
 from slipstream.schemas import subjects as table
-from slipstream.schemas.subjects import StreamSpec, SubjectSpec
+from slipstream.schemas.subjects import RequestSpec, StreamSpec, SubjectSpec
 
 ADMIN = "admin"
 """The provisioning / operator identity: every subject, stream and consumer administration."""
@@ -73,49 +75,56 @@ def check_user(name: str) -> str:
 
 
 def services(
-    subjects: Sequence[SubjectSpec] = table.SUBJECTS, streams: Sequence[StreamSpec] = table.STREAMS
+    subjects: Sequence[SubjectSpec] = table.SUBJECTS,
+    streams: Sequence[StreamSpec] = table.STREAMS,
+    requests: Sequence[RequestSpec] = table.REQUESTS,
 ) -> tuple[str, ...]:
-    """Every service the table names, sorted: each gets one user."""
-    names = {n for s in subjects for n in (*s.publishers, *s.readers, *_responders(s))}
+    """Every service the tables name, sorted: each gets one user."""
+    names = {n for s in subjects for n in (*s.publishers, *s.readers)}
     names |= {c.service for s in streams for c in s.consumers}
+    names |= {n for r in requests for n in (r.service, *r.callers)}
     return tuple(sorted(check_user(n) for n in names))
 
 
-def _responders(spec: SubjectSpec) -> tuple[str, ...]:
-    # Read with getattr so the generator works before and after the table grows a `responders` column.
-    return tuple(getattr(spec, "responders", ()))
-
-
 def service_permissions(
-    service: str, subjects: Sequence[SubjectSpec] = table.SUBJECTS, streams: Sequence[StreamSpec] = table.STREAMS
+    service: str,
+    subjects: Sequence[SubjectSpec] = table.SUBJECTS,
+    streams: Sequence[StreamSpec] = table.STREAMS,
+    requests: Sequence[RequestSpec] = table.REQUESTS,
 ) -> Permissions:
-    """What `service` may publish and subscribe to, from the table alone."""
+    """What `service` may publish and subscribe to, from the tables alone."""
     check_user(service)
-    publish: list[str] = list(METADATA_SUBJECTS)
-    subscribe: list[str] = [inbox_prefix(service) + ".>"]
-    responds = False
+    jetstream: list[str] = []
     for s in subjects:
         if service in s.publishers:
-            publish.append(s.pattern)
+            jetstream.append(s.pattern)
         if service in s.readers:
-            publish += [f"$JS.API.CONSUMER.CREATE.{s.stream}", f"$JS.FC.{s.stream}.>"]
-        if service in _responders(s):
-            subscribe.append(s.pattern)
-            responds = True
+            jetstream += [f"$JS.API.CONSUMER.CREATE.{s.stream}", f"$JS.FC.{s.stream}.>"]
     for st in streams:
         for c in st.consumers:
             if c.service == service:
-                publish += [
+                jetstream += [
                     f"$JS.API.CONSUMER.MSG.NEXT.{st.name}.{c.durable}",
                     f"$JS.ACK.{st.name}.{c.durable}.>",
                     table.dlq_subject(st.name),
                 ]
-    if len(publish) == len(METADATA_SUBJECTS) and len(subscribe) == 1 and not responds:
+    publish = [*METADATA_SUBJECTS, *jetstream] if jetstream else []
+    subscribe = [inbox_prefix(service) + ".>"]
+    responds = False
+    for r in requests:
+        if service in r.callers:
+            publish.append(r.pattern)
+        if service == r.service:
+            subscribe.append(f"{r.pattern} {r.queue_group}")  # only inside the queue group
+            responds = True
+    if not publish and not responds:
         raise KeyError(f"service {service!r} appears nowhere in the subject table; known: {list(services())}")
     return Permissions(
-        user=service, publish=tuple(dict.fromkeys(publish)), subscribe=tuple(dict.fromkeys(subscribe)),
+        user=service,
+        publish=tuple(dict.fromkeys(publish)),
+        subscribe=tuple(dict.fromkeys(subscribe)),
         allow_responses=responds,
-    )  # fmt: skip
+    )
 
 
 def admin_permissions() -> Permissions:
@@ -123,10 +132,14 @@ def admin_permissions() -> Permissions:
 
 
 def all_permissions(
-    subjects: Sequence[SubjectSpec] = table.SUBJECTS, streams: Sequence[StreamSpec] = table.STREAMS
+    subjects: Sequence[SubjectSpec] = table.SUBJECTS,
+    streams: Sequence[StreamSpec] = table.STREAMS,
+    requests: Sequence[RequestSpec] = table.REQUESTS,
 ) -> list[Permissions]:
     """The admin, then one user per service."""
-    return [admin_permissions()] + [service_permissions(n, subjects, streams) for n in services(subjects, streams)]
+    return [admin_permissions()] + [
+        service_permissions(n, subjects, streams, requests) for n in services(subjects, streams, requests)
+    ]
 
 
 def new_passwords(users: Iterable[str]) -> dict[str, str]:
@@ -135,7 +148,9 @@ def new_passwords(users: Iterable[str]) -> dict[str, str]:
 
 
 def _user_block(p: Permissions, password: str) -> dict[str, object]:
-    perms: dict[str, object] = {"publish": {"allow": list(p.publish)}, "subscribe": {"allow": list(p.subscribe)}}
+    # An empty allow list would mean "no restriction" to the server: deny everything instead.
+    publish = {"allow": list(p.publish)} if p.publish else {"deny": [">"]}
+    perms: dict[str, object] = {"publish": publish, "subscribe": {"allow": list(p.subscribe)}}
     if p.allow_responses:
         perms["allow_responses"] = True
     return {"user": p.user, "password": password, "permissions": perms}

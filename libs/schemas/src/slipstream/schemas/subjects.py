@@ -66,6 +66,9 @@ class RequestSpec(msgspec.Struct, kw_only=True, frozen=True):
     queue_group: Annotated[str, Doc(description="Queue group every replica subscribes in (one answers).")]
     service: Annotated[str, Doc(description="The service whose replicas answer.")]
     description: str = ""
+    callers: Annotated[
+        tuple[str, ...], Doc(description="Services allowed to send requests here (their bus users may publish them).")
+    ] = ()
 
 
 class StreamSpec(msgspec.Struct, kw_only=True, frozen=True):
@@ -151,6 +154,7 @@ REQUESTS: tuple[RequestSpec, ...] = (
         queue_group=TOOL_QUEUE_GROUP,
         service="tool-service",
         description="tools.call.<tool>: one tool call, answered by one tool-service replica",
+        callers=("rollout-worker",),
     ),
 )
 

@@ -25,7 +25,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import TYPE_CHECKING
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 from nats.errors import Error as NatsError
 from nats.errors import NoRespondersError
@@ -88,11 +89,17 @@ class NatsTransport:
 
     @classmethod
     async def connect(
-        cls, url: str, registry: ToolRegistry, *, name: str = "tools", cfg: ToolsConfig | None = None
+        cls,
+        url: str,
+        registry: ToolRegistry,
+        *,
+        name: str = "tools",
+        cfg: ToolsConfig | None = None,
+        options: Mapping[str, Any] | None = None,
     ) -> NatsTransport:
-        """A transport with its own connection (closed by `close`)."""
+        """A transport with its own connection (closed by `close`); `options` as for `connect`."""
         cfg = cfg or ToolsConfig(transport="nats")
-        nc = await connect(url, name=name, timeout_s=cfg.connect_timeout_s)
+        nc = await connect(url, name=name, timeout_s=cfg.connect_timeout_s, options=options)
         return cls.from_config(nc, registry, cfg, caller=name, owns_connection=True)
 
     @classmethod
@@ -193,8 +200,12 @@ def _reply_of(data: bytes, headers: dict[str, str] | None, call_id: str) -> Tool
     return reply if reply.call_id == call_id else None
 
 
-async def connect(url: str, *, name: str, timeout_s: float = 5.0) -> Client:
-    """A NATS connection that reconnects forever (a tool-service restart must not break callers)."""
+async def connect(url: str, *, name: str, timeout_s: float = 5.0, options: Mapping[str, Any] | None = None) -> Client:
+    """A NATS connection that reconnects forever (a tool-service restart must not break callers).
+
+    `options` carries the caller's identity (`BusConfig.nats_options()`: user, password, inbox
+    prefix, TLS) when the server has one user per service.
+    """
     import nats
 
     return await nats.connect(
@@ -204,6 +215,7 @@ async def connect(url: str, *, name: str, timeout_s: float = 5.0) -> Client:
         allow_reconnect=True,
         max_reconnect_attempts=-1,
         reconnect_time_wait=0.5,
+        **dict(options or {}),
     )
 
 

@@ -83,7 +83,12 @@ class RolloutWorkerService(BaseService):
     async def _connect_tools(self) -> None:
         from slipstream.tools.remote import connect
 
-        self.tools_nc = await connect(self.tools_url(), name=self.worker_id, timeout_s=self.cfg.tools.connect_timeout_s)
+        self.tools_nc = await connect(
+            self.tools_url(),
+            name=self.worker_id,
+            timeout_s=self.cfg.tools.connect_timeout_s,
+            options=self.cfg.bus.nats_options(),  # the worker's own user may send tool calls
+        )
 
     def _remote_tools(self, registry: ToolRegistry) -> ToolTransport:
         from slipstream.tools.remote import NatsTransport

@@ -45,7 +45,12 @@ class ToolService(BaseService):
 
     async def setup(self) -> None:
         t = self.cfg.serve
-        self.nc = await connect(self.cfg.bus.url, name=self.replica, timeout_s=self.cfg.bus.connect_timeout_s)
+        self.nc = await connect(
+            self.cfg.bus.url,
+            name=self.replica,
+            timeout_s=self.cfg.bus.connect_timeout_s,
+            options=self.cfg.bus.nats_options(),
+        )
         self.server = ToolServer(
             self.nc,
             self.registry,

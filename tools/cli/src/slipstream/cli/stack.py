@@ -46,7 +46,7 @@ from slipstream.bus.permissions import ADMIN
 from slipstream.cli.credentials import FILE as CREDENTIALS_FILE
 from slipstream.cli.credentials import Credentials
 from slipstream.cli.probe import HOST, probe_http, probe_tcp, url_endpoint
-from slipstream.cli.spec import StackSpec, kind_of, module_of, tool_replica_names
+from slipstream.cli.spec import TOOL_SERVICE, StackSpec, kind_of, module_of, tool_replica_names
 from slipstream.cli.stop_signals import StopFlag
 from slipstream.cli.supervisor import Supervisor, SupervisorEvent, describe_exit
 from slipstream.stack import ManagedProcess, ProcessGroup, Server, free_port, start_nats, start_redis
@@ -174,7 +174,8 @@ class Stack:
         self.supervisor = Supervisor(self.spec.restart, on_event=self._supervisor_event)
         self.credentials: Credentials | None = None
         if self.spec.secure and self.spec.nats_url is None and self.spec.redis_url is None:
-            self.credentials = Credentials.generate(self.spec.services)
+            tools = (TOOL_SERVICE,) if self.spec.tool_services else ()
+            self.credentials = Credentials.generate((*self.spec.services, *tools))
 
     # ---- start ----
 
@@ -313,7 +314,7 @@ class Stack:
             }
         )
         if self.credentials is not None:
-            env.update(self.credentials.service_env(name, self.servers["redis"].url))
+            env.update(self.credentials.service_env(kind_of(name), self.servers["redis"].url))
         traces = spec.traces_file(name)
         if traces is not None:
             env["SLIPSTREAM_TELEMETRY__TRACES"] = "file"
@@ -324,6 +325,13 @@ class Stack:
         """A BusConfig for this stack's NATS with the admin's rights (tests, read-outs, the CLI)."""
         url = self.servers["nats"].url
         return self.credentials.admin_bus(url, **kw) if self.credentials else BusConfig(url=url, **kw)
+
+    def service_bus(self, service: str, **kw: Any) -> BusConfig:
+        """A BusConfig that connects as `service`'s own user (as that service would)."""
+        url = self.servers["nats"].url
+        if self.credentials is None:
+            return BusConfig(url=url, **kw)
+        return BusConfig(url=url, user=service, password=self.credentials.nats[service], **kw)
 
     def admin_nats_options(self) -> dict[str, str]:
         """`nats.connect` keyword arguments that authenticate as the admin (empty without credentials)."""
