@@ -17,8 +17,22 @@ from typing import Any
 import kubernetes_validate
 import pytest
 import yaml
-from deploy_helpers import DEPLOY, K8S_VERSION, OVERLAYS, UID, crds, crdv, find, kl, mounted_toml, pod_specs, render
+from deploy_helpers import (
+    DEPLOY,
+    K8S_VERSION,
+    OVERLAYS,
+    UID,
+    _tool,
+    crds,
+    crdv,
+    find,
+    kl,
+    mounted_toml,
+    pod_specs,
+    render,
+)
 
+from slipstream.bus.permissions import all_permissions, password_env
 from slipstream.schemas import subjects
 
 pytestmark = pytest.mark.unit
@@ -63,7 +77,7 @@ def test_shipped_crds_are_valid_crds_and_strict() -> None:
 
 
 def test_references_resolve_inside_each_full_overlay() -> None:
-    external = {"prod": {("Secret", "slipstream-credentials")}, "dev": set()}
+    external = {"prod": {("Secret", "slipstream-credentials"), ("Secret", "slipstream-bus-users")}, "dev": set()}
     for overlay, allowed in external.items():
         objs = render(overlay)
         names = {(o["kind"], o["metadata"]["name"]) for o in objs}
@@ -313,3 +327,54 @@ def test_a_kustomization_kustomize_refuses_fails_with_its_message_and_directory(
     )
     with pytest.raises(kl.KustomizeError, match=r"kubectl kustomize .*/k: .*nope"):
         kl.build(root)
+
+
+# ---------------------------------------------------------------- NATS users (least privilege)
+
+bus_users = _tool("bus_users")
+_BUS_USER_OF_IMAGE = {"learner-ray": "learner", "provision": "admin"}
+
+
+def test_generated_nats_users_are_current_with_the_subject_table() -> None:
+    assert bus_users.main(["check"]) == 0, "run: python deploy/tools/bus_users.py write"
+    values = yaml.safe_load((DEPLOY / "helm" / "nats" / "auth-values.yaml").read_text())
+    users = [u["user"] for u in values["config"]["merge"]["authorization"]["users"]]
+    assert users == [p.user for p in all_permissions()]
+    assert all(
+        u["password"] == f"<< ${password_env(u['user'])} >>"
+        for u in values["config"]["merge"]["authorization"]["users"]
+    )
+    assert values["container"]["merge"]["envFrom"] == [{"secretRef": {"name": "slipstream-bus-users"}}]
+
+
+@pytest.mark.parametrize("overlay", ["dev", "prod", "prod/learner-ray"])
+def test_every_slipstream_container_connects_as_its_own_nats_user(overlay: str) -> None:
+    known = {p.user for p in all_permissions()}
+    seen: set[str] = set()
+    for owner, spec in pod_specs(render(overlay)):
+        for c in spec.get("containers", []) + spec.get("initContainers", []):
+            m = re.search(r"(?:^|/)slipstream/([a-z-]+)", str(c["image"]))
+            if not m:
+                continue
+            user = _BUS_USER_OF_IMAGE.get(m.group(1), m.group(1))
+            env = {e["name"]: e for e in c.get("env", [])}
+            assert env["SLIPSTREAM_BUS__USER"].get("value") == user, f"{owner}/{c['name']}"
+            ref = env["SLIPSTREAM_BUS__PASSWORD"]["valueFrom"]["secretKeyRef"]
+            assert ref["key"] == password_env(user), f"{owner}/{c['name']}"
+            assert ref["name"].startswith("slipstream-bus-users"), f"{owner}/{c['name']}"  # dev adds a hash
+            assert user in known, f"{owner}/{c['name']}: {user} has no NATS user in the subject table"
+            seen.add(user)
+    assert "admin" in seen or overlay == "prod/learner-ray"
+
+
+def test_dev_nats_runs_with_the_generated_users_and_a_password_for_each() -> None:
+    objs = render("dev")
+    secret = next(o for o in objs if o["kind"] == "Secret" and o["metadata"]["name"].startswith("slipstream-bus-users"))
+    assert set(secret["data"]) == {password_env(p.user) for p in all_permissions()}
+    nats = find(objs, "StatefulSet", "nats")
+    (c,) = nats["spec"]["template"]["spec"]["containers"]
+    assert c["args"][:2] == ["-c", "/etc/nats-auth/nats-auth.conf"]
+    assert c["envFrom"][0]["secretRef"]["name"] == secret["metadata"]["name"]
+    auth = next(v for v in nats["spec"]["template"]["spec"]["volumes"] if v["name"] == "auth")
+    cm = find(objs, "ConfigMap", auth["configMap"]["name"])
+    assert cm["data"]["nats-auth.conf"] == (DEPLOY / "k8s/overlays/dev/infra/nats-auth.conf").read_text()
