@@ -30,6 +30,7 @@ PASSWORDS = {
     "eval-gate": "eg-pw",
     "task-source": "ts-pw",
     "rollout-worker": "rw-pw",
+    "reward-model": "rm-pw",
 }
 
 
@@ -79,6 +80,8 @@ async def test_each_service_does_its_own_work(controls: dict[str, Control]) -> N
     assert (await gate.get(1)) == result(1)
     assert await gate.rollback() is None
 
+    for reader in ("rollout-worker", "task-source", "eval-gate"):  # announce checks read the granted fence
+        assert await controls[reader].granted_fence() == token
     stats = await controls["task-source"].task_stats.get_many(["arith:t1"])
     assert stats[0].attempts == 1 and stats[0].solved == 1
     assert await lease.release()
@@ -98,10 +101,16 @@ async def test_each_service_is_refused_outside_its_rights(controls: dict[str, Co
         await controls["learner"].evals.promote(7)
     with pytest.raises(NoPermissionError):
         await controls["eval-gate"].ledger.claim(["forged"], step=1)
-    # A service with no control-plane rights can only ping.
-    assert await controls["rollout-worker"].ping()
+    # A worker only reads the granted fence token: it cannot move it, nor touch anything else.
+    assert await controls["rollout-worker"].granted_fence() == await controls[ADMIN].granted_fence()
+    with pytest.raises(NoPermissionError):
+        await controls["rollout-worker"].lease("intruder").acquire()
     with pytest.raises(NoPermissionError):
         await controls["rollout-worker"].evals.promoted()
+    # A service with no control-plane rights at all can only ping.
+    assert await controls["reward-model"].ping()
+    with pytest.raises(NoPermissionError):
+        await controls["reward-model"].granted_fence()
     assert await controls[ADMIN].evals.promoted() is None  # nothing above got through
 
 

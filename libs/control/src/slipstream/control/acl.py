@@ -56,13 +56,16 @@ ACCESS: Mapping[str, Access] = {
     ),
     # The fence check only inspects the lease (script: GET/PTTL).
     "weight-publisher": Access(keys=("lease",), commands=(*_SCRIPTS, "get", "pttl")),
-    # The eval history and the promotion pointer (scripts: GET/SET/DEL/RPUSH/RPOP/LINDEX).
+    # The eval history and the promotion pointer (scripts: GET/SET/DEL/RPUSH/RPOP/LINDEX); the
+    # highest fence token granted, read to refuse an announce under a token never granted.
     "eval-gate": Access(
-        keys=("evals", "evals:by_version", "promoted", "promoted:stack", "promoted:log"),
+        keys=("evals", "evals:by_version", "promoted", "promoted:stack", "promoted:log", "lease:fence"),
         commands=(*_SCRIPTS, "get", "set", "del", "rpush", "rpop", "lindex", "lrange", "hget", "hset", "multi", "exec"),
     ),
-    # The difficulty filter reads task statistics.
-    "task-source": Access(keys=("task:*",), commands=("hgetall",)),
+    # The difficulty filter reads task statistics; announces are checked against the granted fence.
+    "task-source": Access(keys=("task:*", "lease:fence"), commands=("hgetall", "get")),
+    # Announces are checked against the highest fence token granted (Control.granted_fence).
+    "rollout-worker": Access(keys=("lease:fence",), commands=("get",)),
 }
 
 
