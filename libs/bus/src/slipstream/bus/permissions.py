@@ -11,11 +11,15 @@ durables; everything else is refused by the server ("Permissions Violation"). Fr
 - `readers`: open ordered ephemeral consumers on the row's stream
   (`$JS.API.CONSUMER.CREATE.<stream>`) and answer their flow control (`$JS.FC.<stream>.>`).
 
-Every service also reads topology metadata (stream and consumer info, never messages), which
-start-up checks and backlog reads need, and subscribes only under its own reply prefix
-`_INBOX.<user>.>`: the bus connects with that inbox prefix, so no service can read another's
-replies (a pull consumer's deliveries arrive on an inbox). Creating, updating or deleting streams
-and durables is the admin's (the provisioning identity's) alone.
+Every service with a JetStream role also reads topology metadata (stream and consumer info,
+never messages), which start-up checks and backlog reads need. Every service subscribes only
+under its own reply prefix `_INBOX.<user>.>`: the bus connects with that inbox prefix, so no
+service can read another's replies (a pull consumer's deliveries arrive on an inbox). Creating,
+updating or deleting streams and durables is the admin's (the provisioning identity's) alone.
+
+Known gap: the unnamed `$JS.API.CONSUMER.CREATE.<stream>` a fan-out reader needs (nats-py's
+ordered consumer) lets its body name an existing durable of that stream and change its settings;
+tests/integration/test_bus_permissions.py holds this as a strict xfail.
 
 A new service row needs no edits here: a name in `publishers`, `readers`, a consumer's
 `service`, or a request/reply row (`REQUESTS`) is a user with exactly those rights. A request
