@@ -65,12 +65,16 @@ class Killer:
             self.waiting_for = name
 
 
-def inject(url: str) -> int:
-    """Publish, from outside the run, what no service should accept; returns how many per stream."""
+def inject(url: str, options: dict[str, str]) -> int:
+    """Publish, from outside the run, what no service should accept; returns how many per stream.
+
+    As the stack's admin: an outsider without credentials cannot reach the bus at all, and no
+    service's user may publish both raw and scored trajectories (tests/integration/test_bus_permissions.py).
+    """
     import nats
 
     async def go() -> None:
-        nc = await nats.connect(url, name="outsider")
+        nc = await nats.connect(url, name="outsider", **options)
         js = nc.jetstream()
         limit = nc.max_payload
         for subject, schema in (("traj.raw.reverse", "Episode/99"), ("traj.scored.reverse", "ScoredEpisode/99")):
@@ -95,8 +99,8 @@ def test_each_service_sigkilled_in_turn_and_the_run_completes(tmp_path: Path) ->
 
     def on_stack(stack: Any) -> None:
         killer.on_stack(stack)
-        url = stack.servers["nats"].url
-        threading.Thread(target=lambda: injected.append(inject(url)), daemon=True).start()
+        url, options = stack.servers["nats"].url, stack.admin_nats_options()
+        threading.Thread(target=lambda: injected.append(inject(url, options)), daemon=True).start()
 
     t0 = time.monotonic()
     summary = run_training(plan, tmp_path / "run", on_event=killer.on_event, on_stack=on_stack)

@@ -63,7 +63,6 @@ async def follow_run(
 ) -> None:
     from slipstream.bus import connect_bus
 
-    url = stack.servers["nats"].url
     store_root = Path(stack.spec.store.root) if stack.spec.store else None
     bus = await connect_bus(stack.admin_bus(), name="follow")
     last_manifest: dict[int, str] = {}
