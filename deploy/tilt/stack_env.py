@@ -5,7 +5,9 @@ run directory's stack.json; a Tilt local_resource cannot know those ports when t
 evaluated. This wrapper waits for stack.json, maps the URLs it finds onto the services' config
 variables (SLIPSTREAM_BUS__URL, SLIPSTREAM_SERVICE__REDIS_URL; a value already set in the
 environment wins), adds the run's manifest-signing key and its trusted public key when the stack
-recorded them (`trust`: the publisher signs, every verifier checks) and execs the command.
+recorded them (`trust`: the publisher signs, every verifier checks), and, when the stack runs
+its servers with one user per service (`credentials_file`), the credentials of the service the
+command runs (`-m slipstream.<pkg>`: its NATS user and its Redis ACL user), then execs the command.
 
 Usage: python deploy/tilt/stack_env.py .slipstream/tilt/stack.json [--timeout 60] -- python -m slipstream.learner
 """
@@ -13,6 +15,7 @@ Usage: python deploy/tilt/stack_env.py .slipstream/tilt/stack.json [--timeout 60
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import sys
@@ -20,6 +23,7 @@ import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote, urlsplit, urlunsplit
 
 # Config variable <- URL schemes that identify the server in stack.json.
 TARGETS: dict[str, tuple[str, ...]] = {
@@ -60,9 +64,47 @@ def stack_urls(doc: Any) -> dict[str, str]:
     return found
 
 
-def service_env(doc: Any, environ: Mapping[str, str]) -> dict[str, str]:
-    """`environ` plus the stack's URLs, without overriding what is already set."""
+def service_of(command: list[str]) -> str | None:
+    """The service a command runs: `python -m slipstream.reward_model` -> `reward-model`."""
+    for flag, module in itertools.pairwise(command):
+        if flag == "-m" and module.startswith("slipstream."):
+            return module.removeprefix("slipstream.").replace("_", "-")
+    return None
+
+
+def _with_user(url: str, user: str, password: str) -> str:
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    if parts.port is not None:
+        host = f"{host}:{parts.port}"
+    netloc = f"{quote(user, safe='')}:{quote(password, safe='')}@{host}"
+    return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
+
+
+def credentials_env(doc: Any, service: str | None) -> dict[str, str]:
+    """The service's own NATS and Redis users, from the stack's credentials file (none: no users)."""
+    path = doc.get("credentials_file") if isinstance(doc, Mapping) else None
+    if not path or service is None:
+        return {}
+    try:
+        creds = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as exc:
+        raise StackFileError(f"cannot read the stack's credentials {path}: {exc}") from exc
+    if service not in creds.get("nats", {}):
+        raise StackFileError(f"the stack's credentials have no NATS user {service!r}")
+    out = {"SLIPSTREAM_BUS__USER": service, "SLIPSTREAM_BUS__PASSWORD": creds["nats"][service]}
+    redis_pw = creds.get("redis", {}).get(service)
+    redis_url = stack_urls(doc).get("SLIPSTREAM_SERVICE__REDIS_URL")
+    if redis_pw and redis_url:
+        out["SLIPSTREAM_SERVICE__REDIS_URL"] = _with_user(redis_url, service, redis_pw)
+    return out
+
+
+def service_env(doc: Any, environ: Mapping[str, str], service: str | None = None) -> dict[str, str]:
+    """`environ` plus the stack's URLs (and `service`'s credentials), without overriding what is already set."""
     env = dict(environ)
+    for var, value in credentials_env(doc, service).items():
+        env.setdefault(var, value)
     for var, url in stack_urls(doc).items():
         env.setdefault(var, url)
     trust = doc.get("trust") if isinstance(doc, Mapping) else None
@@ -105,7 +147,7 @@ def main(argv: list[str]) -> int:
     if not command:
         parser.error("no command after --")
     try:
-        env = service_env(wait_for(args.stack_json, args.timeout), os.environ)
+        env = service_env(wait_for(args.stack_json, args.timeout), os.environ, service_of(command))
     except StackFileError as exc:
         print(f"stack_env.py: {exc}", file=sys.stderr)
         return 1

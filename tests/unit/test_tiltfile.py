@@ -239,6 +239,23 @@ def test_stack_env_passes_the_runs_signing_key_and_its_trusted_public_key() -> N
     assert "SLIPSTREAM_TRUST__SIGNING_KEY" not in stack_env.service_env({"nats": "nats://h:1"}, {})
 
 
+def test_stack_env_gives_a_service_its_own_users_from_the_stacks_credentials(tmp_path: Path) -> None:
+    creds = tmp_path / "credentials.json"
+    creds.write_text(json.dumps({"nats": {"reward-model": "n-pw"}, "redis": {"reward-model": "r-pw"}}))
+    doc = {
+        "servers": {"nats": {"url": "nats://127.0.0.1:40123"}, "redis": {"url": "redis://127.0.0.1:40124/0"}},
+        "credentials_file": str(creds),
+    }
+    service = stack_env.service_of(["python", "-m", "slipstream.reward_model"])
+    assert service == "reward-model"
+    env = stack_env.service_env(doc, {}, service)
+    assert (env["SLIPSTREAM_BUS__USER"], env["SLIPSTREAM_BUS__PASSWORD"]) == ("reward-model", "n-pw")
+    assert env["SLIPSTREAM_SERVICE__REDIS_URL"] == "redis://reward-model:r-pw@127.0.0.1:40124/0"
+    with pytest.raises(stack_env.StackFileError, match="no NATS user 'learner'"):
+        stack_env.service_env(doc, {}, "learner")
+    assert "SLIPSTREAM_BUS__USER" not in stack_env.service_env({"nats": "nats://h:1"}, {}, "learner")
+
+
 @pytest.mark.parametrize(
     ("doc", "error"),
     [
