@@ -20,6 +20,7 @@ from __future__ import annotations
 import base64
 import importlib.util
 import json
+import re
 import shlex
 import sys
 import tomllib
@@ -27,6 +28,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import msgspec
 
@@ -114,6 +116,14 @@ def _commands(obj: Obj) -> Iterator[tuple[Obj, Obj, list[str]]]:
             if obj["kind"] == "RayJob" and "headGroupSpec" in path and c is spec["containers"][0]:
                 argv = shlex.split(obj["spec"]["entrypoint"])
             yield spec, c, argv
+
+
+def _without_user(url: str) -> str:
+    """A Redis URL without its user and password: the same server whoever connects."""
+    if url.startswith("<secret "):  # prod's per-service keys, unrendered: one Secret, one server
+        return re.sub(r"redis-url-[a-z-]+", "redis-url-<service>", url)
+    parts = urlsplit(url)
+    return urlunsplit((parts.scheme, parts.netloc.rpartition("@")[2], parts.path, parts.query, parts.fragment))
 
 
 def _secret_value(objs: list[Obj], name: str, key: str) -> str:
@@ -232,8 +242,8 @@ def mismatches(pods: list[PodConfig]) -> list[str]:
     out += [f"{p.owner}/{p.container}: service.redis_url is empty" for p in redis if not p.get("service", "redis_url")]
     out += _disagree(
         [p for p in redis if p.get("service", "redis_url")],
-        "service.redis_url",
-        lambda p: p.get("service", "redis_url"),
+        "service.redis_url (server and db; each service has its own ACL user)",
+        lambda p: _without_user(str(p.get("service", "redis_url"))),
     )
     models = [p for s in MODEL_SERVICES for p in by.get(s, [])]
     out += _disagree(

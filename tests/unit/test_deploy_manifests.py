@@ -9,6 +9,7 @@ test_deploy_images.py; shared helpers: deploy_helpers.py.)
 
 from __future__ import annotations
 
+import base64
 import re
 import tomllib
 from pathlib import Path
@@ -33,6 +34,7 @@ from deploy_helpers import (
 )
 
 from slipstream.bus.permissions import all_permissions, password_env
+from slipstream.control.acl import ACCESS
 from slipstream.schemas import subjects
 
 pytestmark = pytest.mark.unit
@@ -378,3 +380,37 @@ def test_dev_nats_runs_with_the_generated_users_and_a_password_for_each() -> Non
     auth = next(v for v in nats["spec"]["template"]["spec"]["volumes"] if v["name"] == "auth")
     cm = find(objs, "ConfigMap", auth["configMap"]["name"])
     assert cm["data"]["nats-auth.conf"] == (DEPLOY / "k8s/overlays/dev/infra/nats-auth.conf").read_text()
+
+
+_REDIS_USER_OF_IMAGE = {"learner-ray": "learner"}
+
+
+@pytest.mark.parametrize("overlay", ["dev", "prod", "prod/learner-ray"])
+def test_every_redis_client_connects_as_its_own_acl_user(overlay: str) -> None:
+    objs = render(overlay)
+    for owner, spec in pod_specs(objs):
+        for c in spec.get("containers", []) + spec.get("initContainers", []):
+            m = re.search(r"(?:^|/)slipstream/([a-z-]+)", str(c["image"]))
+            env = {e["name"]: e for e in c.get("env", [])}
+            if not m or "SLIPSTREAM_SERVICE__REDIS_URL" not in env:
+                continue
+            user = _REDIS_USER_OF_IMAGE.get(m.group(1), m.group(1))
+            assert user in ACCESS, f"{owner}/{c['name']}: {user} has no Redis ACL user (slipstream.control.acl)"
+            ref = env["SLIPSTREAM_SERVICE__REDIS_URL"]["valueFrom"]["secretKeyRef"]
+            assert ref["key"] == f"redis-url-{user}", f"{owner}/{c['name']}"
+
+
+def test_dev_redis_runs_with_the_generated_acl_and_each_service_has_its_url() -> None:
+    objs = render("dev")
+    creds = next(
+        o for o in objs if o["kind"] == "Secret" and o["metadata"]["name"].startswith("slipstream-credentials")
+    )
+    for svc in bus_users.redis_services():
+        url = base64.b64decode(creds["data"][f"redis-url-{svc}"]).decode()
+        assert url == f"redis://{svc}:dev-{svc}@redis:6379/0"
+    redis = find(objs, "Deployment", "redis")
+    (c,) = redis["spec"]["template"]["spec"]["containers"]
+    assert c["args"][-2:] == ["--aclfile", "/etc/redis-acl/users.acl"]
+    acl = next(v for v in redis["spec"]["template"]["spec"]["volumes"] if v["name"] == "acl")
+    secret = find(objs, "Secret", acl["secret"]["secretName"])
+    assert base64.b64decode(secret["data"]["users.acl"]).decode() == bus_users.dev_redis_acl()
