@@ -243,6 +243,43 @@ def test_sft_warmstart_lowers_the_loss() -> None:
         sft_warmstart(m, TOK, ARITH, steps=0)
 
 
+def test_greedy_accuracy_is_teacher_forced_argmax_exact_match() -> None:
+    from slipstream.harness.warmstart import greedy_accuracy, sft_sequence
+
+    m, _ = build_tiny("micro", seed=3)
+    env = get_env("reverse", min_len=3, max_len=3)
+    examples = []
+    for t in env.generate("train", 6, 0):
+        prompt, _ = sft_sequence(TOK, env, t)
+        prompt = prompt[: len(prompt) - 5]  # [bos] + "rev abc=" only: drop the reference and eos
+        ids = list(prompt)
+        with torch.no_grad():
+            for _ in range(4):  # the model's own greedy continuation is, by definition, all argmax
+                ids.append(int(m(torch.tensor([ids])).argmax(-1)[0, -1]))
+        examples.append((ids, [False] * len(prompt) + [True] * 4))
+    assert greedy_accuracy(m, examples, TOK.pad_id) == 1.0
+    # Change the third trained token of two examples: those two are no longer greedy's output.
+    for i in (1, 4):
+        ids, trained = examples[i]
+        k = len(ids) - 2
+        examples[i] = ([*ids[:k], (ids[k] + 1) % 256, *ids[k + 1 :]], trained)
+    assert m.training
+    assert greedy_accuracy(m, examples, TOK.pad_id) == pytest.approx(4 / 6)
+    assert m.training  # left in the mode it was in
+
+
+@pytest.mark.usefixtures("_optimizers_imported")
+def test_sft_warmstart_stops_at_its_target_or_its_cap() -> None:
+    env = get_env("reverse", min_len=3, max_len=3)
+    m, _ = build_tiny("micro", seed=1)
+    capped = sft_warmstart(m, TOK, env, steps=4, batch_size=4, seed=0, target_accuracy=0.99, probe_tasks=16)
+    # An untrained model is nowhere near 99%: it runs to the cap and says so.
+    assert (capped["steps"], capped["reached"], capped["probe_accuracy"]) == (4, False, 0.0)
+    for bad in ({"target_accuracy": 1.5}, {"target_accuracy": 0.5, "probe_tasks": 0}):
+        with pytest.raises(ValueError, match=r"target_accuracy|probe_tasks"):
+            sft_warmstart(m, TOK, env, steps=4, **bad)  # type: ignore[arg-type]
+
+
 def test_model_source_builds_the_seeded_preset_and_sets_threads() -> None:
     assert set(PRESET_NAMES) == set(PRESETS)
     before = torch.get_num_threads()

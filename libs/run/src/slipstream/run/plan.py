@@ -26,6 +26,9 @@ class TrainingPlan(msgspec.Struct, kw_only=True):
     sft_steps: int = 90
     sft_batch: int = 32
     sft_lr: float = 3e-3
+    sft_target_accuracy: float = 0.0
+    """> 0: the warm-start stops once greedy accuracy on train-split probe tasks reaches this
+    (sft_steps is then a cap), so every seed starts RL at the same competence (0: run sft_steps)."""
     group_size: int = 8
     groups_per_step: int = 8
     max_staleness: int = 2

@@ -20,6 +20,7 @@ BENCHES: dict[str, str] = {
     "lora": "bench_lora",
     "multiturn": "bench_multiturn",
     "engine": "bench_engine",
+    "demo": "bench_demo",
 }
 
 

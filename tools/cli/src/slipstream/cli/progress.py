@@ -63,6 +63,7 @@ class ProgressView:
             self._line(
                 f"warm-start: {data.get('steps')} steps in {data.get('seconds', 0):.1f} s, "
                 f"loss {data.get('loss_first', 0):.2f} -> {data.get('loss_last', 0):.2f}"
+                + (f", greedy train accuracy {data['probe_accuracy']:.3f}" if "probe_accuracy" in data else "")
             )
         elif kind == "step":
             self.steps.append(data)

@@ -1,0 +1,158 @@
+"""`slipstream bench demo`: the default demo (what `make demo` runs) once per seed, train vs held-out.
+
+Each seed is a whole `slipstream demo` run on the local stack (warm-start, nats-server, Redis,
+the five pipeline services as separate processes, held-out and train-split evals before and
+after), with only the seed changed: it seeds the tiny model's initialisation, the warm-start's
+tasks, the task stream, the held-out and train-split sets and the learner. Printed per seed:
+train-split and held-out accuracy before -> after RL, sampled (rollout temperature, the plan's
+samples per task) and greedy, and the run's wall time; then whether held-out sampled and greedy
+accuracy rose in every seed. `--json FILE` writes every figure plus the machine's load average.
+Exit status 1 if a run failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+FIGURES = (
+    ("train", "train_accuracy"),
+    ("held-out", "heldout_accuracy"),
+    ("held-out greedy", "heldout_greedy"),
+    ("train greedy", "train_greedy"),
+)
+
+
+def register(bench_subparsers: Any) -> None:
+    p = bench_subparsers.add_parser(
+        "demo",
+        help="the default demo on several seeds: train vs held-out accuracy before/after, wall time",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--json", metavar="FILE", default="", help="write the results as JSON to FILE")
+    p.add_argument("--seeds", type=_seeds, default=[0, 1, 2, 3, 4], help="comma-separated seeds (default 0,1,2,3,4)")
+    p.add_argument("--env", default=None, help="environment (default: the default demo's)")
+    p.add_argument("--steps", type=int, default=None, help="learner steps (default: the demo's)")
+    p.add_argument("--run-dir", type=Path, default=None, help="where the runs go (default .slipstream/bench/demo-<ts>)")
+    p.set_defaults(func=_command)
+
+
+def _seeds(text: str) -> list[int]:
+    try:
+        seeds = [int(s) for s in text.split(",") if s.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--seeds takes comma-separated integers, got {text!r}") from None
+    if not seeds:
+        raise argparse.ArgumentTypeError("--seeds needs at least one seed")
+    return seeds
+
+
+def _command(args: argparse.Namespace) -> int:
+    result = run(args)
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(result, indent=2))
+    return 0 if result["ok"] else 1
+
+
+def row_of(seed: int, summary: Any) -> dict[str, Any]:
+    """One seed's figures from its RunSummary."""
+    out: dict[str, Any] = {"seed": seed, "ok": summary.ok, "error": summary.error, "run_dir": summary.run_dir}
+    for _, field in FIGURES:
+        out[f"{field}_before"] = getattr(summary, f"{field}_before")
+        out[f"{field}_after"] = getattr(summary, f"{field}_after")
+    out["wall_time_s"] = round(summary.wall_time_s, 1)
+    out["train_time_s"] = round(summary.train_time_s, 1)
+    out["steps"] = summary.steps
+    return out
+
+
+def verdict(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Did held-out sampled and greedy accuracy rise in every seed; medians of every change."""
+    ok = [r for r in rows if r["ok"]]
+    rises = {
+        field: [r[f"{field}_after"] - r[f"{field}_before"] for r in ok]
+        for _, field in FIGURES
+        if ok and ok[0][f"{field}_before"] >= 0
+    }
+    return {
+        "runs_ok": len(ok) == len(rows),
+        "heldout_sampled_rose_every_seed": bool(ok) and all(d > 0 for d in rises["heldout_accuracy"]),
+        "heldout_greedy_rose_every_seed": bool(ok) and all(d > 0 for d in rises["heldout_greedy"]),
+        "median_change": {k: round(statistics.median(v), 4) for k, v in rises.items() if v},
+        "min_change": {k: round(min(v), 4) for k, v in rises.items() if v},
+        "median_wall_time_s": round(statistics.median(r["wall_time_s"] for r in rows), 1),
+        "max_wall_time_s": round(max(r["wall_time_s"] for r in rows), 1),
+    }
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    from rich.console import Console
+    from rich.table import Table
+
+    from slipstream.cli.demo import demo_plan
+    from slipstream.cli.training import run_training
+
+    console = Console(highlight=False)
+    root = args.run_dir or Path(".slipstream/bench") / time.strftime("demo-%Y%m%d-%H%M%S")
+    rows: list[dict[str, Any]] = []
+    loads: list[tuple[float, float, float]] = []
+    for seed in args.seeds:
+        plan = demo_plan(args.env)
+        plan.seed = seed
+        if args.steps is not None:
+            plan.max_steps = args.steps
+        plan.eval_every = 0  # before and after only: the figures compared
+        loads.append(os.getloadavg())
+        console.print(f"[bold]seed {seed}[/bold]: {plan.max_steps} steps on {plan.env} (load {loads[-1][0]:.1f}) ...")
+        summary = run_training(plan, root / f"seed{seed}")
+        if not summary.ok:
+            console.print(f"[red]seed {seed} failed:[/red] {summary.error}")
+        rows.append(row_of(seed, summary))
+        r = rows[-1]
+        console.print(
+            f"  held-out {r['heldout_accuracy_before']:.3f} -> {r['heldout_accuracy_after']:.3f} sampled, "
+            f"{r['heldout_greedy_before']:.3f} -> {r['heldout_greedy_after']:.3f} greedy; {r['wall_time_s']:.0f} s"
+        )
+    loads.append(os.getloadavg())
+
+    def pair(r: dict[str, Any], field: str) -> str:
+        before, after = r[f"{field}_before"], r[f"{field}_after"]
+        return "-" if before < 0 else f"{before:.3f} -> {after:.3f}"
+
+    t = Table(title=f"slipstream bench demo — {len(rows)} seeds")
+    for col in ("seed", "train sampled", "held-out sampled", "train greedy", "held-out greedy", "wall s"):
+        t.add_column(col, justify="right")
+    for r in rows:
+        t.add_row(
+            str(r["seed"]) + ("" if r["ok"] else " FAILED"),
+            pair(r, "train_accuracy"),
+            pair(r, "heldout_accuracy"),
+            pair(r, "train_greedy"),
+            pair(r, "heldout_greedy"),
+            f"{r['wall_time_s']:.0f}",
+        )
+    console.print(t)
+    v = verdict(rows)
+    console.print(
+        f"held-out sampled rose in every seed: {v['heldout_sampled_rose_every_seed']}; "
+        f"greedy: {v['heldout_greedy_rose_every_seed']}; median change {v['median_change']}; "
+        f"wall time median {v['median_wall_time_s']:.0f} s, max {v['max_wall_time_s']:.0f} s "
+        f"(load average {loads[0][0]:.1f} at start, {loads[-1][0]:.1f} at end, {os.cpu_count()} CPUs)"
+    )
+    plan = demo_plan(args.env)
+    return {
+        "ok": v["runs_ok"],
+        "env": plan.env,
+        "plan": {k: getattr(plan, k) for k in plan.__struct_fields__},
+        "seeds": rows,
+        "verdict": v,
+        "load_average_1m": [round(x[0], 2) for x in loads],
+        "cpus": os.cpu_count(),
+    }
