@@ -118,6 +118,32 @@ async def test_the_expert_solves_every_task_in_two_turns() -> None:
         assert ENV.score(t, e).correct and e.counts["turns"] == 2 and e.counts["tool_calls"] == 1
 
 
+async def test_the_imperfect_teacher_guesses_and_slips_on_fixed_fractions_of_keys() -> None:
+    """With expert_guess_rate / expert_slip_rate the expert answers some keys without the tool
+    (always wrong) and makes a malformed first call on some others, then corrects it; the choice is
+    a function of the key, so a repeated key replays the same episode."""
+    env = get_env("lookup", expert_guess_rate=0.3, expert_slip_rate=0.4)
+    tasks = env.generate("train", 400, seed=3)
+    kinds: dict[str, int] = {"guess": 0, "slip": 0, "clean": 0}
+    for t, e in zip(tasks, await expert_episodes(env, TOK, tasks), strict=True):
+        score = env.score(t, e)
+        if e.counts.get("tool_calls", 0) == 0:
+            kinds["guess"] += 1
+            assert not score.correct and e.counts["turns"] == 1
+        elif e.counts.get("invalid_tool_call", 0):
+            kinds["slip"] += 1
+            assert score.correct and e.counts["tool_calls"] == 2 and score.reward == pytest.approx(0.8)
+            assert e.tool_log[0].status == "invalid_tool_call" and e.tool_log[1].status == "ok"
+        else:
+            kinds["clean"] += 1
+            assert score.correct and score.reward == 1.0
+    assert 0.2 < kinds["guess"] / 400 < 0.4, kinds
+    assert 0.3 < kinds["slip"] / (400 - kinds["guess"]) < 0.5, kinds
+    again = await expert_episodes(env, TOK, tasks[:20])
+    first = await expert_episodes(env, TOK, tasks[:20])
+    assert [e.final_text for e in again] == [e.final_text for e in first]
+
+
 def test_bad_options_are_errors_naming_them() -> None:
     with pytest.raises(EnvError, match="alphabet"):
         get_env("lookup", alphabet="AB")
@@ -125,3 +151,5 @@ def test_bad_options_are_errors_naming_them() -> None:
         get_env("lookup", max_calls=0)
     with pytest.raises(EnvError, match="invalid_call_penalty"):
         get_env("lookup", invalid_call_penalty=-1.0)
+    with pytest.raises(EnvError, match="expert_slip_rate"):
+        get_env("lookup", expert_slip_rate=1.5)

@@ -151,3 +151,10 @@ def test_a_run_asking_for_tool_service_replicas_points_the_workers_at_them(tmp_p
     # Without the key nothing changes: tools run in the workers.
     local = resolve(RolloutWorkerConfig, environ=service_env(load(DEV_RUN).plan(), Path("/m"), Path("/s"), Path("/o")))
     assert local.tools.transport == "local"
+
+
+def test_the_lookup_example_is_the_lookup_demo() -> None:
+    """examples/lookup.toml and `slipstream demo --env lookup` train the same thing."""
+    from slipstream.cli.demo import demo_plan
+
+    assert load(REPO / "examples" / "lookup.toml").plan() == demo_plan("lookup")

@@ -23,6 +23,9 @@ The text-only `grade(task, completion)` judges the answer alone (`invalid_call` 
 Splits: by key (the base class's hash), so held-out keys, and therefore their values, are never
 seen in training: held-out success measures tool use, not memory. `expert` is the scripted
 policy whose episodes warm-start the model (`sft_warmstart` uses them: `warmstart_from_expert`).
+By default it is perfect; `expert_guess_rate` and `expert_slip_rate` make it an imperfect teacher
+(it guesses without the tool on some keys, makes a malformed first call on others), whose habits a
+warm-started model copies and RL has to unlearn: that is what `slipstream demo --env lookup` does.
 """
 
 from __future__ import annotations
@@ -65,6 +68,17 @@ class LookupOptions(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fi
         float, Doc(description="Subtracted per invalid tool call (reward component 'invalid_call').")
     ] = 0.2
     salt: Annotated[str, Doc(description="Mixed into the value hash: a different table per salt.")] = "slipstream"
+    expert_guess_rate: Annotated[
+        float,
+        Doc(description="Fraction of keys on which the scripted expert guesses (wrongly) without calling the tool."),
+    ] = 0.0
+    expert_slip_rate: Annotated[
+        float,
+        Doc(
+            description="Fraction of the other keys on which the expert's first call is malformed (the key as a "
+            "bare JSON value), then corrected."
+        ),
+    ] = 0.0
     tool_latency_ms: Annotated[
         int, Doc(description="Simulated backend latency of `get` in ms (load and fail-over tests); 0 answers at once.")
     ] = 0
@@ -82,6 +96,9 @@ class LookupOptions(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fi
             raise ValueError(f"max_turn_tokens must be in 16..1024, got {self.max_turn_tokens}")
         if not 0 <= self.tool_latency_ms <= 1000:
             raise ValueError(f"tool_latency_ms must be in 0..1000, got {self.tool_latency_ms}")
+        for name, rate in (("expert_guess_rate", self.expert_guess_rate), ("expert_slip_rate", self.expert_slip_rate)):
+            if not 0.0 <= rate <= 1.0:
+                raise ValueError(f"{name} must be in [0, 1], got {rate}")
         if not self.correct_reward > 0 or self.invalid_call_penalty < 0:
             raise ValueError(
                 f"need correct_reward > 0 and invalid_call_penalty >= 0, got {self.correct_reward} "
@@ -146,12 +163,33 @@ class Lookup(Environment[LookupOptions]):
         """The well-formed call for `key`, exactly as the tag renderer writes it."""
         return self.renderer.render_calls("", [ToolCall(id="expert", name=TOOL_NAME, arguments={"key": key})])
 
+    def _draw(self, key: str, what: str) -> float:
+        """A fixed number in [0, 1) per (salt, what, key): the expert's choices are a function of the key."""
+        digest = hashlib.blake2b(f"{self.options.salt}:{what}:{key}".encode(), digest_size=8).digest()
+        return int.from_bytes(digest, "little") / 2**64
+
     def expert(self, task: TaskSpec, context: str) -> str:
-        """The scripted expert: call `get` with the key, then answer with the last result."""
+        """The scripted expert: call `get` with the key, then answer with the last result.
+
+        With `expert_guess_rate` / `expert_slip_rate` it is an imperfect teacher, as a stronger
+        model's trajectories are: on a fixed fraction of keys it answers a wrong guess without
+        looking, and on a fixed fraction of the rest its first call is malformed (the key as a bare
+        JSON value: a schema error, or bad JSON for letters), then it reads the error and calls
+        again correctly. A warm-started model copies those habits; RL has to unlearn them.
+        """
+        match = _KEY.search(context)
+        key = match.group(1) if match else ""
         results = _RESULT.findall(context)
+        if self._draw(key, "guess") < self.options.expert_guess_rate:
+            value = int(self.value(key))
+            return str(100 + (value - 100 + 1 + int(self._draw(key, "value") * 898)) % 900) + self.terminator
         if not results:
-            match = _KEY.search(context)
-            return self.call_text(match.group(1) if match else "")
+            call = self.call_text(key)
+            if self._draw(key, "slip") < self.options.expert_slip_rate:
+                return call.replace(f'"key": "{key}"', f'"key": {key}', 1)
+            return call
+        if results[-1].startswith("error"):
+            return self.call_text(key)
         return results[-1] + self.terminator
 
     def sft_example(self, task: TaskSpec) -> str:

@@ -73,9 +73,12 @@ def register(sub: Any) -> None:
 # 0.32) and the faint 3-letter skill was trained away (0.09 -> 0). One length gives every task
 # the same difficulty; the target lands every seed at the same competence although the
 # supervised cliff (0.1 -> 1.0 greedy between ~150 and ~250 steps) falls at 70-170 steps by seed.
-# `lookup` (multi-turn tool use): the micro model learns the two copies the task needs (key into
-# the call, result into the answer) in a few hundred supervised steps; the warm-start stops short
-# of mastery so RL has room; turns need ~50 tokens; train accuracy is measured next to held-out.
+# `lookup` (multi-turn tool use): the micro model is warm-started on an imperfect teacher's episodes
+# (on 30% of keys it guesses without calling the tool, on 40% of the rest its first call is
+# malformed) until it has the mechanics (key into the call, result into the answer); it then
+# samples those habits at temperature 1, and RL has to unlearn them. The warm-start's lr is 1e-3:
+# at the default 3e-3 the micro model never learns to copy the result into the answer.
+LOOKUP_TEACHER = {"expert_guess_rate": 0.3, "expert_slip_rate": 0.4}
 ENV_PLANS: dict[str, dict[str, Any]] = {
     "reverse": {
         "env_options": {"min_len": 3, "max_len": 3},
@@ -84,11 +87,16 @@ ENV_PLANS: dict[str, dict[str, Any]] = {
         "train_eval_tasks": 256,
     },
     "lookup": {
+        "env_options": LOOKUP_TEACHER,
         "preset": "micro",
-        "sft_steps": 400,
+        "sft_steps": 800,
         "sft_batch": 16,
+        "sft_lr": 1e-3,
+        "temperature": 1.0,
         "max_tokens": 64,
-        "lr": 1e-3,
+        "lr": 3e-4,
+        "max_steps": 40,
+        "eval_every": 20,
         "heldout_tasks": 128,
         "train_eval_tasks": 128,
     },
