@@ -281,3 +281,24 @@ def test_a_groups_identical_prompts_are_prefilled_once(model: CausalLM, monkeypa
         solo = _run(_engine(model, max_batch=1), [r])[r.request_id]
         assert batched[r.request_id].completion_ids == solo.completion_ids, r.request_id
         assert batched[r.request_id].logprobs == pytest.approx(solo.logprobs, abs=1e-4)
+
+
+def test_a_prompt_admitted_later_copies_a_running_siblings_prefix(model: CausalLM) -> None:
+    prompt = "a group whose samples arrive one by one: "
+    first, second = (
+        _req(f"s{i}", prompt, temperature=1.0, max_tokens=6, seed=70 + i, ignore_eos=True) for i in range(2)
+    )
+    engine = _engine(model, max_batch=2)
+    engine.submit(first)
+    out = {r.request_id: r for r in engine.step()}  # first is running, its prompt cached
+    engine.submit(second)
+    while engine.has_work:
+        out.update({r.request_id: r for r in engine.step()})
+    n = len(first.prompt_ids)
+    stats = engine.stats()
+    assert stats["prompt_shared_tokens"] == n - 1  # all but the last token, whose logits are needed
+    assert stats["prefill_tokens"] == n + 1
+    for r in (first, second):
+        solo = _run(_engine(model, max_batch=1), [r])[r.request_id]
+        assert out[r.request_id].completion_ids == solo.completion_ids, r.request_id
+        assert out[r.request_id].logprobs == pytest.approx(solo.logprobs, abs=1e-4)

@@ -5,8 +5,9 @@ Scheduling, one `step()` at a time:
    refresh"), timing the pause; optionally recompute running rows' caches under them;
 2. retire aborted requests;
 3. admit waiting requests into free slots and prefill them together (rows right-padded into a
-   few batched forwards; rows with the same prompt, such as a GRPO group's samples, prefilled
-   once and the keys/values copied), which also samples their first tokens;
+   few batched forwards), which also samples their first tokens. Prompts are shared: rows with
+   the same prompt, such as a GRPO group's samples, are prefilled once, and a prompt that starts
+   like a sequence already cached (running or parked) copies that prefix's keys/values;
 4. decode every running row in one batched forward (each row at its own position, attending to
    its own slot's valid prefix), sample, and retire rows that hit eos, a stop string,
    max_tokens or max_seq_len.
@@ -54,6 +55,8 @@ log = logging.getLogger(__name__)
 _RATE_WINDOW_STEPS = 64
 # Most tokens (rows x padded width) one prefill forward takes; more rows wait for the next one.
 _PREFILL_CHUNK_TOKENS = 8192
+# Shortest prompt prefix worth copying from another slot's cache instead of recomputing.
+_MIN_SHARED_PREFIX = 4
 
 
 class EngineError(RuntimeError):
@@ -317,6 +320,14 @@ class TorchEngine:
                 if free is None:
                     break
                 slot, keep = free, 0
+                # A prompt that starts like a cached sequence (a group's sample admitted after
+                # its siblings started) copies their keys/values instead of recomputing them.
+                donor, shared = self._best_donor(seq.tokens)
+                if shared >= _MIN_SHARED_PREFIX:
+                    self.cache.copy_prefix(donor, [slot], shared)
+                    self._prompt_shared_tokens += shared
+                    seq.shared_prefix = shared
+                    keep = shared
             with self._lock:
                 self._waiting.popleft()
             seq.slot = slot
@@ -326,6 +337,21 @@ class TorchEngine:
             batch.append((seq, min(keep, len(seq.tokens) - 1)))
         if batch:
             self._prefill(batch, done)
+
+    def _best_donor(self, tokens: list[int]) -> tuple[int, int]:
+        """The slot (running or parked) whose cached tokens share the longest prefix with `tokens`,
+        and that length, at most len(tokens) - 1 (the last token's logits are still needed)."""
+        best, best_len = -1, 0
+        limit = len(tokens) - 1
+        candidates = [(s.slot, s.tokens, s.cache_len) for s in self._slots if s is not None and s.cache_len > 0]
+        candidates += [(slot, cached, len(cached)) for slot, cached in self._parked.values()]
+        for slot, cached, length in candidates:
+            if min(length, limit) <= best_len:
+                continue
+            n = min(_shared_prefix(cached, tokens), length, limit)
+            if n > best_len:
+                best, best_len = slot, n
+        return best, best_len
 
     def _prefill(self, batch: list[tuple[SequenceState, int]], done: list[SequenceState]) -> None:
         """Forward each admitted row's uncached tokens, a few rows per forward, and sample once.
@@ -350,7 +376,7 @@ class TorchEngine:
             chunk_logits = self._forward_rows(chunk)
             for (seq, keep), row_logits in zip(chunk, chunk_logits, strict=True):
                 self._prefill_tokens += len(seq.tokens) - keep
-                self._kv_reused_tokens += keep
+                self._kv_reused_tokens += keep - seq.shared_prefix
                 rows.append(seq)
                 logits.append(row_logits)
                 shared = followers.get(id(seq), [])

@@ -32,6 +32,8 @@ class SequenceState:
     slot: int = -1
     # Tokens whose keys/values are in the cache slot; tokens[cache_len:] still need a forward.
     cache_len: int = 0
+    # Leading tokens whose keys/values were copied from another slot (a shared prompt prefix).
+    shared_prefix: int = 0
     tokens: list[int] = field(default_factory=list)
     completion: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
