@@ -2,7 +2,8 @@
 
 Generation: `TorchEngine` (through its async face, as a rollout worker drives it) against
 `transformers`' `generate` on the same SmolLM2-135M weights, same prompts, same number of new
-tokens per row (eos ignored), sampling at temperature 0.7, for each batch size and dtype. Two
+tokens per row (eos ignored), sampling at temperature 0.7, for each batch size and dtype. The
+defaults are the real-model demo's rollouts (prompts of ~128 tokens, 48 new tokens). Two
 workloads:
 
 - `group` (the RL workload): B rows = B/8 prompts x 8 samples, as GRPO samples a group. HF
@@ -50,7 +51,9 @@ def register(bench_subparsers: Any) -> None:
     p.add_argument(
         "--workloads", nargs="+", default=["group", "distinct"], choices=("group", "distinct"), help="(default both)"
     )
-    p.add_argument("--prompt-len", type=int, default=96, help="prompt tokens per row (default 96)")
+    p.add_argument(
+        "--prompt-len", type=int, default=128, help="prompt tokens per row (default 128, as the real-model demo's)"
+    )
     p.add_argument("--new", type=int, default=48, help="tokens generated per row (default 48)")
     p.add_argument("--repeats", type=int, default=3, help="pairs per configuration; medians reported (default 3)")
     p.add_argument("--threads", type=int, default=0, help="torch threads (default: all cores)")
