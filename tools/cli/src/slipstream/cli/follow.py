@@ -94,11 +94,19 @@ async def follow_run(
                 summary.steps_log.append(row)
                 emit("step", {**row, "spanning": tap.spanning, "tapped": tap.tapped})
 
+    verifier = announce_verifier(stack)
+
     async def watch_weights() -> None:
         async with bus.subscribe(WEIGHTS_ANNOUNCE, WeightAnnounce, deliver="all") as announces:
             async for d in announces:
                 a = d.msg
                 if a.run_id != stack.spec.run_id:
+                    continue
+                # Only the run's publisher's versions count (and get evaluated): a forged announce
+                # (no manifest, unsigned, a spoofed token) is checked as the workers check it.
+                if verifier is not None and not (await verifier.verify(a)).ok:
+                    what = f"ignored an announce of version {a.policy_version} that fails verification"
+                    emit("log", {"message": what})
                     continue
                 last_manifest[a.policy_version] = a.manifest_key
                 summary.final_version = max(summary.final_version, a.policy_version)
@@ -166,6 +174,18 @@ async def follow_run(
             w.cancel()
         await asyncio.gather(*watchers, return_exceptions=True)
         await bus.close()
+
+
+def announce_verifier(stack: Stack) -> Any:
+    """The workers' announce check (store, signature, signed fence token) for this stack; None off a local store."""
+    spec = stack.spec.store
+    if spec is None or spec.type != "local":
+        return None
+    from slipstream.store import LocalObjectStore
+    from slipstream.trust import AnnounceVerifier, Keyring
+
+    keyring = Keyring.parse(stack.trusted_keys)
+    return AnnounceVerifier(LocalObjectStore(spec.root), run_id=stack.spec.run_id, keyring=keyring)
 
 
 async def account(bus: Any, summary: RunSummary, stack: Stack, injected: int = 0) -> dict[str, Any]:

@@ -21,7 +21,8 @@ A service that crashes is started again (same port, same environment, its log ap
 `poll_exits()`, which `wait_ready()` and the callers' watch loops call, as the `Supervisor`
 decides: backoff, a crash budget, restart counts (in stack.json, for `slipstream status`) and
 events (for the live views). `StackSpec.restart = NO_RESTART` reports every death instead.
-nats-server and Redis are never restarted here.
+nats-server and Redis are never restarted by the supervisor; `restart_server` restarts one on
+purpose (the chaos suite's fault), on the same port.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ import concurrent.futures
 import importlib.util
 import json
 import os
+import shutil
 import signal
 import sys
 import time
@@ -169,6 +171,7 @@ class Stack:
         self._unclaimed: list[tuple[str, int | None]] = []
         self._state_written = False
         self._trust: dict[str, str] = {}
+        self._starters: dict[str, Callable[..., Server]] = {}
         self.signing_key_id = ""
         self._on_event = on_event
         self.supervisor = Supervisor(self.spec.restart, on_event=self._supervisor_event)
@@ -197,9 +200,11 @@ class Stack:
                 creds.save(spec.run_dir)
                 nats_auth, redis_acl = creds.nats_authorization(), creds.redis_acl(spec.run_id)
                 self.servers["nats"] = self._server(
-                    "nats", None, lambda d, logs: start_nats(d, logs, authorization=nats_auth)
+                    "nats", None, lambda d, logs, **kw: start_nats(d, logs, authorization=nats_auth, **kw)
                 )
-                self.servers["redis"] = self._server("redis", None, lambda d, logs: start_redis(d, logs, acl=redis_acl))
+                self.servers["redis"] = self._server(
+                    "redis", None, lambda d, logs, **kw: start_redis(d, logs, acl=redis_acl, **kw)
+                )
                 self._provision(creds)
             assert spec.store is not None
             if spec.store.type == "local":
@@ -266,7 +271,7 @@ class Stack:
                 + "; is the service installed (make install)?"
             )
 
-    def _server(self, name: str, url: str | None, starter: Callable[[Path, Path], Server]) -> ServerHandle:
+    def _server(self, name: str, url: str | None, starter: Callable[..., Server]) -> ServerHandle:
         self._check_interrupt()
         if url is not None:
             handle = ServerHandle(name, url, None)
@@ -275,9 +280,37 @@ class Stack:
             self._log(f"using {name} at {url}")
             return handle
         server = starter(self.spec.data_dir / name, self.spec.log_dir)
-        self.group.on_stop(server.stop)  # ProcessGroup runs these last-first: Redis, then NATS
+        handle = ServerHandle(name, server.url, server)
+        self._starters[name] = starter
+        # ProcessGroup runs these last-first: Redis, then NATS (whichever process restart_server left).
+        self.group.on_stop(lambda: handle.server.stop() if handle.server else None)
         self._log(f"started {name} at {server.url} (pid {server.pid})")
-        return ServerHandle(name, server.url, server)
+        return handle
+
+    def restart_server(self, name: str, *, empty: bool = False) -> float:
+        """Stop a server this stack started and start it again on the same port; returns seconds it was down.
+
+        nats-server comes back on its JetStream store directory, so streams, consumers and their
+        messages survive; `empty=True` wipes the server's data directory first (Redis restarted
+        empty, as a pod without a volume would). The services reconnect on their own. The chaos
+        suite's fault; call it from the main thread (a child's parent-death signal is tied to the
+        thread that forked it).
+        """
+        handle = self.servers[name]
+        old = handle.server
+        if old is None:
+            raise StackError(f"{name} at {handle.url} was given by URL; only a server this stack started is restarted")
+        t0 = time.monotonic()
+        old.stop()
+        data = self.spec.data_dir / name
+        if empty:
+            shutil.rmtree(data, ignore_errors=True)
+        handle.server = self._starters[name](data, self.spec.log_dir, port=old.port)
+        down = time.monotonic() - t0
+        self._log(f"restarted {name} at {handle.url} (pid {handle.pid}, down {down:.2f} s{', empty' if empty else ''})")
+        if self._state_written:
+            self.write_state()
+        return down
 
     def _run_key(self) -> dict[str, str]:
         """The run's signing key (made once per run dir) and the trusted-keys list naming it."""
@@ -443,6 +476,12 @@ class Stack:
         """`learner exited with code 1` — plus why it was not restarted when the supervisor gave up."""
         why = self.supervisor.gave_up(name)
         return why if why else f"{name} exited with code {code}"
+
+    @property
+    def trusted_keys(self) -> list[str]:
+        """The public keys this stack's verifiers trust: --env's, else the run's own key."""
+        text = self.spec.env.get(TRUSTED_KEYS_ENV) or self._trust.get(TRUSTED_KEYS_ENV) or "[]"
+        return [str(k) for k in json.loads(text)]
 
     @property
     def restarts(self) -> dict[str, int]:

@@ -176,6 +176,7 @@ def run_training(
     store: StoreSpec | None = None,
     restart: RestartPolicy | None = None,
     on_stack: Callable[[Any], None] | None = None,
+    on_tap: Callable[[Any], None] | None = None,
 ) -> RunSummary:
     """Run one training end to end; never raises for a failed run (the summary says why).
 
@@ -185,7 +186,8 @@ def run_training(
     `restart` is how crashed services are restarted (default: `RestartPolicy()`; `NO_RESTART`
     fails the run at the first death); the summary counts restarts per service. `on_stack` is
     handed the running `Stack` once every service is ready (the tests' and the chaos suite's
-    hook: it is called on the main thread and must return at once).
+    hook: it is called on the main thread and must return at once); `on_tap` is handed the
+    trajectory `Tap` as soon as it subscribes (the chaos suite joins its ids with the learner's).
     """
     from slipstream.cli.follow import RunFailed, follow_run, held_out
 
@@ -238,6 +240,8 @@ def run_training(
         stack.start()
         # At once: the services are still importing, so the tap sees every trajectory ever published.
         tap = Tap(stack.servers["nats"].url, stack.admin_nats_options()).start()
+        if on_tap is not None:
+            on_tap(tap)
         stack.write_state()
         stack.wait_ready()
         stack.write_state()
