@@ -12,7 +12,7 @@ import sys
 from collections.abc import Sequence
 
 # Order shown in --help (promotion registers eval, promote and rollback).
-COMMANDS: tuple[str, ...] = ("up", "demo", "train", "bench", "status", "top", "report", "promotion")
+COMMANDS: tuple[str, ...] = ("up", "demo", "train", "bench", "status", "top", "report", "promotion", "chaos")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,0 +1,60 @@
+"""`slipstream chaos`, shrunk: a training run under every fault, and every "must be 0" at 0.
+
+The demo's pipeline (reverse, real nats-server and Redis with per-service users) with fewer
+groups per step and one step between faults. The whole schedule runs: malformed, unknown-version
+and near-limit messages on every subject; each pipeline service SIGKILLed in turn (the
+supervisor restarts it); three forged announces; nats-server restarted on its JetStream store;
+Redis restarted empty; publishes outside their users' permissions; a corrupted shard. The
+tool-service stop needs replicas (the lookup env): here it reports itself not applicable.
+
+Asserted from the suite's JSON, whose figures are joins over the run's own records: the run
+finished every step, every fault was applied and showed what it must, trained twice, lost,
+versions announced twice, corrupted versions applied and impostor publishes stored are 0, every
+outside message on a trajectory stream was dead-lettered, and the demo summary's own accounting
+balances with them.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from slipstream.cli.chaos import FAULTS, chaos_plan, run_chaos
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+
+@pytest.mark.timeout(900)
+def test_the_chaos_schedule_leaves_every_must_be_zero_at_zero(tmp_path: Path) -> None:
+    plan = chaos_plan("reverse", steps=30, seed=None, tool_services=None)
+    plan.groups_per_step = 4
+    t0 = time.monotonic()
+    out = run_chaos(plan, tmp_path / "run", list(FAULTS), gap=1, first_at=2, log=print)
+    print(f"wall {time.monotonic() - t0:.0f} s\n{json.dumps(out, indent=1)[:6000]}")
+
+    assert out["finished"], out["error"]
+    assert out["steps"] == plan.max_steps
+    assert {f["name"]: f["ok"] for f in out["faults"]} == {name: True for name in FAULTS}, out["faults"]
+    assert out["must_be_zero"] == {
+        "trained_twice": 0,
+        "lost": 0,
+        "versions_announced_twice": 0,
+        "corrupted_versions_applied": 0,
+        "publishes_outside_permissions_stored": 0,
+    }
+    tr = out["trajectories"]
+    assert tr["trained"] == plan.max_steps * plan.groups_per_step * plan.group_size, tr
+    assert tr["published"] >= tr["trained"]
+    # 3 outside messages on each trajectory subject, all dead-lettered (none is a trajectory).
+    assert out["injected"][f"traj.raw.{plan.env}"] == out["injected"][f"traj.scored.{plan.env}"] == 3
+    assert tr["outside_messages_dead_lettered"] == 6 and tr["outside_messages_left"] == 0, tr
+    assert out["summary_accounting"]["accounted_raw"] and out["summary_accounting"]["accounted_scored"], out
+    versions = out["versions"]
+    assert len(versions["corrupted"]) == 1 and versions["corrupted"][0] in versions["refused_by_workers_on_fetch"]
+    assert {f["why"] for f in versions["forged_announces_in_log"]} >= {"no manifest", "fence token not the signed one"}
+    assert all(out["restarts"][s] >= 1 for s in ("rollout-worker", "reward-model", "learner", "weight-publisher"))
+    assert out["passed"]
+    assert json.loads((tmp_path / "run" / "chaos.json").read_text())["passed"]
