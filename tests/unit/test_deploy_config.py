@@ -90,7 +90,9 @@ def test_the_services_of_an_overlay_resolve_to_one_consistent_run(overlay: str) 
         # The shared endpoints come from slipstream-env and the Secret, not from six TOML files.
         assert {p.get("service", "run_id") for p in pods} == {overlay}
         assert by["learner"].service.redis_url and by["learner"].learner.staging_dir.startswith("/var/run/")
-        assert by["rollout-worker"].service.redis_url == by["reward-model"].service.redis_url == ""
+        # Workers read the fencing tokens the lease granted (announce checks); the reward-model needs no Redis.
+        assert by["rollout-worker"].service.redis_url
+        assert by["reward-model"].service.redis_url == ""
 
 
 def test_the_ray_learner_runs_the_same_run_as_the_single_gpu_learner() -> None:
