@@ -75,6 +75,10 @@ def test_lookup_demo_path_with_its_tool_in_two_tool_service_replicas(tmp_path: P
     plan.train_eval_tasks = 8
     plan.heldout_samples = 2
     plan.tool_service_replicas = 2
+    # Valid calls after 150 supervised steps (only valid ones reach a replica): the perfect expert,
+    # and the lr that learns the call format fastest (the demo's 1e-3 is for the answer copy).
+    plan.env_options = {}
+    plan.sft_lr = 3e-3
     run = tmp_path / "run"
     summary = run_training(plan, run, traces=True)
     assert summary.ok, summary.error
