@@ -123,6 +123,9 @@ async def follow_run(
                         done.set()
                         return
                     continue
+                if stack.supervisor.state(name) == "retired":  # stopped on purpose (stack.stop_service)
+                    emit("log", {"message": f"{name} stopped on purpose (exit {code})"})
+                    continue
                 raise RunFailed(f"{stack.exit_message(name, code)}:\n{stack.tail(name)}")
             await asyncio.sleep(0.2)
 
