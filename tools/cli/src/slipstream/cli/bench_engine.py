@@ -60,6 +60,7 @@ def register(bench_subparsers: Any) -> None:
     p.add_argument("--learner-batch", type=int, default=8, help="sequences per learner step (default 8)")
     p.add_argument("--learner-len", type=int, default=256, help="tokens per learner sequence (default 256)")
     p.add_argument("--no-learner", action="store_true", help="skip the learner comparison")
+    p.add_argument("--no-generation", action="store_true", help="skip the engine comparison")
     p.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
     p.set_defaults(func=_command)
 
@@ -193,7 +194,7 @@ def _learner_figures(args: argparse.Namespace, model_dir: Path) -> dict[str, Any
     from slipstream.learner.config import LearnerSection
     from slipstream.learner.trainer import Trainer
     from slipstream.rl import LossConfig
-    from slipstream.schemas import ScoredTrajectory, Trajectory, scored_episode_from_v1
+    from slipstream.schemas import PolicySegment, ScoredTrajectory, Trajectory, scored_episode_from_v1
     from slipstream.schemas.packing import pack_floats, pack_ids, pack_mask
 
     n, length = args.learner_batch, args.learner_len
@@ -213,6 +214,7 @@ def _learner_figures(args: argparse.Namespace, model_dir: Path) -> dict[str, Any
                     token_ids=pack_ids(ids[i].tolist()),
                     logprobs=pack_floats([-2.0] * (length - prompt)),
                     loss_mask=pack_mask([1] * (length - prompt)),
+                    segments=[PolicySegment(policy_version=0, n_tokens=length - prompt)],
                 ),
                 reward=float(i % 2),
                 correct=bool(i % 2),
@@ -245,7 +247,7 @@ def _learner_figures(args: argparse.Namespace, model_dir: Path) -> dict[str, Any
         for system in ("learner", "hf") if rep % 2 == 0 else ("hf", "learner"):
             t0 = time.perf_counter()
             if system == "learner":
-                trainer.step([group], rep + 1)
+                trainer.step([group], 0)
             else:
                 hf_step()
             timing[f"{system}_tok_s"] = tokens / (time.perf_counter() - t0)
@@ -282,7 +284,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     local = Path(args.model)
     model_dir = local if local.is_dir() else ensure_model(args.model)
     t0 = time.monotonic()
-    generation = asyncio.run(_generation(args, model_dir))
+    generation = [] if args.no_generation else asyncio.run(_generation(args, model_dir))
     learner = None if args.no_learner else _learner_figures(args, model_dir)
     judged = [r for r in generation if r["batch"] >= 16]
     engine_met = bool(judged) and all(r["ratio"] >= TARGET_ENGINE for r in judged)
