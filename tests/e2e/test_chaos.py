@@ -29,7 +29,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 @pytest.mark.timeout(900)
 def test_the_chaos_schedule_leaves_every_must_be_zero_at_zero(tmp_path: Path) -> None:
-    plan = chaos_plan("reverse", steps=30, seed=None, tool_services=None)
+    plan = chaos_plan("reverse", steps=45, seed=None, tool_services=None)
     plan.groups_per_step = 4
     t0 = time.monotonic()
     out = run_chaos(plan, tmp_path / "run", list(FAULTS), gap=1, first_at=2, log=print)

@@ -90,11 +90,13 @@ def test_worker_log_lines_are_read_for_applied_and_refused_versions(tmp_path: Pa
         '{"event": "weight version skipped; still sampling with the current one", "policy_version": 9,'
         ' "reason": "fetch", "timestamp": "2026-11-24T06:00:01Z"}\n'
         '{"event": "applied weights", "policy_version": 10, "timestamp": "2026-11-24T06:00:02Z"}\n'
+        '{"event": "weight fetch failed; retrying", "policy_version": 19, "error": "CorruptShard(\'shard x\')"}\n'
+        '{"event": "weight fetch failed; retrying", "policy_version": 29, "error": "OSError()"}\n'
     )
     versions = applied_versions(log)
     assert [v for v, _ in versions] == [8, 10]
     assert versions[1][1] - versions[0][1] == pytest.approx(2.0)
-    assert refused_versions(log) == {9}
+    assert refused_versions(log) == {9, 19}  # an OSError is not a refusal
 
 
 def test_an_unknown_fault_is_named() -> None:

@@ -45,14 +45,15 @@ from typing import Any
 from slipstream.cli.spec import default_run_dir
 
 PIPELINE_KILLS = ("rollout-worker", "reward-model", "learner", "weight-publisher", "task-source")
+# The shard corruption goes early: it needs a version right before a keyframe still to come.
 FAULTS: tuple[str, ...] = (
     "inject",
+    "corrupt",
     *(f"kill:{s}" for s in PIPELINE_KILLS),
     "forge",
     "restart:nats",
     "restart:redis",
     "permission",
-    "corrupt",
     "stop:tool-service",
 )
 NOT_COVERED = ("the search environment does not exist yet: the suite runs on the shipped demo environments",)
@@ -71,7 +72,7 @@ def register(sub: Any) -> None:
     )
     p.add_argument("--json", type=Path, metavar="FILE", help="also write the figures here (always RUN_DIR/chaos.json)")
     p.add_argument("--env", default=None, help="environment (default reverse; lookup adds two tool-service replicas)")
-    p.add_argument("--steps", type=int, default=40, help="learner steps (default 40; the schedule needs ~30)")
+    p.add_argument("--steps", type=int, default=60, help="learner steps (default 60; the whole schedule needs ~40)")
     p.add_argument("--seed", type=int, default=None, help="run seed")
     p.add_argument("--gap", type=int, default=2, help="learner steps between one fault settling and the next")
     p.add_argument("--first-at", type=int, default=2, help="learner step of the first fault")
@@ -686,9 +687,12 @@ def applied_versions(path: Path) -> list[tuple[int, float]]:
 
 
 def refused_versions(path: Path) -> set[int]:
-    """Versions a rollout worker skipped because a fetch failed (a shard failed its sha256, ...)."""
+    """Versions a rollout worker refused on fetch: skipped after a failed fetch, or a fetch whose
+    shard failed its sha256 (the worker then retries, or drops the version once a newer one came)."""
     rows = _log_rows(path, "weight version skipped; still sampling with the current one")
-    return {int(r["policy_version"]) for r in rows if r.get("reason") == "fetch"}
+    out = {int(r["policy_version"]) for r in rows if r.get("reason") == "fetch"}
+    retries = _log_rows(path, "weight fetch failed; retrying")
+    return out | {int(r["policy_version"]) for r in retries if "CorruptShard" in str(r.get("error", ""))}
 
 
 def _episode_id(subject: str, body: bytes, headers: dict[str, str]) -> str | None:
