@@ -136,10 +136,14 @@ async def test_with_no_replica_up_the_episode_is_masked_never_the_models_fault(n
         episodes = await sampler.sample(task)
     finally:
         await svc.close()
-    assert svc.tool_stats == {"calls": 2, "retries": 4, "unavailable": 2}
+    # The expert reads an error result and calls again (lookup's teacher retries after an error),
+    # so an episode may hold up to max_calls unanswered calls: each one retried twice, none answered.
+    calls = sum(len(e.tool_log) for e in episodes)
+    assert calls >= len(episodes)
+    assert svc.tool_stats == {"calls": calls, "retries": 2 * calls, "unavailable": calls}
     for e in episodes:
-        (event,) = e.tool_log
-        assert (event.status, event.info["kind"], event.info["attempts"]) == ("infra_error", "unavailable", "3")
+        for event in e.tool_log:
+            assert (event.status, event.info["kind"], event.info["attempts"]) == ("infra_error", "unavailable", "3")
         assert e.infra_error.startswith("get: error: tool get unavailable (no responders")
         assert "invalid_tool_call" not in e.counts  # not the model's fault: no tag, no penalty
         scored, score = Scorer({"lookup": SALT}).score(e, now=0.0)
