@@ -14,8 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from slipstream.sandbox import BwrapProvider, Limits, SandboxError
-from slipstream.sandbox import cgroups
+from slipstream.sandbox import BwrapProvider, Limits, SandboxError, cgroups
 
 pytestmark = [
     pytest.mark.integration,
@@ -49,7 +48,7 @@ async def test_runs_commands_over_the_base_and_writes_only_its_own_layer(provide
     assert broken.reason == "exit" and broken.exit_code == 1 and "AssertionError" in broken.stderr
     assert (base / "pkg" / "mod.py").read_text() == "def add(a, b):\n    return a + b\n"  # the base is untouched
     assert await box.read("pkg/mod.py") == b"def add(a, b):\n    return a - b\n"
-    with pytest.raises(FileNotFoundError, match="nope.txt"):
+    with pytest.raises(FileNotFoundError, match=r"nope\.txt"):
         await box.read("nope.txt")
 
 
@@ -63,10 +62,10 @@ async def test_no_network_inside(provider: BwrapProvider) -> None:
         box = await provider.create()
         probe = (
             "import socket\n"
-            "for addr in [('127.0.0.1', %d), ('1.1.1.1', 80)]:\n"
+            f"for addr in [('127.0.0.1', {port}), ('1.1.1.1', 80)]:\n"
             "    s = socket.socket(); s.settimeout(2)\n"
             "    print(s.connect_ex(addr))\n"
-            "print(sorted(n for _, n in socket.if_nameindex()))\n" % port
+            "print(sorted(n for _, n in socket.if_nameindex()))\n"
         )
         result = await box.exec(["python3", "-c", probe])
         refused, unreachable, interfaces = result.stdout.splitlines()
