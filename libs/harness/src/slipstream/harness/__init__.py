@@ -25,6 +25,7 @@ from slipstream.harness.rollout import (
     trajectory_of,
 )
 from slipstream.harness.scripted import ScriptedEngine
+from slipstream.harness.summary import SummarisingContext, SummaryConfig, group_threshold
 from slipstream.harness.warmstart import (
     episode_examples,
     expert_episodes,
@@ -44,6 +45,8 @@ __all__ = [
     "RolloutError",
     "SampleBuilder",
     "ScriptedEngine",
+    "SummarisingContext",
+    "SummaryConfig",
     "TaskEval",
     "TaskRejected",
     "as_spec",
@@ -53,6 +56,7 @@ __all__ = [
     "expert_episodes",
     "expert_examples",
     "greedy_params",
+    "group_threshold",
     "new_group_id",
     "play_episode",
     "prompt_ids",

@@ -46,6 +46,7 @@ from slipstream.tools import LocalTransport, ToolRegistry, ToolTransport
 
 if TYPE_CHECKING:
     from slipstream.envs.base import Environment
+    from slipstream.harness.summary import SummaryConfig
 
 _SEED_SPACE = 2**62
 
@@ -189,6 +190,8 @@ class EpisodeRun:
     """The env's `chat_messages`: the turns a chat model sees around a sample's opening text."""
     tools: Callable[[ToolRegistry], ToolTransport] | None = None
     """Where tool calls run (e.g. a tool-service over NATS); None: in this process."""
+    summary: SummaryConfig | None = None
+    """Self-summarising chains (summary.py); None or disabled: contexts just grow."""
 
 
 class Recorder:
@@ -210,6 +213,11 @@ class Recorder:
         self.agent_id = agent_id
         self.role = role
         self.trainable = trainable
+
+    @property
+    def run(self) -> EpisodeRun:
+        """The episode's fixed inputs (engines, tokenizer, sampling, context size)."""
+        return self._run
 
     @property
     def task(self) -> TaskSpec:

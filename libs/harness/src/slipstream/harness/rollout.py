@@ -29,7 +29,7 @@ import msgspec
 from slipstream.engine.interface import Engine, SamplingParams
 from slipstream.engine.tokenizer import Tokenizer
 from slipstream.envs.base import Environment, TaskSpec
-from slipstream.envs.context import ContextFull, Outcome
+from slipstream.envs.context import ContextFull, EpisodeContext, Outcome
 from slipstream.harness.episode import (
     EpisodeRun,
     EpisodeState,
@@ -41,6 +41,7 @@ from slipstream.harness.episode import (
     completion_seed,
     prompt_ids,
 )
+from slipstream.harness.summary import SummarisingContext, SummaryConfig, group_threshold
 from slipstream.schemas import Episode, Task, Trajectory
 from slipstream.tools import ToolRegistry, ToolTransport
 
@@ -80,8 +81,11 @@ async def play_episode(
     """Play one episode; a sample outgrowing the engine's context ends it with finish_reason 'length'."""
     state = EpisodeState(episode_id=f"{run.group_id}/{run.index}")
     recorder = Recorder(run, state, spec)
+    ctx: EpisodeContext = recorder
+    if run.summary is not None and run.summary.enabled:
+        ctx = SummarisingContext(recorder, run.summary, group_threshold(run.summary, run.group_id))
     try:
-        outcome = await env.run(recorder)
+        outcome = await env.run(ctx)
     except ContextFull:
         root = state.samples[0] if state.samples else None
         outcome = Outcome(final_text=root.completion_text() if root is not None else "", finish_reason="length")
@@ -116,6 +120,7 @@ async def rollout_episodes(
     group_id: str | None = None,
     frozen_engine: Engine | None = None,
     tools: Callable[[ToolRegistry], ToolTransport] | None = None,
+    summary: SummaryConfig | None = None,
 ) -> list[Episode]:
     """Play `task` `group_size` times (default: the wire task's group_size, else 1), concurrently.
 
@@ -123,7 +128,8 @@ async def rollout_episodes(
     root sample has the same id). `group_id` defaults to a fresh f"{task_id}/<uuid>"; `run_id` to
     the wire task's. Seeds: engine call k of episode i uses `params.seed + i` for k = 0 when
     params carry a seed, else a hash of (group id, i, k). `frozen_engine` serves the calls of
-    frozen (non-trainable) agents; `tools` says where tool calls run (None: in this process).
+    frozen (non-trainable) agents; `tools` says where tool calls run (None: in this process);
+    `summary` makes long contexts summarise and restart (summary.py; one threshold per group).
     Raises TaskRejected for a task this env/engine can never run, RolloutAborted when the engine
     aborts a call; on any failure the other episodes are cancelled.
     """
@@ -148,6 +154,7 @@ async def rollout_episodes(
             max_seq_len=max_seq_len if isinstance(max_seq_len, int) else None,
             chat=env.chat_messages,
             tools=tools,
+            summary=summary,
         )
         for i in range(size)
     ]
