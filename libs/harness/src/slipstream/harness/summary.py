@@ -4,10 +4,11 @@ When a sample's context reaches the group's threshold, the harness asks the poli
 (an instruction appended as an observation, then `summary_tokens` of room to think and write),
 and restarts the context from the task prompt, that summary, the conversation state (how many
 summaries so far) and whatever arrived since the policy last spoke (a tool result, a question:
-kept verbatim, as token slices of the old link, so it is never re-encoded). The restart is a context edit: a new sample of the same episode
-(`edit="summary"`, `branch_of` the link before it), so the chain's earlier links are never
-rewritten. The environment does not know: it keeps the `Thread` it opened, which now continues in
-the newest link. Works for any multi-turn environment written against `EpisodeContext`.
+kept verbatim, as token slices of the old link, so it is never re-encoded). The restart is a
+context edit: a new sample of the same episode (`edit="summary"`, `branch_of` the link before
+it), so the chain's earlier links are never rewritten. The environment does not know: it keeps
+the `Thread` it opened, which now continues in the newest link. Works for any multi-turn
+environment written against `EpisodeContext`.
 
 Credit needs nothing special, by design of libs/rl `credit.py`: the summary tokens are the
 policy's own sampled tokens in the link they end, so the episode's outcome advantage reaches
