@@ -20,6 +20,7 @@ from slipstream.envs.base import (
     play_rewards,
     task_of,
 )
+from slipstream.envs.code import Code, CodeOptions
 from slipstream.envs.context import ContextFull, EpisodeContext, Generation, Outcome, Span, Thread
 from slipstream.envs.lookup import Lookup, LookupOptions
 from slipstream.envs.registry import ENVIRONMENTS, EnvError, get_env, parse_options, register
@@ -32,6 +33,8 @@ __all__ = [
     "SPLITS",
     "Arith",
     "ArithOptions",
+    "Code",
+    "CodeOptions",
     "ContextFull",
     "EnvError",
     "Environment",

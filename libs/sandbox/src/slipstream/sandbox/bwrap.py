@@ -21,6 +21,7 @@ import asyncio
 import os
 import shlex
 import shutil
+import stat
 import time
 import uuid
 from collections import Counter
@@ -148,6 +149,23 @@ class BwrapSandbox:
         result = await self.exec(["/bin/sh", "-c", script, "write", full], cwd="/", stdin=payload)
         if result.exit_code != 0:
             raise SandboxError(f"writing {full} in sandbox {self.id}: {result.stderr.strip() or result.detail}")
+
+    def changes(self) -> dict[str, bytes | None]:
+        """Every file this sandbox changed over its base (its first layer): path under /work -> its
+        bytes now, or None where it was deleted. Read from our own layers on the host, so call it
+        between commands, not during one."""
+        out: dict[str, bytes | None] = {}
+        for layer in (*self.layers[1:], self.upper):
+            for path in sorted(layer.rglob("*")):
+                rel = path.relative_to(layer).as_posix()
+                st = path.lstat()
+                if stat.S_ISCHR(st.st_mode) and st.st_rdev == 0:  # an overlayfs whiteout: deleted
+                    for key in [k for k in out if k.startswith(rel + "/")]:
+                        del out[key]
+                    out[rel] = None
+                elif stat.S_ISREG(st.st_mode):
+                    out[rel] = path.read_bytes()
+        return out
 
     # -- layers -----------------------------------------------------------------------------------
 

@@ -1,4 +1,4 @@
-"""Composer 2's length penalty against hand-computed values at q = 0, q -> 1 and q = 0.5."""
+"""Composer 2's length penalty (libs/envs length_penalty.py): hand-computed values at q = 0, q -> 1, q = 0.5."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from slipstream.rl import LengthPenalty, concave_cost
+from slipstream.envs.length_penalty import LengthPenalty, concave_cost
 
 pytestmark = pytest.mark.unit
 

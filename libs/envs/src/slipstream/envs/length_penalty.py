@@ -32,7 +32,7 @@ def concave_cost(x: float, *, k: float, q: float) -> float:
 
 
 class LengthPenalty(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
-    """The penalty's shape and what it counts (`[env] length_penalty` of an environment that uses it)."""
+    """The penalty's shape and what it counts (an environment option, e.g. `code`'s `length_penalty`)."""
 
     k: Annotated[float, Doc(description="Where the curve bends: larger k, earlier flattening.")] = 0.01
     q: Annotated[float, Doc(description="Concavity: 0 linear, 1 logarithmic.")] = 0.5

@@ -1,0 +1,253 @@
+"""`code`: a coding agent in a sandbox, rewarded by tests run in a *fresh* sandbox (Composer 2).
+
+Each episode gets its own bubblewrap sandbox over the task's tree (libs/sandbox) and six tools
+(tools.py) in the plain-text tag protocol of libs/tools. A turn without a tool call ends the
+episode; so does `max_turns`. The episode's answer (`final_text`) is its patch: the files the
+agent changed, as JSON `{path: content | null}` taken from the sandbox's own writable layer.
+
+Grading never trusts the agent's sandbox: the reward-model rebuilds the task's tree from its key,
+applies the patch **except to protected files** (the tests and the runner, restored from the
+task; a patch that touched them is counted as `tampered_tests`), and runs the tests in a new
+sandbox. Components (summing to the reward):
+
+- `tests_passed`: `pass_weight` × fraction of tests passing; `all_passed`: `all_pass_weight` when all do;
+- `invalid_call`: −`invalid_call_penalty` per malformed call (Composer's broken calls as negatives);
+- `unfinished_edit`: −`unfinished_edit_penalty` when the last edit came after the last test run
+  (the agent stopped without checking its change);
+- `length`: Composer's concave length penalty over sampled tokens, tool calls and turns
+  (libs/rl `LengthPenalty`; off unless `length_penalty.scale` > 0).
+
+Sources (`source`): `bugfix` (a flipped operator in a small module: learnable by a tiny model
+after a warm-up) and `humaneval` (the 164 problems, as an eval suite). Sandboxes live with the
+episode, in the process that plays it: the tools always run in-process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import tempfile
+import uuid
+from collections.abc import Coroutine
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Annotated, Any, ClassVar, Literal, TypeVar
+
+import msgspec
+
+from slipstream.envs.base import Environment, Problem, Score, TaskSpec
+from slipstream.envs.code.tasks import RUNNER_PATH, CodeTask, bugfix_task, humaneval_task, task_of_key
+from slipstream.envs.code.tools import sandbox_tools
+from slipstream.envs.context import EpisodeContext, Outcome
+from slipstream.envs.length_penalty import LengthPenalty
+from slipstream.envs.registry import register
+from slipstream.sandbox import BwrapProvider, Limits
+from slipstream.schemas import Episode as EpisodeRecord
+from slipstream.tools import LocalTransport, ToolCall, ToolRegistry, execute, renderer_for, tool_event
+
+Doc = msgspec.Meta
+T = TypeVar("T")
+EDITS = ("create_file", "replace")
+
+
+class CodeOptions(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
+    """Options of `code`; `get_env("code", source="humaneval")`."""
+
+    source: Annotated[Literal["bugfix", "humaneval"], Doc(description="Task family.")] = "bugfix"
+    max_turns: Annotated[int, Doc(description="Model turns per episode.")] = 6
+    max_turn_tokens: Annotated[int, Doc(description="Most tokens one model turn may sample.")] = 160
+    wall_s: Annotated[float, Doc(description="Wall-clock limit of one command in the sandbox.")] = 10.0
+    memory_mb: Annotated[int, Doc(description="Memory limit of one command's process tree, MiB.")] = 256
+    processes: Annotated[int, Doc(description="Processes one command may have alive at once.")] = 32
+    pass_weight: Annotated[float, Doc(description="Reward for the fraction of tests passing.")] = 0.5
+    all_pass_weight: Annotated[float, Doc(description="Reward when every test passes.")] = 0.5
+    invalid_call_penalty: Annotated[float, Doc(description="Subtracted per malformed tool call.")] = 0.2
+    unfinished_edit_penalty: Annotated[
+        float, Doc(description="Subtracted when the last edit came after the last test run.")
+    ] = 0.1
+    length_penalty: Annotated[LengthPenalty, Doc(description="Composer's concave length penalty.")] = LengthPenalty()
+    sandbox_dir: Annotated[str, Doc(description="Where sandboxes live; empty: the system temp directory.")] = ""
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.max_turns <= 64:
+            raise ValueError(f"max_turns must be in 1..64, got {self.max_turns}")
+        if not 16 <= self.max_turn_tokens <= 4096:
+            raise ValueError(f"max_turn_tokens must be in 16..4096, got {self.max_turn_tokens}")
+        for name in ("pass_weight", "all_pass_weight", "invalid_call_penalty", "unfinished_edit_penalty"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+
+    @property
+    def limits(self) -> Limits:
+        return Limits(
+            wall_s=self.wall_s, cpu_s=max(1, int(self.wall_s)), memory_mb=self.memory_mb, processes=self.processes
+        )
+
+
+@register("code")
+class Code(Environment[CodeOptions]):
+    """Fix or write code with file, search, shell and test tools; rewarded by tests in a fresh sandbox."""
+
+    version: ClassVar[str] = "1"
+    Options: ClassVar[type[msgspec.Struct]] = CodeOptions
+    components: ClassVar[tuple[str, ...]] = ("tests_passed", "all_passed", "invalid_call", "unfinished_edit", "length")
+    warmstart_from_expert: ClassVar[bool] = True
+    max_turns: ClassVar[int] = 64
+
+    def __init__(self, options: CodeOptions | None = None) -> None:
+        super().__init__(options)
+        self.renderer = renderer_for("tags")
+
+    @property
+    def max_completion_chars(self) -> int:
+        return self.options.max_turn_tokens
+
+    # -- tasks ----------------------------------------------------------------------------------
+
+    def sample(self, rng: Any) -> Problem:
+        if self.options.source == "humaneval":
+            task = humaneval_task(f"humaneval:{rng.randrange(164)}")
+        else:
+            task = bugfix_task(f"bugfix:{rng.randrange(10**6)}")
+        return Problem(key=task.key, prompt=task.prompt, reference=task.reference)
+
+    def code_task(self, task: TaskSpec) -> CodeTask:
+        return task_of_key(task.metadata.get("key", ""))
+
+    def _root(self) -> Path:
+        base = Path(self.options.sandbox_dir) if self.options.sandbox_dir else Path(tempfile.gettempdir())
+        return base / "slipstream-code" / uuid.uuid4().hex[:12]
+
+    # -- the episode ----------------------------------------------------------------------------
+
+    async def run(self, ctx: EpisodeContext) -> Outcome:
+        code = self.code_task(ctx.task)
+        root = self._root()
+        base = code.write(root / "task")
+        provider = BwrapProvider(root / "sandboxes", limits=self.options.limits)
+        finish = "max_turns"
+        try:
+            sandbox = await provider.create(base)
+            registry = ToolRegistry(sandbox_tools(sandbox, code, self.options.limits))
+            transport = LocalTransport(registry)
+            thread = ctx.open(ctx.task.prompt)
+            stops = [*self.renderer.stop_strings, self.terminator]
+            for _ in range(self.options.max_turns):
+                gen = await ctx.generate(thread, max_tokens=self.options.max_turn_tokens, stop=stops)
+                turn = self.renderer.parse(gen.text, registry, call_id_prefix=f"{thread.sample_id}-t{gen.turn}")
+                if not turn.items:
+                    finish = gen.finish_reason
+                    break
+                results = await execute(turn.items, transport)
+                for item, result in zip(turn.items, results, strict=True):
+                    ctx.log_tool(tool_event(item, result, sample_id=thread.sample_id, turn=gen.turn))
+                ctx.observe(thread, self.renderer.render(self.renderer.result_messages(results)))
+            patch = {
+                path: (data.decode(errors="replace") if data is not None else None)
+                for path, data in sandbox.changes().items()
+            }
+        finally:
+            await provider.aclose()
+            shutil.rmtree(root, ignore_errors=True)
+        return Outcome(final_text=json.dumps(patch, sort_keys=True), finish_reason=finish)
+
+    # -- the scripted expert --------------------------------------------------------------------
+
+    def expert(self, task: TaskSpec, context: str) -> str:
+        """Edit with the reference fix, run the tests, then stop (one line, no call)."""
+        ref = json.loads(task.reference)
+        if "<result>" not in context:
+            if "content" in ref:
+                call = ToolCall(id="e", name="create_file", arguments={"path": ref["path"], "content": ref["content"]})
+            else:
+                call = ToolCall(id="e", name="replace", arguments=ref)
+            return self.renderer.render_calls("", [call])
+        if "passed" not in context.rsplit("<result>", 1)[-1]:
+            return self.renderer.render_calls("", [ToolCall(id="e", name="run_tests", arguments={})])
+        return "done" + self.terminator
+
+    # -- grading --------------------------------------------------------------------------------
+
+    def grade_episode(self, task: TaskSpec, episode: EpisodeRecord) -> Score:
+        score = self.grade(task, episode.final_text)
+        components = dict(score.components)
+        invalid = episode.counts.get("invalid_tool_call", 0)
+        components["invalid_call"] = -self.options.invalid_call_penalty * invalid if invalid else 0.0
+        calls = [e.name for e in episode.tool_log]
+        last_edit = max((i for i, n in enumerate(calls) if n in EDITS), default=-1)
+        last_test = max((i for i, n in enumerate(calls) if n == "run_tests"), default=-1)
+        unfinished = last_edit > last_test
+        components["unfinished_edit"] = -self.options.unfinished_edit_penalty if unfinished else 0.0
+        tokens = sum(sum(s.mask()) for s in episode.samples if s.trainable)
+        components["length"] = self.options.length_penalty.penalty(
+            tokens=tokens, tool_calls=len(calls), turns=episode.counts.get("turns", 0)
+        )
+        reason = (
+            score.reason
+            + (f"; {invalid} invalid call(s)" if invalid else "")
+            + ("; unchecked edit" if unfinished else "")
+        )
+        return Score.of(components, correct=score.correct, parse_ok=score.parse_ok, reason=reason)
+
+    def grade(self, task: TaskSpec, completion: str) -> Score:
+        """Apply the patch (JSON {path: content | null}) to a fresh tree and run the task's own tests."""
+        try:
+            patch = json.loads(completion) if completion.strip() else {}
+            if not isinstance(patch, dict) or not all(isinstance(v, str | None) for v in patch.values()):
+                raise ValueError("not a {path: content | null} object")
+        except ValueError as exc:
+            return self.failure(f"the answer is not a patch: {exc}")
+        code = self.code_task(task)
+        return _in_a_loop(self._grade(code, patch))
+
+    async def _grade(self, code: CodeTask, patch: dict[str, str | None]) -> Score:
+        protected = {*code.tests, RUNNER_PATH}
+        tampered = sorted(p for p in patch if p.lstrip("./") in protected)
+        root = self._root()
+        base = code.write(root / "task")
+        provider = BwrapProvider(root / "sandboxes", limits=self.options.limits)
+        try:
+            sandbox = await provider.create(base)
+            for path, content in patch.items():
+                if path.lstrip("./") in protected:
+                    continue
+                if content is None:
+                    await sandbox.exec(["rm", "-rf", "--", path])
+                else:
+                    await sandbox.write(path, content)
+            result = await sandbox.exec(code.test_command)
+        finally:
+            await provider.aclose()
+            shutil.rmtree(root, ignore_errors=True)
+        try:
+            report = json.loads(result.stdout.splitlines()[0])
+            passed, failed = int(report["passed"]), int(report["failed"])
+        except (IndexError, ValueError, KeyError, TypeError):
+            return self.failure(f"the tests did not report: {result.reason} {result.detail}".strip())
+        total = passed + failed
+        fraction = passed / total if total else 0.0
+        all_pass = total > 0 and failed == 0
+        reason = f"{passed}/{total} tests passed" + (f"; ignored edits to protected {tampered}" if tampered else "")
+        return Score.of(
+            {
+                "tests_passed": self.options.pass_weight * fraction,
+                "all_passed": self.options.all_pass_weight if all_pass else 0.0,
+                "invalid_call": 0.0,
+                "unfinished_edit": 0.0,
+                "length": 0.0,
+            },
+            correct=all_pass,
+            parse_ok=True,
+            reason=reason,
+        )
+
+
+def _in_a_loop(coro: Coroutine[Any, Any, T]) -> T:
+    """Run `coro` to completion from sync code, also when this thread already runs an event loop."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coro)
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        return pool.submit(asyncio.run, coro).result()

