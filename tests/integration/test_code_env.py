@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 
+import msgspec
 import pytest
 
 from slipstream.engine import ByteTokenizer, GenerationRequest, SamplingParams
@@ -58,6 +59,8 @@ async def test_the_expert_fixes_the_bug_and_the_fresh_grader_agrees(task: TaskSp
     assert episode.tool_log[1].result == "3 passed, 0 failed"
     patch = json.loads(episode.final_text)
     assert list(patch) == ["ops.py"] and patch["ops.py"] == task_of_key(task.metadata["key"]).meta["fixed"]
+    # The reward-model's view of the task has no prompt; the reference alone rebuilds the tree.
+    assert env.score(msgspec.structs.replace(task, prompt="", metadata={}), episode).correct
     score = env.score(task, episode)
     assert score.components == {
         "tests_passed": 0.5,
@@ -119,7 +122,8 @@ async def test_malformed_calls_are_counted_negatives_and_the_length_penalty_appl
         if turn == 1:
             return call("replace", path="ops.py", old="no such text", new="x")  # not found: the model's fault
         if turn == 2:
-            return call("replace", **json.loads(task.reference))
+            ref = json.loads(task.reference)
+            return call("replace", path=ref["path"], old=ref["old"], new=ref["new"])
         return call("run_tests") if turn == 3 else "done\n"
 
     episode = await play({"length_penalty": options["length_penalty"]}, task, sloppy)

@@ -15,9 +15,9 @@ forever.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Literal, cast
+from typing import Any, Literal
 
-from slipstream.envs import SPLITS, EnvError, Environment, Score, Split, TaskSpec, get_env
+from slipstream.envs import SPLITS, EnvError, Environment, Score, get_env, task_of
 from slipstream.schemas import Episode, ScoredEpisode
 
 UnscorableKind = Literal["unknown_env", "bad_split"]
@@ -65,14 +65,9 @@ class Scorer:
                 "bad_split",
                 f"episode {episode.episode_id!r} has split {episode.split!r}; expected one of {SPLITS}",
             )
-        task = TaskSpec(
-            task_id=episode.task_id,
-            env=episode.env,
-            prompt="",  # the verifier judges the answer against the reference; the prompt is not needed
-            reference=episode.reference,
-            seed=0,
-            split=cast(Split, episode.split),
-        )
+        # The verifier judges the answer against the reference (the prompt is not kept); the task's
+        # metadata travels on the episode (its canonical key rebuilds a coding task's tree).
+        task = task_of(episode)
         if episode.infra_error:
             score = Score.of({}, correct=False, parse_ok=True, reason=f"infra_error: {episode.infra_error}")
         else:

@@ -113,7 +113,12 @@ class Code(Environment[CodeOptions]):
         return Problem(key=task.key, prompt=task.prompt, reference=task.reference)
 
     def code_task(self, task: TaskSpec) -> CodeTask:
-        return task_of_key(task.metadata.get("key", ""))
+        """The task's tree and tests, rebuilt from the key its reference carries (any scorer has it)."""
+        try:
+            key = json.loads(task.reference)["key"]
+        except (ValueError, KeyError, TypeError):
+            raise KeyError(f"task {task.task_id!r}: its reference names no coding task key") from None
+        return task_of_key(key)
 
     def _root(self) -> Path:
         base = Path(self.options.sandbox_dir) if self.options.sandbox_dir else Path(tempfile.gettempdir())
@@ -161,7 +166,8 @@ class Code(Environment[CodeOptions]):
             if "content" in ref:
                 call = ToolCall(id="e", name="create_file", arguments={"path": ref["path"], "content": ref["content"]})
             else:
-                call = ToolCall(id="e", name="replace", arguments=ref)
+                args = {k: ref[k] for k in ("path", "old", "new")}
+                call = ToolCall(id="e", name="replace", arguments=args)
             return self.renderer.render_calls("", [call])
         if "passed" not in context.rsplit("<result>", 1)[-1]:
             return self.renderer.render_calls("", [ToolCall(id="e", name="run_tests", arguments={})])

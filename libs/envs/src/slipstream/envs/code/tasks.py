@@ -61,7 +61,7 @@ class CodeTask:
     prompt: str
     files: dict[str, str]  # path -> content, the tree the agent starts from (tests included)
     tests: tuple[str, ...]  # test files, protected: graded from these copies, never the agent's
-    reference: str = ""  # a patch that passes (for the scripted expert): path -> fixed content as JSON
+    reference: str = ""  # JSON: the task's key and a fix that passes (what the scripted expert does)
     kind: str = "bugfix"
     meta: dict[str, str] = field(default_factory=dict)
 
@@ -112,7 +112,7 @@ def bugfix_task(key: str) -> CodeTask:
         prompt=prompt,
         files={"ops.py": source, "test_ops.py": tests.rstrip() + "\n"},
         tests=("test_ops.py",),
-        reference=json.dumps({"path": "ops.py", "old": f"a {bad} b", "new": f"a {good} b"}),
+        reference=json.dumps({"key": key, "path": "ops.py", "old": f"a {bad} b", "new": f"a {good} b"}),
         kind="bugfix",
         meta={"fixed": fixed},
     )
@@ -152,7 +152,7 @@ def humaneval_task(key: str) -> CodeTask:
         prompt=prompt,
         files={"solution.py": problem["prompt"], "test_solution.py": test},
         tests=("test_solution.py",),
-        reference=json.dumps({"path": "solution.py", "content": solution}),
+        reference=json.dumps({"key": key, "path": "solution.py", "content": solution}),
         kind="humaneval",
         meta={"entry_point": problem["entry_point"]},
     )
