@@ -28,7 +28,7 @@ from slipstream.harness import (
     token_problems,
 )
 from slipstream.harness.summary import DEFAULT_REQUEST, restart_text
-from slipstream.rl.credit import sample_weights, token_advantages
+from slipstream.rl.credit import episode_figures, sample_weights, token_advantages
 from slipstream.schemas import decode, encode, unpack_ids, unpack_mask
 
 pytestmark = pytest.mark.unit
@@ -187,3 +187,12 @@ def test_config_errors_name_the_field() -> None:
         SummaryConfig(min_tokens=300, max_tokens=200)
     with pytest.raises(ValueError, match="summary_tokens and max_summaries"):
         SummaryConfig(summary_tokens=0)
+
+
+async def test_the_learners_episode_figures_count_summaries_and_context_tokens() -> None:
+    episodes, _ = await _play(THREE)
+    figures = episode_figures(episodes)
+    assert figures["summaries_per_episode"] == 3.0 and figures["samples_per_episode"] == 4.0
+    assert figures["tokens_per_episode"] == sum(len(s.ids()) for s in episodes[0].samples)
+    # Every link is shorter than the whole conversation would have been without restarts.
+    assert all(len(s.ids()) < THREE.max_tokens + THREE.summary_tokens + 200 for s in episodes[0].samples)

@@ -203,12 +203,16 @@ def episode_figures(episodes: Sequence[Episode]) -> dict[str, float]:
     - turns_per_episode: mean `counts["turns"]` (else the policy turns found in the samples);
     - tool_calls_per_turn: Σ tool calls / Σ turns (`counts["tool_calls"]`, else the tool log);
     - invalid_call_rate: Σ invalid tool calls / Σ tool calls (0 when no call was made);
-    - samples_per_episode: mean number of samples (frozen ones included).
+    - samples_per_episode: mean number of samples (frozen ones included);
+    - summaries_per_episode: mean `counts["summaries"]` (self-summary restarts);
+    - tokens_per_episode: mean tokens over all samples, prompts included (what the contexts held).
     """
     if not episodes:
         return {}
-    turns = calls = invalid = samples = 0
+    turns = calls = invalid = samples = summaries = tokens = 0
     for ep in episodes:
+        summaries += ep.counts.get("summaries", 0)
+        tokens += sum(len(s.ids()) for s in ep.samples)
         n_turns = ep.counts.get("turns")
         if n_turns is None:
             n_turns = 0
@@ -224,4 +228,6 @@ def episode_figures(episodes: Sequence[Episode]) -> dict[str, float]:
         "tool_calls_per_turn": calls / turns if turns else 0.0,
         "invalid_call_rate": invalid / calls if calls else 0.0,
         "samples_per_episode": samples / n,
+        "summaries_per_episode": summaries / n,
+        "tokens_per_episode": tokens / n,
     }

@@ -43,3 +43,9 @@ class LearnerStep(msgspec.Struct, kw_only=True):
             "before the update: drift at turn boundaries shows as growth with the index."
         ),
     ] = {}
+    summaries_per_episode: Annotated[
+        float, Doc(description="Mean self-summaries per trained episode (context restarts, `edit=summary`).")
+    ] = 0.0
+    tokens_per_episode: Annotated[
+        float, Doc(description="Mean tokens per trained episode, every sample's prompt and completion counted.")
+    ] = 0.0

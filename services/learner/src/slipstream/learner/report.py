@@ -79,6 +79,8 @@ async def publish_step(
         tool_calls_per_turn=stats.episodes.get("tool_calls_per_turn", 0.0),
         invalid_call_rate=stats.episodes.get("invalid_call_rate", 0.0),
         samples_per_episode=stats.episodes.get("samples_per_episode", 0.0),
+        summaries_per_episode=stats.episodes.get("summaries_per_episode", 0.0),
+        tokens_per_episode=stats.episodes.get("tokens_per_episode", 0.0),
         logprob_mismatch_by_turn=stats.mismatch_by_turn,
     )
     # The version is in the id: after a crash a step number is redone, but never a version.
