@@ -91,7 +91,9 @@ class RewardModelService(BaseService):
         try:
             try:
                 full = await asyncio.to_thread(episode_bodies.load, self.store, sent)
-                scored, score = self.scorer.score(full, now=time.time())
+                # In a thread: a grader may run tests in a sandbox for seconds (`code`), and the
+                # loop must keep answering probes, heartbeats and the other deliveries meanwhile.
+                scored, score = await asyncio.to_thread(self.scorer.score, full, now=time.time())
                 # The scored copy carries what came in (a stub stays a stub); a body that grew past
                 # the limit with its score goes to the store now.
                 small = await asyncio.to_thread(episode_bodies.offload, self.store, sent, self.bus.max_payload)
