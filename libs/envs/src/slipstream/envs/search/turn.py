@@ -1,0 +1,155 @@
+"""One turn's tool calls under the search harness's rules (see env.py for the rules themselves).
+
+`TurnRunner.turn` takes a turn's parsed calls and returns the observation text (one
+`<result>...</result>` per call, in call order) and the chunk ids to prune. It refuses calls past
+the hard cutoff, injects the hidden arguments (seen-chunk exclusion, the per-call budget, the
+question for read reranking), runs the retrieval calls concurrently through the episode's
+transport, trims results to what the budget leaves after the reserve, records which chunks were
+seen, validates prunes against the view and logs every call (`ToolEvent`, with the returned chunk
+ids in `info["chunks"]`).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from slipstream.envs.context import EpisodeContext, Thread
+from slipstream.envs.search.tools import PRUNE, READ, RETRIEVAL_TOOLS, SEARCH, chunk_blocks
+from slipstream.envs.search.view import SOFT_MESSAGE, View, refusal, usage_line
+from slipstream.schemas import ToolEvent
+from slipstream.tools import MalformedCall, ToolCall, ToolResult, ToolTransport, execute, tool_event
+
+if TYPE_CHECKING:
+    from slipstream.envs.search.env import Search
+
+NO_ROOM = "no new chunks fit the remaining budget; prune chunks or give your final answer"
+_MIN_CALL_TOKENS = 32  # a retrieval call with less room than this is refused as over budget
+
+
+class TurnRunner:
+    """Per-episode state of the calls: chunks seen, events by chunk (to mark pruned results)."""
+
+    def __init__(self, env: Search, ctx: EpisodeContext, transport: ToolTransport) -> None:
+        self.env = env
+        self.ctx = ctx
+        self.transport = transport
+        self.seen: dict[str, None] = {}  # every chunk id returned so far, in order
+        self.events: dict[str, ToolEvent] = {}  # chunk id -> the event that returned it
+        self.pruned: set[str] = set()
+
+    async def turn(
+        self, items: tuple[ToolCall | MalformedCall, ...], thread: Thread, view: View, turn: int
+    ) -> tuple[str, set[str]]:
+        o = self.env.options
+        used = len(thread)
+        count = self.env.count_tokens
+        status_cost = count(usage_line(o.budget_tokens, o.budget_tokens)) + count(SOFT_MESSAGE)
+        allowed = o.budget_tokens - o.reserve_tokens - used - status_cost
+        past_cutoff = used >= o.hard_cutoff * o.budget_tokens
+        retrieval = [i for i in items if isinstance(i, ToolCall) and i.name in RETRIEVAL_TOOLS]
+        # Wrappers and error texts of the other items come first out of what is allowed.
+        wrappers = 20 * len(items) + sum(
+            200 for i in items if not (isinstance(i, ToolCall) and i.name in RETRIEVAL_TOOLS)
+        )
+        per_call = min(o.search_tokens, (allowed - wrappers) // max(1, len(retrieval)))
+        refuse = past_cutoff or per_call < _MIN_CALL_TOKENS
+
+        results: dict[int, ToolResult] = {}
+        calls: list[tuple[int, ToolCall]] = []
+        for n, item in enumerate(items):
+            if isinstance(item, MalformedCall):
+                results[n] = ToolResult(
+                    call_id=item.id, name=item.name, outcome="invalid_tool_call", text=item.error, kind=item.kind
+                )
+            elif item.name == PRUNE:
+                continue
+            elif refuse:
+                self.ctx.count("budget_refusals")
+                text = refusal(item.name, "past the hard cutoff" if past_cutoff else "no room left")
+                results[n] = ToolResult(
+                    call_id=item.id, name=item.name, outcome="invalid_tool_call", text=text, kind="budget_refused"
+                )
+            else:
+                calls.append((n, self._with_hidden(item, per_call, view)))
+        done = await execute([c for _, c in calls], self.transport)
+        for (n, _), result in zip(calls, done, strict=True):
+            results[n] = _trimmed(result, per_call, count)
+
+        prune_ids: set[str] = set()
+        visible = set(view.visible_chunks())
+        for n, item in enumerate(items):
+            if isinstance(item, ToolCall) and item.name == PRUNE:
+                results[n] = self._prune(item, visible, prune_ids)
+        for n, item in enumerate(items):
+            event = tool_event(item, results[n], sample_id=thread.sample_id, turn=turn)
+            ids = [cid for cid, _ in chunk_blocks(results[n].text)] if results[n].outcome == "ok" else []
+            if ids and isinstance(item, ToolCall) and item.name in RETRIEVAL_TOOLS:
+                event.info["chunks"] = ",".join(ids)
+                for cid in ids:
+                    self.seen.setdefault(cid, None)
+                    self.events[cid] = event
+            if results[n].kind == "budget_refused":
+                event.info["refused"] = "hard_cutoff" if past_cutoff else "no_room"
+            self.ctx.log_tool(event)
+        self._mark_hidden(prune_ids)
+        rendered = self.env.renderer.render(self.env.renderer.result_messages([results[n] for n in range(len(items))]))
+        return rendered, prune_ids
+
+    def _with_hidden(self, call: ToolCall, budget: int, view: View) -> ToolCall:
+        """The call as the backend gets it: the model's arguments plus the hidden ones."""
+        args: dict[str, Any] = dict(call.arguments)
+        if call.name == READ:
+            # A read may bring back a pruned chunk; only what is in view now is excluded.
+            args["exclude"] = view.visible_chunks()
+            args["query"] = self.ctx.task.metadata.get("question", "")
+        else:
+            args["exclude"] = list(self.seen)
+        args["budget_tokens"] = budget
+        return ToolCall(id=call.id, name=call.name, arguments=args, raw=call.raw)
+
+    def _prune(self, call: ToolCall, visible: set[str], prune_ids: set[str]) -> ToolResult:
+        asked = list(dict.fromkeys(call.arguments["chunk_ids"]))
+        valid = [c for c in asked if c in visible and c not in prune_ids]
+        unknown = [c for c in asked if c not in valid]
+        if not valid:
+            text = f"error: invalid arguments for {PRUNE}: none of {', '.join(asked)} is in your context"
+            return ToolResult(call_id=call.id, name=PRUNE, outcome="invalid_tool_call", text=text, kind="bad_arguments")
+        prune_ids.update(valid)
+        self.pruned.update(valid)
+        text = f"pruned {len(valid)} chunk(s)" + (f"; not in context: {', '.join(unknown)}" if unknown else "")
+        return ToolResult(call_id=call.id, name=PRUNE, outcome="ok", text=text)
+
+    def _mark_hidden(self, pruned: set[str]) -> None:
+        for cid in pruned:
+            event = self.events.get(cid)
+            if event is not None and all(c in self.pruned for c in event.info.get("chunks", "").split(",")):
+                event.hidden = True
+
+
+def _trimmed(result: ToolResult, budget: int, count: Any) -> ToolResult:
+    """Whole chunks, best first, while the result text fits `budget` tokens (the backend's cut is
+    on chunk text; the tags around each chunk are counted here)."""
+    if result.outcome != "ok":
+        return result
+    blocks = chunk_blocks(result.text)
+    if not blocks:
+        return result
+    kept: list[str] = []
+    for _, block in blocks:
+        if count("".join(kept) + block) > budget:
+            break
+        kept.append(block)
+    text = "".join(kept) if kept else NO_ROOM
+    return ToolResult(
+        call_id=result.call_id,
+        name=result.name,
+        outcome=result.outcome,
+        text=text,
+        kind=result.kind,
+        elapsed_s=result.elapsed_s,
+        attempts=result.attempts,
+        served_by=result.served_by,
+    )
+
+
+__all__ = ["SEARCH", "TurnRunner"]
