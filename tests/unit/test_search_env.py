@@ -21,7 +21,7 @@ from slipstream.envs import get_env, task_of
 from slipstream.envs.base import TaskSpec
 from slipstream.envs.search import Search
 from slipstream.envs.search.expert import call
-from slipstream.harness import RecordingEngine, ScriptedEngine, rollout_episodes
+from slipstream.harness import RecordingEngine, ScriptedEngine, rollout_episodes, token_problems
 from slipstream.schemas import Episode
 
 pytestmark = pytest.mark.unit
@@ -50,6 +50,8 @@ async def play(e: Search, t: TaskSpec, lines: Sequence[str] | None = None) -> Ep
     engine = RecordingEngine(ScriptedEngine(TOK, reply, max_seq_len=1 << 16))
     params = SamplingParams(temperature=1.0, max_tokens=4096)
     (episode,) = await rollout_episodes(engine, TOK, e, t, group_size=1, params=params, group_id="g")
+    # Every episode here is also checked against the engine calls that made it (ids, masks, edits).
+    assert token_problems(episode, engine.calls_of(episode), TOK) == []
     return episode
 
 
@@ -197,6 +199,30 @@ async def test_prune_is_a_new_sample_and_the_full_log_is_kept() -> None:
     # Trajectory recall reads the full log: pruned documents count as seen.
     score = e.score(task_of(ep), ep)
     assert score.parse_ok
+
+
+async def test_a_second_prune_rewrites_the_first_prunes_view() -> None:
+    e = env(budget_tokens=4096, search_tokens=300, reserve_tokens=400)
+    t = task(e, hops=1)
+    probe = await play(e, t, [search("town heron fox"), search("patent owl hawk"), "<docs>x</docs>\n"])
+    a, b = (ev.info["chunks"].split(",") for ev in probe.tool_log)
+    lines = [
+        search("town heron fox"),
+        search("patent owl hawk"),
+        call("prune_chunks", chunk_ids=[a[0]]) + "\n",
+        call("prune_chunks", chunk_ids=[b[0], a[1]]) + "\n",
+        "<docs>x</docs>\n",
+    ]
+    ep = await play(e, t, lines)
+    root, first, second = ep.samples
+    assert (first.branch_of, second.branch_of) == (root.sample_id, first.sample_id)
+    view = TOK.decode(second.ids())
+    for cid in (a[0], a[1], b[0]):
+        assert f"[pruned: {cid}]" in view and f'<chunk id="{cid}">' not in view
+    assert all(f'<chunk id="{cid}">' in view for cid in [*a[2:], *b[1:]])
+    # Both prompts keep the task prompt verbatim; the policy's calls are all still in view.
+    assert view.count("<tool>") == 4 and view.startswith(TOK.decode(root.ids())[: len(t.prompt)])
+    assert [ev.name for ev in ep.tool_log] == ["search_corpus", "search_corpus", "prune_chunks", "prune_chunks"]
 
 
 async def test_pruning_a_target_still_counts_it_for_trajectory_recall() -> None:

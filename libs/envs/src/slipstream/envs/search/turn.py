@@ -76,12 +76,17 @@ class TurnRunner:
             results[n] = _trimmed(result, per_call, count)
 
         prune_ids: set[str] = set()
+        pruned_by: dict[int, list[str]] = {}
         visible = set(view.visible_chunks())
         for n, item in enumerate(items):
             if isinstance(item, ToolCall) and item.name == PRUNE:
+                before = set(prune_ids)
                 results[n] = self._prune(item, visible, prune_ids)
+                pruned_by[n] = [c for c in dict.fromkeys(item.arguments["chunk_ids"]) if c in prune_ids - before]
         for n, item in enumerate(items):
             event = tool_event(item, results[n], sample_id=thread.sample_id, turn=turn)
+            if pruned_by.get(n):
+                event.info["pruned"] = ",".join(pruned_by[n])  # what prune accuracy is judged on
             ids = [cid for cid, _ in chunk_blocks(results[n].text)] if results[n].outcome == "ok" else []
             if ids and isinstance(item, ToolCall) and item.name in RETRIEVAL_TOOLS:
                 event.info["chunks"] = ",".join(ids)
