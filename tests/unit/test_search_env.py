@@ -278,3 +278,10 @@ def test_bad_options_are_named() -> None:
         get_env("search", reserve_tokens=4)
     with pytest.raises(LookupError, match="no search backend named 'nope'"):
         get_env("search", backend="nope").backend()  # type: ignore[attr-defined]
+    with pytest.raises(LookupError, match="cannot be imported"):
+        get_env("search", backend="no_such_module:Factory").backend()  # type: ignore[attr-defined]
+
+
+def test_a_backend_can_be_named_by_import_path() -> None:
+    e = get_env("search", backend="search_backend:TermBackend")
+    assert type(e.backend()).__name__ == "TermBackend"  # type: ignore[attr-defined]

@@ -79,8 +79,8 @@ def test_turn_penalty(turns: int, penalty: float) -> None:
 
 def test_turn_window_scales_with_the_budget() -> None:
     assert scaled_turn_window(32_768) == (64, 128)
-    assert scaled_turn_window(4_096) == (8, 16)
-    assert scaled_turn_window(512) == (4, 8)
+    assert scaled_turn_window(8_192) == (16, 32)
+    assert scaled_turn_window(2_048) == (8, 16) == scaled_turn_window(512)  # the floor
     assert turn_penalty(12, start=8, end=16) == pytest.approx(0.25)
 
 

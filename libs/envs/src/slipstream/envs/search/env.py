@@ -130,6 +130,17 @@ def _corpus(options: GeneratorOptions) -> GeneratedCorpus:
     return generate_corpus(options)
 
 
+SYSTEM_PROMPT = (
+    "You are a retrieval subagent: find the documents that answer the question; do NOT answer it. "
+    "Break the question into its key concepts and plan distinct, non-overlapping searches; call "
+    "several tools in one turn when they are independent. Each tool call is one "
+    '<tool>{"name": ..., "args": {...}}</tool> on a single line. After each round, reflect on what is '
+    "known, what to search next, what to prune and whether you have enough. Watch the token usage "
+    "line and prune chunks you do not need before the budget runs out. End with one line "
+    "<docs>doc ids, most relevant first</docs>."
+)
+
+
 def prompt_of(task: SearchTask) -> str:
     return (
         f"Find the documents that answer: {task.question}\n"
@@ -197,6 +208,8 @@ class Search(Environment[SearchOptions]):
             raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
         if isinstance(n, bool) or not isinstance(n, int) or n < 0:
             raise ValueError(f"n must be a non-negative int, got {n!r}")
+        if isinstance(seed, bool) or not isinstance(seed, int):
+            raise ValueError(f"seed must be an int, got {seed!r}")
         pool: dict[int, list[SearchTask]] = {}
         for t in self.corpus.tasks:
             if self.split_of(t.key) == split:
@@ -232,6 +245,10 @@ class Search(Environment[SearchOptions]):
                 "queries": "|".join(t.queries),
             },
         )
+
+    def chat_messages(self, task: TaskSpec, prompt: str) -> list[dict[str, str]]:
+        """For chat models: Context-1's system-prompt essentials, then the task."""
+        return [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": prompt}]
 
     def sft_example(self, task: TaskSpec) -> str:
         return f"<docs>{task.reference}</docs>\n"

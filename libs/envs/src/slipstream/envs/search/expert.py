@@ -5,12 +5,12 @@ plan (`metadata["queries"]`: one query per hop, written from the clues and, afte
 the bridge entity's name; `metadata["targets"]`). Each turn, in order:
 
 1. past half the budget or just refused, with chunks of non-target documents in view and no
-   prune just made: prune all of them in one call (batched, as the prune-streak penalty asks);
-2. every target in view, past the hard cutoff, or refused with nothing left to prune: the final
-   output, the targets seen, in chain order;
-3. the first missing target's hop query not yet searched: search_corpus(query);
-4. searched but still missing: read_document(target);
-5. otherwise: conclude with what it has.
+   prune just made: prune them all in one call (batched, as the prune-streak penalty asks),
+   with the next search or read in the same turn when both fit (parallel calls);
+2. the first missing target's hop query not yet searched: search_corpus(query);
+3. searched but still missing: read_document(target);
+4. every target in view, past the hard cutoff, refused, or nothing left to try: the final
+   output, the targets seen, in chain order.
 
 It is an honest teacher, not an oracle: what it outputs is what it saw, and a search that did not
 surface a document costs it a read.
@@ -59,24 +59,41 @@ def next_turn(task: TaskSpec, context: str, options: SearchOptions) -> str:
     usage = _USAGE.findall(context)
     used = int(usage[-1][0].replace(",", "")) if usage else 0
     budget = options.budget_tokens
-    irrelevant = [c for c in visible if doc_of(c) not in targets]
     refused = context.rfind("refused, ") > context.rfind("<tool>")
-    if (used > budget / 2 or refused) and irrelevant and not (calls and calls[-1][0] == PRUNE):
-        # One batched call, as many ids as fit in a response (the reserve bounds its length).
-        while len(call(PRUNE, chunk_ids=irrelevant)) >= options.reserve_tokens and len(irrelevant) > 1:
-            irrelevant.pop()
-        return call(PRUNE, chunk_ids=irrelevant) + "\n"
+    irrelevant = [c for c in visible if doc_of(c) not in targets]
+    prune = (used > budget / 2 or refused) and irrelevant and not (calls and calls[-1][0] == PRUNE)
     missing = [t for t in targets if t not in visible_docs]
-    if not missing or used >= options.hard_cutoff * budget or refused:
-        return answer([t for t in targets if t in visible_docs])
-    hop = targets.index(missing[0])
-    searched = {str(a.get("query")) for n, a in calls if n == SEARCH}
-    read = {str(a.get("doc_id")) for n, a in calls if n == READ}
-    if queries[hop] not in searched:
-        return call(SEARCH, query=queries[hop]) + "\n"
-    if missing[0] not in read:
-        return call(READ, doc_id=missing[0]) + "\n"
+    action = ""
+    if missing and not refused and used < options.hard_cutoff * budget:
+        hop = targets.index(missing[0])
+        searched = {str(a.get("query")) for n, a in calls if n == SEARCH}
+        read = {str(a.get("doc_id")) for n, a in calls if n == READ}
+        if queries[hop] not in searched:
+            action = call(SEARCH, query=queries[hop])
+        elif missing[0] not in read:
+            action = call(READ, doc_id=missing[0])
+    if prune:
+        # One batched prune, with the next search in the same turn when both fit in a response
+        # (the reserve bounds its length): parallel calls, as the system prompt asks.
+        line = _fit_prune(irrelevant, action, options.reserve_tokens) or _fit_prune(
+            irrelevant, "", options.reserve_tokens
+        )
+        if line:
+            return line
+    if action:
+        return action + "\n"
     return answer([t for t in targets if t in visible_docs])
+
+
+def _fit_prune(ids: list[str], action: str, limit: int) -> str:
+    """prune_chunks of as many of `ids` as fit with `action` in `limit` bytes; "" if none fits."""
+    ids = list(ids)
+    while ids:
+        line = call(PRUNE, chunk_ids=ids) + action + "\n"
+        if len(line.encode()) < limit:
+            return line
+        ids.pop()
+    return ""
 
 
 def answer(doc_ids: list[str]) -> str:

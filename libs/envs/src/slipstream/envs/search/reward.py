@@ -157,15 +157,16 @@ def turn_penalty(turns: int, *, start: int = 64, end: int = 128, max_penalty: fl
     return max_penalty * min(1.0, (turns - start) / (end - start))
 
 
-def scaled_turn_window(budget_tokens: int, *, reference_budget: int = 32_768) -> tuple[int, int]:
-    """The turn-penalty window (64, 128) scaled with the token budget, at least (4, 8).
+def scaled_turn_window(budget_tokens: int, *, reference_budget: int = 32_768, minimum: int = 8) -> tuple[int, int]:
+    """The turn-penalty window (64, 128) scaled with the token budget, never below (8, 16).
 
-    Context-1's window belongs to a 32k budget; a run with a budget a tenth the size fills its
-    window in about a tenth the turns.
+    Context-1's window belongs to a 32k budget; a run with a budget an eighth the size fills its
+    context in about an eighth the turns. The minimum keeps room for a 3-hop task's searches,
+    reads and a prune (about 7 turns) before any penalty.
     """
     scale = budget_tokens / reference_budget
-    start = max(4, math.ceil(64 * scale))
-    return start, max(start + 4, math.ceil(128 * scale))
+    start = max(minimum, math.ceil(64 * scale))
+    return start, max(2 * minimum, math.ceil(128 * scale))
 
 
 def reward(

@@ -18,6 +18,8 @@ lib registers its in-process hybrid backend; tests register small deterministic 
 
 from __future__ import annotations
 
+import functools
+import importlib
 import re
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -44,7 +46,15 @@ def register_backend(name: str, factory: BackendFactory) -> None:
 
 
 def build_backend(name: str, documents: Sequence[Document], count_tokens: TokenCounter) -> SearchBackend:
+    """The backend `name`: a registered name, or `"package.module:factory"`, imported here (so a
+    tool-service replica or worker builds it without anything having registered it first)."""
     factory = BACKENDS.get(name)
+    if factory is None and ":" in name:
+        module, _, attr = name.partition(":")
+        try:
+            factory = functools.reduce(getattr, attr.split("."), importlib.import_module(module))
+        except (ImportError, AttributeError) as exc:
+            raise LookupError(f"search backend {name!r} cannot be imported: {exc}") from exc
     if factory is None:
         known = ", ".join(sorted(BACKENDS)) or "(none registered)"
         raise LookupError(
