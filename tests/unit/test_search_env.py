@@ -23,6 +23,7 @@ from slipstream.envs.search import Search
 from slipstream.envs.search.expert import call
 from slipstream.harness import RecordingEngine, ScriptedEngine, rollout_episodes, token_problems
 from slipstream.schemas import Episode
+from slipstream.tools import ToolCall, run_tool
 
 pytestmark = pytest.mark.unit
 
@@ -269,6 +270,26 @@ async def test_final_output_is_a_ranked_doc_list_and_malformed_output_scores_zer
     assert not s.parse_ok and s.reward == 0.0
     s = e.score(t, f"<docs>{targets[1]}, {targets[0]} {targets[1]}#0</docs>\n")
     assert s.correct and s.components["f_beta"] == pytest.approx(0.7)
+
+
+async def test_the_tool_service_serves_the_backend_tools_with_their_hidden_arguments() -> None:
+    from slipstream.tool_service.toolsets import build_registry
+
+    reg = build_registry(["search"], {"search": {"backend": "terms"}})
+    assert reg.names == ("search_corpus", "grep_corpus", "read_document")
+    args = {"query": "heron", "exclude": [], "budget_tokens": 300}
+    result = await run_tool(reg.get("search_corpus"), ToolCall(id="c0", name="search_corpus", arguments=args))
+    assert result.outcome == "ok" and result.text.startswith('<chunk id="')
+    shown = result.text.split('"')[1]
+    again = await run_tool(
+        reg.get("search_corpus"), ToolCall(id="c1", name="search_corpus", arguments={**args, "exclude": [shown]})
+    )
+    assert shown not in again.text
+    bad = await run_tool(
+        reg.get("grep_corpus"),
+        ToolCall(id="c2", name="grep_corpus", arguments={"pattern": "(", "exclude": [], "budget_tokens": 9}),
+    )
+    assert bad.outcome == "invalid_tool_call" and "bad regex" in bad.text
 
 
 def test_bad_options_are_named() -> None:

@@ -56,20 +56,23 @@ _REGIONS = {
 
 
 class Domain(msgspec.Struct, frozen=True):
-    """How one domain writes its documents; `{name}` etc. are filled per entity."""
+    """How one domain writes its documents: its own nouns and phrasing, so the held-out domain
+    reads differently from the training ones."""
 
     name: str
     prefix: str  # doc-id prefix
     kind: str  # "town", "company", ...
+    place: str  # "a town in": how the region is attached
+    mark: str  # "emblem": what carries the colour and animal
     link: str  # the chaining relation: "sister town"
     answer_attr: str  # what the question asks for: "river"
 
 
 DOMAINS: tuple[Domain, ...] = (
-    Domain("web", "w", "town", "sister town", "river"),
-    Domain("legal", "l", "patent", "cited patent", "assignee"),
-    Domain("finance", "f", "company", "parent company", "chief executive"),
-    Domain("email", "e", "thread", "earlier thread", "meeting place"),
+    Domain("web", "w", "town", "in", "emblem", "sister town", "river"),
+    Domain("legal", "l", "patent", "filed in", "figure", "cited patent", "assignee"),
+    Domain("finance", "f", "company", "based in", "logo", "parent company", "chief executive"),
+    Domain("email", "e", "thread", "sent from", "signature", "earlier thread", "meeting place"),
 )
 DOMAIN_NAMES: tuple[str, ...] = tuple(d.name for d in DOMAINS)
 
@@ -172,11 +175,15 @@ class _Entity(msgspec.Struct):
     answer: str = ""
 
 
+def _a(word: str) -> str:
+    return ("an " if word[0] in "aeiou" else "a ") + word
+
+
 def _sentences(domain: Domain, e: _Entity) -> list[str]:
     s = [
-        f"{e.name} is a {domain.kind} in {e.region}.",
+        f"{e.name} is a {domain.kind} {domain.place} {e.region}.",
         f"It dates from {e.year}.",
-        f"Its mark is a {e.color} {e.animal}.",
+        f"Its {domain.mark} is {_a(e.color)} {e.animal}.",
     ]
     if e.link:
         s.append(f"Its {domain.link} is {e.link}.")
@@ -231,7 +238,7 @@ class _Builder:
         answer = chain[-1].answer
         # Obfuscated clues: the decade, not the year; the region's description, not its name.
         clues = [f"dates from the {first.year // 10 * 10}s", f"lies in {_REGIONS[first.region]}"]
-        clue_quotes = [f"dates from {first.year}", f"in {first.region}"]
+        clue_quotes = [f"dates from {first.year}", f"{domain.place} {first.region}"]
         slip = rng.random() < self.o.noise
         slip_kind = rng.choice(("paraphrase", "leak")) if slip else ""
         supporting = []
@@ -241,7 +248,10 @@ class _Builder:
                 if entity.link
                 else [f"Its {domain.answer_attr} is {entity.answer}"]
             )
-            doc_quotes = [f"{entity.name} is a {domain.kind}", f"Its mark is a {entity.color} {entity.animal}"]
+            doc_quotes = [
+                f"{entity.name} is a {domain.kind}",
+                f"Its {domain.mark} is {_a(entity.color)} {entity.animal}",
+            ]
             if slip_kind == "paraphrase" and i == hops - 1:
                 # The generator wrote a paraphrase into the document; the extractor quoted the fact.
                 entity.answer = ""
