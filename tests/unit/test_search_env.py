@@ -50,7 +50,7 @@ async def play(e: Search, t: TaskSpec, lines: Sequence[str] | None = None) -> Ep
 
     engine = RecordingEngine(ScriptedEngine(TOK, reply, max_seq_len=1 << 16))
     params = SamplingParams(temperature=1.0, max_tokens=4096)
-    (episode,) = await rollout_episodes(engine, TOK, e, t, group_size=1, params=params, group_id="g")
+    (episode,) = await rollout_episodes(engine, TOK, e, t, group_size=1, params=params, group_id=f"g-{t.task_id}")
     # Every episode here is also checked against the engine calls that made it (ids, masks, edits).
     assert token_problems(episode, engine.calls_of(episode), TOK) == []
     return episode

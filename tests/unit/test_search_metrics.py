@@ -106,3 +106,24 @@ def test_lower_recall_is_kept_at_a_diminishing_rate() -> None:
     # (out / 0.4)^2: 1/16, 1/4, 9/16.
     assert rates == pytest.approx([1 / 16, 1 / 4, 9 / 16], abs=0.03)
     assert sft_filter([_c(1, "q", 0.4, 0.2)]).kept == sft_filter([_c(1, "q", 0.4, 0.2)]).kept
+
+
+async def test_an_imperfect_expert_and_the_filter_over_its_episodes() -> None:
+    """With slips, the expert misses the answer on some tasks and adds distractors on others;
+    the SFT filter keeps the good episodes, drops or thins the rest."""
+    e = env(expert_stop_rate=0.4, expert_distractor_rate=0.4)
+    tasks = e.generate("train", 40, seed=5)
+    unique = list({t.metadata["key"]: t for t in tasks}.values())
+    metrics, cands = [], []
+    for t in unique:
+        ep = await play(e, t)
+        metrics.append(episode_metrics(t.metadata, ep))
+        cands.append(candidate_of(t.metadata, ep))
+    agg = aggregate(metrics)
+    assert 0.3 < agg["search/final_answer_found"] < 0.9 and agg["search/precision"] < 1.0
+    assert all(m.parse_ok for m in metrics)
+    sel = sft_filter(cands)
+    kept = set(sel.kept)
+    perfect = {c.episode_id for c in cands if c.output_recall == 1.0}
+    assert perfect <= kept and len(kept) < len(cands)
+    assert all(c.episode_id not in kept for c in cands if c.output_recall == 0.0 and c.traj_recall > 0.5)

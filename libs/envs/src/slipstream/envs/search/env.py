@@ -85,6 +85,12 @@ class SearchOptions(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fi
     floor: Annotated[float, Doc(description="Reward floor for a trajectory that found something.")] = 0.01
     turn_start: Annotated[int, Doc(description="Turn penalty starts (0: 64 scaled with the budget).")] = 0
     turn_end: Annotated[int, Doc(description="Turn penalty peaks (0: 128 scaled with the budget).")] = 0
+    expert_stop_rate: Annotated[
+        float, Doc(description="Share of tasks on which the expert concludes one hop early (an imperfect teacher).")
+    ] = 0.0
+    expert_distractor_rate: Annotated[
+        float, Doc(description="Share of tasks on which the expert also outputs a non-target document it saw.")
+    ] = 0.0
 
     def __post_init__(self) -> None:
         if not 256 <= self.budget_tokens <= 1_000_000:
@@ -99,6 +105,12 @@ class SearchOptions(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fi
             raise ValueError("need 1 <= max_turns <= 1024 and 1 <= max_output_docs <= 100")
         if not self.bytes_per_token > 0:
             raise ValueError(f"bytes_per_token must be > 0, got {self.bytes_per_token}")
+        for name, rate in (
+            ("expert_stop_rate", self.expert_stop_rate),
+            ("expert_distractor_rate", self.expert_distractor_rate),
+        ):
+            if not 0.0 <= rate <= 1.0:
+                raise ValueError(f"{name} must be in [0, 1], got {rate}")
         if self.curriculum_phase not in (1, 2):
             raise ValueError(f"curriculum_phase must be 1 or 2, got {self.curriculum_phase}")
         if (self.turn_start, self.turn_end) != (0, 0) and not 0 < self.turn_start < self.turn_end:

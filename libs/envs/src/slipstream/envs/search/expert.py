@@ -12,12 +12,16 @@ the bridge entity's name; `metadata["targets"]`). Each turn, in order:
 4. every target in view, past the hard cutoff, refused, or nothing left to try: the final
    output, the targets seen, in chain order.
 
-It is an honest teacher, not an oracle: what it outputs is what it saw, and a search that did not
-surface a document costs it a read.
+`expert_stop_rate` / `expert_distractor_rate` make it an imperfect teacher, as a stronger model's
+trajectories are: on a fixed share of tasks it concludes one hop short (the answer document
+missing), on another it adds a non-target document it saw to the output. With nothing to output
+it names a non-target it saw rather than an empty list. It is an honest teacher, not an oracle:
+what it outputs is what it saw, and a search that did not surface a document costs it a read.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from typing import TYPE_CHECKING, Any
@@ -30,6 +34,7 @@ if TYPE_CHECKING:
 
 _CALL = re.compile(r"<tool>(.*?)</tool>", re.DOTALL)
 _CHUNK = re.compile(r'<chunk id="([^"]+)">')
+_SEEN = re.compile(r'<chunk id="([^"]+)">|\[pruned: ([^\]]+)\]')
 _USAGE = re.compile(r"\[Token usage: ([\d,]+)/([\d,]+)\]")
 
 
@@ -63,8 +68,11 @@ def next_turn(task: TaskSpec, context: str, options: SearchOptions) -> str:
     irrelevant = [c for c in visible if doc_of(c) not in targets]
     prune = (used > budget / 2 or refused) and irrelevant and not (calls and calls[-1][0] == PRUNE)
     missing = [t for t in targets if t not in visible_docs]
+    key = task.metadata.get("key", task.task_id)
+    # The imperfect teacher: on a fixed share of tasks it stops one hop short.
+    stop_early = _draw(key, "stop") < options.expert_stop_rate and missing == [targets[-1]]
     action = ""
-    if missing and not refused and used < options.hard_cutoff * budget:
+    if missing and not refused and not stop_early and used < options.hard_cutoff * budget:
         hop = targets.index(missing[0])
         searched = {str(a.get("query")) for n, a in calls if n == SEARCH}
         read = {str(a.get("doc_id")) for n, a in calls if n == READ}
@@ -82,7 +90,18 @@ def next_turn(task: TaskSpec, context: str, options: SearchOptions) -> str:
             return line
     if action:
         return action + "\n"
-    return answer([t for t in targets if t in visible_docs])
+    output = [t for t in targets if t in visible_docs]
+    seen = (doc_of(m.group(1) or m.group(2)) for m in _SEEN.finditer(context))
+    seen_other = [d for d in dict.fromkeys(seen) if d not in targets]
+    if seen_other and (not output or _draw(key, "distractor") < options.expert_distractor_rate):
+        output.append(seen_other[0])  # a non-target it saw: the imperfect teacher's precision slip
+    return answer(output)
+
+
+def _draw(key: str, what: str) -> float:
+    """A fixed number in [0, 1) per (task key, what): the teacher's slips are a function of the task."""
+    digest = hashlib.blake2b(f"search-expert:{what}:{key}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") / 2**64
 
 
 def _fit_prune(ids: list[str], action: str, limit: int) -> str:
