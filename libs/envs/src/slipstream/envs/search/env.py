@@ -294,9 +294,7 @@ class Search(Environment[SearchOptions]):
             )
             if not parsed.items:
                 return Outcome(final_text=gen.text, finish_reason=gen.finish_reason)
-            text, prune_ids = await runner.turn(parsed.items, thread, view, gen.turn)
-            if prune_ids:
-                thread = ctx.branch(thread, view.pruned(prune_ids), edit="prune")
+            text, thread = await runner.turn(parsed.items, thread, view, gen.turn)
             start = len(thread)
             ctx.observe(thread, text)
             view.add("observation", text, start)

@@ -1,8 +1,9 @@
 """One turn's tool calls under the search harness's rules (see env.py for the rules themselves).
 
 `TurnRunner.turn` takes a turn's parsed calls and returns the observation text (one
-`<result>...</result>` per call, in call order) and the chunk ids to prune. It refuses calls past
-the hard cutoff, injects the hidden arguments (seen-chunk exclusion, the per-call budget, the
+`<result>...</result>` per call, in call order) and the sample to append it to. It runs the
+turn's prunes first (validated against the view; a context edit, `ctx.branch`), refuses calls
+past the hard cutoff, injects the hidden arguments (seen-chunk exclusion, the per-call budget, the
 question for read reranking), runs the retrieval calls concurrently through the episode's
 transport, trims results to what the budget leaves after the reserve, records which chunks were
 seen, validates prunes against the view and logs every call (`ToolEvent`, with the returned chunk
@@ -22,6 +23,7 @@ from slipstream.tools import MalformedCall, ToolCall, ToolResult, ToolTransport,
 if TYPE_CHECKING:
     from slipstream.envs.search.env import Search
 
+_EMPTY = ToolResult(call_id="", name=None, outcome="ok", text="")
 NO_ROOM = "no new chunks fit the remaining budget; prune chunks or give your final answer"
 _MIN_CALL_TOKENS = 32  # a retrieval call with less room than this is refused as over budget
 
@@ -39,31 +41,48 @@ class TurnRunner:
 
     async def turn(
         self, items: tuple[ToolCall | MalformedCall, ...], thread: Thread, view: View, turn: int
-    ) -> tuple[str, set[str]]:
+    ) -> tuple[str, Thread]:
+        """Run a turn's calls; returns the observation text and the sample to append it to (a new
+        one when the turn pruned). Prunes run first, so the turn's other calls are budgeted, and
+        checked against the hard cutoff, on the context as pruned."""
         o = self.env.options
-        used = len(thread)
-        count = self.env.count_tokens
-        status_cost = count(usage_line(o.budget_tokens, o.budget_tokens)) + count(SOFT_MESSAGE)
-        allowed = o.budget_tokens - o.reserve_tokens - used - status_cost
-        past_cutoff = used >= o.hard_cutoff * o.budget_tokens
-        retrieval = [i for i in items if isinstance(i, ToolCall) and i.name in RETRIEVAL_TOOLS]
-        # Wrappers and error texts of the other items come first out of what is allowed.
-        wrappers = 20 * len(items) + sum(
-            200 for i in items if not (isinstance(i, ToolCall) and i.name in RETRIEVAL_TOOLS)
-        )
-        per_call = min(o.search_tokens, (allowed - wrappers) // max(1, len(retrieval)))
-        refuse = past_cutoff or per_call < _MIN_CALL_TOKENS
-
+        caller = thread.sample_id  # the sample holding the calls (a prune continues in a new one)
         results: dict[int, ToolResult] = {}
-        calls: list[tuple[int, ToolCall]] = []
+        prune_ids: set[str] = set()
+        pruned_by: dict[int, list[str]] = {}
+        visible = set(view.visible_chunks())
+        for n, item in enumerate(items):
+            if isinstance(item, ToolCall) and item.name == PRUNE:
+                before = set(prune_ids)
+                results[n] = self._prune(item, visible, prune_ids)
+                pruned_by[n] = [c for c in dict.fromkeys(item.arguments["chunk_ids"]) if c in prune_ids - before]
+        if prune_ids:
+            thread = self.ctx.branch(thread, view.pruned(prune_ids), edit="prune")
+
         for n, item in enumerate(items):
             if isinstance(item, MalformedCall):
                 results[n] = ToolResult(
                     call_id=item.id, name=item.name, outcome="invalid_tool_call", text=item.error, kind=item.kind
                 )
-            elif item.name == PRUNE:
-                continue
-            elif refuse:
+        used = len(thread)
+        count = self.env.count_tokens
+        render = self.env.renderer.render
+        status_cost = count(usage_line(o.budget_tokens, o.budget_tokens)) + count(SOFT_MESSAGE)
+        # What the turn's other results (prunes, errors) cost is known exactly; each retrieval
+        # result adds its <result></result> wrapper around its chunk blocks.
+        known = count(render(self.env.renderer.result_messages(list(results.values()))))
+        retrieval = [n for n, i in enumerate(items) if isinstance(i, ToolCall) and i.name in RETRIEVAL_TOOLS]
+        wrapper = count(render(self.env.renderer.result_messages([_EMPTY])))
+        allowed = o.budget_tokens - o.reserve_tokens - used - status_cost - known - wrapper * len(retrieval)
+        per_call = min(o.search_tokens, allowed // max(1, len(retrieval)))
+        past_cutoff = used >= o.hard_cutoff * o.budget_tokens
+        refuse = past_cutoff or per_call < _MIN_CALL_TOKENS
+
+        calls: list[tuple[int, ToolCall]] = []
+        for n in retrieval:
+            item = items[n]
+            assert isinstance(item, ToolCall)
+            if refuse:
                 self.ctx.count("budget_refusals")
                 text = refusal(item.name, "past the hard cutoff" if past_cutoff else "no room left")
                 results[n] = ToolResult(
@@ -75,16 +94,8 @@ class TurnRunner:
         for (n, _), result in zip(calls, done, strict=True):
             results[n] = _trimmed(result, per_call, count)
 
-        prune_ids: set[str] = set()
-        pruned_by: dict[int, list[str]] = {}
-        visible = set(view.visible_chunks())
         for n, item in enumerate(items):
-            if isinstance(item, ToolCall) and item.name == PRUNE:
-                before = set(prune_ids)
-                results[n] = self._prune(item, visible, prune_ids)
-                pruned_by[n] = [c for c in dict.fromkeys(item.arguments["chunk_ids"]) if c in prune_ids - before]
-        for n, item in enumerate(items):
-            event = tool_event(item, results[n], sample_id=thread.sample_id, turn=turn)
+            event = tool_event(item, results[n], sample_id=caller, turn=turn)
             if pruned_by.get(n):
                 event.info["pruned"] = ",".join(pruned_by[n])  # what prune accuracy is judged on
             ids = [cid for cid, _ in chunk_blocks(results[n].text)] if results[n].outcome == "ok" else []
@@ -98,7 +109,7 @@ class TurnRunner:
             self.ctx.log_tool(event)
         self._mark_hidden(prune_ids)
         rendered = self.env.renderer.render(self.env.renderer.result_messages([results[n] for n in range(len(items))]))
-        return rendered, prune_ids
+        return rendered, thread
 
     def _with_hidden(self, call: ToolCall, budget: int, view: View) -> ToolCall:
         """The call as the backend gets it: the model's arguments plus the hidden ones."""
