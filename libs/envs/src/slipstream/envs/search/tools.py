@@ -52,9 +52,12 @@ def build_backend(name: str, documents: Sequence[Document], count_tokens: TokenC
     if factory is None and ":" in name:
         module, _, attr = name.partition(":")
         try:
-            factory = functools.reduce(getattr, attr.split("."), importlib.import_module(module))
+            found: Any = functools.reduce(getattr, attr.split("."), importlib.import_module(module))
         except (ImportError, AttributeError) as exc:
             raise LookupError(f"search backend {name!r} cannot be imported: {exc}") from exc
+        if not callable(found):
+            raise LookupError(f"search backend {name!r} is not callable")
+        factory = found
     if factory is None:
         known = ", ".join(sorted(BACKENDS)) or "(none registered)"
         raise LookupError(

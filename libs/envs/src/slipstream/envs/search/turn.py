@@ -74,7 +74,11 @@ class TurnRunner:
         retrieval = [n for n, i in enumerate(items) if isinstance(i, ToolCall) and i.name in RETRIEVAL_TOOLS]
         wrapper = count(render(self.env.renderer.result_messages([_EMPTY])))
         allowed = o.budget_tokens - o.reserve_tokens - used - status_cost - known - wrapper * len(retrieval)
-        per_call = min(o.search_tokens, allowed // max(1, len(retrieval)))
+        share = allowed // max(1, len(retrieval))
+        # A search or grep returns at most S_budget (`search_tokens`); a read is cut to the
+        # remaining budget only (Context-1: "chunks reranked and truncated to the remaining budget").
+        budgets = {n: share if items[n].name == READ else min(o.search_tokens, share) for n in retrieval}
+        per_call = min(budgets.values(), default=share)
         past_cutoff = used >= o.hard_cutoff * o.budget_tokens
         refuse = past_cutoff or per_call < _MIN_CALL_TOKENS
 
@@ -89,10 +93,10 @@ class TurnRunner:
                     call_id=item.id, name=item.name, outcome="invalid_tool_call", text=text, kind="budget_refused"
                 )
             else:
-                calls.append((n, self._with_hidden(item, per_call, view)))
+                calls.append((n, self._with_hidden(item, budgets[n], view)))
         done = await execute([c for _, c in calls], self.transport)
         for (n, _), result in zip(calls, done, strict=True):
-            results[n] = _trimmed(result, per_call, count)
+            results[n] = _trimmed(result, budgets[n], count)
 
         for n, item in enumerate(items):
             event = tool_event(item, results[n], sample_id=caller, turn=turn)
