@@ -306,3 +306,21 @@ def test_bad_options_are_named() -> None:
 def test_a_backend_can_be_named_by_import_path() -> None:
     e = get_env("search", backend="search_backend:TermBackend")
     assert type(e.backend()).__name__ == "TermBackend"  # type: ignore[attr-defined]
+
+
+def test_splits_are_by_domain_and_the_curriculum_shifts_the_hop_mix() -> None:
+    e = env()
+    train, held = e.generate("train", 300, seed=2), e.generate("heldout", 100, seed=2)
+    assert {t.metadata["domain"] for t in train} == {"web", "legal", "finance"}
+    assert {t.metadata["domain"] for t in held} == {"email"} and all(t.split == "heldout" for t in held)
+    assert e.generate("train", 300, seed=2) == train and e.generate("train", 10, seed=2) == train[:10]
+    assert [t.prompt for t in e.generate("train", 20, seed=3)] != [t.prompt for t in train[:20]]
+
+    def mean_hops(phase: int) -> float:
+        tasks = env(curriculum_phase=phase).generate("train", 400, seed=1)
+        return sum(int(t.metadata["hops"]) for t in tasks) / len(tasks)
+
+    # Phase 1 weights hops 1..3 as 4:2:1 (mean 11/7), phase 2 as 1:2:4 (mean 17/7).
+    assert mean_hops(1) == pytest.approx(11 / 7, abs=0.12) and mean_hops(2) == pytest.approx(17 / 7, abs=0.12)
+    other = env(heldout_domain="web")
+    assert {t.metadata["domain"] for t in other.generate("heldout", 50, seed=0)} == {"web"}
