@@ -303,6 +303,12 @@ def test_bad_options_are_named() -> None:
         get_env("search", backend="no_such_module:Factory").backend()  # type: ignore[attr-defined]
 
 
+async def test_a_missing_backend_fails_the_episode_loudly() -> None:
+    e = get_env("search", backend="not-registered")
+    with pytest.raises(LookupError, match="no search backend named 'not-registered'"):
+        await play(e, e.generate("train", 1, seed=0)[0], ["<docs>x</docs>\n"])  # type: ignore[arg-type]
+
+
 def test_a_backend_can_be_named_by_import_path() -> None:
     e = get_env("search", backend="search_backend:TermBackend")
     assert type(e.backend()).__name__ == "TermBackend"  # type: ignore[attr-defined]

@@ -52,7 +52,7 @@ from slipstream.envs.search.turn import TurnRunner
 from slipstream.envs.search.view import SOFT_MESSAGE, View, usage_line
 from slipstream.retrieval.types import SearchBackend
 from slipstream.schemas import Episode as EpisodeRecord
-from slipstream.tools import renderer_for
+from slipstream.tools import LocalTransport, renderer_for
 
 Doc = msgspec.Meta
 _DOCS = re.compile(r"<docs>(.*?)</docs>", re.DOTALL)
@@ -279,7 +279,12 @@ class Search(Environment[SearchOptions]):
         o = self.options
         thread = ctx.open(ctx.task.prompt)
         view = View(prompt_len=len(thread))
-        runner = TurnRunner(self, ctx, ctx.tools(self.registry))
+        transport = ctx.tools(self.registry)
+        if isinstance(transport, LocalTransport):
+            # In-process calls: build the backend now, so a missing one fails the episode loudly
+            # instead of every call coming back as a tool crash.
+            self.backend()
+        runner = TurnRunner(self, ctx, transport)
         soft = self.training(ctx.task)
         for _ in range(o.max_turns):
             room = o.budget_tokens - len(thread)
