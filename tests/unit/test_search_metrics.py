@@ -5,6 +5,8 @@ test_search_env.py, whose helpers these are)."""
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 from test_search_env import env, play, search, task
 
@@ -127,3 +129,22 @@ async def test_an_imperfect_expert_and_the_filter_over_its_episodes() -> None:
     perfect = {c.episode_id for c in cands if c.output_recall == 1.0}
     assert perfect <= kept and len(kept) < len(cands)
     assert all(c.episode_id not in kept for c in cands if c.output_recall == 0.0 and c.traj_recall > 0.5)
+
+
+def test_the_warm_start_trains_only_on_the_episodes_the_filter_keeps() -> None:
+    from slipstream.engine import ByteTokenizer
+    from slipstream.harness.warmstart import expert_episodes, expert_examples
+
+    e = env(expert_stop_rate=0.5, expert_distractor_rate=0.3)
+    tasks = list({t.metadata["key"]: t for t in e.generate("train", 60, seed=2)}.values())
+    played = asyncio.run(expert_episodes(e, ByteTokenizer(), tasks))
+    keep = e.curate_expert_episodes(tasks, played)
+    kept_tasks = [t for t, k in zip(tasks, keep, strict=True) if k]
+    assert 0 < len(kept_tasks) < len(tasks)
+    # Every episode the filter dropped is one the rules drop: not a high-recall one, by construction.
+    cands = [candidate_of(t.metadata, p) for t, p in zip(tasks, played, strict=True)]
+    assert all(k or c.output_recall < 0.8 for c, k in zip(cands, keep, strict=True))
+    examples = expert_examples(e, ByteTokenizer(), tasks)
+    assert len(examples) == sum(
+        len([s for s in p.samples if s.trainable]) for p, k in zip(played, keep, strict=True) if k
+    )

@@ -30,7 +30,6 @@ from __future__ import annotations
 import functools
 import math
 import random
-import re
 from typing import Annotated, Any, ClassVar, Literal
 
 import msgspec
@@ -40,6 +39,7 @@ from slipstream.envs.context import EpisodeContext, Outcome
 from slipstream.envs.registry import register
 from slipstream.envs.search import expert as expert_policy
 from slipstream.envs.search import reward as rw
+from slipstream.envs.search.curation import candidate_of, sft_filter
 from slipstream.envs.search.generator import (
     GeneratedCorpus,
     GeneratorOptions,
@@ -47,7 +47,14 @@ from slipstream.envs.search.generator import (
     curriculum_weights,
     generate_corpus,
 )
-from slipstream.envs.search.tools import RETRIEVAL_TOOLS, backend_tools, build_backend, doc_of, model_tools
+from slipstream.envs.search.tools import (
+    RETRIEVAL_TOOLS,
+    backend_tools,
+    build_backend,
+    doc_of,
+    model_tools,
+    parse_output,
+)
 from slipstream.envs.search.turn import TurnRunner
 from slipstream.envs.search.view import SOFT_MESSAGE, View, usage_line
 from slipstream.retrieval.types import SearchBackend
@@ -55,7 +62,6 @@ from slipstream.schemas import Episode as EpisodeRecord
 from slipstream.tools import LocalTransport, renderer_for
 
 Doc = msgspec.Meta
-_DOCS = re.compile(r"<docs>(.*?)</docs>", re.DOTALL)
 
 
 class SearchOptions(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
@@ -161,15 +167,6 @@ def prompt_of(task: SearchTask) -> str:
     )
 
 
-def parse_output(text: str, limit: int) -> list[str] | None:
-    """The ranked doc ids of a final output (deduplicated, at most `limit`); None when malformed."""
-    m = _DOCS.search(text)
-    if m is None:
-        return None
-    ids = [doc_of(i) for i in re.split(r"[\s,]+", m.group(1).strip()) if i]
-    return list(dict.fromkeys(ids))[:limit]
-
-
 @register("search")
 class Search(Environment[SearchOptions]):
     """Find the documents that answer a multi-hop question, within a token budget, pruning as it goes."""
@@ -267,6 +264,14 @@ class Search(Environment[SearchOptions]):
 
     def expert(self, task: TaskSpec, context: str) -> str:
         return expert_policy.next_turn(task, context, self.options)
+
+    def curate_expert_episodes(self, tasks: list[TaskSpec], episodes: list[EpisodeRecord]) -> list[bool]:
+        """Context-1's SFT filter (curation.py) over the expert's episodes."""
+        cands = [
+            candidate_of(t.metadata, e, reward=self.score(t, e).reward) for t, e in zip(tasks, episodes, strict=True)
+        ]
+        kept = set(sft_filter(cands).kept)
+        return [e.episode_id in kept for e in episodes]
 
     # -- the episode ------------------------------------------------------------------------------
 

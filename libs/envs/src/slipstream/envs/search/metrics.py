@@ -23,9 +23,8 @@ from collections.abc import Mapping, Sequence
 
 import msgspec
 
-from slipstream.envs.search.env import parse_output
 from slipstream.envs.search.reward import precision_recall
-from slipstream.envs.search.tools import RETRIEVAL_TOOLS, doc_of
+from slipstream.envs.search.tools import RETRIEVAL_TOOLS, doc_of, parse_output
 from slipstream.schemas import Episode
 
 

@@ -79,6 +79,19 @@ def chunk_blocks(text: str) -> list[tuple[str, str]]:
     return [(m.group(1), m.group(0)) for m in _BLOCK.finditer(text)]
 
 
+_DOCS = re.compile(r"<docs>(.*?)</docs>", re.DOTALL)
+
+
+def parse_output(text: str, limit: int) -> list[str] | None:
+    """The ranked doc ids of a final output `<docs>a b</docs>` (chunk ids name their document;
+    deduplicated, at most `limit`); None when there is no `<docs>` list."""
+    m = _DOCS.search(text)
+    if m is None:
+        return None
+    ids = [doc_of(i) for i in re.split(r"[\s,]+", m.group(1).strip()) if i]
+    return list(dict.fromkeys(ids))[:limit]
+
+
 def doc_of(chunk_id: str) -> str:
     return chunk_id.rpartition("#")[0] or chunk_id
 
