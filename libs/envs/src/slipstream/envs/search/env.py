@@ -48,7 +48,6 @@ from slipstream.envs.search.generator import (
     generate_corpus,
 )
 from slipstream.envs.search.tools import (
-    RETRIEVAL_TOOLS,
     backend_tools,
     build_backend,
     doc_of,
@@ -354,4 +353,4 @@ def _chunks(info: dict[str, Any]) -> list[str]:
     return [c for c in str(info.get("chunks", "")).split(",") if c]
 
 
-__all__ = ["RETRIEVAL_TOOLS", "Search", "SearchOptions", "parse_output", "prompt_of"]
+__all__ = ["Search", "SearchOptions", "parse_output", "prompt_of"]

@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from slipstream.envs.context import EpisodeContext, Thread
-from slipstream.envs.search.tools import PRUNE, READ, RETRIEVAL_TOOLS, SEARCH, chunk_blocks
+from slipstream.envs.search.tools import PRUNE, READ, RETRIEVAL_TOOLS, chunk_blocks
 from slipstream.envs.search.view import SOFT_MESSAGE, View, refusal, usage_line
 from slipstream.schemas import ToolEvent
 from slipstream.tools import MalformedCall, ToolCall, ToolResult, ToolTransport, execute, tool_event
@@ -170,6 +170,3 @@ def _trimmed(result: ToolResult, budget: int, count: Any) -> ToolResult:
         attempts=result.attempts,
         served_by=result.served_by,
     )
-
-
-__all__ = ["SEARCH", "TurnRunner"]
