@@ -20,6 +20,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
+import search_backend  # noqa: F401  (registers the test backend "terms" that `search` plays against here)
 from agentic_envs import LOCAL_ENVS
 
 from slipstream.engine import ByteTokenizer, CausalLM, SamplingParams, TorchEngine, build_tiny
@@ -51,8 +52,13 @@ async def random_engine(model: CausalLM) -> AsyncIterator[RecordingEngine]:
     await eng.stop()
 
 
+# Options an environment needs to play here: `search` needs a search backend, and until
+# libs/retrieval registers its in-process hybrid one, the suite uses the deterministic test one.
+ENV_OPTIONS: dict[str, dict[str, Any]] = {"search": {"backend": "terms"}}
+
+
 def _env(name: str) -> Environment[Any]:
-    return LOCAL_ENVS[name]() if name in LOCAL_ENVS else get_env(name)
+    return LOCAL_ENVS[name]() if name in LOCAL_ENVS else get_env(name, **ENV_OPTIONS.get(name, {}))
 
 
 async def _play(env: Environment[Any], policy: str, engine: RecordingEngine, split: str) -> list[Episode]:

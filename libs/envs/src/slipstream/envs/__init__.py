@@ -1,6 +1,6 @@
 """Slipstream environments: the interface, the registry and the built-in verifiable tasks.
 
-Importing the package registers the built-ins (`arith`, `reverse`, `search_call`, `lookup`), so
+Importing the package registers the built-ins (`arith`, `reverse`, `search_call`, `lookup`, `search`), so
 `get_env(name)` finds them.
 """
 
@@ -24,6 +24,7 @@ from slipstream.envs.code import Code, CodeOptions
 from slipstream.envs.context import ContextFull, EpisodeContext, Generation, Outcome, Span, Thread
 from slipstream.envs.lookup import Lookup, LookupOptions
 from slipstream.envs.registry import ENVIRONMENTS, EnvError, get_env, parse_options, register
+from slipstream.envs.search import Search, SearchOptions
 from slipstream.envs.searchcall import SearchCall, SearchCallOptions
 from slipstream.envs.strings import Reverse, ReverseOptions
 
@@ -49,8 +50,10 @@ __all__ = [
     "Reverse",
     "ReverseOptions",
     "Score",
+    "Search",
     "SearchCall",
     "SearchCallOptions",
+    "SearchOptions",
     "Span",
     "Split",
     "StepResult",

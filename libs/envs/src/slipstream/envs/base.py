@@ -274,6 +274,14 @@ class Environment(abc.ABC, Generic[OptionsT]):
         """
         return self.sft_example(task)
 
+    def curate_expert_episodes(self, tasks: list[TaskSpec], episodes: list[EpisodeRecord]) -> list[bool]:
+        """Which of the expert's episodes (one per task, in order) warm-start the model.
+
+        The default keeps all; an environment with a filter over its teacher's episodes
+        (Context-1's SFT rules in `search`) overrides it.
+        """
+        return [True] * len(episodes)
+
     # -- episodes -------------------------------------------------------------------------------
 
     def reset(self, task: TaskSpec) -> Episode:

@@ -84,7 +84,9 @@ def expert_examples(env: Environment[msgspec.Struct], tokenizer: Tokenizer, task
     for t in tasks:
         unique.setdefault(t.metadata.get("key", t.task_id), t)
     played = asyncio.run(expert_episodes(env, tokenizer, list(unique.values())))
-    by_key = {key: episode_examples(e) for key, e in zip(unique, played, strict=True)}
+    # The env may filter its teacher's episodes (e.g. Context-1's SFT rules); a dropped one adds nothing.
+    keep = env.curate_expert_episodes(list(unique.values()), played)
+    by_key = {key: episode_examples(e) if k else [] for key, e, k in zip(unique, played, keep, strict=True)}
     return [ex for t in tasks for ex in by_key[t.metadata.get("key", t.task_id)]]
 
 

@@ -1,0 +1,32 @@
+"""`search`: Context-1's self-editing search environment (issue 13).
+
+| module | what |
+|---|---|
+| `reward` | the exact reward, pure functions with named components |
+| `quotes` | the quote-matching normalisation cascade of extraction-based verification |
+| `generator` | the seeded corpus and tasks: clues, chained hops, distractors, verification, curriculum |
+| `tools` | the model's tool schemas, the backend tools with hidden arguments, backend registry |
+| `view` | the model's view, budget messages, what a prune rewrites |
+| `turn` | one turn's calls under the budget rules |
+| `expert` | the scripted expert searcher |
+| `env` | the registered environment `search` |
+"""
+
+from slipstream.envs.search.env import Search, SearchOptions, parse_output, prompt_of
+from slipstream.envs.search.generator import GeneratedCorpus, GeneratorOptions, SearchTask, generate_corpus
+from slipstream.envs.search.tools import BACKENDS, build_backend, register_backend, render_chunks
+
+__all__ = [
+    "BACKENDS",
+    "GeneratedCorpus",
+    "GeneratorOptions",
+    "Search",
+    "SearchOptions",
+    "SearchTask",
+    "build_backend",
+    "generate_corpus",
+    "parse_output",
+    "prompt_of",
+    "register_backend",
+    "render_chunks",
+]

@@ -1,0 +1,346 @@
+"""Seeded search tasks, generated the way Context-1 generates them (techniques.md §4.8).
+
+One call builds a whole corpus and the tasks over it, a pure function of (seed, options):
+
+1. supporting documents carrying unique facts: every entity has a made-up name and attributes,
+   one short document each;
+2. obfuscated clues (a year becomes its decade, a place its region's description), a question
+   built from them and its answer (an attribute of the last entity in the chain);
+3. verification, extraction-based: each supporting document carries the quotes an extractor
+   would pull (`document_quotes`, `clue_quotes`, `truth_quotes`), checked against the text by the
+   normalisation cascade (quotes.py); at least ceil(2/3) of the document and clue quotes must
+   match, every truth quote must, some supporting document must hold the answer, and no
+   distractor may hold it. A task that fails is dropped and counted by reason. (Context-1's data
+   pipeline drops just the offending distractor; issue 13 asks that the task be dropped, which is
+   what we do.) `noise` simulates a generator's slips (a quoted fact paraphrased away, the answer
+   leaked into a distractor) so verification has something to catch;
+4. distractors: documents of the same kind that share one clue but not the other and point
+   elsewhere;
+5. chaining: a task of h hops follows h - 1 links (sister town, parent company, ...) from the
+   entity the clues describe; the answer sits in the h-th document. `hops` is exactly that.
+
+Several domains (web, legal, finance, email); `heldout_domain` (email, as in Context-1) is the
+held-out split. Filler documents pad each domain. Texts are one or two short sentences per fact
+(~150 bytes a document) so a byte-level CPU model can learn them; `doc_facts` adds more filler
+facts per document for larger models.
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+from collections import Counter
+from typing import Annotated
+
+import msgspec
+
+from slipstream.envs.search.quotes import answer_in, enough_quotes, quote_in
+from slipstream.retrieval.types import Document
+
+Doc = msgspec.Meta
+
+_SYLLABLES = (
+    "ar", "bel", "cor", "dan", "el", "fen", "gar", "hol", "ir", "jas", "kel", "lor", "mar", "nor", "os",
+    "pel", "quin", "ros", "sar", "tal", "ur", "vel", "wen", "yor", "zan",
+)  # fmt: skip
+_COLORS = ("red", "blue", "green", "grey", "gold", "white", "black", "amber")
+_ANIMALS = ("heron", "fox", "owl", "stag", "otter", "hawk", "wolf", "crane", "lynx", "hare")
+_REGIONS = {
+    "the north": "a cold northern region",
+    "the coast": "a region by the sea",
+    "the hills": "an upland region",
+    "the plains": "a flat inland region",
+    "the marsh": "a wet lowland region",
+    "the valley": "a region between mountains",
+}
+
+
+class Domain(msgspec.Struct, frozen=True):
+    """How one domain writes its documents: its own nouns and phrasing, so the held-out domain
+    reads differently from the training ones."""
+
+    name: str
+    prefix: str  # doc-id prefix
+    kind: str  # "town", "company", ...
+    place: str  # "a town in": how the region is attached
+    mark: str  # "emblem": what carries the colour and animal
+    link: str  # the chaining relation: "sister town"
+    answer_attr: str  # what the question asks for: "river"
+
+
+DOMAINS: tuple[Domain, ...] = (
+    Domain("web", "w", "town", "in", "emblem", "sister town", "river"),
+    Domain("legal", "l", "patent", "filed in", "figure", "cited patent", "assignee"),
+    Domain("finance", "f", "company", "based in", "logo", "parent company", "chief executive"),
+    Domain("email", "e", "thread", "sent from", "signature", "earlier thread", "meeting place"),
+)
+DOMAIN_NAMES: tuple[str, ...] = tuple(d.name for d in DOMAINS)
+
+
+class GeneratorOptions(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
+    """The corpus generator's knobs."""
+
+    seed: Annotated[int, Doc(description="Corpus seed: the same seed gives the same corpus and tasks.")] = 0
+    tasks_per_domain: Annotated[int, Doc(description="Tasks generated per domain (before verification).")] = 24
+    max_hops: Annotated[int, Doc(description="Hop counts 1..max_hops are generated evenly.")] = 3
+    distractors: Annotated[int, Doc(description="Distractor documents per task.")] = 2
+    filler_per_domain: Annotated[int, Doc(description="Unrelated documents per domain.")] = 12
+    doc_facts: Annotated[int, Doc(description="Extra filler facts per document (longer texts).")] = 0
+    heldout_domain: Annotated[str, Doc(description="The domain whose tasks form the held-out split.")] = "email"
+    noise: Annotated[float, Doc(description="Chance a task is generated with a slip verification must catch.")] = 0.05
+
+    def __post_init__(self) -> None:
+        if self.heldout_domain not in DOMAIN_NAMES:
+            raise ValueError(f"heldout_domain must be one of {DOMAIN_NAMES}, got {self.heldout_domain!r}")
+        if not 1 <= self.max_hops <= 6:
+            raise ValueError(f"max_hops must be in 1..6, got {self.max_hops}")
+        if not 1 <= self.tasks_per_domain <= 2000:
+            raise ValueError(f"tasks_per_domain must be in 1..2000, got {self.tasks_per_domain}")
+        if (
+            not 0 <= self.distractors <= 10
+            or not 0 <= self.filler_per_domain <= 10_000
+            or not 0 <= self.doc_facts <= 50
+        ):
+            raise ValueError("need 0 <= distractors <= 10, 0 <= filler_per_domain <= 10000, 0 <= doc_facts <= 50")
+        if not 0.0 <= self.noise <= 1.0:
+            raise ValueError(f"noise must be in [0, 1], got {self.noise}")
+
+
+class SupportingDoc(msgspec.Struct, frozen=True):
+    """A supporting document and the quotes an extractor pulled from it."""
+
+    doc_id: str
+    document_quotes: list[str]
+    clue_quotes: list[str]
+    truth_quotes: list[str]
+
+
+class SearchTask(msgspec.Struct, frozen=True, kw_only=True):
+    """One generated task: find `supporting` (in chain order); the last one holds `answer`."""
+
+    key: str  # "<domain>/<n>": the canonical problem key
+    domain: str
+    hops: int
+    question: str
+    answer: str
+    clues: list[str]
+    supporting: list[SupportingDoc]
+    distractors: list[str]
+    queries: list[str]  # one search query per hop, planned from the clues (the expert's plan)
+
+    @property
+    def targets(self) -> list[str]:
+        return [s.doc_id for s in self.supporting]
+
+    @property
+    def answer_docs(self) -> list[str]:
+        return [self.supporting[-1].doc_id]
+
+
+class GeneratedCorpus(msgspec.Struct, frozen=True):
+    """The corpus, the tasks that passed verification, and what was dropped, by reason."""
+
+    documents: list[Document]
+    tasks: list[SearchTask]
+    dropped: dict[str, int]
+    generated: int
+
+
+class _Names:
+    """Unique made-up names: no two entities (or answers) share one anywhere in a corpus."""
+
+    def __init__(self, rng: random.Random) -> None:
+        self.rng = rng
+        self.used: set[str] = set()
+
+    def __call__(self) -> str:
+        tries = 0
+        while True:
+            # Two syllables while they last (short names suit a byte-level model), then three.
+            parts = 2 if tries < 20 else 3
+            tries += 1
+            name = "".join(self.rng.choice(_SYLLABLES) for _ in range(parts)).capitalize()
+            if name not in self.used:
+                self.used.add(name)
+                return name
+
+
+class _Entity(msgspec.Struct):
+    name: str
+    region: str
+    year: int
+    color: str
+    animal: str
+    link: str = ""  # the next entity's name in a chain
+    answer: str = ""
+
+
+def _a(word: str) -> str:
+    return ("an " if word[0] in "aeiou" else "a ") + word
+
+
+def _sentences(domain: Domain, e: _Entity) -> list[str]:
+    s = [
+        f"{e.name} is a {domain.kind} {domain.place} {e.region}.",
+        f"It dates from {e.year}.",
+        f"Its {domain.mark} is {_a(e.color)} {e.animal}.",
+    ]
+    if e.link:
+        s.append(f"Its {domain.link} is {e.link}.")
+    if e.answer:
+        s.append(f"Its {domain.answer_attr} is {e.answer}.")
+    return s
+
+
+def _filler_facts(rng: random.Random, names: _Names, n: int) -> list[str]:
+    return [f"It once hosted {names()} for {rng.randint(2, 40)} days." for _ in range(n)]
+
+
+def _new_entity(rng: random.Random, names: _Names, **fixed: object) -> _Entity:
+    values: dict[str, object] = {
+        "name": names(),
+        "region": rng.choice(sorted(_REGIONS)),
+        "year": rng.randint(1600, 1999),
+        "color": rng.choice(_COLORS),
+        "animal": rng.choice(_ANIMALS),
+    }
+    values.update(fixed)
+    return _Entity(**values)  # type: ignore[arg-type]
+
+
+def _question(domain: Domain, hops: int, clues: list[str]) -> str:
+    chain = "".join(f"the {domain.link} of " for _ in range(hops - 1))
+    return f"What is the {domain.answer_attr} of {chain}the {domain.kind} that {clues[0]} and {clues[1]}?"
+
+
+class _Builder:
+    def __init__(self, options: GeneratorOptions) -> None:
+        self.o = options
+        self.rng = random.Random(f"search-corpus|{options.seed}")
+        self.names = _Names(self.rng)
+        self.docs: list[Document] = []
+        self.counts: Counter[str] = Counter()
+
+    def add(self, domain: Domain, entity: _Entity, extra: list[str] | None = None) -> str:
+        doc_id = f"{domain.prefix}{self.counts[domain.name]:04d}"
+        self.counts[domain.name] += 1
+        facts = _sentences(domain, entity) + _filler_facts(self.rng, self.names, self.o.doc_facts) + (extra or [])
+        self.docs.append(Document(doc_id=doc_id, title=entity.name, text=" ".join(facts)))
+        return doc_id
+
+    def task(self, domain: Domain, index: int, hops: int) -> SearchTask:
+        rng = self.rng
+        chain = [_new_entity(rng, self.names) for _ in range(hops)]
+        for a, b in itertools.pairwise(chain):
+            a.link = b.name
+        chain[-1].answer = self.names()
+        first = chain[0]
+        answer = chain[-1].answer
+        # Obfuscated clues: the decade, not the year; the region's description, not its name.
+        clues = [f"dates from the {first.year // 10 * 10}s", f"lies in {_REGIONS[first.region]}"]
+        clue_quotes = [f"dates from {first.year}", f"{domain.place} {first.region}"]
+        slip = rng.random() < self.o.noise
+        slip_kind = rng.choice(("paraphrase", "leak")) if slip else ""
+        supporting = []
+        for i, entity in enumerate(chain):
+            truth = (
+                [f"Its {domain.link} is {entity.link}"]
+                if entity.link
+                else [f"Its {domain.answer_attr} is {entity.answer}"]
+            )
+            doc_quotes = [
+                f"{entity.name} is a {domain.kind}",
+                f"Its {domain.mark} is {_a(entity.color)} {entity.animal}",
+            ]
+            if slip_kind == "paraphrase" and i == hops - 1:
+                # The generator wrote a paraphrase into the document; the extractor quoted the fact.
+                entity.answer = ""
+                doc_id = self.add(domain, entity, extra=[f"Locals name {answer} when asked about it."])
+            else:
+                doc_id = self.add(domain, entity)
+            supporting.append(
+                SupportingDoc(
+                    doc_id=doc_id,
+                    document_quotes=doc_quotes,
+                    clue_quotes=clue_quotes if i == 0 else [],
+                    truth_quotes=truth,
+                )
+            )
+        distractors = []
+        for d in range(self.o.distractors):
+            # Same decade clue, another region, another chain: it matches one clue and points elsewhere.
+            region = rng.choice(sorted(r for r in _REGIONS if r != first.region))
+            other = _new_entity(rng, self.names, region=region, year=first.year // 10 * 10 + rng.randint(0, 9))
+            other.link = self.names() if hops > 1 else ""
+            other.answer = self.names() if hops == 1 else ""
+            if slip_kind == "leak" and d == 0:
+                distractors.append(self.add(domain, other, extra=[f"It traded with {answer}."]))
+            else:
+                distractors.append(self.add(domain, other))
+        queries = [f"{domain.kind} {first.region.split()[-1]} {first.year // 10 * 10}s"] + [e.name for e in chain[1:]]
+        return SearchTask(
+            key=f"{domain.name}/{index}",
+            domain=domain.name,
+            hops=hops,
+            question=_question(domain, hops, clues),
+            answer=answer,
+            clues=clues,
+            supporting=supporting,
+            distractors=distractors,
+            queries=queries,
+        )
+
+
+def verify(task: SearchTask, texts: dict[str, str]) -> str | None:
+    """Why `task` fails extraction-based verification against the documents' `texts`, or None."""
+    for s in task.supporting:
+        text = texts.get(s.doc_id)
+        if text is None:
+            return "missing_document"
+        if not enough_quotes(s.document_quotes, text):
+            return "document_quotes"
+        if s.clue_quotes and not enough_quotes(s.clue_quotes, text):
+            return "clue_quotes"
+        if not all(quote_in(q, text) for q in s.truth_quotes):
+            return "truth_quotes"
+    if not any(answer_in(task.answer, texts[s.doc_id]) for s in task.supporting):
+        return "no_answer_document"
+    if any(answer_in(task.answer, texts.get(d, "")) for d in task.distractors):
+        return "distractor_has_answer"
+    return None
+
+
+def generate_corpus(options: GeneratorOptions = GeneratorOptions()) -> GeneratedCorpus:
+    """The corpus and its verified tasks; hop counts cycle 1..max_hops within each domain."""
+    b = _Builder(options)
+    candidates: list[SearchTask] = []
+    for domain in DOMAINS:
+        for i in range(options.tasks_per_domain):
+            candidates.append(b.task(domain, i, hops=1 + i % options.max_hops))
+        for _ in range(options.filler_per_domain):
+            e = _new_entity(b.rng, b.names)
+            e.link = b.names()
+            b.add(domain, e)
+    texts = {d.doc_id: d.text for d in b.docs}
+    kept, dropped = [], Counter[str]()
+    for t in candidates:
+        reason = verify(t, texts)
+        if reason is None:
+            kept.append(t)
+        else:
+            dropped[reason] += 1
+    return GeneratedCorpus(
+        documents=b.docs, tasks=kept, dropped=dict(sorted(dropped.items())), generated=len(candidates)
+    )
+
+
+def curriculum_weights(phase: int, max_hops: int) -> list[float]:
+    """Hop-count mix for a curriculum phase: phase 1 skewed to few hops, phase 2 to many.
+
+    Weights over hops 1..max_hops: phase 1 falls as 2^-(h-1), phase 2 rises as 2^(h-1).
+    """
+    if phase not in (1, 2):
+        raise ValueError(f"curriculum phase must be 1 or 2, got {phase}")
+    raw = [2.0 ** (-(h - 1) if phase == 1 else h - 1) for h in range(1, max_hops + 1)]
+    total = sum(raw)
+    return [w / total for w in raw]

@@ -1,0 +1,129 @@
+"""The search task generator: determinism, verification (planted bad tasks), hop counts, quotes."""
+
+from __future__ import annotations
+
+import msgspec
+import pytest
+
+from slipstream.envs.search.generator import (
+    DOMAIN_NAMES,
+    GeneratorOptions,
+    SearchTask,
+    SupportingDoc,
+    curriculum_weights,
+    generate_corpus,
+    verify,
+)
+from slipstream.envs.search.quotes import answer_in, quote_step, required_matches
+
+pytestmark = pytest.mark.unit
+
+
+def test_same_seed_same_corpus_and_tasks_other_seed_differs() -> None:
+    a = generate_corpus(GeneratorOptions(seed=7))
+    b = generate_corpus(GeneratorOptions(seed=7))
+    c = generate_corpus(GeneratorOptions(seed=8))
+    assert msgspec.json.encode(a) == msgspec.json.encode(b)
+    assert [d.text for d in a.documents] != [d.text for d in c.documents]
+    assert len({d.doc_id for d in a.documents}) == len(a.documents)
+
+
+def test_every_kept_task_verifies_and_its_documents_are_in_the_corpus() -> None:
+    corpus = generate_corpus(GeneratorOptions(seed=1, noise=0.0))
+    texts = {d.doc_id: d.text for d in corpus.documents}
+    assert corpus.dropped == {} and len(corpus.tasks) == corpus.generated == 4 * 24
+    assert {t.domain for t in corpus.tasks} == set(DOMAIN_NAMES)
+    for t in corpus.tasks:
+        assert verify(t, texts) is None
+        assert answer_in(t.answer, texts[t.answer_docs[0]])
+        assert all(not answer_in(t.answer, texts[d]) for d in t.distractors)
+        assert t.answer not in t.question
+
+
+def test_hop_count_is_as_asked() -> None:
+    corpus = generate_corpus(GeneratorOptions(seed=2, max_hops=4, noise=0.0))
+    texts = {d.doc_id: d.text for d in corpus.documents}
+    assert {t.hops for t in corpus.tasks} == {1, 2, 3, 4}
+    for t in corpus.tasks:
+        assert len(t.supporting) == t.hops == len(t.queries)
+        assert t.question.count("of the ") == t.hops  # the answer attribute, then one per link
+        # Each document names the next one's entity: the chain really has `hops` documents.
+        for here, nxt in zip(t.supporting, t.supporting[1:], strict=False):
+            title = next(d.title for d in corpus.documents if d.doc_id == nxt.doc_id)
+            assert title in texts[here.doc_id]
+
+
+def test_documents_are_short_enough_for_a_byte_level_model() -> None:
+    corpus = generate_corpus(GeneratorOptions(seed=0))
+    longest = max(len(d.text.encode()) for d in corpus.documents)
+    assert longest < 200, longest
+    bigger = generate_corpus(GeneratorOptions(seed=0, doc_facts=6))
+    assert max(len(d.text) for d in bigger.documents) > 2 * longest
+
+
+def _good(corpus_seed: int = 3) -> tuple[SearchTask, dict[str, str]]:
+    corpus = generate_corpus(GeneratorOptions(seed=corpus_seed, noise=0.0))
+    task = next(t for t in corpus.tasks if t.hops == 2)
+    return task, {d.doc_id: d.text for d in corpus.documents}
+
+
+def test_planted_bad_tasks_are_caught_with_their_reason() -> None:
+    task, texts = _good()
+    assert verify(task, texts) is None
+    # A truth quote that is not in its document.
+    s0 = task.supporting[0]
+    bad_quote = msgspec.structs.replace(s0, truth_quotes=["Its sister town is Nowhereville"])
+    planted = msgspec.structs.replace(task, supporting=[bad_quote, *task.supporting[1:]])
+    assert verify(planted, texts) == "truth_quotes"
+    # Document quotes mostly absent (1 of 3 found, ceil(2/3 * 3) = 2 needed).
+    missing = msgspec.structs.replace(s0, document_quotes=[s0.document_quotes[0], "a quote not there", "nor this"])
+    assert verify(msgspec.structs.replace(task, supporting=[missing, *task.supporting[1:]]), texts) == "document_quotes"
+    # The answer inside a distractor.
+    leaked = dict(texts)
+    leaked[task.distractors[0]] += f" It traded with {task.answer.upper()}."
+    assert verify(task, leaked) == "distractor_has_answer"
+
+
+def test_generator_slips_are_dropped_and_counted() -> None:
+    clean = generate_corpus(GeneratorOptions(seed=4, noise=0.0))
+    noisy = generate_corpus(GeneratorOptions(seed=4, noise=1.0))
+    assert noisy.generated == clean.generated
+    # Every task slipped (a paraphrased answer fact or a leaked answer): every one is dropped.
+    assert noisy.tasks == []
+    assert sum(noisy.dropped.values()) == noisy.generated
+    assert set(noisy.dropped) == {"truth_quotes", "distractor_has_answer"}
+    some = generate_corpus(GeneratorOptions(seed=4, noise=0.2))
+    assert len(some.tasks) + sum(some.dropped.values()) == some.generated and 0 < len(some.tasks) < some.generated
+
+
+def test_quote_cascade_steps() -> None:
+    text = "The  Harbour of\nOrlan — see [the map](http://x.org/m) — dates from “1742”, it's said."
+    assert quote_step("harbour OF", text) == "case"
+    assert quote_step("harbour of orlan", text) == "whitespace"
+    assert quote_step("see the map", text) == "links"
+    assert quote_step('dates from "1742"', text) == "unicode"
+    # The first 5 words longer than 3 letters (harbour, orlan, dates, from, 1742) in order; the rest is ignored.
+    assert quote_step("Harbour in Orlan dates from 1742 onwards maybe", text) == "first_words"
+    assert quote_step("Harbour Orlan dates from somewhere", text) is None
+    assert quote_step("Harbour of Velmar", text) is None
+    assert quote_step("", text) is None
+    assert [required_matches(n) for n in (1, 2, 3, 4, 6)] == [1, 2, 2, 3, 4]
+
+
+def test_curriculum_by_hop_count() -> None:
+    low, high = curriculum_weights(1, 3), curriculum_weights(2, 3)
+    assert low == pytest.approx([4 / 7, 2 / 7, 1 / 7]) and high == pytest.approx([1 / 7, 2 / 7, 4 / 7])
+    with pytest.raises(ValueError, match="phase"):
+        curriculum_weights(3, 3)
+
+
+def test_bad_options_are_named() -> None:
+    with pytest.raises(ValueError, match="heldout_domain"):
+        GeneratorOptions(heldout_domain="poetry")
+    with pytest.raises(ValueError, match="max_hops"):
+        GeneratorOptions(max_hops=0)
+
+
+def test_supporting_doc_struct_roundtrips() -> None:
+    s = SupportingDoc(doc_id="w0001", document_quotes=["a"], clue_quotes=[], truth_quotes=["b"])
+    assert msgspec.json.decode(msgspec.json.encode(s), type=SupportingDoc) == s
