@@ -432,11 +432,14 @@ class NatsBus:
         # Unsubscribe pull inboxes rather than drain them: nothing more is wanted from them.
         for consumer in list(self._consumers):
             await consumer.close()
-        if not self.nc.is_closed:
-            try:
+        try:
+            if not self.nc.is_closed:
                 await asyncio.wait_for(self.nc.drain(), timeout + 1.0)
-            except (TimeoutError, nats.errors.Error) as exc:
-                log.warning("bus %s: drain did not finish (%r); closing", self.name, exc)
+        except (TimeoutError, OSError, nats.errors.Error) as exc:  # a broken socket raises OSError
+            log.warning("bus %s: drain did not finish (%r); closing", self.name, exc)
+        finally:
+            # Even when the drain raised or this close was cancelled: a client left open is a
+            # socket that outlives its event loop (an asyncio.run) and is collected unclosed.
             if not self.nc.is_closed:
                 await self.nc.close()
-        self._connected = False
+            self._connected = False
