@@ -15,7 +15,9 @@ durables; everything else is refused by the server ("Permissions Violation"). Fr
   stream is denied (`publish.deny`), so a reader cannot redefine a durable such as eval-gate's
   on WEIGHTS. The server takes the consumer's name from the subject (a different name in the
   body is ignored, a different `durable_name` refused) and refuses a body whose filter differs
-  from the subject's. Fan-out names are `<user>-<random>` (`fanout_name`).
+  from the subject's. Fan-out names are `<user>-<random>` (`fanout_name`). This needs
+  nats-server 2.9 or later (nats-py 2.16 sends the named create only to a 2.x server from 2.9;
+  to an older one it sends the unnamed create, which every service is refused).
 
 Every service with a JetStream role also reads topology metadata (stream and consumer info,
 never messages), which start-up checks and backlog reads need. Every service subscribes only
