@@ -2,8 +2,8 @@
 
 One short `run_training` (the demo's pipeline on real nats-server and Redis, shrunk). Once a few
 learner steps are in, the test SIGKILLs one service; when the supervisor has restarted it and
-two more steps are in, the next one: rollout-worker, reward-model, learner, weight-publisher,
-task-source. Asserted:
+two more steps are in, the next one: task-source, rollout-worker, reward-model, learner,
+weight-publisher. Asserted:
 
 - the run finishes every step and publishes every version; each service was restarted exactly
   once (the summary's restart counts, and stack.json's, which `slipstream status` shows);
@@ -32,6 +32,12 @@ from slipstream.cli.demo import demo_plan
 from slipstream.cli.training import PIPELINE, run_training
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+# The task source first: it ends on its own once it has sent the run's last tasks, a few steps
+# before the learner's last one, so killed last it may already be gone (seen on a busy machine:
+# the learner trains its final steps in a burst from what is queued). 24 steps leave room for
+# five kill/restart cycles; each took 2 to 6 steps there, the learner training on during restarts.
+KILL_ORDER = ("task-source", "rollout-worker", "reward-model", "learner", "weight-publisher")
 
 
 class Killer:
@@ -75,30 +81,28 @@ def inject(url: str, options: dict[str, str]) -> int:
 
     async def go() -> None:
         nc = await nats.connect(url, name="outsider", **options)
-        js = nc.jetstream()
-        limit = nc.max_payload
-        for subject, schema in (("traj.raw.reverse", "Episode/99"), ("traj.scored.reverse", "ScoredEpisode/99")):
-            await js.publish(subject, b"\xc1 not msgpack")
-            await js.publish(subject, b"\x80", headers={"Slipstream-Schema": schema})
-            await js.publish(subject, b"\xc1" * (limit - 64))  # fits the bus; its dead letter would not
-        await nc.close()
+        try:  # closed even when a publish fails: this test also fails on a client left open
+            js = nc.jetstream()
+            limit = nc.max_payload
+            for subject, schema in (("traj.raw.reverse", "Episode/99"), ("traj.scored.reverse", "ScoredEpisode/99")):
+                await js.publish(subject, b"\xc1 not msgpack")
+                await js.publish(subject, b"\x80", headers={"Slipstream-Schema": schema})
+                await js.publish(subject, b"\xc1" * (limit - 64))  # fits the bus; its dead letter would not
+        finally:
+            await nc.close()
 
     asyncio.run(go())
     return 3
 
 
 @pytest.mark.timeout(600)
-# Known leak, not yet found: in a clean-clone CI run one NATS client socket of this process (the
-# follower's or the tap's, opened inside an asyncio.run) was garbage-collected after its loop
-# closed. It does not touch what this test checks; the warning is allowed here until it is fixed.
-@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 def test_each_service_sigkilled_in_turn_and_the_run_completes(tmp_path: Path) -> None:
     plan = demo_plan()
-    plan.max_steps = 16
+    plan.max_steps = 24
     plan.eval_every = 0
     plan.heldout_tasks = 16
     plan.heldout_samples = 1
-    killer = Killer(PIPELINE, first_at=2, gap=2)
+    killer = Killer(KILL_ORDER, first_at=2, gap=2)
     injected: list[int] = []
 
     def on_stack(stack: Any) -> None:
@@ -111,7 +115,7 @@ def test_each_service_sigkilled_in_turn_and_the_run_completes(tmp_path: Path) ->
     wall = time.monotonic() - t0
     print(f"wall {wall:.0f} s, train {summary.train_time_s:.0f} s; kills: {killer.killed}")
     assert summary.ok, summary.error
-    assert [k["service"] for k in killer.killed] == list(PIPELINE), killer.killed
+    assert [k["service"] for k in killer.killed] == list(KILL_ORDER), killer.killed
     assert all("back_after_s" in k for k in killer.killed), killer.killed
 
     assert summary.steps == plan.max_steps
@@ -121,9 +125,10 @@ def test_each_service_sigkilled_in_turn_and_the_run_completes(tmp_path: Path) ->
     # version than steps + 1 (each number is announced once: `versions_published` counts them).
     assert summary.final_version == summary.versions_published - 1, summary.steps_log
     assert plan.max_steps + 1 <= summary.versions_published <= plan.max_steps + 2, summary.steps_log
+    assert sorted(KILL_ORDER) == sorted(PIPELINE)
     assert summary.restarts == {name: 1 for name in PIPELINE}
     kinds = [(e["service"], e["kind"]) for e in summary.supervisor_events if e["kind"] != "finished"]
-    assert kinds == [(name, kind) for name in PIPELINE for kind in ("crashed", "restarted")]
+    assert kinds == [(name, kind) for name in KILL_ORDER for kind in ("crashed", "restarted")]
     assert all(e["exit_code"] == -signal.SIGKILL for e in summary.supervisor_events if e["kind"] == "crashed")
     state = json.loads((tmp_path / "run" / "stack.json").read_text())
     assert {n: s["restarts"] for n, s in state["services"].items()} == summary.restarts

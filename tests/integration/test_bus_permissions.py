@@ -9,7 +9,9 @@ row in the table or a wrong rule in the generator fails here, and the server is 
   timeout);
 - consume: each durable is pulled and acked by its own service only; another service's pull
   request or ack is refused;
-- read: fan-out views of a stream can be opened only by the services that read it;
+- read: fan-out views of a subject can be opened only by the services that read it, only through
+  the named create, under a name that is not a durable's (a reader cannot redefine eval-gate's
+  durable on WEIGHTS), and the bus's own readers work under these rights, recreated after a gap;
 - inboxes: a service cannot subscribe to another service's replies (where pull deliveries arrive);
 - forgery: a well-formed scored episode published with the rollout worker's or the task source's
   credentials (or none) never reaches the learner's durable, while the reward model's does.
@@ -26,13 +28,21 @@ from typing import Any
 import nats
 import nats.errors
 import pytest
+from nats.js.api import ConsumerConfig
 from scored_trajectories import trajectory
 
 from slipstream.bus import Bus, BusConfig, BusUnavailable, PublishError, connect_bus
 from slipstream.bus.envelope import envelope
 from slipstream.bus.instruments import DENIED
-from slipstream.bus.permissions import ADMIN, all_permissions, inbox_prefix, new_passwords, server_authorization
-from slipstream.schemas import ScoredEpisode, ScoredTrajectory, Task
+from slipstream.bus.permissions import (
+    ADMIN,
+    all_permissions,
+    fanout_name,
+    inbox_prefix,
+    new_passwords,
+    server_authorization,
+)
+from slipstream.schemas import LearnerStep, ScoredEpisode, ScoredTrajectory, Task, WeightAnnounce, WeightsPromoted
 from slipstream.schemas.subjects import STREAMS, dlq_subject, traj_scored_subject
 from slipstream.stack import Server, start_nats
 
@@ -59,11 +69,19 @@ MAY_PUBLISH = {
     "tool-service": set(),  # replies to the tool calls it receives, nothing else (below)
 }
 DURABLES = {"rollout-worker": "TASKS", "reward-model": "TRAJ_RAW", "learner": "TRAJ_SCORED", "eval-gate": "WEIGHTS"}
-MAY_READ = {  # fan-out (ordered consumer) views, per stream
-    "WEIGHTS": {"rollout-worker", "learner", "task-source", "eval-gate"},
-    "LEARNER": {"task-source"},
-    "EVAL": set(),
-    "DLQ": set(),
+MAY_READ = {  # fan-out (ordered consumer) views, per subject
+    "weights.announce": {"rollout-worker", "learner", "task-source"},
+    "weights.promoted": {"rollout-worker", "eval-gate"},
+    "learner.step": {"task-source"},
+    "eval.result": set(),
+    "dlq.TASKS": set(),
+}
+STREAM_OF = {
+    "weights.announce": "WEIGHTS",
+    "weights.promoted": "WEIGHTS",
+    "learner.step": "LEARNER",
+    "eval.result": "EVAL",
+    "dlq.TASKS": "DLQ",
 }
 
 
@@ -176,31 +194,94 @@ async def test_each_durable_is_pulled_and_acked_by_its_service_only(secured: Sec
         await nc.close()
 
 
+def denied_create(errors: list[str], stream: str) -> bool:
+    return any(
+        "permissions violation" in e.lower() and f"consumer.create.{stream}".lower() in e.lower() for e in errors
+    )
+
+
 @pytest.mark.parametrize("service", SERVICES)
-async def test_fanout_views_open_only_for_the_streams_readers(secured: Secured, admin: Bus, service: str) -> None:
+async def test_fanout_views_open_only_for_the_subjects_readers(secured: Secured, admin: Bus, service: str) -> None:
     nc, errors = await secured.raw(service)
     js = nc.jetstream(timeout=1.0)
     try:
-        for stream, readers in MAY_READ.items():
+        for subject, readers in MAY_READ.items():
+            stream = STREAM_OF[subject]
             errors.clear()
-            subject = "dlq.TASKS" if stream == "DLQ" else next(s for s in SUBJECTS if not s.startswith("dlq"))
-            subject = {"WEIGHTS": "weights.announce", "LEARNER": "learner.step", "EVAL": "eval.result"}.get(
-                stream, subject
-            )
-            try:
-                psub = await js.subscribe(subject, stream=stream, ordered_consumer=True)
+            try:  # as the bus opens a view: a fresh name of the service's, filtered to the subject
+                config = ConsumerConfig(name=fanout_name(service))
+                psub = await js.subscribe(subject, stream=stream, ordered_consumer=True, config=config)
                 opened = True
                 await psub.unsubscribe()
             except (nats.errors.TimeoutError, nats.errors.Error):
                 opened = False
-            assert opened == (service in readers), (service, stream, errors)
+            assert opened == (service in readers), (service, subject, errors)
             if not opened:
-                assert any(
-                    "permissions violation" in e.lower() and f"consumer.create.{stream}".lower() in e.lower()
-                    for e in errors
-                ), errors
+                assert denied_create(errors, stream), errors
+        # The unnamed create (nats-py's default for an ordered consumer) is nobody's.
+        errors.clear()
+        with pytest.raises(nats.errors.TimeoutError):
+            await js.subscribe("weights.announce", stream="WEIGHTS", ordered_consumer=True)
+        assert denied_create(errors, "WEIGHTS"), errors
+        # A reader's rights are per subject: a view of WEIGHTS filtered to another subject is refused.
+        if service == "learner":
+            errors.clear()
+            config = ConsumerConfig(name=fanout_name(service))
+            with pytest.raises(nats.errors.TimeoutError):
+                await js.subscribe("weights.promoted", stream="WEIGHTS", ordered_consumer=True, config=config)
+            assert denied_create(errors, "WEIGHTS"), errors
     finally:
         await nc.close()
+
+
+SAMPLES: dict[str, Any] = {
+    "weights.announce": WeightAnnounce(policy_version=7, manifest_key="weights/run/7/manifest.json"),
+    "weights.promoted": WeightsPromoted(policy_version=7, manifest_key="weights/run/7/manifest.json"),
+    "learner.step": LearnerStep(step=7, policy_version=7),
+}
+READERS = sorted({name for readers in MAY_READ.values() for name in readers})
+
+
+@pytest.mark.parametrize("service", READERS)
+async def test_the_bus_opens_each_readers_views_under_names_of_its_own(
+    secured: Secured, admin: Bus, service: str
+) -> None:
+    reads = [subject for subject, readers in MAY_READ.items() if service in readers]
+    for subject in reads:
+        await admin.publish(subject, SAMPLES[subject])
+    denied_before = DENIED.value(op="publish")
+    bus = await connect_bus(secured.cfg(service), name=service)
+    try:
+        for subject in reads:
+            async with bus.subscribe(subject, type(SAMPLES[subject]), deliver="last") as reader:
+                got = await asyncio.wait_for(anext(reader), 5.0)
+                assert got.msg == SAMPLES[subject]
+                names = set((await admin.stream_info(STREAM_OF[subject]))["consumers"])
+                assert [n for n in names if n.startswith(f"{service}-")], names
+    finally:
+        await bus.close()
+    assert DENIED.value(op="publish") == denied_before  # nothing the bus asked for was refused
+
+
+async def test_a_recreated_fanout_view_takes_a_fresh_name(secured: Secured, admin: Bus) -> None:
+    bus = await connect_bus(secured.cfg("rollout-worker"), name="rollout-worker")
+    reader = bus.subscribe("weights.announce", WeightAnnounce, deliver="new")
+    try:
+        await reader.start()
+        psub = reader._handle
+        first = psub._consumer
+        # What nats-py 2.16 does on a gap in the consumer's sequence or two missed heartbeats,
+        # while the consumer it replaces still exists (recreated under the old name, that would be
+        # an update the server refuses, and the view would stay silent until the next reset).
+        jsi = psub._sub._jsi
+        await jsi.reset_ordered_consumer(jsi._sseq + 1)
+        await admin.publish("weights.announce", WeightAnnounce(policy_version=1, manifest_key="k1"))
+        got = await asyncio.wait_for(anext(reader), 3.0)
+        assert got.msg.policy_version == 1
+        assert psub._consumer != first and psub._consumer.startswith("rollout-worker-"), (first, psub._consumer)
+    finally:
+        await reader.close()
+        await bus.close()
 
 
 async def test_a_service_cannot_listen_on_another_services_inbox(secured: Secured, admin: Bus) -> None:
@@ -275,22 +356,43 @@ async def test_a_service_cannot_create_or_delete_streams_and_durables(secured: S
         await nc.close()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="fan-out views are created through the unnamed $JS.API.CONSUMER.CREATE.<stream>, whose body may name "
-    "an existing durable on that stream (eval-gate's on WEIGHTS) and rewrite its settings",
-)
-async def test_a_reader_cannot_redefine_another_services_durable(secured: Secured, admin: Bus) -> None:
-    nc, _ = await secured.raw("rollout-worker")
+async def api(nc: nats.NATS, subject: str, body: dict[str, Any]) -> dict[str, Any]:
+    reply = await nc.request(subject, json.dumps(body).encode(), timeout=2.0)
+    out: dict[str, Any] = json.loads(reply.data)
+    return out
+
+
+@pytest.mark.parametrize("reader", sorted(MAY_READ["weights.announce"]))
+async def test_a_reader_cannot_redefine_another_services_durable(secured: Secured, admin: Bus, reader: str) -> None:
+    nc, errors = await secured.raw(reader)
+    before = await admin.js.consumer_info("WEIGHTS", "eval-gate")
     try:
-        body = {"stream_name": "WEIGHTS", "config": {"name": "eval-gate", "ack_policy": "explicit",
-                "deliver_policy": "all", "filter_subject": "weights.announce", "ack_wait": 10**9}}  # fmt: skip
-        try:
-            await nc.request("$JS.API.CONSUMER.CREATE.WEIGHTS", json.dumps(body).encode(), timeout=0.5)
-        except nats.errors.TimeoutError:
-            pass
-        still = await admin.js.consumer_info("WEIGHTS", "eval-gate")
-        assert still.config.ack_wait == 60.0
+        evil = {
+            "ack_policy": "explicit",
+            "deliver_policy": "all",
+            "filter_subject": "weights.announce",
+            "ack_wait": 10**9,
+        }
+        mine = fanout_name(reader)
+        refused = (  # each would rewrite eval-gate's durable; the server refuses the subject itself
+            ("$JS.API.CONSUMER.CREATE.WEIGHTS", {**evil, "name": "eval-gate"}),  # the unnamed create
+            ("$JS.API.CONSUMER.CREATE.WEIGHTS.eval-gate.weights.announce", {**evil, "name": "eval-gate"}),
+            ("$JS.API.CONSUMER.DURABLE.CREATE.WEIGHTS.eval-gate", {**evil, "durable_name": "eval-gate"}),
+        )
+        for subject, config in refused:
+            body = json.dumps({"stream_name": "WEIGHTS", "config": config}).encode()
+            with pytest.raises(nats.errors.TimeoutError):
+                await nc.request(subject, body, timeout=0.5)
+        assert sum("permissions violation" in e.lower() for e in errors) == 3, errors
+        # Through a name of its own the body cannot point elsewhere: the server goes by the subject.
+        own = f"$JS.API.CONSUMER.CREATE.WEIGHTS.{mine}.weights.announce"
+        renamed = await api(nc, own, {"stream_name": "WEIGHTS", "config": {**evil, "name": "eval-gate"}})
+        assert renamed["name"] == mine, renamed
+        reply = await api(nc, own, {"stream_name": "WEIGHTS", "config": {**evil, "durable_name": "eval-gate"}})
+        assert reply["error"]["err_code"] == 10017, reply  # consumer name in subject does not match durable name
+        after = await admin.js.consumer_info("WEIGHTS", "eval-gate")
+        assert after.config == before.config
+        assert after.config.ack_wait == 30.0  # the table's ack_wait_s, not the forged 1 s
     finally:
         await nc.close()
 

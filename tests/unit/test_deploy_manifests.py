@@ -347,6 +347,9 @@ def test_generated_nats_users_are_current_with_the_subject_table() -> None:
         for u in values["config"]["merge"]["authorization"]["users"]
     )
     assert values["container"]["merge"]["envFrom"] == [{"secretRef": {"name": "slipstream-bus-users"}}]
+    # The deny lists travel too: without them a reader's named create could redefine eval-gate's durable.
+    worker = next(u for u in values["config"]["merge"]["authorization"]["users"] if u["user"] == "rollout-worker")
+    assert worker["permissions"]["publish"]["deny"] == ["$JS.API.CONSUMER.CREATE.WEIGHTS.eval-gate.>"]
 
 
 @pytest.mark.parametrize("overlay", ["dev", "prod", "prod/learner-ray"])

@@ -4,7 +4,8 @@ One connection per Bus, reconnecting forever once it was up; the first connectio
 `connect_budget_s` and then reported as `BusUnavailable`. Publishing goes through
 `JetStreamPublisher` (bounded in-flight, acks with timeouts); consuming binds a pull subscription
 to the shared durable named in the subject table; fan-out subjects are read through ordered
-ephemeral consumers.
+ephemeral consumers, each created under a fresh name of this user's (`permissions.fanout_name`)
+through the named, filtered create: the only create a service's NATS user is granted.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import nats.js.errors
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
-from nats.js.api import DeliverPolicy
+from nats.js.api import ConsumerConfig, DeliverPolicy
 
 from slipstream.bus.base import BusError, BusUnavailable, DeliverFrom, PublishError
 from slipstream.bus.config import BusConfig
@@ -30,7 +31,7 @@ from slipstream.bus.delivery import Delivery
 from slipstream.bus.envelope import check_size, envelope
 from slipstream.bus.fanout import FanoutReader, RawMessage
 from slipstream.bus.instruments import CONSUME_MESSAGES, CONSUME_PENDING, DENIED, DISCONNECTS, RECONNECTS
-from slipstream.bus.permissions import ADMIN
+from slipstream.bus.permissions import ADMIN, fanout_name
 from slipstream.bus.provisioning import ensure_all, ensure_stream
 from slipstream.bus.publisher import JetStreamPublisher
 from slipstream.bus.pull import PullFetcher
@@ -140,6 +141,29 @@ class JetStreamConsumer(BaseConsumer[T], Generic[T]):
 
     async def _raw_progress(self, handle: Msg) -> None:
         await self._nc.publish(handle.reply, _PROGRESS)
+
+
+def _rename_on_recreate(psub: Any, owner: str) -> None:
+    """Make nats-py recreate this ordered consumer under a fresh name after a gap or missed heartbeats.
+
+    nats-py 2.16 recreates an ordered consumer from its original request (`_JSI._ccreq`), name
+    included; with a name that is an update of the consumer it replaces, which the server
+    refuses while that one still exists (it lingers for its inactive threshold). The Go client
+    names each recreation afresh; this does the same before nats-py's own `recreate_consumer`.
+    """
+    jsi = getattr(getattr(psub, "_sub", None), "_jsi", None)
+    recreate = getattr(jsi, "recreate_consumer", None)
+    if jsi is None or recreate is None or not hasattr(jsi, "_ccreq"):
+        raise BusError(
+            "this nats-py has no ordered-consumer state where 2.16 keeps it (_sub._jsi): fan-out readers "
+            "could not be recreated under a new name; pin nats-py 2.16 (tools/constraints.txt)"
+        )
+
+    async def recreate_renamed() -> None:
+        jsi._ccreq.name = fanout_name(owner)
+        await recreate()
+
+    jsi.recreate_consumer = recreate_renamed
 
 
 class NatsBus:
@@ -306,10 +330,15 @@ class NatsBus:
     def _ordered(self, subject: str, stream: str, deliver: DeliverFrom) -> tuple[Any, Any, Any]:
         """open / next / close coroutines of an ordered ephemeral consumer on `subject`."""
 
+        owner = self.cfg.user
+
         async def open_sub() -> Any:
-            return await self.js.subscribe(
-                subject, stream=stream, ordered_consumer=True, deliver_policy=_DELIVER[deliver]
+            config = ConsumerConfig(name=fanout_name(owner))
+            psub = await self.js.subscribe(
+                subject, stream=stream, ordered_consumer=True, deliver_policy=_DELIVER[deliver], config=config
             )
+            _rename_on_recreate(psub, owner)
+            return psub
 
         async def next_raw(psub: Any, timeout: float) -> RawMessage | None:
             try:
@@ -403,11 +432,14 @@ class NatsBus:
         # Unsubscribe pull inboxes rather than drain them: nothing more is wanted from them.
         for consumer in list(self._consumers):
             await consumer.close()
-        if not self.nc.is_closed:
-            try:
+        try:
+            if not self.nc.is_closed:
                 await asyncio.wait_for(self.nc.drain(), timeout + 1.0)
-            except (TimeoutError, nats.errors.Error) as exc:
-                log.warning("bus %s: drain did not finish (%r); closing", self.name, exc)
+        except (TimeoutError, OSError, nats.errors.Error) as exc:  # a broken socket raises OSError
+            log.warning("bus %s: drain did not finish (%r); closing", self.name, exc)
+        finally:
+            # Even when the drain raised or this close was cancelled: a client left open is a
+            # socket that outlives its event loop (an asyncio.run) and is collected unclosed.
             if not self.nc.is_closed:
                 await self.nc.close()
-        self._connected = False
+            self._connected = False

@@ -8,8 +8,16 @@ durables; everything else is refused by the server ("Permissions Violation"). Fr
 - a durable consumer (`ConsumerSpec.service`): pull its next batch
   (`$JS.API.CONSUMER.MSG.NEXT.<stream>.<durable>`), ack / nak / term / progress its deliveries
   (`$JS.ACK.<stream>.<durable>.>`), and dead-letter into `dlq.<stream>`;
-- `readers`: open ordered ephemeral consumers on the row's stream
-  (`$JS.API.CONSUMER.CREATE.<stream>`) and answer their flow control (`$JS.FC.<stream>.>`).
+- `readers`: open ordered ephemeral consumers on the row's stream through the *named* create,
+  filtered to the row's pattern (`$JS.API.CONSUMER.CREATE.<stream>.*.<pattern>`), and answer
+  their flow control (`$JS.FC.<stream>.>`). The unnamed `$JS.API.CONSUMER.CREATE.<stream>` is
+  never granted (its body may name any consumer), and the named create of every durable of the
+  stream is denied (`publish.deny`), so a reader cannot redefine a durable such as eval-gate's
+  on WEIGHTS. The server takes the consumer's name from the subject (a different name in the
+  body is ignored, a different `durable_name` refused) and refuses a body whose filter differs
+  from the subject's. Fan-out names are `<user>-<random>` (`fanout_name`). This needs
+  nats-server 2.9 or later (nats-py 2.16 sends the named create only to a 2.x server from 2.9;
+  to an older one it sends the unnamed create, which every service is refused).
 
 Every service with a JetStream role also reads topology metadata (stream and consumer info,
 never messages), which start-up checks and backlog reads need. Every service subscribes only
@@ -17,9 +25,9 @@ under its own reply prefix `_INBOX.<user>.>`: the bus connects with that inbox p
 service can read another's replies (a pull consumer's deliveries arrive on an inbox). Creating,
 updating or deleting streams and durables is the admin's (the provisioning identity's) alone.
 
-Known gap: the unnamed `$JS.API.CONSUMER.CREATE.<stream>` a fan-out reader needs (nats-py's
-ordered consumer) lets its body name an existing durable of that stream and change its settings;
-tests/integration/test_bus_permissions.py holds this as a strict xfail.
+Limit: NATS matches permissions by whole subject tokens, so the `<user>-` prefix of a fan-out
+name cannot be enforced; two readers of one stream could redefine each other's ephemeral views
+(a denial of service on a stream both may read, never a new right). Durables are protected.
 
 A new service row needs no edits here: a name in `publishers`, `readers`, a consumer's
 `service`, or a request/reply row (`REQUESTS`) is a user with exactly those rights. A request
@@ -62,11 +70,27 @@ class Permissions(msgspec.Struct, kw_only=True, frozen=True):
     publish: tuple[str, ...]
     subscribe: tuple[str, ...]
     allow_responses: bool = False
+    publish_deny: tuple[str, ...] = ()
+    """Refused even where `publish` allows it (NATS: deny wins): other consumers' named creates."""
 
 
 def inbox_prefix(user: str) -> str:
     """The reply-subject prefix a bus connecting as `user` uses (and may subscribe under)."""
     return f"_INBOX.{user}"
+
+
+def fanout_name(owner: str) -> str:
+    """A fresh name for one fan-out (ordered, ephemeral) consumer that `owner` creates.
+
+    Fresh on every (re)creation: an ordered consumer that is recreated under the name of the one
+    it replaces would be an update of that consumer, which the server refuses while it exists.
+    """
+    return f"{owner or 'fanout'}-{secrets.token_hex(8)}"
+
+
+def named_create(stream: str, consumer: str, filter_subject: str) -> str:
+    """The subject that creates (or updates) `consumer` on `stream` filtered to `filter_subject`."""
+    return f"$JS.API.CONSUMER.CREATE.{stream}.{consumer}.{filter_subject}"
 
 
 def check_user(name: str) -> str:
@@ -99,11 +123,14 @@ def service_permissions(
     """What `service` may publish and subscribe to, from the tables alone."""
     check_user(service)
     jetstream: list[str] = []
+    deny: list[str] = []
+    durables = {st.name: [c.durable for c in st.consumers] for st in streams}
     for s in subjects:
         if service in s.publishers:
             jetstream.append(s.pattern)
         if service in s.readers:
-            jetstream += [f"$JS.API.CONSUMER.CREATE.{s.stream}", f"$JS.FC.{s.stream}.>"]
+            jetstream += [named_create(s.stream, "*", s.pattern), f"$JS.FC.{s.stream}.>"]
+            deny += [named_create(s.stream, d, ">") for d in durables.get(s.stream, ())]
     for st in streams:
         for c in st.consumers:
             if c.service == service:
@@ -128,6 +155,7 @@ def service_permissions(
         publish=tuple(dict.fromkeys(publish)),
         subscribe=tuple(dict.fromkeys(subscribe)),
         allow_responses=responds,
+        publish_deny=tuple(dict.fromkeys(deny)),
     )
 
 
@@ -151,9 +179,18 @@ def new_passwords(users: Iterable[str]) -> dict[str, str]:
     return {u: secrets.token_urlsafe(24) for u in users}
 
 
+def publish_rules(p: Permissions) -> dict[str, list[str]]:
+    """The server's `publish` block of `p`: its allow list, and its deny list where it has one."""
+    if not p.publish:  # an empty allow list would mean "no restriction" to the server: deny all
+        return {"deny": [">"]}
+    rules = {"allow": list(p.publish)}
+    if p.publish_deny:
+        rules["deny"] = list(p.publish_deny)
+    return rules
+
+
 def _user_block(p: Permissions, password: str) -> dict[str, object]:
-    # An empty allow list would mean "no restriction" to the server: deny everything instead.
-    publish = {"allow": list(p.publish)} if p.publish else {"deny": [">"]}
+    publish = publish_rules(p)
     perms: dict[str, object] = {"publish": publish, "subscribe": {"allow": list(p.subscribe)}}
     if p.allow_responses:
         perms["allow_responses"] = True

@@ -65,6 +65,24 @@ async def follow_run(
 
     store_root = Path(stack.spec.store.root) if stack.spec.store else None
     bus = await connect_bus(stack.admin_bus(), name="follow")
+    try:
+        await _follow(plan, stack, summary, model_dir, emit, tap, bus, store_root)
+    finally:
+        # Closed on every way out (a failed run, an error before the watchers start, a cancelled
+        # asyncio.run): a client left open here is a socket collected after its loop has closed.
+        await bus.close()
+
+
+async def _follow(
+    plan: TrainingPlan,
+    stack: Stack,
+    summary: RunSummary,
+    model_dir: Path,
+    emit: Emit,
+    tap: Tap,
+    bus: Any,
+    store_root: Path | None,
+) -> None:
     last_manifest: dict[int, str] = {}
     done = asyncio.Event()
     t_train = time.monotonic()
@@ -176,7 +194,6 @@ async def follow_run(
         for w in watchers:
             w.cancel()
         await asyncio.gather(*watchers, return_exceptions=True)
-        await bus.close()
 
 
 def announce_verifier(stack: Stack) -> Any:

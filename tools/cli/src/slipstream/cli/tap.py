@@ -104,19 +104,21 @@ class Tap:
             self._ready.set()
 
     async def _main(self) -> None:
-        import nats
+        from nats.aio.client import Client
 
         self._loop = asyncio.get_running_loop()
         self._quit = asyncio.Event()
-        nc = await nats.connect(self.url, name="follow-tap", **self._options)
-        try:
+        nc = Client()
+        try:  # connect inside: a connect that fails half-way may hold a socket too
+            await nc.connect(self.url, name="follow-tap", **self._options)
             await nc.subscribe("traj.raw.>", cb=self._on_raw)
             await nc.subscribe("traj.scored.>", cb=self._on_scored)
             await nc.flush()
             self._ready.set()
             await self._quit.wait()
         finally:
-            await nc.close()
+            if nc.is_connected or nc.is_connecting or nc.is_reconnecting or nc.is_draining:
+                await nc.close()  # (a client that never got as far as a socket cannot be closed)
 
     async def _on_raw(self, msg: Any) -> None:
         with self._lock:
