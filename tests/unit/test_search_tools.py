@@ -1,7 +1,7 @@
 """The search tools over a real (tiny) hybrid index: hidden arguments, exclusion, budgets, grep, read.
 
 The index is built with the real all-MiniLM-L6-v2 (the session's `minilm` fixture) over six
-short documents written so that each question has one right document.
+short documents written so that each question has one right document (tests/search_corpus.py).
 """
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ import asyncio
 from pathlib import Path
 
 import pytest
+from search_corpus import DOCS, PARAMS
 
-from slipstream.retrieval import Document
 from slipstream.retrieval.backend import HybridSearch
-from slipstream.retrieval.index import IndexParams, build_index, corpus_key, load_index, save_index
+from slipstream.retrieval.index import build_index, corpus_key, load_index, save_index
 from slipstream.retrieval.tools import chunk_ids_of, search_tools
 from slipstream.store import LocalObjectStore
 from slipstream.tools import LocalTransport, ToolCall, ToolRegistry, renderer_for, with_hidden
@@ -21,44 +21,10 @@ from slipstream.tools.calls import MalformedCall
 
 pytestmark = pytest.mark.unit
 
-DOCS = [
-    Document(
-        doc_id="river",
-        title="The Varlo river",
-        text="The Varlo river floods every spring.\n\nBarges carry silt and grain downstream to the harbour.\n\n"
-        "A stone bridge crosses the river at Dunmore.",
-    ),
-    Document(
-        doc_id="music",
-        title="Kestrel Lane (band)",
-        text="Kestrel Lane recorded their first album in a barn.\n\nThe drummer left the band before the tour.",
-    ),
-    Document(
-        doc_id="chem",
-        title="Sodium chloride",
-        text="Table salt is a crystal of sodium and chlorine.\n\nIt dissolves readily in water.",
-    ),
-    Document(
-        doc_id="space",
-        title="Comet Halvor",
-        text="Comet Halvor returns every 76 years.\n\nIts tail points away from the sun.",
-    ),
-    Document(
-        doc_id="law",
-        title="Appeal of Brandt",
-        text="The court of appeal overturned the verdict against Brandt.\n\nThe judge cited a clause of the contract.",
-    ),
-    Document(
-        doc_id="rail",
-        title="Oakridge junction",
-        text="Trains from four lines meet at Oakridge junction.\n\nThe signal box was built in 1911.",
-    ),
-]
-
 
 @pytest.fixture(scope="module")
 def backend(minilm: object) -> HybridSearch:
-    index = build_index(DOCS, minilm, IndexParams(max_chunk_tokens=12, counter="approx"))  # type: ignore[arg-type]
+    index = build_index(DOCS, minilm, PARAMS)  # type: ignore[arg-type]
     return HybridSearch(index, minilm)  # type: ignore[arg-type]
 
 

@@ -85,6 +85,10 @@ class HybridIndex:
         entry = self.docs.get(doc_id)
         return entry.title if entry else ""
 
+    def titles(self) -> dict[str, str]:
+        """Document id -> title, for documents that have one (what the tools label chunks with)."""
+        return {d.doc_id: d.title for d in self.docs.values() if d.title}
+
 
 def indexed_text(title: str, chunk: Chunk) -> str:
     """What both retrievers see of a chunk: its document's title, then its text."""

@@ -29,8 +29,9 @@ class ToolServeSection(msgspec.Struct, kw_only=True, forbid_unknown_fields=True)
         list[str],
         Doc(
             description=(
-                "Tool sets to serve: 'calc' (calculator), 'wait' (a slow echo for tests), or the name of an "
-                "environment with tools (e.g. 'lookup': its 'get')."
+                "Tool sets to serve: 'calc' (calculator), 'wait' (a slow echo for tests), 'search' (search_corpus, "
+                "grep_corpus, read_document over a stored hybrid index: options index, store, budgets), or the "
+                "name of an environment with tools (e.g. 'lookup': its 'get')."
             )
         ),
     ] = msgspec.field(default_factory=lambda: ["calc"])
