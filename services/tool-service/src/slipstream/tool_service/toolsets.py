@@ -15,6 +15,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from slipstream.envs import ENVIRONMENTS, EnvError, get_env
+from slipstream.store import StoreConfig
 from slipstream.tool_service.search import SearchSetError, search_toolset
 from slipstream.tools import Tool, ToolRegistry, calculator, wait
 
@@ -25,7 +26,7 @@ class ToolSetError(ValueError):
     """A tool set that cannot be served: unknown name, an environment without tools, bad options, a clash."""
 
 
-def tools_of(name: str, options: Mapping[str, Any]) -> list[Tool]:
+def tools_of(name: str, options: Mapping[str, Any], *, store: StoreConfig | None = None) -> list[Tool]:
     if name in BUILTIN:
         unknown = set(options) - {"timeout_s"}
         if unknown:
@@ -38,7 +39,7 @@ def tools_of(name: str, options: Mapping[str, Any]) -> list[Tool]:
         return [BUILTIN[name](timeout_s=float(timeout_s))]
     if name == "search":
         try:
-            return search_toolset(options)
+            return search_toolset(options, store=store)
         except SearchSetError as exc:
             raise ToolSetError(str(exc)) from exc
     if name not in ENVIRONMENTS:
@@ -54,8 +55,14 @@ def tools_of(name: str, options: Mapping[str, Any]) -> list[Tool]:
     return list(registry)
 
 
-def build_registry(sets: list[str], options: Mapping[str, Mapping[str, Any]]) -> ToolRegistry:
-    """Every tool of every set, checked: at least one set, no tool served twice."""
+def build_registry(
+    sets: list[str], options: Mapping[str, Mapping[str, Any]], *, store: StoreConfig | None = None
+) -> ToolRegistry:
+    """Every tool of every set, checked: at least one set, no tool served twice.
+
+    `store` is the replica's `[store]`: where a set that loads data (search) finds it unless its
+    options name a store of their own.
+    """
     if not sets:
         raise ToolSetError("[serve] sets is empty: a replica must serve at least one tool set")
     unused = set(options) - set(sets)
@@ -64,7 +71,7 @@ def build_registry(sets: list[str], options: Mapping[str, Mapping[str, Any]]) ->
     registry = ToolRegistry()
     owner: dict[str, str] = {}
     for name in sets:
-        for tool in tools_of(name, options.get(name, {})):
+        for tool in tools_of(name, options.get(name, {}), store=store):
             if tool.name in owner:
                 raise ToolSetError(f"tool {tool.name!r} is in both tool sets {owner[tool.name]!r} and {name!r}")
             owner[tool.name] = name
