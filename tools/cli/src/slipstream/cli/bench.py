@@ -22,6 +22,7 @@ BENCHES: dict[str, str] = {
     "engine": "bench_engine",
     "demo": "bench_demo",
     "search": "bench_search",
+    "bm25": "bench_bm25",
 }
 
 
