@@ -165,3 +165,11 @@ def test_an_index_saved_to_the_store_loads_equal_and_a_corrupt_file_is_refused(
     store.put(f"{key}/dense.npy", store.get(f"{key}/dense.npy")[:-4] + b"\0\0\0\0")
     with pytest.raises(ValueError, match=r"dense\.npy does not match its sha256"):
         load_index(store, key)
+
+
+def test_a_tool_cannot_require_a_hidden_argument() -> None:
+    from slipstream.tools import Tool, ToolDefinitionError
+
+    schema = {"type": "object", "properties": {"q": {"type": "string"}, "_n": {"type": "integer"}}, "required": ["_n"]}
+    with pytest.raises(ToolDefinitionError, match=r"hidden arguments \['_n'\] cannot be required"):
+        Tool(name="t", description="", parameters=schema)
