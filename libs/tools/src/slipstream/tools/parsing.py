@@ -155,7 +155,7 @@ def _parse_one(
             name=name,
         )
     args = obj.get(key, {})
-    problem = tool.argument_error(args)
+    problem = tool.argument_error(args, from_model=True)
     if problem is not None:
         return MalformedCall(
             id=call_id,

@@ -32,7 +32,7 @@ class TagRenderer(RendererBase):
         """A compact preamble: how to call, then one JSON line per tool."""
         lines = [f"Call a tool as {self.syntax.example}; its answer comes back as {RESULT_OPEN}...{RESULT_CLOSE}."]
         for t in tools:
-            lines.append(json.dumps({"name": t.name, "description": t.description, "parameters": t.parameters}))
+            lines.append(json.dumps({"name": t.name, "description": t.description, "parameters": t.shown_parameters()}))
         return "\n".join(lines) + "\n"
 
     def render_call(self, call: ToolCall) -> str:

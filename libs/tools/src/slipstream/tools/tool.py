@@ -4,6 +4,14 @@ A `Tool` is a name, a description, a JSON schema for its arguments (an object sc
 when the tool is built), an async implementation and a timeout. The registry is what the parser
 validates calls against and what the renderers describe to the model; the implementation may
 run in-process or behind a service (the transport decides, see `execution.py`).
+
+Hidden arguments: a property whose name starts with `_` (`HIDDEN_PREFIX`) belongs to the
+harness, not the model. It is validated and passed to `fn` like any other argument, but it is
+never shown (`spec()`, `shown_parameters()`), it may not be required, and a call the model wrote
+with one is malformed (`argument_error(..., from_model=True)`, what the parser uses). The harness
+sets them after parsing with `with_hidden(call, values)`; they then travel with the call, over
+NATS too, so a replica answers exactly as in-process (the search tools' seen-chunk exclusion
+and token budget ride here).
 """
 
 from __future__ import annotations
@@ -18,6 +26,7 @@ from jsonschema import Draft202012Validator
 from jsonschema.exceptions import best_match
 
 _NAME = re.compile(r"[a-z][a-z0-9_]*")
+HIDDEN_PREFIX = "_"
 
 ToolFn = Callable[..., Awaitable[Any]]
 
@@ -59,10 +68,36 @@ class Tool:
             raise ToolDefinitionError(f"tool {self.name!r}: invalid JSON schema: {exc.message}") from exc
         if not self.timeout_s > 0:
             raise ToolDefinitionError(f"tool {self.name!r}: timeout_s must be > 0, got {self.timeout_s}")
+        required_hidden = [r for r in self.parameters.get("required", ()) if str(r).startswith(HIDDEN_PREFIX)]
+        if required_hidden:
+            raise ToolDefinitionError(
+                f"tool {self.name!r}: hidden arguments {required_hidden} cannot be required (the model never sees them)"
+            )
         object.__setattr__(self, "_validator", Draft202012Validator(self.parameters))
 
-    def argument_error(self, args: Mapping[str, Any]) -> str | None:
-        """None when `args` satisfy the schema, else one readable sentence naming the first problem."""
+    @property
+    def hidden(self) -> tuple[str, ...]:
+        """The names of the harness's hidden arguments, in schema order."""
+        return tuple(k for k in self.parameters.get("properties", {}) if k.startswith(HIDDEN_PREFIX))
+
+    def shown_parameters(self) -> dict[str, Any]:
+        """The schema the model is shown: `parameters` without the hidden arguments."""
+        shown = dict(self.parameters)
+        props = shown.get("properties")
+        if isinstance(props, Mapping) and any(k.startswith(HIDDEN_PREFIX) for k in props):
+            shown["properties"] = {k: v for k, v in props.items() if not k.startswith(HIDDEN_PREFIX)}
+        return shown
+
+    def argument_error(self, args: Mapping[str, Any], *, from_model: bool = False) -> str | None:
+        """None when `args` satisfy the schema, else one readable sentence naming the first problem.
+
+        `from_model`: the arguments are the model's own, so a hidden argument among them is an
+        error named as an unknown one (the model was never shown it).
+        """
+        if from_model:
+            hidden = sorted(k for k in args if k.startswith(HIDDEN_PREFIX))
+            if hidden:
+                return f"unexpected argument(s) {', '.join(repr(k) for k in hidden)}"
         err = best_match(self._validator.iter_errors(dict(args)))
         if err is None:
             return None
@@ -73,7 +108,7 @@ class Tool:
         """The OpenAI / Hugging Face function description: what chat templates put in `tools`."""
         return {
             "type": "function",
-            "function": {"name": self.name, "description": self.description, "parameters": dict(self.parameters)},
+            "function": {"name": self.name, "description": self.description, "parameters": self.shown_parameters()},
         }
 
 

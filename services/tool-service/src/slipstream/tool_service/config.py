@@ -13,6 +13,7 @@ import msgspec
 
 from slipstream.bus.config import BusConfig
 from slipstream.runtime.section import ServiceSection
+from slipstream.store.config import StoreConfig
 from slipstream.telemetry.config import TelemetryConfig
 
 Doc = msgspec.Meta
@@ -29,8 +30,9 @@ class ToolServeSection(msgspec.Struct, kw_only=True, forbid_unknown_fields=True)
         list[str],
         Doc(
             description=(
-                "Tool sets to serve: 'calc' (calculator), 'wait' (a slow echo for tests), or the name of an "
-                "environment with tools (e.g. 'lookup': its 'get')."
+                "Tool sets to serve: 'calc' (calculator), 'wait' (a slow echo for tests), 'search' (search_corpus, "
+                "grep_corpus, read_document over a stored hybrid index: options index, store, budgets), or the "
+                "name of an environment with tools (e.g. 'lookup': its 'get')."
             )
         ),
     ] = msgspec.field(default_factory=lambda: ["calc"])
@@ -63,3 +65,7 @@ class ToolServiceConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True
     serve: Annotated[ToolServeSection, Doc(description="The tools served, concurrency and call-id memory.")] = (
         msgspec.field(default_factory=ToolServeSection)
     )
+    store: Annotated[
+        StoreConfig,
+        Doc(description="Object store the 'search' tool set loads its index from (unless its options name one)."),
+    ] = msgspec.field(default_factory=StoreConfig)

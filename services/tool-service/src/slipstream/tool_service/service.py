@@ -39,7 +39,7 @@ class ToolService(BaseService):
         self.cfg = cfg
         self.replica = f"{self.name}/{cfg.service.replica or 'local'}"
         # Built here, so a bad tool set or option is a construction error that names it.
-        self.registry = build_registry(cfg.serve.sets, cfg.serve.options)
+        self.registry = build_registry(cfg.serve.sets, cfg.serve.options, store=cfg.store)
         self.nc: Client | None = None
         self.server: ToolServer | None = None
 

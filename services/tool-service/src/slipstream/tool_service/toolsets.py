@@ -1,9 +1,12 @@
 """Tool sets: the named groups of tools a replica serves (`[serve] sets`).
 
-`calc` and `wait` are the built-in deterministic tools of libs/tools (option: `timeout_s`); any
-other name is an environment from the registry whose tools are served as the environment itself
-defines them (`lookup` -> its `get`), built with the same options as the workers' copy, so a
-call answers the same on a replica as in-process.
+`calc` and `wait` are the built-in deterministic tools of libs/tools (option: `timeout_s`);
+`search` is search_corpus / grep_corpus / read_document over a hybrid index loaded from the
+object store (options in `search.py`; it takes precedence over an environment of that name: the
+search environment's tools are these, served from the stored index); any other name is an
+environment from the registry whose tools are served as the environment itself defines them
+(`lookup` -> its `get`), built with the same options as the workers' copy, so a call answers the
+same on a replica as in-process.
 """
 
 from __future__ import annotations
@@ -12,6 +15,8 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from slipstream.envs import ENVIRONMENTS, EnvError, get_env
+from slipstream.store import StoreConfig
+from slipstream.tool_service.search import SearchSetError, search_toolset
 from slipstream.tools import Tool, ToolRegistry, calculator, wait
 
 BUILTIN: dict[str, Callable[..., Tool]] = {"calc": calculator, "wait": wait}
@@ -21,7 +26,7 @@ class ToolSetError(ValueError):
     """A tool set that cannot be served: unknown name, an environment without tools, bad options, a clash."""
 
 
-def tools_of(name: str, options: Mapping[str, Any]) -> list[Tool]:
+def tools_of(name: str, options: Mapping[str, Any], *, store: StoreConfig | None = None) -> list[Tool]:
     if name in BUILTIN:
         unknown = set(options) - {"timeout_s"}
         if unknown:
@@ -32,8 +37,13 @@ def tools_of(name: str, options: Mapping[str, Any]) -> list[Tool]:
         if isinstance(timeout_s, bool) or not isinstance(timeout_s, int | float) or timeout_s <= 0:
             raise ToolSetError(f"tool set {name!r}: timeout_s must be a number > 0, got {timeout_s!r}")
         return [BUILTIN[name](timeout_s=float(timeout_s))]
+    if name == "search":
+        try:
+            return search_toolset(options, store=store)
+        except SearchSetError as exc:
+            raise ToolSetError(str(exc)) from exc
     if name not in ENVIRONMENTS:
-        known = ", ".join([*BUILTIN, *sorted(ENVIRONMENTS)])
+        known = ", ".join([*BUILTIN, "search", *sorted(ENVIRONMENTS)])
         raise ToolSetError(f"unknown tool set {name!r}; known: {known}")
     try:
         env = get_env(name, **options)
@@ -45,8 +55,14 @@ def tools_of(name: str, options: Mapping[str, Any]) -> list[Tool]:
     return list(registry)
 
 
-def build_registry(sets: list[str], options: Mapping[str, Mapping[str, Any]]) -> ToolRegistry:
-    """Every tool of every set, checked: at least one set, no tool served twice."""
+def build_registry(
+    sets: list[str], options: Mapping[str, Mapping[str, Any]], *, store: StoreConfig | None = None
+) -> ToolRegistry:
+    """Every tool of every set, checked: at least one set, no tool served twice.
+
+    `store` is the replica's `[store]`: where a set that loads data (search) finds it unless its
+    options name a store of their own.
+    """
     if not sets:
         raise ToolSetError("[serve] sets is empty: a replica must serve at least one tool set")
     unused = set(options) - set(sets)
@@ -55,7 +71,7 @@ def build_registry(sets: list[str], options: Mapping[str, Mapping[str, Any]]) ->
     registry = ToolRegistry()
     owner: dict[str, str] = {}
     for name in sets:
-        for tool in tools_of(name, options.get(name, {})):
+        for tool in tools_of(name, options.get(name, {}), store=store):
             if tool.name in owner:
                 raise ToolSetError(f"tool {tool.name!r} is in both tool sets {owner[tool.name]!r} and {name!r}")
             owner[tool.name] = name

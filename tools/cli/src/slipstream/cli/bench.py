@@ -22,6 +22,8 @@ BENCHES: dict[str, str] = {
     "engine": "bench_engine",
     "demo": "bench_demo",
     "sandbox": "bench_sandbox",
+    "search": "bench_search",
+    "bm25": "bench_bm25",
 }
 
 
