@@ -49,6 +49,8 @@ class SearchBackend(Protocol):
         """Chunks whose text matches the regex `pattern` (at most `limit`). Bad regex: ValueError."""
         ...
 
-    async def read(self, doc_id: str, *, query: str | None, exclude: Collection[str], budget_tokens: int) -> list[Chunk]:
+    async def read(
+        self, doc_id: str, *, query: str | None, exclude: Collection[str], budget_tokens: int
+    ) -> list[Chunk]:
         """A document's chunks, reranked against `query` when given, cut to the budget. Unknown id: KeyError."""
         ...
