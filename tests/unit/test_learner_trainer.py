@@ -267,6 +267,9 @@ def test_a_multi_sample_episode_trains_its_sampled_tokens_and_reports_its_shape(
         "tool_calls_per_turn": pytest.approx(2 / 3),
         "invalid_call_rate": 0.5,
         "samples_per_episode": 3.0,
+        "summaries_per_episode": 0.0,
+        # PROMPT + 5 ids, PROMPT + 1, and the frozen helper's sample: every context token counted.
+        "tokens_per_episode": 17.0,
     }
     # Behaviour log-probs were taken from this very model: no mismatch at any turn before the update.
     assert set(stats.mismatch_by_turn) == {"0", "1", "2"}

@@ -23,7 +23,6 @@ from slipstream.envs.search import Search
 from slipstream.envs.search.expert import call
 from slipstream.harness import RecordingEngine, ScriptedEngine, rollout_episodes, token_problems
 from slipstream.schemas import Episode
-from slipstream.tools import ToolCall, run_tool
 
 pytestmark = pytest.mark.unit
 
@@ -147,7 +146,7 @@ async def test_seen_chunks_are_excluded_by_a_hidden_argument() -> None:
         e.model_registry.specs()
     )
     assert all("exclude" not in ev.arguments for ev in ep.tool_log)
-    assert "exclude" in json.dumps(e.registry.specs())
+    assert all(set(tool.hidden) >= {"_exclude", "_budget"} for tool in e.registry)
 
 
 async def test_the_reserve_is_kept_for_the_next_response() -> None:
@@ -272,24 +271,19 @@ async def test_final_output_is_a_ranked_doc_list_and_malformed_output_scores_zer
     assert s.correct and s.components["f_beta"] == pytest.approx(0.7)
 
 
-async def test_the_tool_service_serves_the_backend_tools_with_their_hidden_arguments() -> None:
-    from slipstream.tool_service.toolsets import build_registry
+def test_the_env_calls_the_tool_service_search_set_with_the_same_arguments() -> None:
+    """In-process and over NATS a turn's calls are the same: the env's backend tools and the
+    tool-service's `search` tool set (libs/retrieval) take the same names and arguments, hidden
+    ones included, so `[tools] transport = "nats"` needs no translation."""
+    from slipstream.retrieval.tools import search_tools
 
-    reg = build_registry(["search"], {"search": {"backend": "terms"}})
-    assert reg.names == ("search_corpus", "grep_corpus", "read_document")
-    args = {"query": "heron", "exclude": [], "budget_tokens": 300}
-    result = await run_tool(reg.get("search_corpus"), ToolCall(id="c0", name="search_corpus", arguments=args))
-    assert result.outcome == "ok" and result.text.startswith('<chunk id="')
-    shown = result.text.split('"')[1]
-    again = await run_tool(
-        reg.get("search_corpus"), ToolCall(id="c1", name="search_corpus", arguments={**args, "exclude": [shown]})
-    )
-    assert shown not in again.text
-    bad = await run_tool(
-        reg.get("grep_corpus"),
-        ToolCall(id="c2", name="grep_corpus", arguments={"pattern": "(", "exclude": [], "budget_tokens": 9}),
-    )
-    assert bad.outcome == "invalid_tool_call" and "bad regex" in bad.text
+    service = {t.name: t for t in search_tools(None)}  # the wire schemas, no implementation
+    env_side = {t.name: t for t in env().registry}
+    assert set(service) == set(env_side) == {"search_corpus", "grep_corpus", "read_document"}
+    for name, tool in env_side.items():
+        assert set(tool.parameters["properties"]) == set(service[name].parameters["properties"]), name
+        assert tool.hidden == service[name].hidden, name
+        assert not any(k.startswith("_") for k in tool.spec()["function"]["parameters"]["properties"]), name
 
 
 def test_bad_options_are_named() -> None:

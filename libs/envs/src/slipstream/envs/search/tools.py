@@ -5,8 +5,8 @@ Two registries of the same four names:
 - `model_tools()`: the schemas the model is shown and its calls are parsed against:
   search_corpus(query), grep_corpus(pattern), read_document(doc_id), prune_chunks(chunk_ids).
 - `backend_tools(backend)`: search_corpus / grep_corpus / read_document with the hidden
-  arguments the harness injects (`exclude`: seen chunk ids; `budget_tokens`: what the result may
-  cost; `query` for read_document: the task's question, for reranking). The model never sees
+  arguments the harness injects (`_exclude`: seen chunk ids; `_budget`: what the result may
+  cost; `_query` for read_document: the task's question, for reranking). The model never sees
   them. A search tool-service serves tools of the same names and schemas; in-process, these run
   the `SearchBackend` directly. prune_chunks never leaves the harness: it edits the context.
 
@@ -32,7 +32,8 @@ RETRIEVAL_TOOLS = (SEARCH, GREP, READ)
 GREP_LIMIT = 5
 NO_RESULTS = "no new chunks"
 
-_BLOCK = re.compile(r'<chunk id="([^"]+)">(.*?)</chunk>', re.DOTALL)
+# The tool-service's blocks also carry doc= and title= attributes: the id is what the harness needs.
+_BLOCK = re.compile(r'<chunk id="([^"]+)"[^>]*>(.*?)</chunk>', re.DOTALL)
 _ID = {"type": "string", "pattern": r"^[A-Za-z0-9_.-]{1,64}$"}
 _CHUNK_ID = {"type": "string", "pattern": r"^[A-Za-z0-9_.-]{1,64}#[0-9]{1,6}$"}
 
@@ -124,38 +125,52 @@ _BUDGET = {"type": "integer", "minimum": 0}
 
 def backend_tools(backend: Callable[[], SearchBackend] | None, *, timeout_s: float = 10.0) -> ToolRegistry:
     """search/grep/read with their hidden arguments; `backend()` is called on first use (None: no
-    implementation here, for a registry that only describes the wire schema of a tool-service)."""
+    implementation here, for a registry that only describes the wire schema of a tool-service).
 
-    async def search(query: str, exclude: list[str], budget_tokens: int) -> str:
+    The hidden arguments are libs/tools' (`_`-prefixed, never shown to the model, never required):
+    `_exclude`, `_budget` and, for reads, `_query` — the same names and result format as the
+    tool-service's `search` tool set, so a turn's calls run unchanged in-process or over NATS.
+    """
+
+    async def search(query: str, _exclude: list[str] | None = None, _budget: int = 0) -> str:
         assert backend is not None
-        return render_chunks(await backend().search(query, exclude=exclude, budget_tokens=budget_tokens))
+        return render_chunks(await backend().search(query, exclude=_exclude or [], budget_tokens=_budget))
 
-    async def grep(pattern: str, exclude: list[str], budget_tokens: int) -> str:
+    async def grep(pattern: str, _exclude: list[str] | None = None, _budget: int = 0) -> str:
         assert backend is not None
         try:
-            chunks = await backend().grep(pattern, exclude=exclude, limit=GREP_LIMIT)
+            chunks = await backend().grep(pattern, exclude=_exclude or [], limit=GREP_LIMIT)
         except ValueError as exc:
             raise ToolInputError(f"bad regex {pattern!r}: {exc}") from None
         return render_chunks(chunks)
 
-    async def read(doc_id: str, query: str, exclude: list[str], budget_tokens: int) -> str:
+    async def read(doc_id: str, _exclude: list[str] | None = None, _budget: int = 0, _query: str = "") -> str:
         assert backend is not None
         try:
-            chunks = await backend().read(doc_id, query=query or None, exclude=exclude, budget_tokens=budget_tokens)
+            chunks = await backend().read(doc_id, query=_query or None, exclude=_exclude or [], budget_tokens=_budget)
         except KeyError:
             raise ToolInputError(f"no document {doc_id!r}") from None
         return render_chunks(chunks)
 
-    hidden = {"exclude": _EXCLUDE, "budget_tokens": _BUDGET}
+    hidden = {"_exclude": _EXCLUDE, "_budget": _BUDGET}
     on = backend is not None
+
+    def schema(visible: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+        return {
+            "type": "object",
+            "properties": {**visible, **extra},
+            "required": list(visible),
+            "additionalProperties": False,
+        }
+
     return ToolRegistry(
         [
-            Tool(SEARCH, "search", _schema({"query": {"type": "string"}, **hidden}), search if on else None, timeout_s),
-            Tool(GREP, "grep", _schema({"pattern": {"type": "string"}, **hidden}), grep if on else None, timeout_s),
+            Tool(SEARCH, "search", schema({"query": {"type": "string"}}, hidden), search if on else None, timeout_s),
+            Tool(GREP, "grep", schema({"pattern": {"type": "string"}}, hidden), grep if on else None, timeout_s),
             Tool(
                 READ,
                 "read",
-                _schema({"doc_id": {"type": "string"}, "query": {"type": "string"}, **hidden}),
+                schema({"doc_id": {"type": "string"}}, {**hidden, "_query": {"type": "string"}}),
                 read if on else None,
                 timeout_s,
             ),

@@ -120,11 +120,11 @@ class TurnRunner:
         args: dict[str, Any] = dict(call.arguments)
         if call.name == READ:
             # A read may bring back a pruned chunk; only what is in view now is excluded.
-            args["exclude"] = view.visible_chunks()
-            args["query"] = self.ctx.task.metadata.get("question", "")
+            args["_exclude"] = view.visible_chunks()
+            args["_query"] = self.ctx.task.metadata.get("question", "")
         else:
-            args["exclude"] = list(self.seen)
-        args["budget_tokens"] = budget
+            args["_exclude"] = list(self.seen)
+        args["_budget"] = budget
         return ToolCall(id=call.id, name=call.name, arguments=args, raw=call.raw)
 
     def _prune(self, call: ToolCall, visible: set[str], prune_ids: set[str]) -> ToolResult:
