@@ -303,3 +303,53 @@ async def test_concurrent_sessions_share_the_engine(served: dict[str, Any]) -> N
     )
     assert len(results) == 6 and ep.recorder.recorded == 6
     assert await ep.recorder.flush_all() == 6 and len(served["sink"].episodes) == 6
+
+
+async def test_a_serving_worker_opens_the_endpoint_and_stores_sessions(nats_server: Any, tmp_path: Path) -> None:
+    from slipstream.bus import BusConfig
+    from slipstream.engine.source import ModelSource
+    from slipstream.rollout_worker.config import RolloutWorkerConfig, WorkerSection
+    from slipstream.rollout_worker.service import RolloutWorkerService
+    from slipstream.runtime.lifecycle import Runtime
+    from slipstream.runtime.section import ServiceSection
+    from slipstream.store import StoreConfig
+
+    cfg = RolloutWorkerConfig(
+        service=ServiceSection(run_id="srv", replica="w0", drain_timeout_s=5.0),
+        bus=BusConfig(url=nats_server.url, stream_storage="memory", fetch_timeout_s=0.2),
+        store=StoreConfig(type="local", root=str(tmp_path / "store")),
+        model=ModelSource(preset="tiny", seed=0, threads=1),
+        worker=WorkerSection(max_batch=4, max_tasks_in_flight=1, follow="promoted"),
+        serve=ServeConfig(enabled=True, port=0, renderer="tags", api_keys=["sk-good"]),
+    )
+    service = RolloutWorkerService(cfg)
+    runtime = Runtime(service, cfg.service)
+    running = asyncio.create_task(runtime.run(handle_signals=False))
+    try:
+        for _ in range(600):
+            if runtime.readiness()[0]:
+                break
+            await asyncio.sleep(0.1)
+        assert service.endpoint is not None and service.endpoint.model_name == "slipstream-tiny"
+        client = openai.AsyncOpenAI(base_url=service.endpoint.base_url, api_key="sk-good")
+        raw = await client.chat.completions.with_raw_response.create(
+            model="slipstream-tiny",
+            messages=[{"role": "user", "content": "hi"}],
+            max_tokens=5,
+            extra_headers={"X-Session-ID": "w-sess"},
+        )
+        assert raw.headers[VERSION_HEADER] == "0" and raw.parse().usage.completion_tokens == 5
+        async with openai.AsyncOpenAI(base_url=service.endpoint.base_url, api_key="sk-bad", max_retries=0) as bad:
+            with pytest.raises(openai.AuthenticationError):
+                await bad.models.list()
+        assert runtime.readiness()[1]["status"]["serve"]["calls_recorded"] == 1
+        await client.close()
+    finally:
+        runtime.request_stop("test")
+        code = await asyncio.wait_for(running, 30.0)
+    assert code == 0
+    # Shutdown flushed the open session into the store as an episode.
+    body = LocalObjectStore(tmp_path / "store").get("srv/episodes/serve/w-sess/0.msgpack")
+    episode = decode(body, Episode)
+    assert episode.metadata["session_id"] == "w-sess" and episode.samples[0].mask() == [1] * 5
+    assert episode.worker_id == "rollout-worker/w0" and episode.env == "serve"

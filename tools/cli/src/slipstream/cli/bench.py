@@ -21,6 +21,7 @@ BENCHES: dict[str, str] = {
     "multiturn": "bench_multiturn",
     "engine": "bench_engine",
     "demo": "bench_demo",
+    "serve": "bench_serve",
 }
 
 
