@@ -208,6 +208,18 @@ async def test_a_retried_request_is_replayed_and_recorded_once(served: dict[str,
             extra_headers={"Idempotency-Key": "k-1"},
         )
     assert ep.recorder.recorded == 3 and ep.recorder.coalesced == 2
+    # Without any session identity (no key, no header) a retry still finds its first attempt.
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "anon"}], "max_tokens": 3}
+    url = ep.base_url + "/chat/completions"
+    async with ClientSession() as http:
+        async with http.post(url, json=body) as first:
+            assert first.status == 200 and first.headers["x-slipstream-replayed"] == "false"
+            first_id = (await first.json())["id"]
+        async with http.post(url, json=body, headers={"x-stainless-retry-count": "1"}) as again:
+            assert again.headers["x-slipstream-replayed"] == "true" and (await again.json())["id"] == first_id
+        async with http.get(ep.base_url + "/nothing") as missing:
+            assert missing.status == 404 and (await missing.json())["error"]["type"] == "not_found_error"
+    assert ep.recorder.recorded == 4
 
 
 async def test_sessions_assemble_into_episodes(served: dict[str, Any], tmp_path: Path) -> None:

@@ -32,7 +32,10 @@ from slipstream.serve.config import ServeConfig
 from slipstream.serve.protocol import Call, RequestError, body_hash, parse_chat, parse_completion
 from slipstream.serve.record import CallRecord, Recorder
 from slipstream.serve.render import completion_text, render_chat, render_completion, sse_chat, sse_completion
+from slipstream.telemetry.logs import get_logger
 from slipstream.telemetry.metrics import REGISTRY
+
+log = get_logger(__name__)
 
 VERSION_HEADER = "x-slipstream-policy-version"
 REQUESTS = REGISTRY.counter("worker/serve/requests", "Endpoint requests by route and status code.")
@@ -73,8 +76,13 @@ class ServeApp:
             if exc.status < 400:
                 raise
             kind = "not_found_error" if exc.status == 404 else "invalid_request_error"
-            err = RequestError(f"{request.method} {request.path}: {exc.reason}", status=exc.status, kind=kind)
-            resp = web.json_response(err.body(), status=exc.status)
+            refused = RequestError(f"{request.method} {request.path}: {exc.reason}", status=exc.status, kind=kind)
+            resp = web.json_response(refused.body(), status=exc.status)
+        except Exception as exc:
+            # The engine failed (or a bug): a 500 in OpenAI's shape, which the client retries.
+            log.exception("serve: call failed", route=route)
+            failed = RequestError(f"internal error: {exc!r}", status=500, kind="server_error")
+            resp = web.json_response(failed.body(), status=500)
         REQUESTS.add(1, route=route, status=str(resp.status))
         return resp
 
@@ -194,14 +202,16 @@ class ServeApp:
                 code="context_length_exceeded",
             )
         session = self._session(request, call, key)
+        # An anonymous call is a session of its own, but its retry must still find it.
+        scope = "anon" if session.startswith("anon-") else session
         ledger_key, lookup = self._retry_key(request, raw)
-        prior = self.recorder.begin(session, ledger_key) if lookup else None
+        prior = self.recorder.begin(scope, ledger_key) if lookup else None
         if prior is not None:
             record = await prior
             COALESCED.add(1)
             return record, True
         if not lookup:
-            self.recorder.begin(session, ledger_key, replace=True)
+            self.recorder.begin(scope, ledger_key, replace=True)
         started = time.time()
         call_id = uuid.uuid4().hex
         try:
@@ -209,11 +219,11 @@ class ServeApp:
                 GenerationRequest(request_id=call_id, prompt_ids=prompt_ids, params=call.params)
             )
         except Exception as exc:
-            self.recorder.fail(session, ledger_key, exc)
+            self.recorder.fail(scope, ledger_key, exc)
             raise
         if res.finish_reason == "abort":
             err = RequestError("the engine is stopping; retry", status=503, kind="server_error", code="engine_stopping")
-            self.recorder.fail(session, ledger_key, err)
+            self.recorder.fail(scope, ledger_key, err)
             raise err
         record = CallRecord(
             call_id=call_id,
@@ -234,7 +244,7 @@ class ServeApp:
             retry_key=ledger_key,
         )
         self.recorder.record(record)
-        self.recorder.finish(session, ledger_key, record)
+        self.recorder.finish(scope, ledger_key, record)
         RECORDED.add(1, endpoint=call.endpoint)
         CALL_S.observe(record.finished_at - started, endpoint=call.endpoint)
         return record, False

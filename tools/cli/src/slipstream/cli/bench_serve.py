@@ -11,8 +11,10 @@ One engine (a TorchEngine on a tiny preset), one run, two ways of getting the sa
 Every request asks for exactly `--max-tokens` tokens (`ignore_eos`), so both modes do the same
 engine work. The modes alternate within each repeat; figures are completions/s and p50/p99
 request latency, and the headline is the median over repeats of endpoint/in-process throughput
-(target >= 0.8). The clients run in the same process as the server, so their CPU counts against
-the endpoint: the ratio is a lower bound for clients on other machines.
+(target >= 0.8). By default (`--clients process`) the clients run in a child process, as clients
+on other machines would, and time themselves there (its start-up excluded); with `--clients
+inline` they share the server's event loop, so their CPU counts against the endpoint. Both share
+the machine's cores with the server either way.
 """
 
 from __future__ import annotations
@@ -40,6 +42,12 @@ def register(bench_subparsers: Any) -> None:
     p.add_argument("--max-tokens", type=int, default=32, help="tokens per completion (default 32)")
     p.add_argument("--repeats", type=int, default=3, help="repeats; medians reported (default 3)")
     p.add_argument("--client", choices=("aiohttp", "openai"), default="aiohttp", help="HTTP client (default aiohttp)")
+    p.add_argument(
+        "--clients",
+        choices=("process", "inline"),
+        default="process",
+        help="endpoint clients in a child process (default) or in the server's own event loop",
+    )
     p.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
     p.set_defaults(func=_command)
 
@@ -89,7 +97,6 @@ async def _pool(n: int, concurrency: int, one: Any) -> tuple[list[float], float]
 
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
-    import aiohttp
     import torch
 
     from slipstream.engine import GenerationRequest, SamplingParams, TorchEngine, build_tiny
@@ -117,50 +124,42 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         )
         assert len(res.completion_ids) == args.max_tokens
 
-    body = {"model": endpoint.model_name, "max_tokens": args.max_tokens, "ignore_eos": True}
-    url = f"{endpoint.base_url}/chat/completions"
-    http = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=args.concurrency))
-    oai = None
-    if args.client == "openai":
-        import openai
+    spec = {
+        "base_url": endpoint.base_url,
+        "model": endpoint.model_name,
+        "client": args.client,
+        "max_tokens": args.max_tokens,
+        "concurrency": args.concurrency,
+        "messages": messages,
+    }
+    inline = _Clients(spec) if args.clients == "inline" else None
 
-        oai = openai.AsyncOpenAI(base_url=endpoint.base_url, api_key="bench", max_retries=0)
-
-    async def via_endpoint(i: int) -> None:
-        if oai is not None:
-            out = await oai.chat.completions.create(
-                messages=messages[i],  # type: ignore[arg-type]
-                seed=i,
-                extra_body={"ignore_eos": True},
-                model=endpoint.model_name,
-                max_tokens=args.max_tokens,
-            )
-            assert out.usage is not None and out.usage.completion_tokens == args.max_tokens
-            return
-        async with http.post(url, json={**body, "messages": messages[i], "seed": i}) as resp:
-            data = await resp.json()
-            assert resp.status == 200, data
-            assert data["usage"]["completion_tokens"] == args.max_tokens
+    async def endpoint_pool(n: int) -> tuple[list[float], float]:
+        if inline is not None:
+            return await _pool(n, args.concurrency, inline.one)
+        return await _child_pool({**spec, "n": n})
 
     try:
         await _pool(args.concurrency, args.concurrency, in_process)  # warm-up: first-call allocations
-        await _pool(args.concurrency, args.concurrency, via_endpoint)
+        await endpoint_pool(args.concurrency)
         repeats = []
         for r in range(args.repeats):
-            order = [("in_process", in_process), ("endpoint", via_endpoint)]
+            order = ["in_process", "endpoint"]
             if r % 2:
                 order.reverse()  # alternate who goes first, so drift in machine load hits both
             rep: dict[str, Any] = {}
-            for name, fn in order:
-                lat, wall = await _pool(args.requests, args.concurrency, fn)
+            for name in order:
+                if name == "endpoint":
+                    lat, wall = await endpoint_pool(args.requests)
+                else:
+                    lat, wall = await _pool(args.requests, args.concurrency, in_process)
                 rep[name] = _figures(lat, wall)
             rep["ratio"] = round(rep["endpoint"]["completions_per_s"] / rep["in_process"]["completions_per_s"], 3)
             repeats.append(rep)
             print(f"repeat {r}: {json.dumps(rep)}", flush=True)
     finally:
-        await http.close()
-        if oai is not None:
-            await oai.close()
+        if inline is not None:
+            await inline.close()
         await endpoint.close()
         await engine.stop()
 
@@ -178,3 +177,76 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         k: getattr(args, k) for k in ("preset", "requests", "concurrency", "max_tokens", "repeats", "client", "threads")
     }
     return {"config": config, "repeats": repeats, "summary": summary, "recorded": endpoint.recorder.stats()}
+
+
+class _Clients:
+    """The endpoint's clients: a bare aiohttp session or the real `openai` AsyncOpenAI client."""
+
+    def __init__(self, spec: dict[str, Any]) -> None:
+        import aiohttp
+
+        self.spec = spec
+        self.url = f"{spec['base_url']}/chat/completions"
+        self.http = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=spec["concurrency"]))
+        self.oai: Any = None
+        if spec["client"] == "openai":
+            import openai
+
+            self.oai = openai.AsyncOpenAI(base_url=spec["base_url"], api_key="bench", max_retries=0)
+
+    async def one(self, i: int) -> None:
+        spec = self.spec
+        messages = spec["messages"][i % len(spec["messages"])]
+        if self.oai is not None:
+            out = await self.oai.chat.completions.create(
+                model=spec["model"],
+                messages=messages,
+                max_tokens=spec["max_tokens"],
+                seed=i,
+                extra_body={"ignore_eos": True},
+            )
+            assert out.usage is not None and out.usage.completion_tokens == spec["max_tokens"]
+            return
+        body = {"model": spec["model"], "messages": messages, "max_tokens": spec["max_tokens"], "seed": i}
+        async with self.http.post(self.url, json={**body, "ignore_eos": True}) as resp:
+            data = await resp.json()
+            assert resp.status == 200, data
+            assert data["usage"]["completion_tokens"] == spec["max_tokens"]
+
+    async def close(self) -> None:
+        await self.http.close()
+        if self.oai is not None:
+            await self.oai.close()
+
+
+async def _child_pool(spec: dict[str, Any]) -> tuple[list[float], float]:
+    """Run the clients in a child process (its own interpreter and CPU time); it times itself."""
+    import sys
+
+    code = "from slipstream.cli.bench_serve import client_main; client_main()"
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", code, json.dumps(spec), stdout=asyncio.subprocess.PIPE
+    )
+    out, _ = await proc.communicate()
+    if proc.returncode != 0:
+        raise RuntimeError(f"bench serve: the client process exited {proc.returncode}")
+    result = json.loads(out.decode().strip().splitlines()[-1])
+    return result["latencies"], result["wall"]
+
+
+def client_main() -> None:
+    """Entry of the child process: one connection warm-up per client, then the timed pool."""
+    import sys
+
+    spec = json.loads(sys.argv[1])
+
+    async def go() -> dict[str, Any]:
+        clients = _Clients(spec)
+        try:
+            await _pool(spec["concurrency"], spec["concurrency"], clients.one)
+            latencies, wall = await _pool(spec["n"], spec["concurrency"], clients.one)
+        finally:
+            await clients.close()
+        return {"latencies": latencies, "wall": wall}
+
+    print(json.dumps(asyncio.run(go())))
