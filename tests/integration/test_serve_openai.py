@@ -268,6 +268,12 @@ async def test_completions_models_health_and_versions(served: dict[str, Any]) ->
     assert record.prompt_ids == [TOK.BOS, *TOK.encode("12+30=")] == list(produced.prompt_ids)
     assert resp.choices[0].model_extra["token_ids"] == record.completion_ids == list(produced.completion_ids)
     assert resp.choices[0].logprobs.token_logprobs == pytest.approx(list(produced.logprobs))
+    stream = await client.completions.create(
+        model=MODEL, prompt="12+30=", max_tokens=6, seed=5, stream=True, stream_options={"include_usage": True}
+    )
+    chunks = [c async for c in stream]
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == resp.choices[0].text
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 6
     # Token ids in; a new policy version is named in the header and in the record's segments.
     engine.inner.apply_weights(3, {k: v.clone() for k, v in engine.state_dict().items()})
     raw = await client.completions.with_raw_response.create(model=MODEL, prompt=[TOK.BOS, 49, 50], max_tokens=4)
