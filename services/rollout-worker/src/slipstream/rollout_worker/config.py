@@ -14,6 +14,7 @@ import msgspec
 from slipstream.bus.config import BusConfig
 from slipstream.engine.source import ModelSource
 from slipstream.runtime.section import ServiceSection
+from slipstream.serve.config import ServeConfig
 from slipstream.store.config import StoreConfig
 from slipstream.telemetry.config import TelemetryConfig
 from slipstream.tools.config import ToolsConfig
@@ -113,3 +114,7 @@ class RolloutWorkerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=Tr
     trust: Annotated[TrustConfig, Doc(description="Public keys a weight version must be signed with.")] = msgspec.field(
         default_factory=TrustConfig
     )
+    serve: Annotated[
+        ServeConfig,
+        Doc(description="The OpenAI-compatible endpoint of a serving worker (off unless enabled); calls are recorded."),
+    ] = msgspec.field(default_factory=ServeConfig)

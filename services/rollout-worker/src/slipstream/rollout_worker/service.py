@@ -10,6 +10,10 @@ takes tasks until SIGTERM; then it stops fetching, gives in-flight groups the dr
 (less a grace period) to finish and be published and acked, and hands back (releases) the rest.
 Everything the loops do is in their own modules.
 
+With `[serve] enabled` the worker also opens the OpenAI-compatible endpoint (`slipstream.serve`)
+over the same engine: calls share the engine's batch with the tasks, every call is recorded, and
+each session is stored as an episode in the object store when it goes idle or at shutdown.
+
 Every announce is verified first (`[trust]`, and with `[service] redis_url` the granted fencing
 token). `/readyz` fails, with the reason in its status, when tasks are held or a newer version is
 known and neither a rollout nor a version has gone through for `[service] stall_after_s`.
@@ -36,6 +40,7 @@ from slipstream.runtime.progress import ProgressWatch
 from slipstream.runtime.service import BaseService
 from slipstream.schemas import Task
 from slipstream.schemas.subjects import consumer as durable_spec
+from slipstream.serve import ServeEndpoint, StoreSink
 from slipstream.store import setup_store
 from slipstream.telemetry.logs import get_logger
 from slipstream.tools import ToolRegistry, ToolTransport
@@ -70,6 +75,7 @@ class RolloutWorkerService(BaseService):
         self.control: Control | None = None
         self.verifier: AnnounceVerifier | None = None
         self.progress = ProgressWatch(cfg.service.stall_after_s)
+        self.endpoint: ServeEndpoint | None = None
 
     def tools_url(self) -> str:
         """Where the tool-service is: `[tools] url`, else the bus's NATS."""
@@ -171,6 +177,27 @@ class RolloutWorkerService(BaseService):
             fetch_timeout_s=cfg.bus.fetch_timeout_s,
             error_delay_s=w.retry_delay_s,
         )
+        if cfg.serve.enabled:
+            await self._open_endpoint(tokenizer)
+
+    def served_model_name(self) -> str:
+        m = self.cfg.model
+        base = m.name or (m.path.rstrip("/").rsplit("/", 1)[-1] if m.path else m.preset)
+        return f"slipstream-{base}"
+
+    async def _open_endpoint(self, tokenizer: Any) -> None:
+        assert self.engine is not None and self.store is not None
+        self.endpoint = ServeEndpoint(
+            self.engine,
+            tokenizer,
+            self.cfg.serve,
+            StoreSink(self.store, self.cfg.service.run_id),
+            model_name=self.served_model_name(),
+            run_id=self.cfg.service.run_id,
+            worker_id=self.worker_id,
+        )
+        port = await self.endpoint.start()
+        log.info("serving endpoint open", url=self.endpoint.base_url, model=self.endpoint.model_name, port=port)
 
     async def run(self, stop: asyncio.Event) -> None:
         assert self.engine and self.intake and self.follower and self.pipeline
@@ -204,6 +231,9 @@ class RolloutWorkerService(BaseService):
             await asyncio.gather(fetch, follow, gauges, stopped, failed, return_exceptions=True)
 
     async def close(self) -> None:
+        if self.endpoint is not None:
+            # Before the engine stops (in-flight calls finish) and the store closes (sessions flush into it).
+            await self.endpoint.close()
         if self.engine is not None:
             await self.engine.stop()
         if self.consumer is not None:
@@ -271,6 +301,8 @@ class RolloutWorkerService(BaseService):
                 "connected": self.tools_nc is not None and self.tools_nc.is_connected,
                 **self.tool_stats,
             }
+        if self.endpoint is not None:
+            out["serve"] = self.endpoint.status()
         self._stall()
         out["progress"] = self.progress.status()
         return out

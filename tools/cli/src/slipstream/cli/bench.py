@@ -24,6 +24,7 @@ BENCHES: dict[str, str] = {
     "sandbox": "bench_sandbox",
     "search": "bench_search",
     "bm25": "bench_bm25",
+    "serve": "bench_serve",
 }
 
 

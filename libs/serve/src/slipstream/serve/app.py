@@ -1,0 +1,250 @@
+"""The OpenAI-compatible endpoint: aiohttp routes over the engine, every call recorded.
+
+    POST /v1/chat/completions   (stream or not; tools rendered by the renderer, calls parsed back)
+    POST /v1/completions        (prompt text or token ids)
+    GET  /v1/models, GET /health
+
+A call: validate (4xx naming the field) → resolve its session (`X-Session-ID` header, then body
+`session_id`, then the bearer key) → coalesce SDK retries (`Idempotency-Key`, or
+`x-stainless-retry-count` > 0 with the same body: the recorded call is replayed, not resampled) →
+`engine.generate` → record (`slipstream.serve.record`) → respond. Every response names the
+policy version of its newest token in `x-slipstream-policy-version`, and carries the call's
+per-token version segments under `slipstream` in the body.
+
+Streaming is a replay: the engine interface returns a finished result, so the SSE chunks (one
+per token, role first, finish, then usage when `stream_options.include_usage`) are written once
+the completion is done. The chunks are exact; the time to first token is the whole generation.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+import uuid
+from typing import Any
+
+from aiohttp import web
+
+from slipstream.engine.interface import Engine, GenerationRequest
+from slipstream.serve.chat import ChatFormat
+from slipstream.serve.config import ServeConfig
+from slipstream.serve.protocol import Call, RequestError, body_hash, parse_chat, parse_completion
+from slipstream.serve.record import CallRecord, Recorder
+from slipstream.serve.render import completion_text, render_chat, render_completion, sse_chat, sse_completion
+from slipstream.telemetry.logs import get_logger
+from slipstream.telemetry.metrics import REGISTRY
+
+log = get_logger(__name__)
+
+VERSION_HEADER = "x-slipstream-policy-version"
+REQUESTS = REGISTRY.counter("worker/serve/requests", "Endpoint requests by route and status code.")
+RECORDED = REGISTRY.counter("worker/serve/calls_recorded", "Served calls recorded, by endpoint.")
+COALESCED = REGISTRY.counter("worker/serve/retries_coalesced", "SDK retries answered by replaying a recorded call.")
+CALL_S = REGISTRY.histogram("worker/serve/call_s", "Seconds from request to response body, by endpoint.")
+
+
+class ServeApp:
+    """The routes and the state they share (engine, chat format, recorder)."""
+
+    def __init__(self, engine: Engine, fmt: ChatFormat, recorder: Recorder, cfg: ServeConfig, model_name: str) -> None:
+        self.engine = engine
+        self.fmt = fmt
+        self.recorder = recorder
+        self.cfg = cfg
+        self.model_name = model_name
+        self.limits = {"default_max_tokens": cfg.default_max_tokens, "max_tokens_limit": cfg.max_tokens_limit}
+        self.keys = set(cfg.api_keys)
+
+    def build(self, middlewares: list[Any] | None = None) -> web.Application:
+        app = web.Application(middlewares=[*(middlewares or []), self._errors], client_max_size=16 * 1024 * 1024)
+        app.router.add_post("/v1/chat/completions", self.chat)
+        app.router.add_post("/v1/completions", self.completions)
+        app.router.add_get("/v1/models", self.models)
+        app.router.add_get("/health", self.health)
+        return app
+
+    # ------------------------------------------------------------------ plumbing
+    @web.middleware
+    async def _errors(self, request: web.Request, handler: Any) -> web.StreamResponse:
+        route = request.match_info.route.resource.canonical if request.match_info.route.resource else "unmatched"
+        try:
+            resp = await handler(request)
+        except RequestError as err:
+            resp = web.json_response(err.body(), status=err.status)
+        except web.HTTPException as exc:
+            if exc.status < 400:
+                raise
+            kind = "not_found_error" if exc.status == 404 else "invalid_request_error"
+            refused = RequestError(f"{request.method} {request.path}: {exc.reason}", status=exc.status, kind=kind)
+            resp = web.json_response(refused.body(), status=exc.status)
+        except Exception as exc:
+            # The engine failed (or a bug): a 500 in OpenAI's shape, which the client retries.
+            log.exception("serve: call failed", route=route)
+            failed = RequestError(f"internal error: {exc!r}", status=500, kind="server_error")
+            resp = web.json_response(failed.body(), status=500)
+        REQUESTS.add(1, route=route, status=str(resp.status))
+        return resp
+
+    def _auth(self, request: web.Request) -> str:
+        """The bearer key ('' when none); with `api_keys` configured, an unknown key is a 401."""
+        auth = request.headers.get("Authorization", "")
+        key = auth[7:].strip() if auth.lower().startswith("bearer ") else ""
+        if self.keys and key not in self.keys:
+            raise RequestError("invalid API key", status=401, kind="authentication_error", code="invalid_api_key")
+        return key
+
+    async def _body(self, request: web.Request) -> tuple[Any, bytes]:
+        raw = await request.read()
+        try:
+            return json.loads(raw), raw
+        except ValueError as exc:
+            raise RequestError(f"the request body is not valid JSON: {exc}") from None
+
+    def _session(self, request: web.Request, call: Call, key: str) -> str:
+        header = request.headers.get("X-Session-ID", "").strip()
+        if header:
+            return header
+        if call.session_id:
+            return call.session_id
+        if key:
+            # The key names the session; only a digest of it is ever stored.
+            return "key-" + hashlib.sha256(key.encode()).hexdigest()[:16]
+        return "anon-" + uuid.uuid4().hex[:16]
+
+    def _retry_key(self, request: web.Request, raw: bytes) -> tuple[str, bool]:
+        """(ledger key, whether an earlier call under it may answer this one)."""
+        idem = request.headers.get("Idempotency-Key", "").strip()
+        if idem:
+            return "idem:" + idem, True
+        try:
+            retries = int(request.headers.get("x-stainless-retry-count", "0"))
+        except ValueError:
+            retries = 0
+        return "body:" + body_hash(raw), retries > 0
+
+    # ------------------------------------------------------------------ routes
+    async def health(self, request: web.Request) -> web.Response:
+        error = getattr(self.engine, "error", None)
+        if error is not None:
+            return web.json_response({"status": "failed", "error": repr(error)}, status=503)
+        return web.json_response({"status": "ok", "policy_version": self.engine.policy_version})
+
+    async def models(self, request: web.Request) -> web.Response:
+        self._auth(request)
+        model = {"id": self.model_name, "object": "model", "created": 0, "owned_by": "slipstream"}
+        return web.json_response({"object": "list", "data": [model]})
+
+    async def chat(self, request: web.Request) -> web.StreamResponse:
+        key = self._auth(request)
+        body, raw = await self._body(request)
+        call = parse_chat(body, **self.limits)
+        self._check_model(call)
+        tools = self.fmt.registry(call.tools) if call.tool_choice != "none" else None
+        messages = self.fmt.messages(call.messages)
+        prompt_ids = self.fmt.encode(self.fmt.prompt_text(messages, tools))
+        call.params.stop = [*call.params.stop, *(s for s in self.fmt.stop_strings if s not in call.params.stop)]
+        record, replayed = await self._serve(request, call, raw, key, prompt_ids, "messages")
+        cut = completion_text(record, self.fmt)
+        reply = self.fmt.reply(record.text, cut, record.finish_reason, tools, call_prefix=f"call_{record.call_id[:12]}")
+        headers = self._headers(record, replayed)
+        if call.stream:
+            return await sse_chat(request, self.model_name, record, reply, call, self.fmt, headers)
+        return web.json_response(render_chat(self.model_name, record, reply, call, self.fmt), headers=headers)
+
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        key = self._auth(request)
+        body, raw = await self._body(request)
+        call = parse_completion(body, **self.limits)
+        self._check_model(call)
+        if call.prompt_ids is not None:
+            vocab = getattr(self.fmt.tokenizer, "vocab_size", None)
+            if vocab is not None and any(not 0 <= t < vocab for t in call.prompt_ids):
+                raise RequestError(f"'prompt' has token ids outside the vocabulary [0, {vocab})", param="prompt")
+            prompt_ids = call.prompt_ids
+        else:
+            prompt_ids = self.fmt.encode(call.prompt_text or "")
+        record, replayed = await self._serve(request, call, raw, key, prompt_ids, "prompt")
+        headers = self._headers(record, replayed)
+        if call.stream:
+            return await sse_completion(request, self.model_name, record, call, self.fmt, headers)
+        return web.json_response(render_completion(self.model_name, record, call, self.fmt), headers=headers)
+
+    # ------------------------------------------------------------------ one call
+    def _check_model(self, call: Call) -> None:
+        if call.model != self.model_name:
+            raise RequestError(
+                f"model {call.model!r} is not served here; this endpoint serves {self.model_name!r}",
+                param="model",
+                status=404,
+                kind="not_found_error",
+                code="model_not_found",
+            )
+
+    def _headers(self, record: CallRecord, replayed: bool) -> dict[str, str]:
+        version = record.newest_version if record.segments else self.engine.policy_version
+        return {
+            VERSION_HEADER: str(version),
+            "x-slipstream-call-id": record.call_id,
+            "x-slipstream-session-id": record.session_id,
+            "x-slipstream-replayed": "true" if replayed else "false",
+        }
+
+    async def _serve(
+        self, request: web.Request, call: Call, raw: bytes, key: str, prompt_ids: list[int], prompt_param: str
+    ) -> tuple[CallRecord, bool]:
+        """The call's record: served now, or an earlier attempt's replayed. Returns (record, replayed)."""
+        max_len = getattr(self.engine, "max_seq_len", None)
+        if max_len is not None and len(prompt_ids) >= max_len:
+            raise RequestError(
+                f"'{prompt_param}' renders to {len(prompt_ids)} tokens; this model takes at most {max_len - 1}",
+                param=prompt_param,
+                code="context_length_exceeded",
+            )
+        session = self._session(request, call, key)
+        # An anonymous call is a session of its own, but its retry must still find it.
+        scope = "anon" if session.startswith("anon-") else session
+        ledger_key, lookup = self._retry_key(request, raw)
+        prior = self.recorder.begin(scope, ledger_key) if lookup else None
+        if prior is not None:
+            record = await prior
+            COALESCED.add(1)
+            return record, True
+        if not lookup:
+            self.recorder.begin(scope, ledger_key, replace=True)
+        started = time.time()
+        call_id = uuid.uuid4().hex
+        try:
+            res = await self.engine.generate(
+                GenerationRequest(request_id=call_id, prompt_ids=prompt_ids, params=call.params)
+            )
+        except Exception as exc:
+            self.recorder.fail(scope, ledger_key, exc)
+            raise
+        if res.finish_reason == "abort":
+            err = RequestError("the engine is stopping; retry", status=503, kind="server_error", code="engine_stopping")
+            self.recorder.fail(scope, ledger_key, err)
+            raise err
+        record = CallRecord(
+            call_id=call_id,
+            session_id=session,
+            endpoint=call.endpoint,
+            model=self.model_name,
+            created=started,
+            finished_at=time.time(),
+            prompt_ids=list(res.prompt_ids),
+            completion_ids=list(res.completion_ids),
+            logprobs=list(res.logprobs),
+            segments=[(int(v), int(n)) for v, n in res.segments],
+            finish_reason=res.finish_reason,
+            params=call.params,
+            template_hash=self.fmt.template_hash if call.endpoint == "chat" else "",
+            text=self.fmt.tokenizer.decode(res.completion_ids),
+            request_hash=body_hash(raw),
+            retry_key=ledger_key,
+        )
+        self.recorder.record(record)
+        self.recorder.finish(scope, ledger_key, record)
+        RECORDED.add(1, endpoint=call.endpoint)
+        CALL_S.observe(record.finished_at - started, endpoint=call.endpoint)
+        return record, False

@@ -1,0 +1,36 @@
+"""`[serve]`: the OpenAI-compatible endpoint a serving rollout worker opens (off by default)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import msgspec
+
+Doc = msgspec.Meta
+
+
+class ServeConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    enabled: Annotated[bool, Doc(description="Open the OpenAI-compatible endpoint (/v1/chat/completions, ...).")] = (
+        False
+    )
+    host: Annotated[str, Doc(description="Bind address of the endpoint.")] = "127.0.0.1"
+    port: Annotated[int, Doc(description="Port of the endpoint; 0 picks a free one.", ge=0, le=65535)] = 8000
+    model_name: Annotated[
+        str, Doc(description="Model id clients must name (and /v1/models lists); empty = 'slipstream-<model>'.")
+    ] = ""
+    renderer: Annotated[
+        str,
+        Doc(description="Prompt format and tool-call syntax: a libs/tools renderer ('smollm2', 'qwen2.5', 'tags')."),
+    ] = "smollm2"
+    api_keys: Annotated[
+        list[str], Doc(description="Accepted bearer keys; empty accepts any key (each key still names a session).")
+    ] = []
+    default_max_tokens: Annotated[int, Doc(description="max_tokens of a request that names none.", ge=1)] = 256
+    max_tokens_limit: Annotated[int, Doc(description="Largest max_tokens a request may ask for.", ge=1)] = 2048
+    session_idle_s: Annotated[
+        float, Doc(description="A session with no call for this long is assembled into an episode and stored.", gt=0)
+    ] = 300.0
+    replay_window: Annotated[
+        int, Doc(description="Served calls remembered for replaying SDK retries (and kept for inspection).", ge=1)
+    ] = 4096
+    env: Annotated[str, Doc(description="`Episode.env` of recorded episodes.")] = "serve"

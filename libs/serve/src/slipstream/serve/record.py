@@ -1,0 +1,208 @@
+"""What the endpoint records: one `CallRecord` per served call, sessions flushed as episodes.
+
+Recording happens at the boundary and assembly afterwards (a recorder, not a live token buffer):
+
+- `Recorder.begin(session, key)` coalesces retries. A request that carries an idempotency key,
+  or that the SDK marks as a retry (`x-stainless-retry-count` > 0), is keyed by (session, key or
+  body hash). If that key was already served, the caller gets the recorded call back and replays
+  it (same ids, same text) instead of sampling again; if it is still being served, the caller
+  waits for it. Either way the call is recorded once. A first attempt with a body seen before is
+  a new call (a user may ask the same thing twice).
+- `Recorder.record(call)` appends to its session. A session idle for `session_idle_s` (or all,
+  on `flush_all`, at shutdown) is assembled into one `Episode` (`slipstream.serve.episodes`) and
+  handed to an `EpisodeSink`.
+
+Sinks: `MemorySink` (tests), `StoreSink` (the object store: the encoded Episode under
+`episode_key(run_id, episode_id)`, the by-reference body layout of `slipstream.store.episodes`, so
+a later pending/feedback stage can publish stubs on the bus without copying bytes).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import OrderedDict, deque
+from collections.abc import Callable
+from typing import Protocol
+
+import msgspec
+
+from slipstream.engine.interface import SamplingParams
+from slipstream.schemas import Episode, encode
+from slipstream.serve.episodes import assemble
+from slipstream.store import ObjectStore
+from slipstream.store.episodes import episode_key
+
+
+class CallRecord(msgspec.Struct, kw_only=True):
+    """One served call exactly as the engine ran it (kept in process; episodes are what leave it)."""
+
+    call_id: str
+    session_id: str
+    endpoint: str
+    model: str
+    created: float
+    finished_at: float
+    prompt_ids: list[int]
+    completion_ids: list[int]
+    logprobs: list[float]
+    segments: list[tuple[int, int]]
+    finish_reason: str
+    params: SamplingParams
+    template_hash: str
+    text: str = ""
+    request_hash: str = ""
+    retry_key: str = ""
+
+    @property
+    def policy_versions(self) -> list[int]:
+        return [v for v, n in self.segments for _ in range(n)]
+
+    @property
+    def newest_version(self) -> int:
+        return self.segments[-1][0] if self.segments else -1
+
+
+class EpisodeSink(Protocol):
+    """Where assembled episodes go."""
+
+    async def put(self, episode: Episode) -> None: ...
+
+
+class MemorySink:
+    """Keeps episodes in a list (tests, benchmarks)."""
+
+    def __init__(self) -> None:
+        self.episodes: list[Episode] = []
+
+    async def put(self, episode: Episode) -> None:
+        self.episodes.append(episode)
+
+
+class StoreSink:
+    """Writes each episode's encoded body to the object store (DESIGN: the store holds bytes)."""
+
+    def __init__(self, store: ObjectStore, run_id: str) -> None:
+        self.store = store
+        self.run_id = run_id
+        self.written: list[str] = []
+
+    async def put(self, episode: Episode) -> None:
+        key = episode_key(self.run_id, episode.episode_id)
+        await asyncio.to_thread(self.store.put, key, encode(episode))
+        self.written.append(key)
+
+
+class Recorder:
+    """Call ledger, retry coalescing and per-session episode assembly."""
+
+    def __init__(
+        self,
+        sink: EpisodeSink,
+        *,
+        env: str = "serve",
+        run_id: str = "",
+        worker_id: str = "",
+        session_idle_s: float = 300.0,
+        replay_window: int = 4096,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.sink = sink
+        self.env = env
+        self.run_id = run_id
+        self.worker_id = worker_id
+        self.session_idle_s = session_idle_s
+        self.replay_window = replay_window
+        self.clock = clock
+        # The latest recorded calls, for inspection (tests, /readyz); sessions hold their own.
+        self.calls: deque[CallRecord] = deque(maxlen=replay_window)
+        self._sessions: dict[str, list[CallRecord]] = {}
+        self._last_seen: dict[str, float] = {}
+        self._episodes_of: dict[str, int] = {}
+        self._keys: OrderedDict[str, asyncio.Future[CallRecord]] = OrderedDict()
+        self.recorded = 0
+        self.coalesced = 0
+        self.episodes = 0
+
+    # ------------------------------------------------------------------ retries
+    def begin(self, session_id: str, key: str, *, replace: bool = False) -> asyncio.Future[CallRecord] | None:
+        """The earlier call under `key` (await it to replay), or None: the caller serves it, then
+        `finish(...)` or `fail(...)`. With `replace` (a first attempt) any earlier call is ignored."""
+        full = f"{session_id}\x00{key}"
+        prior = None if replace else self._keys.get(full)
+        if prior is not None and not (prior.done() and (prior.cancelled() or prior.exception() is not None)):
+            self.coalesced += 1
+            return prior
+        self._keys[full] = asyncio.get_running_loop().create_future()
+        self._keys.move_to_end(full)
+        while len(self._keys) > self.replay_window:
+            _, old = self._keys.popitem(last=False)
+            if not old.done():
+                old.cancel()
+        return None
+
+    def finish(self, session_id: str, key: str, record: CallRecord) -> None:
+        fut = self._keys.get(f"{session_id}\x00{key}")
+        if fut is not None and not fut.done():
+            fut.set_result(record)
+
+    def fail(self, session_id: str, key: str, exc: BaseException) -> None:
+        fut = self._keys.pop(f"{session_id}\x00{key}", None)
+        if fut is not None and not fut.done():
+            fut.set_exception(exc)
+            fut.exception()  # retrieved: a waiter re-raises it, nobody else must log it as lost
+
+    # ------------------------------------------------------------------ recording
+    def record(self, call: CallRecord) -> None:
+        self.calls.append(call)
+        self._sessions.setdefault(call.session_id, []).append(call)
+        self._last_seen[call.session_id] = self.clock()
+        self.recorded += 1
+
+    def session_calls(self, session_id: str) -> list[CallRecord]:
+        return list(self._sessions.get(session_id, []))
+
+    async def flush(self, session_id: str) -> Episode | None:
+        """Assemble the session's calls so far into one episode and hand it to the sink."""
+        calls = self._sessions.pop(session_id, None)
+        self._last_seen.pop(session_id, None)
+        if not calls:
+            return None
+        n = self._episodes_of.get(session_id, 0)
+        self._episodes_of[session_id] = n + 1
+        episode = assemble(f"serve/{session_id}/{n}", calls, env=self.env, run_id=self.run_id, worker_id=self.worker_id)
+        await self.sink.put(episode)
+        self.episodes += 1
+        return episode
+
+    async def flush_idle(self) -> int:
+        """Flush every session idle for `session_idle_s`; returns how many."""
+        now = self.clock()
+        idle = [s for s, t in self._last_seen.items() if now - t >= self.session_idle_s]
+        for s in idle:
+            await self.flush(s)
+        return len(idle)
+
+    async def flush_all(self) -> int:
+        sessions = list(self._sessions)
+        for s in sessions:
+            await self.flush(s)
+        return len(sessions)
+
+    async def sweep(self, stop: asyncio.Event, every_s: float = 1.0) -> None:
+        """Flush idle sessions until `stop` is set, then everything."""
+        while not stop.is_set():
+            try:
+                await asyncio.wait_for(stop.wait(), timeout=every_s)
+            except TimeoutError:
+                pass
+            await self.flush_idle()
+        await self.flush_all()
+
+    def stats(self) -> dict[str, int]:
+        return {
+            "calls_recorded": self.recorded,
+            "retries_coalesced": self.coalesced,
+            "sessions_open": len(self._sessions),
+            "episodes_flushed": self.episodes,
+        }

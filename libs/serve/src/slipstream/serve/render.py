@@ -1,0 +1,209 @@
+"""Response bodies in OpenAI's shapes, from a recorded call: JSON objects and SSE chunk streams.
+
+Everything here is a pure function of the `CallRecord` (plus the request's options), so a
+replayed retry answers byte for byte what the first attempt would have. Extras the `openai`
+client tolerates ride along: `slipstream` (call id, session, per-token policy segments, template
+hash) always, and vLLM's `prompt_token_ids` / `choices[].token_ids` on `return_token_ids`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+from aiohttp import web
+
+from slipstream.serve.chat import ChatFormat, Reply
+from slipstream.serve.protocol import Call
+from slipstream.serve.record import CallRecord
+
+
+def _usage(record: CallRecord) -> dict[str, int]:
+    p, c = len(record.prompt_ids), len(record.completion_ids)
+    return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}
+
+
+def _extras(record: CallRecord) -> dict[str, Any]:
+    return {
+        "call_id": record.call_id,
+        "session_id": record.session_id,
+        "policy_segments": [list(s) for s in record.segments],
+        "template_hash": record.template_hash,
+    }
+
+
+def completion_text(record: CallRecord, fmt: ChatFormat) -> str:
+    """The completion's text with the stop string that ended it cut off (OpenAI leaves it out)."""
+    text = record.text
+    if record.finish_reason != "stop":
+        return text
+    cuts = [i for s in record.params.stop if (i := text.find(s)) >= 0]
+    return text[: min(cuts)] if cuts else text
+
+
+def _token_logprobs(record: CallRecord, fmt: ChatFormat, lo: int = 0, hi: int | None = None) -> list[dict[str, Any]]:
+    out = []
+    for tid, lp in zip(record.completion_ids[lo:hi], record.logprobs[lo:hi], strict=True):
+        token = fmt.tokenizer.decode([tid])
+        out.append({"token": token, "logprob": lp, "bytes": list(token.encode()), "top_logprobs": []})
+    return out
+
+
+def _message(reply: Reply) -> dict[str, Any]:
+    msg: dict[str, Any] = {"role": "assistant", "content": reply.content or None, "refusal": None}
+    if reply.tool_calls:
+        msg["tool_calls"] = reply.tool_calls
+    elif msg["content"] is None:
+        msg["content"] = ""
+    return msg
+
+
+def render_chat(model: str, record: CallRecord, reply: Reply, call: Call, fmt: ChatFormat) -> dict[str, Any]:
+    choice: dict[str, Any] = {
+        "index": 0,
+        "message": _message(reply),
+        "finish_reason": reply.finish_reason,
+        "logprobs": {"content": _token_logprobs(record, fmt), "refusal": None} if call.logprobs else None,
+    }
+    out: dict[str, Any] = {
+        "id": f"chatcmpl-{record.call_id}",
+        "object": "chat.completion",
+        "created": int(record.created),
+        "model": model,
+        "choices": [choice],
+        "usage": _usage(record),
+        "slipstream": _extras(record),
+    }
+    if call.return_token_ids:
+        out["prompt_token_ids"] = record.prompt_ids
+        choice["token_ids"] = record.completion_ids
+    return out
+
+
+def render_completion(model: str, record: CallRecord, call: Call, fmt: ChatFormat) -> dict[str, Any]:
+    choice: dict[str, Any] = {
+        "index": 0,
+        "text": completion_text(record, fmt),
+        "finish_reason": record.finish_reason,
+        "logprobs": _legacy_logprobs(record, fmt) if call.logprobs else None,
+    }
+    out: dict[str, Any] = {
+        "id": f"cmpl-{record.call_id}",
+        "object": "text_completion",
+        "created": int(record.created),
+        "model": model,
+        "choices": [choice],
+        "usage": _usage(record),
+        "slipstream": _extras(record),
+    }
+    if call.return_token_ids:
+        out["prompt_token_ids"] = record.prompt_ids
+        choice["token_ids"] = record.completion_ids
+    return out
+
+
+def _legacy_logprobs(record: CallRecord, fmt: ChatFormat) -> dict[str, Any]:
+    tokens = [fmt.tokenizer.decode([t]) for t in record.completion_ids]
+    offsets, pos = [], 0
+    for t in tokens:
+        offsets.append(pos)
+        pos += len(t)
+    return {"tokens": tokens, "token_logprobs": list(record.logprobs), "top_logprobs": None, "text_offset": offsets}
+
+
+def text_deltas(record: CallRecord, fmt: ChatFormat, final: str) -> Iterator[tuple[int, str]]:
+    """(token index, new text) per completion token, summing to `final` (the cut completion text).
+
+    A token that ends inside a multi-byte character adds nothing until the character is whole;
+    text past `final` (the stop string) is never sent.
+    """
+    sent = 0
+    ids = record.completion_ids
+    for k in range(len(ids)):
+        prefix = fmt.tokenizer.decode(ids[: k + 1]).rstrip("\ufffd")
+        upto = min(len(prefix), len(final))
+        yield k, final[sent:upto] if upto > sent else ""
+        sent = max(sent, upto)
+    if sent < len(final):  # decoding per prefix can lag the whole (never observed; kept exact anyway)
+        yield len(ids) - 1, final[sent:]
+
+
+async def _open_sse(request: web.Request, headers: dict[str, str]) -> web.StreamResponse:
+    resp = web.StreamResponse(
+        status=200, headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache", **headers}
+    )
+    await resp.prepare(request)
+    return resp
+
+
+async def _send(resp: web.StreamResponse, obj: dict[str, Any] | str) -> None:
+    data = obj if isinstance(obj, str) else json.dumps(obj, separators=(",", ":"))
+    await resp.write(f"data: {data}\n\n".encode())
+
+
+async def sse_chat(
+    request: web.Request,
+    model: str,
+    record: CallRecord,
+    reply: Reply,
+    call: Call,
+    fmt: ChatFormat,
+    headers: dict[str, str],
+) -> web.StreamResponse:
+    resp = await _open_sse(request, headers)
+    base = {"id": f"chatcmpl-{record.call_id}", "object": "chat.completion.chunk", "created": int(record.created)}
+    base["model"] = model
+
+    def chunk(delta: dict[str, Any], finish: str | None = None, logprobs: Any = None) -> dict[str, Any]:
+        return {**base, "choices": [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": logprobs}]}
+
+    first: dict[str, Any] = chunk({"role": "assistant", "content": ""})
+    if call.return_token_ids:
+        first["prompt_token_ids"] = record.prompt_ids
+    await _send(resp, first)
+    if reply.tool_calls:
+        if reply.content:
+            await _send(resp, chunk({"content": reply.content}))
+        for i, tc in enumerate(reply.tool_calls):
+            await _send(resp, chunk({"tool_calls": [{"index": i, **tc}]}))
+        if call.logprobs:
+            await _send(resp, chunk({}, logprobs={"content": _token_logprobs(record, fmt), "refusal": None}))
+    else:
+        for k, text in text_deltas(record, fmt, reply.content):
+            lp = {"content": _token_logprobs(record, fmt, k, k + 1), "refusal": None} if call.logprobs else None
+            if text or lp is not None:
+                ch = chunk({"content": text}, logprobs=lp)
+                if call.return_token_ids:
+                    ch["choices"][0]["token_ids"] = [record.completion_ids[k]]
+                await _send(resp, ch)
+    last = chunk({}, finish=reply.finish_reason)
+    last["slipstream"] = _extras(record)
+    await _send(resp, last)
+    if call.include_usage:
+        await _send(resp, {**base, "choices": [], "usage": _usage(record)})
+    await _send(resp, "[DONE]")
+    await resp.write_eof()
+    return resp
+
+
+async def sse_completion(
+    request: web.Request, model: str, record: CallRecord, call: Call, fmt: ChatFormat, headers: dict[str, str]
+) -> web.StreamResponse:
+    resp = await _open_sse(request, headers)
+    base = {"id": f"cmpl-{record.call_id}", "object": "text_completion", "created": int(record.created), "model": model}
+
+    def chunk(text: str, finish: str | None = None) -> dict[str, Any]:
+        return {**base, "choices": [{"index": 0, "text": text, "finish_reason": finish, "logprobs": None}]}
+
+    for _, text in text_deltas(record, fmt, completion_text(record, fmt)):
+        if text:
+            await _send(resp, chunk(text))
+    last = chunk("", finish=record.finish_reason)
+    last["slipstream"] = _extras(record)
+    await _send(resp, last)
+    if call.include_usage:
+        await _send(resp, {**base, "choices": [], "usage": _usage(record)})
+    await _send(resp, "[DONE]")
+    await resp.write_eof()
+    return resp
