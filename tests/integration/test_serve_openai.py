@@ -338,7 +338,7 @@ async def test_a_serving_worker_opens_the_endpoint_and_stores_sessions(nats_serv
         store=StoreConfig(type="local", root=str(tmp_path / "store")),
         model=ModelSource(preset="tiny", seed=0, threads=1),
         worker=WorkerSection(max_batch=4, max_tasks_in_flight=1, follow="promoted"),
-        serve=ServeConfig(enabled=True, port=0, renderer="tags", api_keys=["sk-good"]),
+        endpoint=ServeConfig(enabled=True, port=0, renderer="tags", api_keys=["sk-good"]),
     )
     service = RolloutWorkerService(cfg)
     runtime = Runtime(service, cfg.service)

@@ -1,4 +1,4 @@
-"""`[serve]`: the OpenAI-compatible endpoint a serving rollout worker opens (off by default)."""
+"""`[endpoint]`: the OpenAI-compatible endpoint a serving rollout worker opens (off by default)."""
 
 from __future__ import annotations
 

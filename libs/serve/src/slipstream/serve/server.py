@@ -1,7 +1,7 @@
 """`ServeEndpoint`: the endpoint as one object a service starts and stops (aiohttp runner + sweeper).
 
 A rollout worker in serving mode builds one over its engine (`slipstream.rollout_worker` wires
-it when `[serve] enabled`); tests and `slipstream bench serve` build one over a TorchEngine of
+it when `[endpoint] enabled`); tests and `slipstream bench serve` build one over a TorchEngine of
 their own. `close()` stops accepting calls, then flushes every open session to the sink, so
 nothing recorded is lost on a clean shutdown.
 """

@@ -114,7 +114,7 @@ class RolloutWorkerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=Tr
     trust: Annotated[TrustConfig, Doc(description="Public keys a weight version must be signed with.")] = msgspec.field(
         default_factory=TrustConfig
     )
-    serve: Annotated[
+    endpoint: Annotated[
         ServeConfig,
         Doc(description="The OpenAI-compatible endpoint of a serving worker (off unless enabled); calls are recorded."),
     ] = msgspec.field(default_factory=ServeConfig)

@@ -10,7 +10,7 @@ takes tasks until SIGTERM; then it stops fetching, gives in-flight groups the dr
 (less a grace period) to finish and be published and acked, and hands back (releases) the rest.
 Everything the loops do is in their own modules.
 
-With `[serve] enabled` the worker also opens the OpenAI-compatible endpoint (`slipstream.serve`)
+With `[endpoint] enabled` the worker also opens the OpenAI-compatible endpoint (`slipstream.serve`)
 over the same engine: calls share the engine's batch with the tasks, every call is recorded, and
 each session is stored as an episode in the object store when it goes idle or at shutdown.
 
@@ -177,7 +177,7 @@ class RolloutWorkerService(BaseService):
             fetch_timeout_s=cfg.bus.fetch_timeout_s,
             error_delay_s=w.retry_delay_s,
         )
-        if cfg.serve.enabled:
+        if cfg.endpoint.enabled:
             await self._open_endpoint(tokenizer)
 
     def served_model_name(self) -> str:
@@ -190,7 +190,7 @@ class RolloutWorkerService(BaseService):
         self.endpoint = ServeEndpoint(
             self.engine,
             tokenizer,
-            self.cfg.serve,
+            self.cfg.endpoint,
             StoreSink(self.store, self.cfg.service.run_id),
             model_name=self.served_model_name(),
             run_id=self.cfg.service.run_id,
