@@ -318,6 +318,14 @@ def test_sft_warmstart_stops_at_its_target_or_its_cap() -> None:
     capped = sft_warmstart(m, TOK, env, steps=4, batch_size=4, seed=0, target_accuracy=0.99, probe_tasks=16)
     # An untrained model is nowhere near 99%: it runs to the cap and says so.
     assert (capped["steps"], capped["reached"], capped["probe_accuracy"]) == (4, False, 0.0)
+    assert capped["probe_curve"] == [[2, 0.0], [4, 0.0]]
+    # A multi-turn env with an imperfect expert probes its clean episodes, every check_every steps.
+    lookup = get_env("lookup", expert_guess_rate=0.3, expert_slip_rate=0.4)
+    m, _ = build_tiny("micro", seed=1)
+    multi = sft_warmstart(
+        m, TOK, lookup, steps=6, batch_size=4, seed=0, target_accuracy=0.5, probe_tasks=32, check_every=3
+    )
+    assert (multi["steps"], multi["reached"], multi["probe_curve"]) == (6, False, [[3, 0.0], [6, 0.0]])
     for bad in ({"target_accuracy": 1.5}, {"target_accuracy": 0.5, "probe_tasks": 0}):
         with pytest.raises(ValueError, match=r"target_accuracy|probe_tasks"):
             sft_warmstart(m, TOK, env, steps=4, **bad)  # type: ignore[arg-type]

@@ -140,7 +140,8 @@ def sft_warmstart(
 
     Returns figures: steps (run), examples, tokens (trained), seconds, loss_first / loss_last
     (means over the first / last quarter of the steps, at most 10 each), losses (every step) and,
-    with a target, probe_accuracy (the last greedy accuracy measured) and reached (bool).
+    with a target, probe_accuracy (the last greedy accuracy measured), reached (bool) and
+    probe_curve ([step, accuracy] at every check: where the supervised cliff fell).
     """
     if steps < 1 or batch_size < 1:
         raise ValueError(f"steps and batch_size must be >= 1, got steps={steps}, batch_size={batch_size}")
@@ -170,12 +171,14 @@ def sft_warmstart(
     losses: list[float] = []
     tokens = 0
     accuracy = -1.0
+    curve: list[list[float]] = []
     t0 = time.perf_counter()
     model.train()
     try:
         for step in range(steps):
             if probe and step > 0 and step % check_every == 0:
                 accuracy = greedy_success(model, probe, tokenizer.pad_id)
+                curve.append([step, round(accuracy, 4)])
                 if accuracy >= target_accuracy:
                     break
             inputs, targets, mask = _batch(
@@ -197,6 +200,7 @@ def sft_warmstart(
     ran = len(losses)
     if probe and accuracy < target_accuracy:
         accuracy = greedy_success(model, probe, tokenizer.pad_id)
+        curve.append([ran, round(accuracy, 4)])
     window = max(1, min(10, ran // 4))
     figures: dict[str, Any] = {
         "steps": ran,
@@ -210,6 +214,7 @@ def sft_warmstart(
     if probe:
         figures["probe_accuracy"] = accuracy
         figures["reached"] = accuracy >= target_accuracy
+        figures["probe_curve"] = curve
     return figures
 
 
