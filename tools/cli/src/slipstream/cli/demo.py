@@ -76,9 +76,13 @@ def register(sub: Any) -> None:
 # supervised cliff (0.1 -> 1.0 greedy between ~150 and ~250 steps) falls at 70-170 steps by seed.
 # `lookup` (multi-turn tool use): the micro model is warm-started on an imperfect teacher's episodes
 # (on 30% of keys it guesses without calling the tool, on 40% of the rest its first call is
-# malformed) until it has the mechanics (key into the call, result into the answer); it then
-# samples those habits at temperature 1, and RL has to unlearn them. The warm-start's lr is 1e-3:
-# at the default 3e-3 the micro model never learns to copy the result into the answer.
+# malformed) until greedy decoding replays half of the teacher's clean train episodes (the probe,
+# every 25 steps), i.e. until the two copies (key into the call, result into the answer) have
+# begun to form; it then samples the teacher's habits at temperature 1, and RL has to unlearn
+# them and finish the copies. The copies form late and on a cliff whose onset varies by seed
+# (seed 2: probe 0.04 after 600 steps at lr 1e-3; 0.57 after 725 at lr 3e-3 with the cosine
+# over 800 steps; 0.000 after 1200 with the cosine stretched over 1200, so the cap is also the
+# schedule's length and stays 800).
 LOOKUP_TEACHER = {"expert_guess_rate": 0.3, "expert_slip_rate": 0.4}
 ENV_PLANS: dict[str, dict[str, Any]] = {
     "reverse": {
