@@ -50,7 +50,7 @@ def register(sub: Any) -> None:
         type=float,
         default=None,
         metavar="ACC",
-        help="stop the warm-start at this greedy train accuracy (default 0.2 on reverse, 0.5 on lookup; 0: run --sft-steps)",
+        help="stop the warm-start at this greedy train accuracy (0.2 on reverse, 0.5 on lookup; 0: run --sft-steps)",
     )
     p.add_argument("--temperature", type=float, default=None, help="sampling temperature of the rollouts")
     p.add_argument("--eval-every", type=int, default=None, help="held-out eval every N versions (default 15)")
