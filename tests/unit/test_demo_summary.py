@@ -73,3 +73,26 @@ def test_the_reverse_demo_measures_train_like_heldout_and_lookup_keeps_its_own()
     assert lookup.train_eval_tasks == 128
     lines = render(RunSummary(ok=True, plan=lookup))
     assert any("invalid tool calls" in x for x in lines)
+
+
+def test_a_tool_env_shows_invalid_calls_beside_success_and_calls_per_episode() -> None:
+    plan = demo_plan("lookup")
+    s = RunSummary(
+        ok=True,
+        plan=plan,
+        heldout_accuracy_before=0.5,
+        heldout_accuracy_after=0.8,
+        heldout_invalid_call_rate_before=0.35,
+        heldout_invalid_call_rate_after=0.05,
+        train_invalid_call_rate_before=0.3,
+        train_invalid_call_rate_after=0.04,
+        heldout_tool_calls_before=1.1,
+        heldout_tool_calls_after=0.95,
+    )
+    lines = render(s)
+    assert row(lines, "│ sampled")[1:] == ["-", "-", "0.500", "0.800"]
+    assert row(lines, "invalid tool calls per call")[1:] == ["0.300", "0.040", "0.350", "0.050"]
+    assert row(lines, "tool calls per episode")[1:] == ["1.10 / 0.95"]
+    # Not measured on the train split: a dash, not a rate of -1.
+    s.train_invalid_call_rate_before = s.train_invalid_call_rate_after = -1.0
+    assert row(render(s), "invalid tool calls per call")[1:3] == ["-", "-"]

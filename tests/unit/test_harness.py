@@ -268,6 +268,49 @@ def test_greedy_accuracy_is_teacher_forced_argmax_exact_match() -> None:
     assert m.training  # left in the mode it was in
 
 
+def test_greedy_success_counts_an_item_only_when_all_its_turns_are_argmax() -> None:
+    from slipstream.harness.warmstart import greedy_success, sft_sequence
+
+    m, _ = build_tiny("micro", seed=3)
+    env = get_env("reverse", min_len=3, max_len=3)
+    examples = []
+    for t in env.generate("train", 6, 0):
+        prompt = sft_sequence(TOK, env, t)[0][:-5]
+        ids = list(prompt)
+        with torch.no_grad():
+            for _ in range(4):
+                ids.append(int(m(torch.tensor([ids])).argmax(-1)[0, -1]))
+        examples.append((ids, [False] * len(prompt) + [True] * 4))
+    items = [examples[0:2], examples[2:4], examples[4:6]]
+    assert greedy_success(m, items, TOK.pad_id) == 1.0
+    # One wrong turn fails its whole item (an episode greedy would not replay), not the others.
+    ids, trained = examples[3]
+    items[1][1] = ([*ids[:-1], (ids[-1] + 1) % 256], trained)
+    assert greedy_success(m, items, TOK.pad_id) == pytest.approx(2 / 3)
+    assert greedy_success(m, items, TOK.pad_id, batch_size=1) == pytest.approx(2 / 3)
+
+
+def test_probe_items_of_an_imperfect_expert_are_its_clean_episodes() -> None:
+    from slipstream.harness.warmstart import probe_items
+
+    env = get_env("lookup", expert_guess_rate=0.3, expert_slip_rate=0.4)
+    tasks = env.generate("train", 64, 5)
+    items = probe_items(env, TOK, tasks)
+    clean = [
+        t for t in tasks if env._draw(t.metadata["key"], "guess") >= 0.3 and env._draw(t.metadata["key"], "slip") >= 0.4
+    ]
+    assert 0 < len(items) == len(clean) < len(tasks)
+    # One sample per episode whose trained tokens are the well-formed call and the right answer
+    # (the result between them is observation, not trained): no guess, no malformed call.
+    for item, t in zip(items, clean, strict=True):
+        assert len(item) == 1
+        ids, trained = item[0]
+        sampled = TOK.decode([i for i, m in zip(ids, trained, strict=True) if m])
+        assert sampled.startswith(env.call_text(t.metadata["key"]) + t.reference + "\n"), sampled
+    with pytest.raises(ValueError, match="solved none"):
+        probe_items(get_env("lookup", expert_guess_rate=1.0), TOK, tasks)
+
+
 @pytest.mark.usefixtures("_optimizers_imported")
 def test_sft_warmstart_stops_at_its_target_or_its_cap() -> None:
     env = get_env("reverse", min_len=3, max_len=3)
@@ -275,6 +318,14 @@ def test_sft_warmstart_stops_at_its_target_or_its_cap() -> None:
     capped = sft_warmstart(m, TOK, env, steps=4, batch_size=4, seed=0, target_accuracy=0.99, probe_tasks=16)
     # An untrained model is nowhere near 99%: it runs to the cap and says so.
     assert (capped["steps"], capped["reached"], capped["probe_accuracy"]) == (4, False, 0.0)
+    assert capped["probe_curve"] == [[2, 0.0], [4, 0.0]]
+    # A multi-turn env with an imperfect expert probes its clean episodes, every check_every steps.
+    lookup = get_env("lookup", expert_guess_rate=0.3, expert_slip_rate=0.4)
+    m, _ = build_tiny("micro", seed=1)
+    multi = sft_warmstart(
+        m, TOK, lookup, steps=6, batch_size=4, seed=0, target_accuracy=0.5, probe_tasks=32, check_every=3
+    )
+    assert (multi["steps"], multi["reached"], multi["probe_curve"]) == (6, False, [[3, 0.0], [6, 0.0]])
     for bad in ({"target_accuracy": 1.5}, {"target_accuracy": 0.5, "probe_tasks": 0}):
         with pytest.raises(ValueError, match=r"target_accuracy|probe_tasks"):
             sft_warmstart(m, TOK, env, steps=4, **bad)  # type: ignore[arg-type]

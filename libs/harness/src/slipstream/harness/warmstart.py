@@ -129,7 +129,10 @@ def sft_warmstart(
     150 steps, 1.0 after 250, and where the cliff falls varies by seed: 0.10 to 1.0 at 150 steps
     over five seeds), so a fixed step count lands some seeds before the skill and others past
     mastery; a target lands every seed at the same competence, where RL has signal and room.
-    Greedy accuracy is measured teacher-forced in one forward pass (`greedy_accuracy`).
+    Greedy accuracy is measured teacher-forced in one forward pass (`greedy_success` over
+    `probe_items`): for an env with `warmstart_from_expert`, the share of the expert's clean
+    episodes (answered right, no invalid call) whose every sampled token is the model's argmax,
+    i.e. greedy success on those keys, however imperfect the expert is elsewhere.
 
     AdamW with a linear warm-up then cosine decay to 10% of `lr`, gradients clipped to
     `grad_clip`. Tasks come from `env.generate("train", steps * batch_size, seed)`, so the run is
@@ -139,7 +142,8 @@ def sft_warmstart(
 
     Returns figures: steps (run), examples, tokens (trained), seconds, loss_first / loss_last
     (means over the first / last quarter of the steps, at most 10 each), losses (every step) and,
-    with a target, probe_accuracy (the last greedy accuracy measured) and reached (bool).
+    with a target, probe_accuracy (the last greedy accuracy measured), reached (bool) and
+    probe_curve ([step, accuracy] at every check: where the supervised cliff fell).
     """
     if steps < 1 or batch_size < 1:
         raise ValueError(f"steps and batch_size must be >= 1, got steps={steps}, batch_size={batch_size}")
@@ -152,10 +156,10 @@ def sft_warmstart(
     device = next(model.parameters()).device
     tasks = env.generate("train", steps * batch_size, seed)
     examples = _examples(env, tokenizer, tasks)
-    probe: list[Example] = []
+    probe: list[list[Example]] = []
     if target_accuracy > 0:
         # Another stream of the train split (not the eval's), so the stop is not tuned on what is reported.
-        probe = _examples(env, tokenizer, env.generate("train", probe_tasks, seed + 1_000_003))
+        probe = probe_items(env, tokenizer, env.generate("train", probe_tasks, seed + 1_000_003))
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.95), weight_decay=weight_decay)
 
@@ -169,12 +173,14 @@ def sft_warmstart(
     losses: list[float] = []
     tokens = 0
     accuracy = -1.0
+    curve: list[list[float]] = []
     t0 = time.perf_counter()
     model.train()
     try:
         for step in range(steps):
             if probe and step > 0 and step % check_every == 0:
-                accuracy = greedy_accuracy(model, probe, tokenizer.pad_id)
+                accuracy = greedy_success(model, probe, tokenizer.pad_id)
+                curve.append([step, round(accuracy, 4)])
                 if accuracy >= target_accuracy:
                     break
             inputs, targets, mask = _batch(
@@ -195,7 +201,8 @@ def sft_warmstart(
         opt.zero_grad(set_to_none=True)
     ran = len(losses)
     if probe and accuracy < target_accuracy:
-        accuracy = greedy_accuracy(model, probe, tokenizer.pad_id)
+        accuracy = greedy_success(model, probe, tokenizer.pad_id)
+        curve.append([ran, round(accuracy, 4)])
     window = max(1, min(10, ran // 4))
     figures: dict[str, Any] = {
         "steps": ran,
@@ -209,6 +216,7 @@ def sft_warmstart(
     if probe:
         figures["probe_accuracy"] = accuracy
         figures["reached"] = accuracy >= target_accuracy
+        figures["probe_curve"] = curve
     return figures
 
 
@@ -222,7 +230,45 @@ def _examples(env: Environment[msgspec.Struct], tokenizer: Tokenizer, tasks: lis
     return out
 
 
+def probe_items(env: Environment[msgspec.Struct], tokenizer: Tokenizer, tasks: list[TaskSpec]) -> list[list[Example]]:
+    """What the warm-start's stop is measured on: per task, the examples that must all be argmax-right.
+
+    A single-turn env: its reference completion. An env with `warmstart_from_expert`: the
+    expert's episode (its trainable samples; every sampled turn trained, the observations not),
+    for the tasks the expert solves cleanly (right answer, no invalid call), so an imperfect
+    expert's guesses and slips (noise no policy should copy token for token) do not cap what the
+    probe can reach. Raises ValueError when no task is left.
+    """
+    if not env.warmstart_from_expert:
+        return [[ex] for ex in _examples(env, tokenizer, tasks)]
+    episodes = asyncio.run(expert_episodes(env, tokenizer, tasks))
+    items = [
+        episode_examples(e)
+        for t, e in zip(tasks, episodes, strict=True)
+        if env.score(t, e).correct and not e.counts.get("invalid_tool_call", 0)
+    ]
+    if not items:
+        raise ValueError(f"the {env.name!r} expert solved none of the {len(tasks)} probe tasks cleanly")
+    return items
+
+
 @torch.no_grad()
+def _argmax_hits(model: nn.Module, examples: list[Example], pad_id: int, batch_size: int) -> list[bool]:
+    """Per example: is every trained token the model's argmax, teacher-forced (model mode kept)."""
+    was_training = model.training
+    model.eval()
+    device = next(model.parameters()).device
+    hits: list[bool] = []
+    try:
+        for i in range(0, len(examples), batch_size):
+            inputs, targets, mask = _batch(examples[i : i + batch_size], pad_id, device)
+            hit = (model(inputs).argmax(-1) == targets) | ~mask
+            hits.extend(bool(h) for h in hit.all(dim=1).tolist())
+    finally:
+        model.train(was_training)
+    return hits
+
+
 def greedy_accuracy(model: nn.Module, examples: list[Example], pad_id: int, batch_size: int = 256) -> float:
     """Fraction of examples whose every trained token is the model's argmax, teacher-forced.
 
@@ -230,15 +276,16 @@ def greedy_accuracy(model: nn.Module, examples: list[Example], pad_id: int, batc
     next token, so for a single-turn env this is greedy accuracy, slightly stricter (the
     terminator and eos must be argmax too). Leaves the model in the mode it was in.
     """
-    was_training = model.training
-    model.eval()
-    device = next(model.parameters()).device
-    right = 0
-    try:
-        for i in range(0, len(examples), batch_size):
-            inputs, targets, mask = _batch(examples[i : i + batch_size], pad_id, device)
-            hit = (model(inputs).argmax(-1) == targets) | ~mask
-            right += int(hit.all(dim=1).sum())
-    finally:
-        model.train(was_training)
-    return right / len(examples)
+    hits = _argmax_hits(model, examples, pad_id, batch_size)
+    return sum(hits) / len(hits)
+
+
+def greedy_success(model: nn.Module, items: list[list[Example]], pad_id: int, batch_size: int = 256) -> float:
+    """Fraction of items (`probe_items`) all of whose examples are argmax-right, teacher-forced.
+
+    For a multi-turn item (an episode's samples, whose sampled turns are interleaved with the
+    observations they got), greedy decoding replays the episode iff every sampled token is
+    argmax-right, so this is greedy success on those tasks, in one forward pass per 256 samples.
+    """
+    hits = iter(_argmax_hits(model, [ex for item in items for ex in item], pad_id, batch_size))
+    return sum(all([next(hits) for _ in item]) for item in items) / len(items)

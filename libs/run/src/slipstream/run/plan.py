@@ -29,6 +29,8 @@ class TrainingPlan(msgspec.Struct, kw_only=True):
     sft_target_accuracy: float = 0.0
     """> 0: the warm-start stops once greedy accuracy on train-split probe tasks reaches this
     (sft_steps is then a cap), so every seed starts RL at the same competence (0: run sft_steps)."""
+    sft_check_every: int = 2
+    """Supervised steps between two probes of the warm-start's target (a multi-turn probe costs more)."""
     group_size: int = 8
     groups_per_step: int = 8
     max_staleness: int = 2
@@ -110,6 +112,12 @@ class RunSummary(msgspec.Struct, kw_only=True):
     """Restarts per service by the local supervisor (0 for each service that never crashed)."""
     supervisor_events: list[dict[str, Any]] = []
     """What the supervisor saw and did: crashed / restarted / finished / gave_up, per service, with times."""
+    train_invalid_call_rate_before: float = -1.0
+    """Invalid tool calls per tool call on the train-split tasks (sampled); -1 when not measured."""
+    train_invalid_call_rate_after: float = -1.0
+    heldout_tool_calls_before: float = 0.0
+    """Tool calls per held-out episode (sampled): a falling invalid-call rate means little if calls stop."""
+    heldout_tool_calls_after: float = 0.0
 
 
 def service_env(plan: TrainingPlan, model_dir: Path, staging_dir: Path, outcomes: Path) -> dict[str, str]:

@@ -13,7 +13,7 @@ Sections (every key optional; what is left out keeps `TrainingPlan`'s default):
     [env]        name, options (the environment's own options, e.g. {max_operand = 19})
     [algorithm]  loss (grpo | cispo), lr, loss_constant, max_staleness, temperature
     [batch]      group_size, groups_per_step, max_steps, max_tokens, micro_batch
-    [warmstart]  sft_steps, sft_batch, sft_lr, sft_target_accuracy (tiny models only)
+    [warmstart]  sft_steps, sft_batch, sft_lr, sft_target_accuracy, sft_check_every (tiny models only)
     [eval]       heldout_tasks, heldout_samples, eval_every, train_eval_tasks (train accuracy beside held-out)
     [rollout]    max_batch, tasks_in_flight, max_seq_len (the workers' engines)
     [replicas]   rollout-worker, reward-model, eval-gate (the cluster's replica counts); tool-service
@@ -82,6 +82,7 @@ class WarmstartSection(_Section):
     sft_batch: int | None = None
     sft_lr: float | None = None
     sft_target_accuracy: float | None = None
+    sft_check_every: int | None = None
 
 
 class EvalSection(_Section):

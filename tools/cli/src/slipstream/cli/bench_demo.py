@@ -6,7 +6,11 @@ after), with only the seed changed: it seeds the tiny model's initialisation, th
 tasks, the task stream, the held-out and train-split sets and the learner. Printed per seed:
 train-split and held-out accuracy before -> after RL, sampled (rollout temperature, the plan's
 samples per task) and greedy, and the run's wall time; then whether held-out sampled and greedy
-accuracy rose in every seed. `--json FILE` writes every figure plus the machine's load average.
+accuracy rose in every seed; for a tool env (`--env lookup`) also the invalid-call rate before
+-> after, whether it fell in every seed, and the warm-start's steps; then the noise a rise is
+judged against (the largest binomial standard error of one seed's held-out change, counting
+tasks, and the spread of the seeds' starting points). `--json FILE` writes every figure plus the
+machine's load average.
 Exit status 1 if a run failed.
 """
 
@@ -14,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import statistics
 import time
@@ -67,6 +72,12 @@ def row_of(seed: int, summary: Any) -> dict[str, Any]:
     for _, field in FIGURES:
         out[f"{field}_before"] = getattr(summary, f"{field}_before")
         out[f"{field}_after"] = getattr(summary, f"{field}_after")
+    for field in ("heldout_invalid_call_rate", "train_invalid_call_rate", "heldout_tool_calls"):
+        out[f"{field}_before"] = getattr(summary, f"{field}_before")
+        out[f"{field}_after"] = getattr(summary, f"{field}_after")
+    out["heldout_tasks"] = summary.heldout_tasks
+    out["warmstart_steps"] = summary.warmstart.get("steps", 0)
+    out["warmstart_probe"] = summary.warmstart.get("probe_accuracy", -1.0)
     out["wall_time_s"] = round(summary.wall_time_s, 1)
     out["train_time_s"] = round(summary.train_time_s, 1)
     out["steps"] = summary.steps
@@ -81,12 +92,32 @@ def verdict(rows: list[dict[str, Any]]) -> dict[str, Any]:
         for _, field in FIGURES
         if ok and ok[0][f"{field}_before"] >= 0
     }
+    invalid = [r["heldout_invalid_call_rate_after"] - r["heldout_invalid_call_rate_before"] for r in ok]
+    if ok and any(r["heldout_invalid_call_rate_before"] or r["heldout_tool_calls_before"] for r in ok):
+        rises["heldout_invalid_call_rate"] = invalid
+    # The noise a rise is judged against: the binomial standard error of one seed's held-out
+    # change (before and after each from heldout_tasks tasks; counting tasks, not samples, since
+    # a task's samples share its key), and the spread of the starting points across seeds.
+    noise = [
+        math.sqrt(
+            sum(p * (1 - p) for p in (r["heldout_accuracy_before"], r["heldout_accuracy_after"])) / r["heldout_tasks"]
+        )
+        for r in ok
+        if r["heldout_tasks"]
+    ]
+    befores = [r["heldout_accuracy_before"] for r in ok]
     return {
         "runs_ok": len(ok) == len(rows),
+        "heldout_change_se_max": round(max(noise), 4) if noise else None,
+        "heldout_before_spread": round(max(befores) - min(befores), 4) if befores else None,
         "heldout_sampled_rose_every_seed": bool(ok) and all(d > 0 for d in rises["heldout_accuracy"]),
         "heldout_greedy_rose_every_seed": bool(ok) and all(d > 0 for d in rises["heldout_greedy"]),
+        "heldout_invalid_call_rate_fell_every_seed": bool(invalid) and all(d < 0 for d in invalid),
         "median_change": {k: round(statistics.median(v), 4) for k, v in rises.items() if v},
-        "min_change": {k: round(min(v), 4) for k, v in rises.items() if v},
+        # The least improvement per figure: the smallest rise, or for the invalid-call rate the smallest fall.
+        "min_change": {
+            k: round(max(v) if k == "heldout_invalid_call_rate" else min(v), 4) for k, v in rises.items() if v
+        },
         "median_wall_time_s": round(statistics.median(r["wall_time_s"] for r in rows), 1),
         "max_wall_time_s": round(max(r["wall_time_s"] for r in rows), 1),
     }
@@ -118,7 +149,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         r = rows[-1]
         console.print(
             f"  held-out {r['heldout_accuracy_before']:.3f} -> {r['heldout_accuracy_after']:.3f} sampled, "
-            f"{r['heldout_greedy_before']:.3f} -> {r['heldout_greedy_after']:.3f} greedy; {r['wall_time_s']:.0f} s"
+            f"{r['heldout_greedy_before']:.3f} -> {r['heldout_greedy_after']:.3f} greedy, invalid calls "
+            f"{r['heldout_invalid_call_rate_before']:.3f} -> {r['heldout_invalid_call_rate_after']:.3f}; "
+            f"{r['wall_time_s']:.0f} s"
         )
     loads.append(os.getloadavg())
 
@@ -127,22 +160,30 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         return "-" if before < 0 else f"{before:.3f} -> {after:.3f}"
 
     t = Table(title=f"slipstream bench demo — {len(rows)} seeds")
-    for col in ("seed", "train sampled", "held-out sampled", "train greedy", "held-out greedy", "wall s"):
+    tools = any(r["heldout_invalid_call_rate_before"] or r["heldout_tool_calls_before"] for r in rows)
+    cols = ["seed", "train sampled", "held-out sampled", "train greedy", "held-out greedy"]
+    cols += ["held-out invalid calls", "warm-start steps"] if tools else []
+    for col in (*cols, "wall s"):
         t.add_column(col, justify="right")
     for r in rows:
-        t.add_row(
+        cells = [
             str(r["seed"]) + ("" if r["ok"] else " FAILED"),
             pair(r, "train_accuracy"),
             pair(r, "heldout_accuracy"),
             pair(r, "train_greedy"),
             pair(r, "heldout_greedy"),
-            f"{r['wall_time_s']:.0f}",
-        )
+        ]
+        if tools:
+            cells += [pair(r, "heldout_invalid_call_rate"), str(r["warmstart_steps"])]
+        t.add_row(*cells, f"{r['wall_time_s']:.0f}")
     console.print(t)
     v = verdict(rows)
     console.print(
         f"held-out sampled rose in every seed: {v['heldout_sampled_rose_every_seed']}; "
-        f"greedy: {v['heldout_greedy_rose_every_seed']}; median change {v['median_change']}; "
+        f"greedy: {v['heldout_greedy_rose_every_seed']}; invalid-call rate fell in every seed: "
+        f"{v['heldout_invalid_call_rate_fell_every_seed']}; median change {v['median_change']}; "
+        f"least improvement {v['min_change']}; held-out noise: standard error of one seed's change <= "
+        f"{v['heldout_change_se_max']}, spread of the starting points {v['heldout_before_spread']}; "
         f"wall time median {v['median_wall_time_s']:.0f} s, max {v['max_wall_time_s']:.0f} s "
         f"(load average {loads[0][0]:.1f} at start, {loads[-1][0]:.1f} at end, {os.cpu_count()} CPUs)"
     )

@@ -189,6 +189,8 @@ async def _follow(
         summary.heldout_invalid_call_rate_after = after.invalid_call_rate
         summary.train_accuracy_after = after.train_accuracy
         summary.train_greedy_after = after.train_greedy
+        summary.train_invalid_call_rate_after = after.train_invalid_call_rate
+        summary.heldout_tool_calls_after = after.tool_calls
         summary.eval_curve.append(after.row(summary.final_version))
     finally:
         for w in watchers:

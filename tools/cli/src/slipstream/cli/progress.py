@@ -186,6 +186,16 @@ def accuracy_table(summary: Any) -> Table:
         f"{summary.heldout_greedy_before:.3f}",
         f"{summary.heldout_greedy_after:.3f}",
     )
+    rates = (summary.heldout_invalid_call_rate_before, summary.heldout_invalid_call_rate_after)
+    if any(rates) or _calls_tools(plan.env):
+        # Beside the success it goes with: a rate that falls because the policy stopped calling shows.
+        t.add_row(
+            "invalid tool calls per call (sampled)",
+            _fig(summary.train_invalid_call_rate_before),
+            _fig(summary.train_invalid_call_rate_after),
+            f"{rates[0]:.3f}",
+            f"{rates[1]:.3f}",
+        )
     train = f"{plan.train_eval_tasks} train-split" if plan.train_eval_tasks else "no train-split"
     t.caption = (
         f"{train} and {summary.heldout_tasks} held-out tasks; "
@@ -212,18 +222,12 @@ def summary_table(summary: Any) -> Group:
     t.add_column("value", justify="right")
     tr = summary.trajectories or {}
     left = tr.get("left_unscored", 0) + tr.get("left_in_learner_stream", 0)
-    rates = (summary.heldout_invalid_call_rate_before, summary.heldout_invalid_call_rate_after)
-    invalid = any(rates) or _calls_tools(summary.plan.env)
+    calls = (summary.heldout_tool_calls_before, summary.heldout_tool_calls_after)
     rows = [
         ("result", "ok" if summary.ok else "FAILED"),
         *(
-            [
-                (
-                    "held-out invalid tool calls before / after",
-                    f"{summary.heldout_invalid_call_rate_before:.3f} / {summary.heldout_invalid_call_rate_after:.3f}",
-                )
-            ]
-            if invalid
+            [("held-out tool calls per episode before / after", f"{calls[0]:.2f} / {calls[1]:.2f}")]
+            if any(calls) or _calls_tools(summary.plan.env)
             else []
         ),
         ("learner steps", str(summary.steps)),

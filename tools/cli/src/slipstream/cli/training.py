@@ -63,6 +63,7 @@ def warm_start(plan: TrainingPlan, model_dir: Path) -> dict[str, Any]:
         lr=plan.sft_lr,
         seed=plan.seed,
         target_accuracy=plan.sft_target_accuracy,
+        check_every=plan.sft_check_every,
     )
     save_pretrained(model, tokenizer, model_dir)
     figures.pop("losses", None)
@@ -76,14 +77,19 @@ class HeldOutScore(msgspec.Struct):
     invalid_call_rate: float = 0.0
     train_accuracy: float = -1.0
     train_greedy: float = -1.0
+    train_invalid_call_rate: float = -1.0
+    tool_calls: float = 0.0
+    """Tool calls per held-out episode (sampled)."""
 
     def row(self, version: int) -> dict[str, float]:
         """The eval-curve row of this score."""
         out = {"version": version, "accuracy": self.accuracy, "reward": self.reward, "greedy": self.greedy}
         out["invalid_call_rate"] = self.invalid_call_rate
+        out["tool_calls"] = self.tool_calls
         if self.train_accuracy >= 0:
             out["train_accuracy"] = self.train_accuracy
             out["train_greedy"] = self.train_greedy
+            out["train_invalid_call_rate"] = self.train_invalid_call_rate
         return out
 
 
@@ -140,7 +146,11 @@ class HeldOut:
         )
         g = await evaluate(self.engine, self.tokenizer, self.env, self.tasks, concurrency=64)
         score = HeldOutScore(
-            accuracy=s.accuracy, reward=s.mean_reward, greedy=g.accuracy, invalid_call_rate=s.invalid_call_rate
+            accuracy=s.accuracy,
+            reward=s.mean_reward,
+            greedy=g.accuracy,
+            invalid_call_rate=s.invalid_call_rate,
+            tool_calls=s.tool_calls / s.n if s.n else 0.0,
         )
         if self.train_tasks:
             t = await evaluate(
@@ -154,6 +164,7 @@ class HeldOut:
             )
             tg = await evaluate(self.engine, self.tokenizer, self.env, self.train_tasks, concurrency=64)
             score.train_accuracy, score.train_greedy = t.accuracy, tg.accuracy
+            score.train_invalid_call_rate = t.invalid_call_rate
         return score
 
     async def start(self) -> None:
@@ -213,6 +224,8 @@ def run_training(
     summary.heldout_invalid_call_rate_before = before.invalid_call_rate
     summary.train_accuracy_before = before.train_accuracy
     summary.train_greedy_before = before.train_greedy
+    summary.train_invalid_call_rate_before = before.train_invalid_call_rate
+    summary.heldout_tool_calls_before = before.tool_calls
     row = before.row(0)
     summary.eval_curve.append(row)
     emit("eval", row)
