@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from slipstream.engine import ByteTokenizer, GenerationRequest, SamplingParams, TorchEngine, build_tiny
-from slipstream.engine.kernels import linear, project, upcast_bf16_default
+from slipstream.engine.kernels import Fp32Weights, linear, project, upcast_bf16_default
 from slipstream.engine.lora import attach_lora
 
 pytestmark = [pytest.mark.unit, pytest.mark.usefixtures("one_torch_thread")]
@@ -37,11 +37,11 @@ def test_upcast_linear_matches_the_bf16_kernel_to_one_rounding() -> None:
     w = torch.randn(96, 64, generator=gen).bfloat16()
     b = torch.randn(96, generator=gen).bfloat16()
     native = F.linear(x, w, b)
-    up = linear(x, w, b, upcast=True)
+    up = linear(x, w, b, upcast=Fp32Weights())
     assert up.dtype == torch.bfloat16 and up.shape == native.shape
     # Both accumulate in fp32 and round once: at most one bf16 step apart.
     assert _bf16_ulps(up, native) <= 1.0 + 1e-6, f"seed {SEED}"
-    assert torch.equal(linear(x, w, b, upcast=False), native)
+    assert torch.equal(linear(x, w, b, upcast=None), native)
 
 
 def test_upcast_projection_through_a_lora_adapter() -> None:
@@ -52,9 +52,23 @@ def test_upcast_projection_through_a_lora_adapter() -> None:
     with torch.no_grad():
         proj.lora_B.normal_(0.0, 0.5, generator=torch.Generator().manual_seed(SEED))
         x = torch.randn(3, 7, proj.in_features, generator=torch.Generator().manual_seed(SEED + 1)).bfloat16()
-        native, up = project(proj, x, False), project(proj, x, True)
+        native, up = project(proj, x, None), project(proj, x, Fp32Weights())
     assert up.dtype == torch.bfloat16
     assert (up.float() - native.float()).abs().max() <= 0.02 * native.float().abs().max(), f"seed {SEED}"
+
+
+def test_fp32_copies_follow_in_place_weight_changes() -> None:
+    weights = Fp32Weights()
+    w = torch.randn(8, 4).bfloat16()
+    first = weights(w)
+    assert first.dtype == torch.float32 and torch.equal(first, w.float())
+    assert weights(w) is first  # reused while the weight is unchanged
+    with torch.no_grad():
+        w.mul_(2)
+    assert torch.equal(weights(w), w.float())  # the version counter moved: copied again
+    assert weights.nbytes == 8 * 4 * 4
+    weights.clear()
+    assert weights.nbytes == 0
 
 
 def _run(engine: TorchEngine, requests: list[GenerationRequest]) -> dict[str, tuple[list[int], list[float]]]:
@@ -104,3 +118,22 @@ def test_upcast_is_off_for_fp32_and_decided_by_device() -> None:
     assert upcast_bf16_default(torch.device("meta")) is False
     expected = torch.backends.cpu.get_cpu_capability() in ("AVX2", "DEFAULT")
     assert upcast_bf16_default(torch.device("cpu")) is expected
+
+
+def test_new_weights_reach_the_upcast_copies() -> None:
+    """After apply_weights a bf16 upcast engine computes with the new weights, not stale fp32 copies."""
+    old, _ = build_tiny("tiny", seed=SEED)
+    new, _ = build_tiny("tiny", seed=SEED + 1)
+    new = new.to(torch.bfloat16)
+    params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+
+    def greedy(engine: TorchEngine, rid: str) -> list[int]:
+        return _run(engine, [GenerationRequest(request_id=rid, prompt_ids=TOK.encode("9*9="), params=params)])[rid][0]
+
+    kw = {"max_batch": 1, "max_seq_len": 32, "device": "cpu", "dtype": torch.bfloat16, "bf16_upcast": True}
+    engine = TorchEngine(old, TOK, **kw)  # type: ignore[arg-type]
+    before = greedy(engine, "a")
+    engine.apply_weights(1, {k: v.clone() for k, v in new.state_dict().items()})
+    after = greedy(engine, "b")
+    fresh = greedy(TorchEngine(copy.deepcopy(new), TOK, **kw), "c")  # type: ignore[arg-type]
+    assert after == fresh and after != before, f"seed {SEED}"

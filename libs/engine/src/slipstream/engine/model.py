@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from slipstream.engine.config import ModelConfig
-from slipstream.engine.kernels import project
+from slipstream.engine.kernels import Fp32Weights, project
 from slipstream.engine.kv_cache import KVCache, SlotSelection
 
 
@@ -86,7 +86,9 @@ class Attention(nn.Module):
         self.v_proj = nn.Linear(h, self.n_kv * self.head_dim, bias=cfg.attention_bias)
         self.o_proj = nn.Linear(self.n_heads * self.head_dim, h, bias=cfg.o_proj_bias)
 
-    def _qkv(self, x: Tensor, cos: Tensor, sin: Tensor, upcast: bool = False) -> tuple[Tensor, Tensor, Tensor]:
+    def _qkv(
+        self, x: Tensor, cos: Tensor, sin: Tensor, upcast: Fp32Weights | None = None
+    ) -> tuple[Tensor, Tensor, Tensor]:
         b, t, _ = x.shape
         q = project(self.q_proj, x, upcast).view(b, t, self.n_heads, self.head_dim).transpose(1, 2)
         k = project(self.k_proj, x, upcast).view(b, t, self.n_kv, self.head_dim).transpose(1, 2)
@@ -110,13 +112,13 @@ class Attention(nn.Module):
         mask: Tensor,
         span: int,
         flat: Tensor,
-        upcast: bool = False,
+        upcast: Fp32Weights | None = None,
     ) -> Tensor:
         b, t, _ = x.shape
         q, k, v = self._qkv(x, cos, sin, upcast)
         cache.write(layer, flat, k, v)
         keys, values = cache.read(layer, slots, span)  # [B, kv, span, D]
-        if upcast:
+        if upcast is not None:
             # fp32 attention on the bf16 values (see kernels.py), rounded back once.
             out = F.scaled_dot_product_attention(
                 q.float(), keys.float(), values.float(), attn_mask=mask, enable_gqa=True
@@ -151,7 +153,7 @@ class MLP(nn.Module):
         self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
 
-    def forward(self, x: Tensor, upcast: bool = False) -> Tensor:
+    def forward(self, x: Tensor, upcast: Fp32Weights | None = None) -> Tensor:
         gate = project(self.gate_proj, x, upcast)
         return project(self.down_proj, F.silu(gate) * project(self.up_proj, x, upcast), upcast)
 
@@ -181,7 +183,7 @@ class DecoderLayer(nn.Module):
         mask: Tensor,
         span: int,
         flat: Tensor,
-        upcast: bool = False,
+        upcast: Fp32Weights | None = None,
     ) -> Tensor:
         attn = self.self_attn.forward_cached(
             self.input_layernorm(h), cos, sin, index, cache, slots, mask, span, flat, upcast
@@ -276,7 +278,7 @@ class CausalLM(nn.Module):
         slots: list[int],
         last: Tensor | None = None,
         *,
-        upcast: bool = False,
+        upcast: Fp32Weights | None = None,
     ) -> Tensor:
         """Logits [B, T, V] for new tokens [B, T] at `positions` [B, T], row b in cache slot `slots[b]`.
 
@@ -286,8 +288,9 @@ class CausalLM(nn.Module):
         lm_head, and the logits are [B, V]: a prefill needs one row of logits, not T (the lm_head
         is a fifth of a small model's FLOPs). Rows may be right-padded: a padded token's
         position is past its row's real ones, so no real query attends to it, and its cache rows
-        are overwritten by the row's next tokens. `upcast` runs a bf16 model's matmuls in fp32
-        (`kernels.py`: the same products, on CPUs where torch's bf16 GEMM is slow).
+        are overwritten by the row's next tokens. `upcast` (fp32 copies of the weights) runs a bf16
+        model's matmuls in fp32 (`kernels.py`: the same products, on CPUs where torch's bf16
+        GEMM is slow).
         """
         sel = cache.select(slots)
         span = int(positions.max()) + 1
