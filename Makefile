@@ -48,6 +48,7 @@ bench: install  ## all benchmarks, JSON under .slipstream/bench
 	$(VENV)/bin/slipstream bench weights --json .slipstream/bench/weights.json
 	$(VENV)/bin/slipstream bench async --json .slipstream/bench/async.json
 	$(VENV)/bin/slipstream bench multiturn --json .slipstream/bench/multiturn.json
+	$(VENV)/bin/slipstream bench sandbox --json .slipstream/bench/sandbox.json
 	$(VENV)/bin/slipstream bench demo --json .slipstream/bench/demo.json
 
 schemas: install  ## regenerate proto/ from the schema package
