@@ -78,3 +78,22 @@ def run(args: argparse.Namespace) -> int:
 
         result = asyncio.run(result)
     return int(result or 0)
+
+
+def write_json(result: dict[str, Any], path: str) -> None:
+    """Write a bench's figures as JSON to `path` (no-op when empty), creating its folder."""
+    if not path:
+        return
+    import json
+    from pathlib import Path
+
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2))
+    print(f"wrote {out}")
+
+
+def percentile(values: list[float], q: float) -> float:
+    """The value at quantile `q` of `values` (nearest rank; `values` must not be empty)."""
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]

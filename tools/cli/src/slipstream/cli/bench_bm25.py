@@ -13,13 +13,13 @@ how often their first hits agree. tantivy is not a dependency of the project: in
 from __future__ import annotations
 
 import argparse
-import json
 import re
 import statistics
 import tempfile
 import time
-from pathlib import Path
 from typing import Any
+
+from slipstream.cli.bench import write_json
 
 
 def register(bench_subparsers: Any) -> None:
@@ -39,11 +39,7 @@ def register(bench_subparsers: Any) -> None:
 
 def _command(args: argparse.Namespace) -> int:
     result = run(args)
-    if args.json:
-        path = Path(args.json)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(result, indent=2))
-        print(f"wrote {path}")
+    write_json(result, args.json)
     return 0
 
 

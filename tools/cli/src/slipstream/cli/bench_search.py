@@ -30,6 +30,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from slipstream.cli.bench import percentile, write_json
+
 TARGET = 0.80
 MIN_CHUNKS = 20_000
 
@@ -58,17 +60,8 @@ def register(bench_subparsers: Any) -> None:
 
 def _command(args: argparse.Namespace) -> int:
     result = asyncio.run(_measure(args))
-    if args.json:
-        path = Path(args.json)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(result, indent=2))
-        print(f"wrote {path}")
+    write_json(result, args.json)
     return 0
-
-
-def _pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 async def _round(transport: Any, queries: list[str], *, concurrency: int, budget: int, tag: str) -> dict[str, Any]:
@@ -95,8 +88,8 @@ async def _round(transport: Any, queries: list[str], *, concurrency: int, budget
     return {
         "qps": len(queries) / wall,
         "wall_s": wall,
-        "p50_ms": 1000 * _pct(latencies, 0.50),
-        "p99_ms": 1000 * _pct(latencies, 0.99),
+        "p50_ms": 1000 * percentile(latencies, 0.50),
+        "p99_ms": 1000 * percentile(latencies, 0.99),
         "texts": texts,
     }
 

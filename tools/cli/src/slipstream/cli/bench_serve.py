@@ -24,8 +24,9 @@ import asyncio
 import json
 import statistics
 import time
-from pathlib import Path
 from typing import Any
+
+from slipstream.cli.bench import percentile, write_json
 
 
 def register(bench_subparsers: Any) -> None:
@@ -58,24 +59,15 @@ def _command(args: argparse.Namespace) -> int:
             raise SystemExit(f"slipstream bench serve: --{name.replace('_', '-')} must be >= 1")
     result = asyncio.run(run(args))
     print(json.dumps(result["summary"], indent=2))
-    if args.json:
-        path = Path(args.json)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(result, indent=2))
-        print(f"wrote {path}")
+    write_json(result, args.json)
     return 0
-
-
-def _pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 def _figures(latencies: list[float], wall: float) -> dict[str, float]:
     return {
         "completions_per_s": round(len(latencies) / wall, 2),
-        "p50_ms": round(_pct(latencies, 0.50) * 1000, 1),
-        "p99_ms": round(_pct(latencies, 0.99) * 1000, 1),
+        "p50_ms": round(percentile(latencies, 0.50) * 1000, 1),
+        "p99_ms": round(percentile(latencies, 0.99) * 1000, 1),
         "wall_s": round(wall, 3),
     }
 
