@@ -91,7 +91,7 @@ def bugfix_task(key: str) -> CodeTask:
     name = rng.choice(_NAMES)
     good = rng.choice(_OPS)
     bad = rng.choice([op for op in _OPS if op != good])
-    cases = []
+    cases: list[tuple[int, int, int]] = []
     while len(cases) < 3:
         a, b = rng.randint(2, 9), rng.randint(2, 9)
         want, wrong = eval(f"{a} {good} {b}"), eval(f"{a} {bad} {b}")
