@@ -10,6 +10,7 @@ chat-template checks run on the converted directory alone.
 from __future__ import annotations
 
 import asyncio
+import copy
 from pathlib import Path
 from typing import Any
 
@@ -117,15 +118,11 @@ def test_weights_and_logits_equal_transformers(model_dir: Path, hf_model: Any) -
             assert torch.equal(got, want), (messages, float((got - want).abs().max()))
 
 
-@pytest.mark.slow
-def test_engine_greedy_tokens_equal_hf_generate(model_dir: Path, hf_model: Any) -> None:
-    model, tok = load_pretrained(model_dir, dtype=torch.float32)
-    assert isinstance(tok, HFTokenizer)
-    prompts = [_chat_ids(tok, m) for m in PROMPTS]
-    new_tokens = 24
-
+def _engine_greedy(
+    model: Any, tok: HFTokenizer, prompts: list[list[int]], new_tokens: int, **kw: Any
+) -> list[list[int]]:
     async def ours() -> list[list[int]]:
-        engine = TorchEngine(model, tok, max_batch=4)
+        engine = TorchEngine(model, tok, max_batch=4, **kw)
         await engine.start()
         try:
             params = SamplingParams(temperature=0.0, max_tokens=new_tokens)
@@ -139,7 +136,16 @@ def test_engine_greedy_tokens_equal_hf_generate(model_dir: Path, hf_model: Any) 
             await engine.stop()
         return [list(r.completion_ids) for r in results]
 
-    got = asyncio.run(ours())
+    return asyncio.run(ours())
+
+
+@pytest.mark.slow
+def test_engine_greedy_tokens_equal_hf_generate(model_dir: Path, hf_model: Any) -> None:
+    model, tok = load_pretrained(model_dir, dtype=torch.float32)
+    assert isinstance(tok, HFTokenizer)
+    prompts = [_chat_ids(tok, m) for m in PROMPTS]
+    new_tokens = 24
+    got = _engine_greedy(model, tok, prompts, new_tokens)
     for prompt, completion in zip(prompts, got, strict=True):
         with torch.no_grad():
             out = hf_model.generate(
@@ -152,3 +158,27 @@ def test_engine_greedy_tokens_equal_hf_generate(model_dir: Path, hf_model: Any) 
         want = out[0, len(prompt) :].tolist()
         assert completion == want, (tok.decode(completion), tok.decode(want))
     assert any(c and c[-1] == tok.eos_id for c in got)  # at least one stops on <|im_end|>
+
+
+@pytest.mark.slow
+def test_bf16_engine_with_upcast_matmuls_equals_hf_bf16_generate(model_dir: Path, hf_model: Any) -> None:
+    """The engine's fp32-on-upcast-operands bf16 matmuls (kernels.py) against torch's own bf16
+    kernels in transformers: the same greedy tokens on the real model."""
+    model, tok = load_pretrained(model_dir, dtype=torch.bfloat16)
+    assert isinstance(tok, HFTokenizer)
+    prompts = [_chat_ids(tok, m) for m in PROMPTS]
+    new_tokens = 16
+    got = _engine_greedy(model, tok, prompts, new_tokens, dtype=torch.bfloat16, bf16_upcast=True)
+    # A copy: the module-scoped fp32 fixture must stay fp32 (a round trip through bf16 would round it).
+    hf_bf16 = copy.deepcopy(hf_model).to(torch.bfloat16)
+    for prompt, completion in zip(prompts, got, strict=True):
+        with torch.no_grad():
+            out = hf_bf16.generate(
+                torch.tensor([prompt]),
+                max_new_tokens=new_tokens,
+                do_sample=False,
+                eos_token_id=tok.eos_id,
+                pad_token_id=tok.pad_id,
+            )
+        want = out[0, len(prompt) :].tolist()
+        assert completion == want, (tok.decode(completion), tok.decode(want))

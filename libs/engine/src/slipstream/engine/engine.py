@@ -43,6 +43,7 @@ import torch
 from torch import Tensor, nn
 
 from slipstream.engine.interface import GenerationRequest, GenerationResult
+from slipstream.engine.kernels import Fp32Weights, upcast_bf16_default
 from slipstream.engine.model import CausalLM
 from slipstream.engine.sampling import sample
 from slipstream.engine.sequence import SequenceState
@@ -79,13 +80,21 @@ class TorchEngine:
         policy_version: int = 0,
         recompute_kv_on_update: bool = False,
         allow_partial_updates: bool = False,
+        bf16_upcast: bool | None = None,
     ) -> None:
+        """`bf16_upcast`: run a bf16 model's matmuls in fp32 on the same bf16 values (kernels.py),
+        keeping an fp32 copy of the weights (4 bytes per parameter); None decides by device (on
+        for CPUs whose torch lacks a fast bf16 GEMM). No effect in fp32."""
         if max_batch < 1:
             raise ValueError(f"TorchEngine max_batch must be >= 1, got {max_batch}")
         if device is None:
             device = "cuda" if torch.cuda.is_available() else "cpu"
         self.device = torch.device(device)
         self.model = model.to(device=self.device, dtype=dtype).eval()
+        if bf16_upcast is None:
+            bf16_upcast = upcast_bf16_default(self.device)
+        self.bf16_upcast = bf16_upcast and dtype == torch.bfloat16
+        self._fp32_weights = Fp32Weights() if self.bf16_upcast else None
         self.tokenizer = tokenizer
         cfg = model.config
         self.max_seq_len = max_seq_len or min(cfg.max_position_embeddings, 2048)
@@ -269,6 +278,8 @@ class TorchEngine:
             return
         t0 = time.perf_counter()
         update.copy_into(self.model)
+        if self._fp32_weights is not None:
+            self._fp32_weights.clear()
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         self._policy_version = update.version
@@ -428,6 +439,7 @@ class TorchEngine:
             self.cache,
             [seq.slot for seq, _ in chunk],
             last=last.to(self.device),
+            upcast=self._fp32_weights,
         )
 
     def _free_slot(self) -> int | None:
@@ -448,7 +460,7 @@ class TorchEngine:
         ids = torch.tensor([tokens[start:]], dtype=torch.long, device=self.device)
         pos = torch.arange(start, len(tokens), device=self.device)[None]
         last = torch.tensor([len(tokens) - start - 1], device=self.device)
-        self.model.forward_cached(ids, pos, self.cache, [seq.slot], last=last)
+        self.model.forward_cached(ids, pos, self.cache, [seq.slot], last=last, upcast=self._fp32_weights)
         seq.cache_len = len(tokens)
 
     def _decode(self, done: list[SequenceState]) -> None:
@@ -458,7 +470,8 @@ class TorchEngine:
         ids = torch.tensor([[s.tokens[-1]] for s in rows], dtype=torch.long, device=self.device)
         pos = torch.tensor([[s.cache_len] for s in rows], dtype=torch.long, device=self.device)
         last = torch.zeros(len(rows), dtype=torch.long, device=self.device)
-        logits = self.model.forward_cached(ids, pos, self.cache, [s.slot for s in rows], last=last)
+        slots = [s.slot for s in rows]
+        logits = self.model.forward_cached(ids, pos, self.cache, slots, last=last, upcast=self._fp32_weights)
         for s in rows:
             s.cache_len += 1
         self._sample(rows, logits, done)

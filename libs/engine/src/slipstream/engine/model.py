@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from slipstream.engine.config import ModelConfig
+from slipstream.engine.kernels import Fp32Weights, project
 from slipstream.engine.kv_cache import KVCache, SlotSelection
 
 
@@ -85,11 +86,13 @@ class Attention(nn.Module):
         self.v_proj = nn.Linear(h, self.n_kv * self.head_dim, bias=cfg.attention_bias)
         self.o_proj = nn.Linear(self.n_heads * self.head_dim, h, bias=cfg.o_proj_bias)
 
-    def _qkv(self, x: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    def _qkv(
+        self, x: Tensor, cos: Tensor, sin: Tensor, upcast: Fp32Weights | None = None
+    ) -> tuple[Tensor, Tensor, Tensor]:
         b, t, _ = x.shape
-        q = self.q_proj(x).view(b, t, self.n_heads, self.head_dim).transpose(1, 2)
-        k = self.k_proj(x).view(b, t, self.n_kv, self.head_dim).transpose(1, 2)
-        v = self.v_proj(x).view(b, t, self.n_kv, self.head_dim).transpose(1, 2)
+        q = project(self.q_proj, x, upcast).view(b, t, self.n_heads, self.head_dim).transpose(1, 2)
+        k = project(self.k_proj, x, upcast).view(b, t, self.n_kv, self.head_dim).transpose(1, 2)
+        v = project(self.v_proj, x, upcast).view(b, t, self.n_kv, self.head_dim).transpose(1, 2)
         return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
 
     def forward(self, x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor | None) -> Tensor:
@@ -106,21 +109,25 @@ class Attention(nn.Module):
         layer: int,
         cache: KVCache,
         slots: SlotSelection,
-        positions: Tensor,
+        mask: Tensor,
         span: int,
         flat: Tensor,
+        upcast: Fp32Weights | None = None,
     ) -> Tensor:
         b, t, _ = x.shape
-        q, k, v = self._qkv(x, cos, sin)
+        q, k, v = self._qkv(x, cos, sin, upcast)
         cache.write(layer, flat, k, v)
         keys, values = cache.read(layer, slots, span)  # [B, kv, span, D]
-        # Row b's query at position p sees its own slot's keys 0..p; later cache rows are stale.
-        mask = torch.arange(span, device=x.device)[None, None, None, :] <= positions[:, None, :, None]
-        if t == 1 and x.device.type == "cpu" and q.dtype != torch.float32:
+        if upcast is not None:
+            # fp32 attention on the bf16 values (see kernels.py), rounded back once.
+            out = F.scaled_dot_product_attention(
+                q.float(), keys.float(), values.float(), attn_mask=mask, enable_gqa=True
+            ).to(q.dtype)
+        elif t == 1 and x.device.type == "cpu" and q.dtype != torch.float32:
             out = self._decode_attention(q, keys, values, mask)
         else:
             out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=True)
-        return self.o_proj(out.transpose(1, 2).reshape(b, t, -1))
+        return project(self.o_proj, out.transpose(1, 2).reshape(b, t, -1), upcast)
 
     def _decode_attention(self, q: Tensor, keys: Tensor, values: Tensor, mask: Tensor) -> Tensor:
         """One query per row as two small matmuls with the query heads grouped per kv head.
@@ -146,8 +153,9 @@ class MLP(nn.Module):
         self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
 
-    def forward(self, x: Tensor) -> Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+    def forward(self, x: Tensor, upcast: Fp32Weights | None = None) -> Tensor:
+        gate = project(self.gate_proj, x, upcast)
+        return project(self.down_proj, F.silu(gate) * project(self.up_proj, x, upcast), upcast)
 
 
 class DecoderLayer(nn.Module):
@@ -172,15 +180,16 @@ class DecoderLayer(nn.Module):
         index: int,
         cache: KVCache,
         slots: SlotSelection,
-        positions: Tensor,
+        mask: Tensor,
         span: int,
         flat: Tensor,
+        upcast: Fp32Weights | None = None,
     ) -> Tensor:
         attn = self.self_attn.forward_cached(
-            self.input_layernorm(h), cos, sin, index, cache, slots, positions, span, flat
+            self.input_layernorm(h), cos, sin, index, cache, slots, mask, span, flat, upcast
         )
         h = h + attn
-        return h + self.mlp(self.post_attention_layernorm(h))
+        return h + self.mlp(self.post_attention_layernorm(h), upcast)
 
 
 class DecoderModel(nn.Module):
@@ -262,7 +271,14 @@ class CausalLM(nn.Module):
         return self.lm_head(self.model.norm(h))
 
     def forward_cached(
-        self, input_ids: Tensor, positions: Tensor, cache: KVCache, slots: list[int], last: Tensor | None = None
+        self,
+        input_ids: Tensor,
+        positions: Tensor,
+        cache: KVCache,
+        slots: list[int],
+        last: Tensor | None = None,
+        *,
+        upcast: Fp32Weights | None = None,
     ) -> Tensor:
         """Logits [B, T, V] for new tokens [B, T] at `positions` [B, T], row b in cache slot `slots[b]`.
 
@@ -272,7 +288,9 @@ class CausalLM(nn.Module):
         lm_head, and the logits are [B, V]: a prefill needs one row of logits, not T (the lm_head
         is a fifth of a small model's FLOPs). Rows may be right-padded: a padded token's
         position is past its row's real ones, so no real query attends to it, and its cache rows
-        are overwritten by the row's next tokens.
+        are overwritten by the row's next tokens. `upcast` (fp32 copies of the weights) runs a bf16
+        model's matmuls in fp32 (`kernels.py`: the same products, on CPUs where torch's bf16
+        GEMM is slow).
         """
         sel = cache.select(slots)
         span = int(positions.max()) + 1
@@ -281,11 +299,14 @@ class CausalLM(nn.Module):
         flat = cache.flat_index(sel, positions)
         h = self.model.embed_tokens(input_ids)
         cos, sin = self.model.rotary(positions, h.dtype)
+        # Row b's query at position p sees its own slot's keys 0..p; later cache rows are stale.
+        # Built once per forward: every layer attends over the same span.
+        mask = torch.arange(span, device=h.device)[None, None, None, :] <= positions[:, None, :, None]
         for i, layer in enumerate(self.decoder_layers):
-            h = layer.forward_cached(h, cos, sin, i, cache, sel, positions, span, flat)
+            h = layer.forward_cached(h, cos, sin, i, cache, sel, mask, span, flat, upcast)
         if last is not None:
             h = h[torch.arange(h.shape[0], device=h.device), last]
-        return self.lm_head(self.model.norm(h))
+        return project(self.lm_head, self.model.norm(h), upcast)
 
     def new_cache(self, slots: int, max_seq_len: int) -> KVCache:
         """An empty KV cache on this model's device and dtype."""
