@@ -1,7 +1,7 @@
 """`slipstream train examples/<env>.toml` runs every shipped example end to end, shrunk to a step or two.
 
-Each example is the real thing (its model, environment, algorithm and sizes) with `--steps` and
-`--heldout-tasks` cut so the suite stays within CI time; what is asserted is that the run file
+Each example is the real thing (its model, environment, algorithm and sizes) with `--steps`, the
+eval sizes and the warm-start's step cap cut so the suite stays within CI time; what is asserted is that the run file
 drives a whole run: the stack starts, the learner takes exactly the steps asked for, versions are
 published and every trajectory is accounted for. Learning itself is the demos' and e2e tests' job.
 """
@@ -54,6 +54,12 @@ def test_train_runs_the_example_run_file(tmp_path: Path, path: Path) -> None:
             "2",
             "--heldout-tasks",
             "8",
+            "--train-eval-tasks",
+            "8",
+            # A warm-start that runs to a target accuracy (lookup: up to 800 steps, minutes) is
+            # capped: the test needs a policy whose groups differ, not the demo's competence.
+            "--sft-steps",
+            "150",
             "--no-live",
             "--run-dir",
             str(tmp_path / "run"),

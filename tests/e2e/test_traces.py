@@ -1,6 +1,6 @@
 """One trace per task across every service: the acceptance test of end-to-end tracing.
 
-A short run of the five-process pipeline (`run_training(..., traces=True)`: every service writes
+The shared demo run of the five-process pipeline (tests/e2e/conftest.py, `traces=True`: every service writes
 its spans to run_dir/traces.<service>.jsonl) is read back, and one task that was trained on is
 followed through the spans, checking each span's service and its parent or link:
 
@@ -22,9 +22,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from shared_run import DemoRun
 
-from slipstream.cli.demo import demo_plan
-from slipstream.cli.training import PIPELINE, run_training
+from slipstream.cli.training import PIPELINE
 from slipstream.telemetry.spanfile import read_spans
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -79,17 +79,11 @@ def trained_ids(run_dir: Path) -> dict[str, int]:
     return out
 
 
-@pytest.mark.timeout(420)
-def test_one_trace_follows_a_task_from_the_source_to_a_workers_weight_application(tmp_path: Path) -> None:
-    plan = demo_plan()
-    plan.max_steps = 3
-    plan.eval_every = 0
-    plan.heldout_tasks = 32
-    plan.heldout_samples = 1
-    run_dir = tmp_path / "run"
-    summary = run_training(plan, run_dir, traces=True)
-    assert summary.ok, summary.error
-    assert summary.steps == plan.max_steps
+# The shared run (conftest.demo_run) may start in this test: its timeout covers the whole run.
+@pytest.mark.timeout(900)
+def test_one_trace_follows_a_task_from_the_source_to_a_workers_weight_application(demo_run: DemoRun) -> None:
+    plan, run_dir = demo_run.plan, demo_run.run_dir
+    assert demo_run.summary.steps == plan.max_steps
 
     files = [run_dir / f"traces.{name}.jsonl" for name in PIPELINE]
     records, bad = read_spans(files)

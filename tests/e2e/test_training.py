@@ -1,6 +1,7 @@
 """The loop that learns: the five-process pipeline on real NATS trains the tiny model.
 
-One run of `run_training` (what `slipstream demo` runs) with a shrunk plan: warm-start, then
+One run of `run_training` (what `slipstream demo` runs) with a shrunk plan, shared with
+test_traces (tests/e2e/conftest.py): warm-start, then
 rollout-worker, reward-model, learner, weight-publisher and task-source as separate processes
 against a real nats-server and Redis. Asserted:
 
@@ -22,22 +23,17 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from shared_run import DemoRun
 
-from slipstream.cli.demo import demo_plan
 from slipstream.cli.report import build_report
-from slipstream.cli.training import run_training
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 MARGIN = 0.05
 
 
 @pytest.mark.timeout(900)
-def test_pipeline_learns_and_accounts_for_every_trajectory(tmp_path: Path) -> None:
-    plan = demo_plan()
-    plan.max_steps = 45
-    plan.eval_every = 0
-    summary = run_training(plan, tmp_path / "run")
-    assert summary.ok, summary.error
+def test_pipeline_learns_and_accounts_for_every_trajectory(demo_run: DemoRun, tmp_path: Path) -> None:
+    plan, summary = demo_run.plan, demo_run.summary
 
     assert summary.steps == plan.max_steps
     assert summary.versions_published == plan.max_steps + 1  # version 0 (initial weights) + one per step
@@ -60,7 +56,7 @@ def test_pipeline_learns_and_accounts_for_every_trajectory(tmp_path: Path) -> No
     assert summary.spanning_versions >= 1
 
     out = tmp_path / "report"
-    report = build_report(tmp_path / "run", out)
+    report = build_report(demo_run.run_dir, out)
     assert (out / "index.html").exists()
     pngs = sorted(p.name for p in out.glob("*.png"))
     assert {"reward.png", "staleness.png", "time_to_policy.png"} <= set(pngs), pngs

@@ -72,7 +72,19 @@ def _weights(port: int) -> dict[str, Any]:
 
 @pytest.mark.timeout(600)
 async def test_late_worker_catches_up_and_both_end_bit_identical(tmp_path: Path) -> None:
-    plan = TrainingPlan(env="reverse", sft_steps=60, max_steps=STEPS, groups_per_step=4, group_size=8, heldout_tasks=8)
+    # Each worker may hold 4 tasks, a third of the source's window of 12 (4 groups a step x
+    # (staleness 2 + 1)): the first worker cannot hold the whole window, so tasks wait for the late
+    # one once it joins. With the default 16 the first worker could take every task and leave the
+    # late one idle, which is what a CI run once saw.
+    plan = TrainingPlan(
+        env="reverse",
+        sft_steps=60,
+        max_steps=STEPS,
+        groups_per_step=4,
+        group_size=8,
+        heldout_tasks=8,
+        worker_tasks_in_flight=4,
+    )
     run_dir = tmp_path / RUN
     model_dir, staging = run_dir / "model-init", run_dir / "staging"
     await asyncio.to_thread(warm_start, plan, model_dir)
@@ -141,7 +153,8 @@ async def test_late_worker_catches_up_and_both_end_bit_identical(tmp_path: Path)
         await asyncio.to_thread(stack.stop)
 
     workers = {w: v for w, v in by_worker.items() if v}
-    assert len(workers) == 2, list(by_worker)
+    late_log = run_dir / "logs" / "rollout-worker-late.log"
+    assert len(workers) == 2, (list(by_worker), late_log.read_text()[-3000:] if late_log.exists() else "no late log")
     late_id = next(w for w in workers if "late" in w)
     early_id = next(w for w in workers if w != late_id)
     # The late worker never sampled with weights older than the version it joined at.

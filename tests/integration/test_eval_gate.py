@@ -235,7 +235,10 @@ async def test_gate_promotes_rejects_noise_and_serving_follows_rollback(
         assert await asyncio.to_thread(promotion.run_promote, missing) == 1
         again = argparse.Namespace(run_dir=run_dir, version=2, reason="canary fixed")
         assert await asyncio.to_thread(promotion.run_promote, again) == 0
-        await _until(lambda: engine.policy_version == 2, 10, "serving follower on v2 again")
+        # The follower records a version in its history after the engine has it: wait for both.
+        await _until(
+            lambda: engine.policy_version == 2 and len(follower.history) == 4, 10, "serving follower on v2 again"
+        )
         assert list(follower.history) == [0, 2, 0, 2]  # never v1 (not promoted) nor v4 (rejected)
         assert follower.status()["follow"] == "promoted" and follower.failures == 0
 

@@ -46,6 +46,15 @@ def register(sub: Any) -> None:
     p.add_argument("--summary-json", type=Path, metavar="FILE", help="also write the run summary here")
     p.add_argument("--steps", type=int, default=None, help="override [batch] max_steps (a quick try of a run file)")
     p.add_argument("--heldout-tasks", type=int, default=None, help="override [eval] heldout_tasks")
+    p.add_argument(
+        "--train-eval-tasks", type=int, default=None, help="override [eval] train_eval_tasks (0: no train-split eval)"
+    )
+    p.add_argument(
+        "--sft-steps",
+        type=int,
+        default=None,
+        help="override [warmstart] sft_steps (the cap when sft_target_accuracy is set; a quick try of a run file)",
+    )
     p.add_argument("--no-live", action="store_true", help="plain log lines instead of the live view")
     p.add_argument("--traces", action="store_true", help="write each service's spans to RUN_DIR/traces.<service>.jsonl")
     add_restart_arguments(p)
@@ -63,8 +72,17 @@ def run(args: argparse.Namespace) -> int:
         return 2
     if args.steps is not None:
         plan.max_steps = args.steps
-    if args.heldout_tasks is not None:
-        plan.heldout_tasks = args.heldout_tasks
+    for field, value, least in (
+        ("heldout_tasks", args.heldout_tasks, 1),
+        ("train_eval_tasks", args.train_eval_tasks, 0),
+        ("sft_steps", args.sft_steps, 0),
+    ):
+        if value is None:
+            continue
+        if value < least:
+            print(f"slipstream train: --{field.replace('_', '-')} must be >= {least}, got {value}", file=sys.stderr)
+            return 2
+        setattr(plan, field, value)
     if args.env_file:
         args.env_file.write_text(env_file(run_file))
         print(f"wrote {args.env_file}")
