@@ -23,9 +23,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from slipstream.engine.kernels import upcast_bf16_default
+from slipstream.engine.model import CausalLM
 from slipstream.learner.config import AutocastDtype, LearnerSection
 from slipstream.rl import LossConfig, TrainItem, compute_loss, pack_batch, staleness, token_logprobs, turn_mismatch
 from slipstream.rl.credit import SampleWeighting, episode_figures, group_rows
@@ -170,9 +172,22 @@ class Trainer:
             if self.autocast == "bfloat16"
             else contextlib.nullcontext()
         )
-        with autocast:
-            logits = self.model(batch.input_ids, batch.attention_mask)[:, :-1]
-        logprobs = token_logprobs(logits, batch.targets, temperature=self.section.sampling_temperature)
+        temperature = self.section.sampling_temperature
+        if isinstance(self.model, CausalLM):
+            # Logits only from the first trained column on: the prompt's positions need none, and
+            # on a one-shot prompt (~130 of ~150 tokens) the lm_head and log-softmax there were
+            # a fifth of the step. The columns before `start` are masked out of every loss term.
+            trained = torch.nonzero(batch.mask.any(dim=0))
+            start = int(trained[0, 0]) if len(trained) else 0
+            with autocast:
+                hidden = self.model.hidden_states(batch.input_ids, batch.attention_mask)[:, start:-1]
+                logits = self.model.lm_head(hidden)
+            tail = token_logprobs(logits, batch.targets[:, start:], temperature=temperature)
+            logprobs = F.pad(tail, (start, 0))
+        else:
+            with autocast:
+                logits = self.model(batch.input_ids, batch.attention_mask)[:, :-1]
+            logprobs = token_logprobs(logits, batch.targets, temperature=temperature)
         out = compute_loss(
             self.loss_cfg,
             logprobs=logprobs,
