@@ -175,7 +175,7 @@ class Trainer:
         temperature = self.section.sampling_temperature
         if isinstance(self.model, CausalLM):
             # Logits only from the first trained column on: the prompt's positions need none, and
-            # on a one-shot prompt (~130 of ~150 tokens) the lm_head and log-softmax there were
+            # on search_call's one-shot prompt (~85 of ~96 tokens) the lm_head and log-softmax there were
             # a fifth of the step. The columns before `start` are masked out of every loss term.
             trained = torch.nonzero(batch.mask.any(dim=0))
             start = int(trained[0, 0]) if len(trained) else 0
