@@ -25,11 +25,6 @@ REPO = Path(__file__).resolve().parents[2]
 NOT_YET_TRAINABLE = {
     "code": "a short warm-start leaves every reward at 0 (issue 14: the code demo's plan is open work)",
     "search": "its warm-start takes ~2 s a step on search episodes; the plan is untuned (issue 13)",
-    # A regression to find first next session, not a plan to tune: this run passed in CI before
-    # session 5, and in session 5's runs it produced under 100 trajectories in 14 minutes, with
-    # and without that session's engine changes (tests/e2e/test_real_model_training.py still runs
-    # the real model's whole path).
-    "search_call": "SmolLM2 rollouts regressed to minutes per group in session 5; cause not yet found",
 }
 EXAMPLES = [
     pytest.param(p, id=p.stem, marks=pytest.mark.skip(reason=NOT_YET_TRAINABLE[p.stem]))

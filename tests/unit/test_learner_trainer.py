@@ -11,8 +11,9 @@ import torch
 import torch._dynamo  # torch.optim's first use imports it (~2 s): pay that at collection
 
 from slipstream.engine import build_tiny
+from slipstream.engine.kernels import upcast_bf16_default
 from slipstream.learner.config import LearnerSection
-from slipstream.learner.trainer import Trainer, staleness_histogram, train_items
+from slipstream.learner.trainer import Trainer, effective_autocast, staleness_histogram, train_items
 from slipstream.rl import LossConfig, token_logprobs
 from slipstream.schemas import (
     Episode,
@@ -115,6 +116,22 @@ def test_a_step_updates_the_policy_and_reports_what_it_trained_on() -> None:
     changed = [k for k, v in t.model.state_dict().items() if not torch.equal(v, before[k])]
     assert len(changed) == len(before)  # every parameter moved (embeddings of the seen tokens included)
     assert all(p.grad is None for p in t.model.parameters())  # nothing left over for the next step
+
+
+def test_bf16_autocast_is_kept_where_bf16_is_fast_and_dropped_for_fp32_where_it_is_slow() -> None:
+    assert effective_autocast("", torch.device("cpu")) == ""
+    assert effective_autocast("bfloat16", torch.device("cuda")) == "bfloat16"
+    slow = upcast_bf16_default(torch.device("cpu"))  # an x86 CPU without AVX-512 (this one, where CI runs)
+    assert effective_autocast("bfloat16", torch.device("cpu")) == ("" if slow else "bfloat16")
+    asked, plain = trainer(lr=1e-3, autocast="bfloat16"), trainer(lr=1e-3)
+    assert asked.autocast == ("" if slow else "bfloat16")
+    groups = [[scored("a", [60, 61, 62], 1.0, correct=True), scored("b", [70, 71], 0.0)]]
+    a, p = asked.step(groups, version=0), plain.step(groups, version=0)
+    if slow:  # the step asked for bf16 is the fp32 step, to the bit
+        assert a.loss == p.loss and a.grad_norm == p.grad_norm
+        assert all(torch.equal(x, y) for x, y in zip(asked.model.parameters(), plain.model.parameters(), strict=True))
+    else:
+        assert a.loss != p.loss  # bf16 matmuls round differently
 
 
 @pytest.mark.parametrize("normalizer", ["constant", "tokens"])

@@ -253,6 +253,15 @@ class CausalLM(nn.Module):
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None) -> Tensor:
         """Logits [B, T, V]. `attention_mask` [B, T] (1 = token, 0 = pad) may pad on either side."""
+        return self.lm_head(self.hidden_states(input_ids, attention_mask))
+
+    def hidden_states(self, input_ids: Tensor, attention_mask: Tensor | None = None) -> Tensor:
+        """The final-norm hidden states [B, T, H] that `forward` turns into logits with `lm_head`.
+
+        A caller that needs the logits of a few positions only (the learner: the completion's,
+        not the prompt's) applies `lm_head` to those, saving its matmul and the vocab-wide
+        log-softmax everywhere else (a fifth of a small model's FLOPs per position).
+        """
         h = self.model.embed_tokens(input_ids)
         b, t = input_ids.shape
         mask: Tensor | None = None
@@ -268,7 +277,7 @@ class CausalLM(nn.Module):
         cos, sin = self.model.rotary(positions, h.dtype)
         for layer in self.decoder_layers:
             h = layer(h, cos, sin, mask)
-        return self.lm_head(self.model.norm(h))
+        return self.model.norm(h)
 
     def forward_cached(
         self,

@@ -137,6 +137,12 @@ class LearnerService(BaseService):
         self.store = await asyncio.to_thread(setup_store, cfg.store)
         model, tokenizer = await asyncio.to_thread(load_model, cfg.model)
         self.trainer = Trainer(model, self.section, cfg.loss, pad_id=tokenizer.pad_id)
+        if self.trainer.autocast != self.section.autocast:
+            log.warning(
+                "bf16 autocast off: this CPU has no fast bf16 GEMM (AVX2 only), so the learner computes in fp32",
+                requested=self.section.autocast,
+                device=str(self.trainer.device),
+            )
         self.checkpoints = Checkpoints(self.store, cfg.service.run_id, keep=self.section.keep_checkpoints)
         if cfg.service.redis_url:
             # Before the checkpoint is read: a standby waits here, and resumes from what the leader left.

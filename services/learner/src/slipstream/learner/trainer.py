@@ -23,9 +23,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
-from slipstream.learner.config import LearnerSection
+from slipstream.engine.kernels import upcast_bf16_default
+from slipstream.engine.model import CausalLM
+from slipstream.learner.config import AutocastDtype, LearnerSection
 from slipstream.rl import LossConfig, TrainItem, compute_loss, pack_batch, staleness, token_logprobs, turn_mismatch
 from slipstream.rl.credit import SampleWeighting, episode_figures, group_rows
 from slipstream.schemas import ScoredEpisode
@@ -76,6 +79,20 @@ def staleness_histogram(episodes: Sequence[ScoredEpisode], version: int) -> dict
     return dict(sorted(hist.items(), key=lambda kv: int(kv[0])))
 
 
+def effective_autocast(requested: AutocastDtype, device: torch.device) -> AutocastDtype:
+    """The autocast dtype the learner runs with on `device`: `requested`, except bf16 where it is slow.
+
+    bf16 autocast exists for speed (the weights stay fp32). On an x86 CPU without AVX-512 torch
+    has no fast bf16 GEMM (the engine's `kernels.py`; the same test, `upcast_bf16_default`), and
+    there a SmolLM2 learner step under bf16 autocast measured at least 4x slower than in fp32
+    (16 x 150 tokens, LoRA, one thread: fp32 58 s of CPU; bf16 still running after 235 s). So
+    there the learner computes in fp32: the same update up to bf16 rounding, only more precise.
+    """
+    if requested == "bfloat16" and upcast_bf16_default(device):
+        return ""
+    return requested
+
+
 class Trainer:
     """The policy, its AdamW optimizer, and the step that updates them."""
 
@@ -85,6 +102,8 @@ class Trainer:
         self.loss_cfg = loss
         self.pad_id = pad_id
         self.device = next(model.parameters()).device
+        self.autocast: AutocastDtype = effective_autocast(section.autocast, self.device)
+        """What forward/backward run under: `section.autocast`, or "" (fp32) where bf16 is slow."""
         # A LoRA model's base is frozen: the optimizer (and its checkpointed state) holds the adapters only.
         self.optimizer = torch.optim.AdamW(
             [p for p in model.parameters() if p.requires_grad],
@@ -150,12 +169,25 @@ class Trainer:
         # resolution (measured on SmolLM2: loss 13.566 -> 13.550 vs 13.175 with fp32 + autocast over 3 steps).
         autocast = (
             torch.autocast(self.device.type, dtype=torch.bfloat16)
-            if self.section.autocast == "bfloat16"
+            if self.autocast == "bfloat16"
             else contextlib.nullcontext()
         )
-        with autocast:
-            logits = self.model(batch.input_ids, batch.attention_mask)[:, :-1]
-        logprobs = token_logprobs(logits, batch.targets, temperature=self.section.sampling_temperature)
+        temperature = self.section.sampling_temperature
+        if isinstance(self.model, CausalLM):
+            # Logits only from the first trained column on: the prompt's positions need none, and
+            # on search_call's one-shot prompt (~85 of ~96 tokens) the lm_head and log-softmax there were
+            # a fifth of the step. The columns before `start` are masked out of every loss term.
+            trained = torch.nonzero(batch.mask.any(dim=0))
+            start = int(trained[0, 0]) if len(trained) else 0
+            with autocast:
+                hidden = self.model.hidden_states(batch.input_ids, batch.attention_mask)[:, start:-1]
+                logits = self.model.lm_head(hidden)
+            tail = token_logprobs(logits, batch.targets[:, start:], temperature=temperature)
+            logprobs = F.pad(tail, (start, 0))
+        else:
+            with autocast:
+                logits = self.model(batch.input_ids, batch.attention_mask)[:, :-1]
+            logprobs = token_logprobs(logits, batch.targets, temperature=temperature)
         out = compute_loss(
             self.loss_cfg,
             logprobs=logprobs,
