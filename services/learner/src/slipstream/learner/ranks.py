@@ -127,7 +127,9 @@ class RankWorker:
 
         options = StateDictOptions(full_state_dict=True, cpu_offload=True)
         state = get_model_state_dict(self._trainer().model, options=options)
-        return dict(state) if self.rank == 0 else None
+        if self.rank != 0:
+            return None
+        return {name: value for name, value in state.items() if isinstance(value, torch.Tensor)}
 
     def save(self, path: str) -> None:
         trainer = self._trainer()
@@ -198,8 +200,12 @@ class RankGroup:
             for r in range(self.world)
         ]
         limit = section.rank_start_timeout_s
-        addr, port = self._get([self.actors[0].address.remote()], "report rank 0's address", limit)[0]
-        self.n_params = self._get([a.setup.remote(addr, port) for a in self.actors], "set up", limit)[0]
+        try:
+            addr, port = self._get([self.actors[0].address.remote()], "report rank 0's address", limit)[0]
+            self.n_params = self._get([a.setup.remote(addr, port) for a in self.actors], "set up", limit)[0]
+        except BaseException:
+            self.close()  # no actors (nor a local Ray) left behind
+            raise
         # The driver's unsharded mirror: what versions are staged and checkpoints' weights written from.
         self.mirror, tokenizer = load_model(source)
         self.pad_id = tokenizer.pad_id
