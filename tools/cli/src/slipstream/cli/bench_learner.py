@@ -172,7 +172,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     from slipstream.learner.trainer import Trainer
     from slipstream.rl import LossConfig
 
-    source = ModelSource(preset=args.preset, seed=args.seed)
+    source = ModelSource(preset=args.preset, seed=args.seed, threads=1)
     steps = make_steps(
         args.warmup + args.steps,
         groups=args.groups,
@@ -190,8 +190,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         print(f"learner: {args.preset} at {n} rank(s) ...", flush=True)
         section = msgspec.structs.replace(base, ranks=n)
         if n == 1:
-            torch.set_num_threads(args.threads or max(args.ranks))
-            trainer = Trainer(load_model(source)[0], section, loss, pad_id=tok.pad_id)
+            # load_model applies [model] threads (the ranks keep 1 each).
+            threads = args.threads or max(args.ranks)
+            single = msgspec.structs.replace(source, threads=threads)
+            trainer = Trainer(load_model(single)[0], section, loss, pad_id=tok.pad_id)
             figures = _time_run(trainer, steps, args.warmup)
             figures["torch_threads"] = torch.get_num_threads()
             figures["gather_s"] = 0.0
