@@ -26,10 +26,10 @@ from slipstream.learner.trainer import Trainer
 from slipstream.schemas import WeightAnnounce
 from slipstream.schemas.subjects import WEIGHTS_ANNOUNCE
 from slipstream.store import ObjectStore
+from slipstream.weights.layout import version_of_manifest_key
 
 if TYPE_CHECKING:
     from slipstream.learner.ranks import RankGroup
-from slipstream.weights.layout import version_of_manifest_key
 
 log = logging.getLogger(__name__)
 
