@@ -2,6 +2,10 @@
 
     checkpoints/<run_id>/step-<n>/model.safetensors   the policy's parameters
     checkpoints/<run_id>/step-<n>/optimizer.pt         AdamW state (torch.save; never on the wire)
+    checkpoints/<run_id>/step-<n>/dcp/...              instead of optimizer.pt, from a learner with ranks > 1:
+                                                       model and AdamW state as torch.distributed.checkpoint
+                                                       wrote them (every rank's shards + .metadata),
+                                                       readable at any rank count, 1 included
     checkpoints/<run_id>/step-<n>/rng.pt               torch RNG states
     checkpoints/<run_id>/step-<n>/meta.json            step, version, drop counts, python RNG,
                                                        trained trajectory ids, file sha256s
@@ -19,8 +23,11 @@ from __future__ import annotations
 import hashlib
 import io
 import random
+import tempfile
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -36,6 +43,7 @@ MODEL = "model.safetensors"
 OPTIMIZER = "optimizer.pt"
 RNG = "rng.pt"
 META = "meta.json"
+SHARDED = "dcp"
 
 
 class CheckpointError(RuntimeError):
@@ -75,6 +83,18 @@ class Checkpoint:
     rng_state: dict[str, Any]
     chain_ids: list[list[str]]
     """Trained trajectory ids of every retained checkpoint, oldest first (the ledger's windows)."""
+    sharded: dict[str, bytes] = field(default_factory=dict)
+    """The torch.distributed.checkpoint files (relative path -> bytes, verified) of a checkpoint written
+    by ranks; empty for a single-process one (then `optimizer_state` holds AdamW's state)."""
+
+    def write_sharded(self, directory: str | Path) -> Path:
+        """Lay the sharded files out in `directory` for torch.distributed.checkpoint to read."""
+        root = Path(directory)
+        for name, data in self.sharded.items():
+            target = root / name
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(data)
+        return root
 
 
 def _sha256(data: bytes) -> str:
@@ -112,12 +132,17 @@ class Checkpoints:
         step: int,
         policy_version: int,
         model: nn.Module,
-        optimizer: torch.optim.Optimizer,
+        optimizer: torch.optim.Optimizer | None,
         dropped: dict[str, int],
         trained_ids: list[str],
         fence_token: int = 0,
+        sharded: Callable[[Path], None] | None = None,
     ) -> str:
         """Write every file, then the pointer (the commit); prune what fell out of the chain.
+
+        `sharded` (a learner with ranks): called with an empty local directory, it writes the model and
+        AdamW state there with torch.distributed.checkpoint; those files are stored under `dcp/` in
+        place of `optimizer.pt` (`model` is still stored whole, for readers of the weights alone).
 
         With a control plane (`fence_token` > 0), a pointer written under a higher token means a
         newer leader committed: this learner was fenced and must not overwrite it.
@@ -136,9 +161,20 @@ class Checkpoints:
             rng["cuda"] = torch.cuda.get_rng_state_all()
         blobs = {
             MODEL: save_safetensors({k: v.detach().cpu().contiguous() for k, v in unique_state(model).items()}),
-            OPTIMIZER: _torch_bytes(optimizer.state_dict()),
             RNG: _torch_bytes(rng),
         }
+        if sharded is not None:
+            with tempfile.TemporaryDirectory(prefix="slipstream-dcp-") as tmp:
+                sharded(Path(tmp))
+                for path in sorted(Path(tmp).rglob("*")):
+                    if path.is_file():
+                        blobs[f"{SHARDED}/{path.relative_to(tmp).as_posix()}"] = path.read_bytes()
+            if f"{SHARDED}/.metadata" not in blobs:
+                raise CheckpointError("the sharded checkpoint writer left no .metadata file")
+        elif optimizer is None:
+            raise ValueError("a checkpoint needs the optimizer, or a sharded writer")
+        else:
+            blobs[OPTIMIZER] = _torch_bytes(optimizer.state_dict())
         self.store.put_many({f"{prefix}/{name}": data for name, data in blobs.items()})
         meta = CheckpointMeta(
             step=step,
@@ -159,7 +195,8 @@ class Checkpoints:
 
     def _prune(self, keep: set[str]) -> None:
         for key in self.store.list(f"{self.root}/step-"):
-            if key.rsplit("/", 1)[0] not in keep:
+            # step-<n>/<file> or step-<n>/dcp/<file>: the checkpoint is the first two parts of the key past the root
+            if key[: key.index("/", len(self.root) + 1)] not in keep:
                 self.store.delete(key)
 
     # -- reading ----------------------------------------------------------------------------------
@@ -210,15 +247,37 @@ class Checkpoints:
         newest = pointer.chain[0]
         meta = self._meta(newest)
         model_state = load_safetensors(self._file(newest, meta, MODEL))
-        optimizer_state = torch.load(io.BytesIO(self._file(newest, meta, OPTIMIZER)), weights_only=True)
+        sharded = {
+            name.removeprefix(f"{SHARDED}/"): self._file(newest, meta, name)
+            for name in meta.files
+            if name.startswith(f"{SHARDED}/")
+        }
+        optimizer_state: dict[str, Any] = {}
+        if not sharded:
+            optimizer_state = torch.load(io.BytesIO(self._file(newest, meta, OPTIMIZER)), weights_only=True)
         rng_state = torch.load(io.BytesIO(self._file(newest, meta, RNG)), weights_only=True)
         older = [self._meta(p).trained_ids for p in pointer.chain[1:]]
         chain_ids = [*reversed(older), meta.trained_ids]
-        return Checkpoint(meta, model_state, optimizer_state, rng_state, chain_ids)
+        return Checkpoint(meta, model_state, optimizer_state, rng_state, chain_ids, sharded)
 
 
 def restore(ckpt: Checkpoint, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
-    """Load a checkpoint's model, optimizer and RNG states (hyperparameters from config win)."""
+    """Load a checkpoint's model, optimizer and RNG states (hyperparameters from config win).
+
+    A checkpoint written by ranks loads through torch.distributed.checkpoint into this process's
+    model, whatever the rank count that wrote it.
+    """
+    if ckpt.sharded:
+        from slipstream.learner.sharded_checkpoint import load_state
+
+        with tempfile.TemporaryDirectory(prefix="slipstream-dcp-") as tmp:
+            load_state(model, optimizer, ckpt.write_sharded(tmp))
+    else:
+        _restore_unsharded(ckpt, model, optimizer)
+    restore_rng(ckpt)
+
+
+def _restore_unsharded(ckpt: Checkpoint, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
     state = model.state_dict()
     missing = sorted(set(state) - set(ckpt.model_state))
     aliased = set(state) - set(unique_state(model))  # tied aliases, and the frozen base of a LoRA model
@@ -233,6 +292,10 @@ def restore(ckpt: Checkpoint, model: nn.Module, optimizer: torch.optim.Optimizer
     optimizer.load_state_dict(ckpt.optimizer_state)
     for group, hyper in zip(optimizer.param_groups, configured, strict=True):
         group.update(hyper)
+
+
+def restore_rng(ckpt: Checkpoint) -> None:
+    """This process's torch and python RNGs as the checkpoint recorded them."""
     torch.set_rng_state(ckpt.rng_state["torch"])
     if "cuda" in ckpt.rng_state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(ckpt.rng_state["cuda"])

@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Sequence
-from typing import TypeAlias
+from typing import TYPE_CHECKING, TypeAlias
 
 from slipstream.bus import Delivery
 from slipstream.learner.checkpoint import Checkpoints
@@ -31,6 +31,9 @@ from slipstream.learner.trainer import Trainer
 from slipstream.rl import DropReason
 from slipstream.schemas import ScoredEpisode
 from slipstream.telemetry.logs import get_logger
+
+if TYPE_CHECKING:
+    from slipstream.learner.ranks import RankGroup
 
 Entry: TypeAlias = Member[Delivery[ScoredEpisode]]
 """A trajectory the intake let go of, with every delivery of it."""
@@ -56,7 +59,7 @@ class Committer:
         *,
         progress: Progress,
         intake: Intake[Delivery[ScoredEpisode]],
-        trainer: Trainer,
+        trainer: Trainer | RankGroup,
         checkpoints: Checkpoints,
         ledger: TrainedLedger,
         outcomes: OutcomeLog,
@@ -98,6 +101,7 @@ class Committer:
             policy_version=p.version,
             model=self.trainer.model,
             optimizer=self.trainer.optimizer,
+            sharded=self.trainer.sharded_writer,
             dropped=dict(self.intake.dropped),
             trained_ids=ids,
             fence_token=self.lead.token if self.lead is not None else 0,

@@ -138,6 +138,25 @@ class LearnerSection(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         ),
     ] = ""
 
+    ranks: Annotated[
+        int,
+        Doc(
+            description="Training ranks. 1 = the model trains in this process; N > 1 = this process is a Ray driver "
+            "that starts N rank actors (torch.distributed, gloo on CPU) training one FSDP2-sharded model, each "
+            "step's rows split across them by token-balanced packing."
+        ),
+    ] = 1
+    ray_address: Annotated[
+        str,
+        Doc(
+            description="With ranks > 1: the Ray cluster to join ('auto', 'ray://host:10001'); empty = start a "
+            "local Ray with `ranks` CPUs and no dashboard."
+        ),
+    ] = ""
+    rank_start_timeout_s: Annotated[
+        float, Doc(description="With ranks > 1: how long to wait for Ray to place every rank actor.")
+    ] = 60.0
+
     def __post_init__(self) -> None:
         checks = [
             (self.max_steps >= 0, f"max_steps must be >= 0, got {self.max_steps}"),
@@ -158,6 +177,8 @@ class LearnerSection(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             (bool(self.staging_dir), "staging_dir must name a directory"),
             (self.ack_wait_s >= 0, f"ack_wait_s must be >= 0, got {self.ack_wait_s}"),
             (self.announce_timeout_s >= 0, f"announce_timeout_s must be >= 0, got {self.announce_timeout_s}"),
+            (self.ranks >= 1, f"ranks must be >= 1, got {self.ranks}"),
+            (self.rank_start_timeout_s > 0, f"rank_start_timeout_s must be > 0, got {self.rank_start_timeout_s}"),
             (self.lease_ttl_s > 0, f"lease_ttl_s must be > 0, got {self.lease_ttl_s}"),
             (self.lease_handover_s >= 0, f"lease_handover_s must be >= 0, got {self.lease_handover_s}"),
             (

@@ -15,6 +15,7 @@ import contextlib
 import logging
 import random
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -26,6 +27,9 @@ from slipstream.schemas import WeightAnnounce
 from slipstream.schemas.subjects import WEIGHTS_ANNOUNCE
 from slipstream.store import ObjectStore
 from slipstream.weights.layout import version_of_manifest_key
+
+if TYPE_CHECKING:
+    from slipstream.learner.ranks import RankGroup
 
 log = logging.getLogger(__name__)
 
@@ -88,7 +92,7 @@ async def resume(
     store: ObjectStore,
     checkpoints: Checkpoints,
     handoff: WeightHandoff,
-    trainer: Trainer,
+    trainer: Trainer | RankGroup,
     seed: int,
     announce_timeout_s: float,
 ) -> ResumePoint:
@@ -99,7 +103,10 @@ async def resume(
     """
     ckpt = await asyncio.to_thread(checkpoints.load_latest)
     if ckpt is not None:
-        restore(ckpt, trainer.model, trainer.optimizer)
+        if isinstance(trainer, Trainer):
+            restore(ckpt, trainer.model, trainer.optimizer)
+        else:  # ranks: each loads its slice (blocking calls into the rank actors)
+            await asyncio.to_thread(trainer.restore, ckpt)
     else:
         torch.manual_seed(seed)
         random.seed(seed)

@@ -38,7 +38,7 @@ import contextlib
 import secrets
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
@@ -70,6 +70,9 @@ from slipstream.store import ObjectNotFound, ObjectStore, setup_store
 from slipstream.store import episodes as episode_bodies
 from slipstream.telemetry.logs import get_logger
 
+if TYPE_CHECKING:
+    from slipstream.learner.ranks import RankGroup
+
 DURABLE = "learner"
 NONFINITE = "nonfinite_gradient"
 """Drop reason of the trajectories of a step whose gradient was not finite (the update is skipped)."""
@@ -98,7 +101,7 @@ class LearnerService(BaseService):
         self.bus: Bus | None = None
         self.store: ObjectStore | None = None
         self.consumer: Consumer[ScoredEpisode] | None = None
-        self.trainer: Trainer | None = None
+        self.trainer: Trainer | RankGroup | None = None
         self.intake: Intake[Delivery[ScoredEpisode]] | None = None
         self.checkpoints: Checkpoints | None = None
         self.handoff = WeightHandoff(self.section.staging_dir, dtype=self.section.weights_dtype)
@@ -135,14 +138,21 @@ class LearnerService(BaseService):
         )
         await self.bus.ensure_streams()
         self.store = await asyncio.to_thread(setup_store, cfg.store)
-        model, tokenizer = await asyncio.to_thread(load_model, cfg.model)
-        self.trainer = Trainer(model, self.section, cfg.loss, pad_id=tokenizer.pad_id)
-        if self.trainer.autocast != self.section.autocast:
-            log.warning(
-                "bf16 autocast off: this CPU has no fast bf16 GEMM (AVX2 only), so the learner computes in fp32",
-                requested=self.section.autocast,
-                device=str(self.trainer.device),
-            )
+        if self.section.ranks > 1:
+            # This process becomes a Ray driver; Ray is imported only on this path.
+            from slipstream.learner.ranks import RankGroup
+
+            group = await asyncio.to_thread(RankGroup, cfg.model, self.section, cfg.loss)
+            self.trainer, model = group, group.mirror
+        else:
+            model, tokenizer = await asyncio.to_thread(load_model, cfg.model)
+            self.trainer = Trainer(model, self.section, cfg.loss, pad_id=tokenizer.pad_id)
+            if self.trainer.autocast != self.section.autocast:
+                log.warning(
+                    "bf16 autocast off: this CPU has no fast bf16 GEMM (AVX2 only), so the learner computes in fp32",
+                    requested=self.section.autocast,
+                    device=str(self.trainer.device),
+                )
         self.checkpoints = Checkpoints(self.store, cfg.service.run_id, keep=self.section.keep_checkpoints)
         if cfg.service.redis_url:
             # Before the checkpoint is read: a standby waits here, and resumes from what the leader left.
@@ -419,6 +429,8 @@ class LearnerService(BaseService):
             await self.bus.close()
         if self.store is not None:
             self.store.close()
+        if self.trainer is not None and not isinstance(self.trainer, Trainer):
+            await asyncio.to_thread(self.trainer.close)  # the rank actors (and the local Ray)
 
     # -- probes -----------------------------------------------------------------------------------
     def ready(self) -> bool:

@@ -19,8 +19,9 @@ from __future__ import annotations
 import contextlib
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -93,8 +94,93 @@ def effective_autocast(requested: AutocastDtype, device: torch.device) -> Autoca
     return requested
 
 
+def step_items(groups: Sequence[Sequence[ScoredEpisode]], section: LearnerSection) -> list[TrainItem]:
+    """Every training row of a step's groups (advantages are per group, so they are computed here, whole)."""
+    if not groups or any(not g for g in groups):
+        raise ValueError("a step needs at least one group, and no group may be empty")
+    weighting = section.sample_weighting
+    return [item for g in groups for item in train_items(g, normalize_std=section.normalize_std, weighting=weighting)]
+
+
+def trained_tokens(items: Sequence[TrainItem]) -> int:
+    """The step's loss normaliser: trained (mask = 1) tokens over all its rows."""
+    return sum(sum(item.loss_mask) for item in items)
+
+
+def micro_batches(items: Sequence[TrainItem], size: int, *, count: int = 0) -> list[list[TrainItem]]:
+    """`items` sorted by length (so each micro-batch's padding stays small; the summed gradient is the same)
+    in chunks of `size`; with `count`, exactly that many chunks as even as possible (some may be empty)."""
+    ordered = sorted(items, key=lambda item: len(item.token_ids))
+    if not count:
+        return [ordered[lo : lo + size] for lo in range(0, len(ordered), size)]
+    if count < math.ceil(len(ordered) / size):
+        raise ValueError(f"{len(ordered)} rows do not fit {count} micro-batches of at most {size}")
+    base, extra = divmod(len(ordered), count)
+    out: list[list[TrainItem]] = []
+    lo = 0
+    for i in range(count):
+        n = base + (1 if i < extra else 0)
+        out.append(ordered[lo : lo + n])
+        lo += n
+    return out
+
+
+def step_stats(
+    groups: Sequence[Sequence[ScoredEpisode]],
+    version: int,
+    items: Sequence[TrainItem],
+    *,
+    sums: dict[str, float],
+    by_turn: dict[int, tuple[float, int]],
+    grad_norm: float,
+    applied: bool,
+    time_s: float,
+) -> StepStats:
+    """The StepStats of a step from its loss sums (see `merge_sums`) and per-turn mismatch sums."""
+    trajectories = [s for g in groups for s in g]
+    return StepStats(
+        applied=applied,
+        loss=sums.get("loss", 0.0),
+        reward_mean=sum(s.reward for s in trajectories) / len(trajectories),
+        accuracy=sum(1 for s in trajectories if s.correct) / len(trajectories),
+        n_trajectories=len(trajectories),
+        n_groups=len(groups),
+        n_tokens=trained_tokens(items),
+        grad_norm=grad_norm,
+        time_s=time_s,
+        staleness=staleness_histogram(trajectories, version),
+        figures=_finish(sums),
+        n_samples=len(items),
+        episodes=episode_figures([s.episode for s in trajectories]),
+        mismatch_by_turn={str(t): total / n for t, (total, n) in sorted(by_turn.items()) if n},
+    )
+
+
+def merge_sums(
+    parts: Sequence[tuple[dict[str, float], dict[int, tuple[float, int]]]],
+) -> tuple[dict[str, float], dict[int, tuple[float, int]]]:
+    """Combine the loss sums and per-turn sums of several ranks' `Trainer.accumulate` into one step's."""
+    sums: dict[str, float] = {}
+    by_turn: dict[int, tuple[float, int]] = {}
+    for part_sums, part_turns in parts:
+        for name, value in part_sums.items():
+            if name == "ratio_min":
+                sums[name] = min(sums.get(name, math.inf), value)
+            elif name == "ratio_max":
+                sums[name] = max(sums.get(name, -math.inf), value)
+            else:  # additive, or already token-weighted (the _TOKEN_MEANS)
+                sums[name] = sums.get(name, 0.0) + value
+        for turn, (total, n) in part_turns.items():
+            prev = by_turn.get(turn, (0.0, 0))
+            by_turn[turn] = (prev[0] + total, prev[1] + n)
+    return sums, by_turn
+
+
 class Trainer:
     """The policy, its AdamW optimizer, and the step that updates them."""
+
+    sharded_writer: Callable[[Path], None] | None = None
+    """Checkpoints of this trainer are whole files (`RankGroup` sets a torch.distributed.checkpoint writer)."""
 
     def __init__(self, model: nn.Module, section: LearnerSection, loss: LossConfig, *, pad_id: int) -> None:
         self.model = model
@@ -115,51 +201,56 @@ class Trainer:
 
     def step(self, groups: Sequence[Sequence[ScoredEpisode]], version: int) -> StepStats:
         """One optimizer step over `groups`, trained at policy `version` (the weights before the step)."""
-        if not groups or any(not g for g in groups):
-            raise ValueError("a step needs at least one group, and no group may be empty")
         start = time.perf_counter()
-        trajectories = [s for g in groups for s in g]
-        weighting = self.section.sample_weighting
-        items = [
-            item
-            for g in groups
-            for item in train_items(g, normalize_std=self.section.normalize_std, weighting=weighting)
-        ]
-        total_tokens = sum(sum(item.loss_mask) for item in items)
-        # Sorting by length keeps each micro-batch's padding small; the summed gradient is the same.
-        order = sorted(range(len(items)), key=lambda i: len(items[i].token_ids))
-        size = self.section.micro_batch
+        items = step_items(groups, self.section)
+        total_tokens = trained_tokens(items)
+        sums, by_turn = self.accumulate(micro_batches(items, self.section.micro_batch), total_tokens)
+        grad_norm, applied = self.apply()
+        return step_stats(
+            groups,
+            version,
+            items,
+            sums=sums,
+            by_turn=by_turn,
+            grad_norm=grad_norm,
+            applied=applied,
+            time_s=time.perf_counter() - start,
+        )
+
+    def accumulate(
+        self, chunks: Sequence[Sequence[TrainItem]], total_tokens: int
+    ) -> tuple[dict[str, float], dict[int, tuple[float, int]]]:
+        """Backpropagate every micro-batch of a step (gradients accumulate), each divided by the step's
+        `total_tokens`. An empty chunk is a pass that adds nothing: a rank of a sharded model with fewer
+        micro-batches than its peers runs it so that every rank joins every collective."""
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
         sums: dict[str, float] = {}
         by_turn: dict[int, tuple[float, int]] = {}
-        for lo in range(0, len(order), size):
-            chunk = [items[i] for i in order[lo : lo + size]]
-            figures = self._backward(chunk, total_tokens, by_turn)
-            _accumulate(sums, figures)
+        for chunk in chunks:
+            if chunk:
+                _accumulate(sums, self._backward(list(chunk), total_tokens, by_turn))
+            else:
+                self._null_pass()
+        return sums, by_turn
+
+    def apply(self) -> tuple[float, bool]:
+        """Clip the accumulated gradient and step AdamW, unless its norm is not finite: (norm, applied)."""
         params = [p for p in self.model.parameters() if p.grad is not None]
         max_norm = self.section.grad_clip if self.section.grad_clip > 0 else math.inf
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm))
+        norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
+        if hasattr(norm, "full_tensor"):  # a sharded (DTensor) model: the norm over every rank's shard
+            norm = norm.full_tensor()
+        grad_norm = float(norm)
         applied = math.isfinite(grad_norm)
         if applied:
             self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        return StepStats(
-            applied=applied,
-            loss=sums.get("loss", 0.0),
-            reward_mean=sum(s.reward for s in trajectories) / len(trajectories),
-            accuracy=sum(1 for s in trajectories if s.correct) / len(trajectories),
-            n_trajectories=len(trajectories),
-            n_groups=len(groups),
-            n_tokens=total_tokens,
-            grad_norm=grad_norm,
-            time_s=time.perf_counter() - start,
-            staleness=staleness_histogram(trajectories, version),
-            figures=_finish(sums),
-            n_samples=len(items),
-            episodes=episode_figures([s.episode for s in trajectories]),
-            mismatch_by_turn={str(t): total / n for t, (total, n) in sorted(by_turn.items()) if n},
-        )
+        return grad_norm, applied
+
+    def _null_pass(self) -> None:
+        ids = torch.full((1, 2), self.pad_id, dtype=torch.int64, device=self.device)
+        (self.model(ids).sum() * 0.0).backward()
 
     def _backward(
         self, chunk: list[TrainItem], total_tokens: int, by_turn: dict[int, tuple[float, int]]
@@ -173,7 +264,9 @@ class Trainer:
             else contextlib.nullcontext()
         )
         temperature = self.section.sampling_temperature
-        if isinstance(self.model, CausalLM):
+        # A plain CausalLM only: FSDP2 (ranks > 1) swaps the class for a subclass whose forward
+        # hook gathers the root's parameters, which a direct `hidden_states` call would skip.
+        if type(self.model) is CausalLM:
             # Logits only from the first trained column on: the prompt's positions need none, and
             # on search_call's one-shot prompt (~85 of ~96 tokens) the lm_head and log-softmax there were
             # a fifth of the step. The columns before `start` are masked out of every loss term.

@@ -1,0 +1,323 @@
+"""The learner as N training ranks on Ray: one FSDP2-sharded policy, each step's rows split across ranks.
+
+    driver (this process)                     rank actors (Ray, 1 CPU each, one placement group)
+    step_items(groups) -> rows, normaliser     Trainer over fully_shard(model): gloo on CPU
+    pack(rows) -> rows per rank  ───────────►  accumulate(own micro-batches, step normaliser)
+                                               FSDP2 reduce-scatters the *summed* gradient
+    merge loss sums  ◄───────────────────────  apply(): global-norm clip, AdamW on own shard
+
+A step over N ranks computes what `Trainer.step` computes in one process: every micro-batch's loss
+is divided by the whole step's trained-token count, so per-rank gradients add up to the full
+batch's, and FSDP2's gradient reduction is set to sum (divide factor 1) rather than average. Each
+rank runs the same number of forward/backward passes (a rank short of rows runs passes that add
+nothing), as every pass is a sequence of collectives that all ranks must join in the same order.
+
+Every rank builds the policy from the same `[model]` source (a seeded preset or an HF directory),
+so all start from the same weights. The driver keeps an unsharded mirror of the policy, refreshed
+from the ranks on demand (`gathered_model`), for staging versions and evaluation; checkpoints go
+through torch.distributed.checkpoint (`sharded_checkpoint`), readable at any rank count.
+
+Ray is imported only here, and only when a `RankGroup` is made: `ranks = 1` never imports it.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import socket
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from slipstream.engine.source import ModelSource, load_model
+from slipstream.learner.checkpoint import Checkpoint, restore, restore_rng
+from slipstream.learner.config import LearnerSection
+from slipstream.learner.packing import Split, attention_weight_for, pack
+from slipstream.learner.sharded_checkpoint import load_state, save_state
+from slipstream.learner.trainer import (
+    StepStats,
+    Trainer,
+    merge_sums,
+    micro_batches,
+    step_items,
+    step_stats,
+    trained_tokens,
+)
+from slipstream.rl import LossConfig, TrainItem
+from slipstream.schemas import ScoredEpisode
+
+RankResult = tuple[dict[str, float], dict[int, tuple[float, int]], float, bool]
+
+
+class RankError(RuntimeError):
+    """A rank actor failed or could not be started; names the rank and what went wrong."""
+
+
+def shard_model(model: nn.Module) -> None:
+    """FSDP2 over `model` in place: each decoder layer is one unit, the root holds the rest (embedding, tied
+    lm_head, final norm); gradients are summed across ranks, not averaged."""
+    from torch.distributed.fsdp import fully_shard
+
+    layers = getattr(getattr(model, "model", None), "layers", None)
+    if layers is None:
+        raise TypeError(f"cannot shard {type(model).__name__}: no model.layers to make FSDP units of")
+    units = [fully_shard(layer) for layer in layers]
+    units.append(fully_shard(model))
+    for unit in units:
+        # Sum: every rank's loss is already divided by the whole step's token count. Plain SUM
+        # collectives (no pre-multiplied sum, which gloo lacks) with a post-division by 1.
+        unit.set_gradient_divide_factor(1.0)
+        unit.set_force_sum_reduction_for_comms(True)
+
+
+class RankWorker:
+    """One training rank (a Ray actor): its process group, its shard of the policy, its AdamW."""
+
+    def __init__(self, rank: int, world: int, source: ModelSource, section: LearnerSection, loss: LossConfig) -> None:
+        self.rank = rank
+        self.world = world
+        self.source = source
+        self.section = section
+        self.loss = loss
+        self.trainer: Trainer | None = None
+
+    def address(self) -> tuple[str, int]:
+        """Where rank 0 listens for the process group's rendezvous: this node's IP and a free port."""
+        import ray
+
+        with socket.socket() as s:
+            s.bind(("", 0))
+            port = int(s.getsockname()[1])
+        return ray.util.get_node_ip_address(), port
+
+    def setup(self, addr: str, port: int) -> int:
+        """Join the process group, build and shard the policy; returns the parameter count."""
+        import torch.distributed as dist
+
+        os.environ.update(MASTER_ADDR=addr, MASTER_PORT=str(port), RANK=str(self.rank), WORLD_SIZE=str(self.world))
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+        dist.init_process_group(backend, rank=self.rank, world_size=self.world)
+        torch.manual_seed(self.section.seed)
+        model, tokenizer = load_model(self.source)
+        n_params = sum(p.numel() for p in model.parameters())
+        shard_model(model)
+        self.trainer = Trainer(model, self.section, self.loss, pad_id=tokenizer.pad_id)
+        return n_params
+
+    def _trainer(self) -> Trainer:
+        if self.trainer is None:
+            raise RuntimeError(f"rank {self.rank} is not set up")
+        return self.trainer
+
+    def step(self, chunks: list[list[TrainItem]], total_tokens: int) -> RankResult:
+        """Accumulate this rank's micro-batches, then clip and step together with the others."""
+        trainer = self._trainer()
+        sums, by_turn = trainer.accumulate(chunks, total_tokens)
+        grad_norm, applied = trainer.apply()
+        return sums, by_turn, grad_norm, applied
+
+    def full_state(self) -> dict[str, torch.Tensor] | None:
+        """The whole policy's state dict on rank 0 (None elsewhere); a collective."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        state = get_model_state_dict(self._trainer().model, options=options)
+        if self.rank != 0:
+            return None
+        return {name: value for name, value in state.items() if isinstance(value, torch.Tensor)}
+
+    def save(self, path: str) -> None:
+        trainer = self._trainer()
+        save_state(trainer.model, trainer.optimizer, path)
+
+    def load(self, path: str) -> None:
+        trainer = self._trainer()
+        load_state(trainer.model, trainer.optimizer, path)
+
+    def close(self) -> None:
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def rank_chunks(items: Sequence[TrainItem], split: Split, micro_batch: int) -> list[list[list[TrainItem]]]:
+    """Each rank's micro-batches; every rank gets the same number (the most any rank needs), some maybe empty."""
+    per_rank = [[items[i] for i in rows] for rows in split.rows]
+    count = max(1, max(math.ceil(len(rows) / micro_batch) for rows in per_rank))
+    return [micro_batches(rows, micro_batch, count=count) for rows in per_rank]
+
+
+class RankGroup:
+    """N rank actors training one policy, driven from this process; `step` has `Trainer.step`'s contract."""
+
+    def __init__(self, source: ModelSource, section: LearnerSection, loss: LossConfig) -> None:
+        if section.ranks < 2:
+            raise ValueError(f"a RankGroup needs ranks >= 2, got {section.ranks} (ranks = 1 trains in-process)")
+        import ray
+        from ray.util.placement_group import placement_group, remove_placement_group
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        self.section = section
+        self.loss = loss
+        self.world = section.ranks
+        self._ray = ray
+        self._started_ray = False
+        if not ray.is_initialized():
+            if section.ray_address:
+                ray.init(address=section.ray_address, log_to_driver=True)
+            else:
+                ray.init(
+                    address="local",
+                    num_cpus=self.world,
+                    include_dashboard=False,
+                    object_store_memory=256 * 1024 * 1024,
+                    log_to_driver=True,
+                )
+            self._started_ray = True
+        self._pg = placement_group([{"CPU": 1}] * self.world, strategy="PACK")
+        self._remove_pg = remove_placement_group
+        self.actors: list[Any] = []
+        try:
+            ready = self._pg.ready()
+            ray.get(ready, timeout=section.rank_start_timeout_s)
+        except ray.exceptions.GetTimeoutError:
+            self.close()
+            raise RankError(
+                f"Ray did not place {self.world} rank actors (1 CPU each) within {section.rank_start_timeout_s} s: "
+                f"the cluster has {ray.cluster_resources().get('CPU', 0)} CPUs"
+            ) from None
+        actor_cls = ray.remote(num_cpus=1)(RankWorker)
+        self.actors = [
+            actor_cls.options(
+                scheduling_strategy=PlacementGroupSchedulingStrategy(self._pg, placement_group_bundle_index=r)
+            ).remote(r, self.world, source, section, loss)
+            for r in range(self.world)
+        ]
+        limit = section.rank_start_timeout_s
+        try:
+            addr, port = self._get([self.actors[0].address.remote()], "report rank 0's address", limit)[0]
+            self.n_params = self._get([a.setup.remote(addr, port) for a in self.actors], "set up", limit)[0]
+        except BaseException:
+            self.close()  # no actors (nor a local Ray) left behind
+            raise
+        # The driver's unsharded mirror: what versions are staged and checkpoints' weights written from.
+        self.mirror, tokenizer = load_model(source)
+        self.pad_id = tokenizer.pad_id
+        self.attention_weight = attention_weight_for(int(self.mirror.config.hidden_size))
+        self.last_split: Split | None = None
+        self._mirror_step = 0
+        self._steps = 0
+
+    def _get(self, refs: list[Any], what: str, timeout: float | None = None) -> list[Any]:
+        ray = self._ray
+        try:
+            return list(ray.get(refs, timeout=timeout))
+        except (ray.exceptions.RayActorError, ray.exceptions.RayTaskError) as exc:
+            raise RankError(f"a rank actor failed to {what}: {exc}") from exc
+        except ray.exceptions.GetTimeoutError:
+            raise RankError(f"the rank actors did not {what} within the timeout") from None
+
+    def step(self, groups: Sequence[Sequence[ScoredEpisode]], version: int) -> StepStats:
+        """One optimizer step over `groups` across the ranks (see the module docstring)."""
+        start = time.perf_counter()
+        items = step_items(groups, self.section)
+        total = trained_tokens(items)
+        split = pack(items, self.world, attention_weight=self.attention_weight)
+        chunks = rank_chunks(items, split, self.section.micro_batch)
+        results: list[RankResult] = self._get(
+            [a.step.remote(c, total) for a, c in zip(self.actors, chunks, strict=True)], "train a step"
+        )
+        sums, by_turn = merge_sums([(r[0], r[1]) for r in results])
+        grad_norm, applied = results[0][2], results[0][3]
+        self.last_split = split
+        self._steps += 1
+        return step_stats(
+            groups,
+            version,
+            items,
+            sums=sums,
+            by_turn=by_turn,
+            grad_norm=grad_norm,
+            applied=applied,
+            time_s=time.perf_counter() - start,
+        )
+
+    def full_state(self) -> dict[str, torch.Tensor]:
+        """The whole policy's current state dict, gathered from the ranks."""
+        states = self._get([a.full_state.remote() for a in self.actors], "gather the weights")
+        state = states[0]
+        assert state is not None
+        return state
+
+    def gathered_model(self) -> nn.Module:
+        """The driver's unsharded mirror, refreshed from the ranks if a step ran since the last refresh."""
+        if self._mirror_step != self._steps:
+            self.mirror.load_state_dict(self.full_state())
+            self._mirror_step = self._steps
+        return self.mirror
+
+    # -- what the service uses in place of a Trainer's model and optimizer ------------------------------
+    optimizer: torch.optim.Optimizer | None = None
+    """No optimizer in the driver: each rank holds AdamW's state for its shard (see `sharded_writer`)."""
+
+    @property
+    def model(self) -> nn.Module:
+        """The whole current policy (the gathered mirror), as `Trainer.model` is."""
+        return self.gathered_model()
+
+    def sharded_writer(self, path: Path) -> None:
+        """`Checkpoints.save`'s writer: model and AdamW state of every rank into `path`."""
+        self.save(path)
+
+    def restore(self, ckpt: Checkpoint) -> None:
+        """Resume from a committed checkpoint: one written by ranks (any count) loads as it is; one written by
+        the single-process learner is first turned into a DCP checkpoint here (mirror + a local AdamW)."""
+        with tempfile.TemporaryDirectory(prefix="slipstream-dcp-") as tmp:
+            if ckpt.sharded:
+                ckpt.write_sharded(tmp)
+            else:
+                local = Trainer(self.mirror, self.section, self.loss, pad_id=self.pad_id)
+                restore(ckpt, local.model, local.optimizer)
+                save_state(local.model, local.optimizer, tmp)
+            self.load(tmp)
+        restore_rng(ckpt)
+
+    def save(self, path: str | Path) -> None:
+        """Every rank writes its shards (and rank 0 the metadata) to directory `path` (this node's disk)."""
+        self._get([a.save.remote(str(path)) for a in self.actors], "save a checkpoint")
+
+    def load(self, path: str | Path) -> None:
+        """Every rank reads its slice of the checkpoint in `path`, written at any rank count."""
+        self._get([a.load.remote(str(path)) for a in self.actors], "load a checkpoint")
+        self._steps += 1  # the mirror is stale
+
+    def close(self) -> None:
+        """Stop the ranks (and Ray, if this group started it)."""
+        ray = self._ray
+        if self.actors:
+            try:
+                ray.get([a.close.remote() for a in self.actors], timeout=30)
+            except Exception:
+                pass
+            for a in self.actors:
+                ray.kill(a)
+            self.actors = []
+        try:
+            self._remove_pg(self._pg)
+        except Exception:
+            pass
+        if self._started_ray:
+            ray.shutdown()
+            self._started_ray = False
+
+    def __enter__(self) -> RankGroup:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
