@@ -149,6 +149,9 @@ ENV_PLANS: dict[str, dict[str, Any]] = {
         "heldout_tasks": 48,
         "heldout_samples": 4,
         "train_eval_tasks": 48,
+        # At load ~10 on the shared 2-core machine the 12 RL steps took over 15 minutes (the
+        # default 900 s timeout ended seed 0 after step 5): room for a loaded machine.
+        "timeout_s": 1800.0,
     },
 }
 
