@@ -96,3 +96,23 @@ def test_a_tool_env_shows_invalid_calls_beside_success_and_calls_per_episode() -
     # Not measured on the train split: a dash, not a rate of -1.
     s.train_invalid_call_rate_before = s.train_invalid_call_rate_after = -1.0
     assert row(render(s), "invalid tool calls per call")[1:3] == ["-", "-"]
+
+
+def test_the_search_demo_shows_contexts_table_train_beside_heldout() -> None:
+    plan = demo_plan("search")
+    assert plan.loss == "cispo" and plan.env_options["backend"] == "bm25"
+    before = {"final_answer_found": 0.1, "output_recall": 0.2, "traj_recall": 0.5, "f1": 0.15, "episodes": 192.0}
+    after = {**before, "final_answer_found": 0.4, "prune_accuracy": 1.0}
+    summary = RunSummary(
+        ok=True,
+        plan=plan,
+        heldout_metrics_before=before,
+        heldout_metrics_after=after,
+        train_metrics_before={**before, "final_answer_found": 0.3},
+        train_metrics_after={**before, "final_answer_found": 0.6},
+    )
+    lines = render(summary)
+    assert row(lines, "final-answer-found") == ["final-answer-found", "0.300", "0.600", "0.100", "0.400"]
+    assert row(lines, "prune accuracy") == ["prune accuracy", "-", "-", "-", "1.000"]
+    assert row(lines, "trajectory recall")[1:] == ["0.500"] * 4
+    assert not any(line.strip().startswith("│ episodes") for line in lines)  # a count, not a figure

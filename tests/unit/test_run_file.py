@@ -158,3 +158,10 @@ def test_the_lookup_example_is_the_lookup_demo() -> None:
     from slipstream.cli.demo import demo_plan
 
     assert load(REPO / "examples" / "lookup.toml").plan() == demo_plan("lookup")
+
+
+def test_the_search_example_is_the_search_demo() -> None:
+    """examples/search.toml and `slipstream demo --env search` train the same thing."""
+    from slipstream.cli.demo import demo_plan
+
+    assert load(REPO / "examples" / "search.toml").plan() == demo_plan("search")

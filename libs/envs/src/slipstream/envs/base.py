@@ -282,6 +282,13 @@ class Environment(abc.ABC, Generic[OptionsT]):
         """
         return [True] * len(episodes)
 
+    def eval_metrics(self, tasks: list[TaskSpec], episodes: list[EpisodeRecord]) -> dict[str, float]:
+        """Env-specific figures over evaluated episodes (one task per episode, in order), by name.
+
+        The default has none; `search` reports Context-1's table (final-answer-found, recalls,
+        F1, prune accuracy, tool calls per turn, turns per episode)."""
+        return {}
+
     # -- episodes -------------------------------------------------------------------------------
 
     def reset(self, task: TaskSpec) -> Episode:

@@ -20,7 +20,7 @@ from slipstream.engine.interface import Engine, SamplingParams
 from slipstream.engine.tokenizer import Tokenizer
 from slipstream.envs.base import Environment, TaskSpec
 from slipstream.harness.rollout import as_spec, rollout_episodes
-from slipstream.schemas import Task
+from slipstream.schemas import Episode, Task
 
 Doc = msgspec.Meta
 
@@ -59,6 +59,9 @@ class EvalReport(msgspec.Struct, kw_only=True):
     tasks: list[TaskEval]
     tool_calls: Annotated[int, Doc(description="Tool calls over every episode.")] = 0
     invalid_calls: Annotated[int, Doc(description="Of those, calls tagged invalid_tool_call.")] = 0
+    metrics: Annotated[
+        dict[str, float], Doc(description="The env's own figures over every episode (`Environment.eval_metrics`).")
+    ] = {}
 
     @property
     def invalid_call_rate(self) -> float:
@@ -102,6 +105,7 @@ async def evaluate(
     run = f"eval-{uuid.uuid4().hex[:8]}"
     slots = asyncio.Semaphore(concurrency)
     versions: set[int] = set()
+    played: list[tuple[int, int, TaskSpec, Episode]] = []
     t0 = time.perf_counter()
 
     async def one(i: int, spec: TaskSpec) -> TaskEval:
@@ -117,6 +121,7 @@ async def evaluate(
                 group_id=f"{run}/{i}",
             )
         scores = [env.score(spec, e) for e in episodes]
+        played.extend((i, j, spec, e) for j, e in enumerate(episodes))
         for e in episodes:
             versions.update(seg.policy_version for s in e.samples if s.trainable for seg in s.segments)
         return TaskEval(
@@ -133,6 +138,8 @@ async def evaluate(
 
     results = await asyncio.gather(*(one(i, s) for i, s in enumerate(specs)))
     n = sum(len(r.correct) for r in results)
+    played.sort(key=lambda row: (row[0], row[1]))
+    metrics = env.eval_metrics([row[2] for row in played], [row[3] for row in played])
     return EvalReport(
         env=env.name,
         scorer_version=env.scorer_version,
@@ -147,4 +154,5 @@ async def evaluate(
         tasks=list(results),
         tool_calls=sum(sum(r.tool_calls) for r in results),
         invalid_calls=sum(sum(r.invalid_calls) for r in results),
+        metrics=metrics,
     )

@@ -118,6 +118,13 @@ class RunSummary(msgspec.Struct, kw_only=True):
     heldout_tool_calls_before: float = 0.0
     """Tool calls per held-out episode (sampled): a falling invalid-call rate means little if calls stop."""
     heldout_tool_calls_after: float = 0.0
+    heldout_metrics_before: dict[str, float] = {}
+    """The env's own figures on the held-out episodes (sampled), e.g. search's final_answer_found,
+    output_recall, traj_recall, f1, prune_accuracy, tool_calls_per_turn, turns_per_episode."""
+    heldout_metrics_after: dict[str, float] = {}
+    train_metrics_before: dict[str, float] = {}
+    """The same figures on the train-split tasks, when plan.train_eval_tasks > 0."""
+    train_metrics_after: dict[str, float] = {}
 
 
 def service_env(plan: TrainingPlan, model_dir: Path, staging_dir: Path, outcomes: Path) -> dict[str, str]:

@@ -75,6 +75,9 @@ def row_of(seed: int, summary: Any) -> dict[str, Any]:
     for field in ("heldout_invalid_call_rate", "train_invalid_call_rate", "heldout_tool_calls"):
         out[f"{field}_before"] = getattr(summary, f"{field}_before")
         out[f"{field}_after"] = getattr(summary, f"{field}_after")
+    for field in ("heldout_metrics", "train_metrics"):
+        out[f"{field}_before"] = dict(getattr(summary, f"{field}_before"))
+        out[f"{field}_after"] = dict(getattr(summary, f"{field}_after"))
     out["heldout_tasks"] = summary.heldout_tasks
     out["warmstart_steps"] = summary.warmstart.get("steps", 0)
     out["warmstart_probe"] = summary.warmstart.get("probe_accuracy", -1.0)
@@ -118,8 +121,24 @@ def verdict(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "min_change": {
             k: round(max(v) if k == "heldout_invalid_call_rate" else min(v), 4) for k, v in rises.items() if v
         },
+        # The env's own figures (search: final_answer_found, output_recall, ...): held-out change per seed.
+        "heldout_metric_change": metric_changes(ok),
         "median_wall_time_s": round(statistics.median(r["wall_time_s"] for r in rows), 1),
         "max_wall_time_s": round(max(r["wall_time_s"] for r in rows), 1),
+    }
+
+
+def metric_changes(rows: list[dict[str, Any]]) -> dict[str, list[float]]:
+    """Per env figure that every row has before and after (search's final_answer_found, ...): its
+    held-out change in each row, in row order. Rows without env figures give none."""
+    if not rows:
+        return {}
+    names = set.intersection(
+        *(set(r.get("heldout_metrics_before", {})) & set(r.get("heldout_metrics_after", {})) for r in rows)
+    )
+    return {
+        k: [round(r["heldout_metrics_after"][k] - r["heldout_metrics_before"][k], 4) for r in rows]
+        for k in sorted(names)
     }
 
 
@@ -153,6 +172,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             f"{r['heldout_invalid_call_rate_before']:.3f} -> {r['heldout_invalid_call_rate_after']:.3f}; "
             f"{r['wall_time_s']:.0f} s"
         )
+        metrics = [
+            f"{k} {r['heldout_metrics_before'][k]:.3f} -> {r['heldout_metrics_after'].get(k, float('nan')):.3f}"
+            for k in ("final_answer_found", "output_recall", "traj_recall", "f1", "turns_per_episode")
+            if k in r["heldout_metrics_before"]
+        ]
+        if metrics:
+            console.print("  held-out " + ", ".join(metrics))
     loads.append(os.getloadavg())
 
     def pair(r: dict[str, Any], field: str) -> str:
@@ -187,6 +213,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         f"wall time median {v['median_wall_time_s']:.0f} s, max {v['max_wall_time_s']:.0f} s "
         f"(load average {loads[0][0]:.1f} at start, {loads[-1][0]:.1f} at end, {os.cpu_count()} CPUs)"
     )
+    if v["heldout_metric_change"]:
+        console.print(f"held-out env figures, change per seed: {v['heldout_metric_change']}")
     plan = demo_plan(args.env)
     return {
         "ok": v["runs_ok"],

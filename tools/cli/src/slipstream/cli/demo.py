@@ -85,6 +85,27 @@ def register(sub: Any) -> None:
 # cliff's foot (target 0.5) RL mostly removed the invalid calls (seed 0: held-out sampled 0.057
 # -> 0.068); stopped past it, success rose too (seed 0 at 0.9: 0.188 -> 0.430).
 LOOKUP_TEACHER = {"expert_guess_rate": 0.3, "expert_slip_rate": 0.4}
+# `search` (Context-1's search agent, issue 13), sized for a CPU: one hop, a small corpus of short
+# documents (48 tasks per domain, one distractor each, no filler: 384 documents of ~115 bytes),
+# the BM25-only backend (the hybrid one's MiniLM encode costs every process tens of seconds), the
+# question without the tool list, a 1,536-token budget with 560-token results and at most 4
+# turns, so an episode is ~500-700 tokens. The expert finds the hop with grep_corpus on the clues
+# (`north. It dates from 187`: BM25 cannot match the decade "1870s" to a year), and is imperfect:
+# on 30% of tasks its first grep names the neighbouring decade and it greps again.
+SEARCH_OPTIONS = {
+    "backend": "bm25",
+    "max_hops": 1,
+    "tasks_per_domain": 24,
+    "distractors": 1,
+    "filler_per_domain": 0,
+    "budget_tokens": 1536,
+    "search_tokens": 420,
+    "reserve_tokens": 128,
+    "max_turns": 4,
+    "tools_line": False,
+    "expert_grep": True,
+    "expert_slip_rate": 0.3,
+}
 ENV_PLANS: dict[str, dict[str, Any]] = {
     "reverse": {
         "env_options": {"min_len": 3, "max_len": 3},
@@ -107,6 +128,30 @@ ENV_PLANS: dict[str, dict[str, Any]] = {
         "eval_every": 20,
         "heldout_tasks": 128,
         "train_eval_tasks": 128,
+    },
+    "search": {
+        "env_options": SEARCH_OPTIONS,
+        "preset": "micro",
+        "loss": "cispo",
+        "sft_steps": 200,
+        "sft_batch": 8,
+        "sft_lr": 3e-3,
+        "sft_target_accuracy": 0.5,
+        "sft_check_every": 25,
+        "temperature": 1.0,
+        "max_tokens": 128,
+        "max_seq_len": 1536,
+        "lr": 3e-4,
+        "group_size": 8,
+        "groups_per_step": 4,
+        "max_steps": 12,
+        "eval_every": 0,
+        "heldout_tasks": 48,
+        "heldout_samples": 4,
+        "train_eval_tasks": 48,
+        # At load ~10 on the shared 2-core machine the 12 RL steps took over 15 minutes (the
+        # default 900 s timeout ended seed 0 after step 5): room for a loaded machine.
+        "timeout_s": 1800.0,
     },
 }
 

@@ -250,4 +250,42 @@ def summary_table(summary: Any) -> Group:
     ]
     for k, v in rows:
         t.add_row(k, v)
-    return Group(accuracy_table(summary), t)
+    metrics = metrics_table(summary)
+    return Group(accuracy_table(summary), *([metrics] if metrics is not None else []), t)
+
+
+# The env figures the summary shows, in this order, when the env reports them (search: Context-1's table).
+METRIC_ROWS = (
+    ("final_answer_found", "final-answer-found"),
+    ("output_recall", "output recall"),
+    ("traj_recall", "trajectory recall"),
+    ("precision", "precision"),
+    ("f1", "F1"),
+    ("prune_accuracy", "prune accuracy"),
+    ("tool_calls_per_turn", "tool calls per turn"),
+    ("turns_per_episode", "turns per episode"),
+    ("budget_refusals", "budget refusals"),
+    ("malformed_output", "malformed output"),
+)
+
+
+def metrics_table(summary: Any) -> Table | None:
+    """The env's own figures (`Environment.eval_metrics`, sampled), train beside held-out, before and after RL."""
+    columns = (
+        summary.train_metrics_before,
+        summary.train_metrics_after,
+        summary.heldout_metrics_before,
+        summary.heldout_metrics_after,
+    )
+    if not any(columns):
+        return None
+    t = Table(title=f"{summary.plan.env} metrics — train split vs held-out (sampled)", show_edge=True)
+    t.add_column("metric")
+    for col in ("train before", "train after", "held-out before", "held-out after"):
+        t.add_column(col, justify="right")
+    known = [k for k, _ in METRIC_ROWS]
+    extra = sorted({k for c in columns for k in c} - set(known) - {"episodes"})
+    for key, label in [*METRIC_ROWS, *((k, k) for k in extra)]:
+        if any(key in c for c in columns):
+            t.add_row(label, *(f"{c[key]:.3f}" if key in c else "-" for c in columns))
+    return t

@@ -80,6 +80,9 @@ class HeldOutScore(msgspec.Struct):
     train_invalid_call_rate: float = -1.0
     tool_calls: float = 0.0
     """Tool calls per held-out episode (sampled)."""
+    metrics: dict[str, float] = {}
+    """The env's own figures on the held-out episodes (sampled; `Environment.eval_metrics`)."""
+    train_metrics: dict[str, float] = {}
 
     def row(self, version: int) -> dict[str, float]:
         """The eval-curve row of this score."""
@@ -90,6 +93,8 @@ class HeldOutScore(msgspec.Struct):
             out["train_accuracy"] = self.train_accuracy
             out["train_greedy"] = self.train_greedy
             out["train_invalid_call_rate"] = self.train_invalid_call_rate
+        out.update({f"heldout/{k}": v for k, v in self.metrics.items()})
+        out.update({f"train/{k}": v for k, v in self.train_metrics.items()})
         return out
 
 
@@ -151,6 +156,7 @@ class HeldOut:
             greedy=g.accuracy,
             invalid_call_rate=s.invalid_call_rate,
             tool_calls=s.tool_calls / s.n if s.n else 0.0,
+            metrics=s.metrics,
         )
         if self.train_tasks:
             t = await evaluate(
@@ -165,6 +171,7 @@ class HeldOut:
             tg = await evaluate(self.engine, self.tokenizer, self.env, self.train_tasks, concurrency=64)
             score.train_accuracy, score.train_greedy = t.accuracy, tg.accuracy
             score.train_invalid_call_rate = t.invalid_call_rate
+            score.train_metrics = t.metrics
         return score
 
     async def start(self) -> None:
@@ -226,6 +233,7 @@ def run_training(
     summary.train_greedy_before = before.train_greedy
     summary.train_invalid_call_rate_before = before.train_invalid_call_rate
     summary.heldout_tool_calls_before = before.tool_calls
+    summary.heldout_metrics_before, summary.train_metrics_before = before.metrics, before.train_metrics
     row = before.row(0)
     summary.eval_curve.append(row)
     emit("eval", row)

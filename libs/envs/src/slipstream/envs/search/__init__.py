@@ -14,10 +14,11 @@
 
 from slipstream.envs.search.env import Search, SearchOptions, parse_output, prompt_of
 from slipstream.envs.search.generator import GeneratedCorpus, GeneratorOptions, SearchTask, generate_corpus
-from slipstream.envs.search.hybrid import hybrid_backend
+from slipstream.envs.search.hybrid import bm25_backend, hybrid_backend
 from slipstream.envs.search.tools import BACKENDS, build_backend, register_backend, render_chunks
 
 register_backend("hybrid", hybrid_backend)
+register_backend("bm25", bm25_backend)
 
 __all__ = [
     "BACKENDS",

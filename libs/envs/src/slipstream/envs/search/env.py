@@ -84,6 +84,9 @@ class SearchOptions(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fi
         Literal["train", "always", "never"], Doc(description="When the half-budget suggestion is shown.")
     ] = "train"
     max_turns: Annotated[int, Doc(description="Model turns per episode.")] = 16
+    tools_line: Annotated[
+        bool, Doc(description="The prompt lists the tools (False: the question only, for short CPU episodes).")
+    ] = True
     max_output_docs: Annotated[int, Doc(description="Ranked ids read from the final output.")] = 5
     bytes_per_token: Annotated[float, Doc(description="Token estimate for backend budgets (1: bytes).")] = 1.0
     beta: Annotated[float, Doc(description="F_beta's beta (4, annealed to 2 by the trainer).")] = 4.0
@@ -95,6 +98,12 @@ class SearchOptions(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fi
     ] = 0.0
     expert_distractor_rate: Annotated[
         float, Doc(description="Share of tasks on which the expert also outputs a non-target document it saw.")
+    ] = 0.0
+    expert_grep: Annotated[
+        bool, Doc(description="The expert finds the first hop with grep_corpus on the clues (region, decade).")
+    ] = False
+    expert_slip_rate: Annotated[
+        float, Doc(description="With expert_grep: share of tasks whose first grep names the wrong decade.")
     ] = 0.0
 
     def __post_init__(self) -> None:
@@ -113,6 +122,7 @@ class SearchOptions(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fi
         for name, rate in (
             ("expert_stop_rate", self.expert_stop_rate),
             ("expert_distractor_rate", self.expert_distractor_rate),
+            ("expert_slip_rate", self.expert_slip_rate),
         ):
             if not 0.0 <= rate <= 1.0:
                 raise ValueError(f"{name} must be in [0, 1], got {rate}")
@@ -158,10 +168,12 @@ SYSTEM_PROMPT = (
 )
 
 
-def prompt_of(task: SearchTask) -> str:
+def prompt_of(task: SearchTask, *, tools_line: bool = True) -> str:
+    question = f"Find the documents that answer: {task.question}\n"
+    if not tools_line:
+        return question
     return (
-        f"Find the documents that answer: {task.question}\n"
-        "Tools: search_corpus(query) grep_corpus(pattern) read_document(doc_id) prune_chunks(chunk_ids). "
+        question + "Tools: search_corpus(query) grep_corpus(pattern) read_document(doc_id) prune_chunks(chunk_ids). "
         "Do not answer; end with <docs>ids, best first</docs>.\n"
     )
 
@@ -208,7 +220,9 @@ class Search(Environment[SearchOptions]):
 
     def sample(self, rng: random.Random) -> Problem:
         t = rng.choice(self.corpus.tasks)
-        return Problem(key=t.key, prompt=prompt_of(t), reference=" ".join(t.targets))
+        return Problem(
+            key=t.key, prompt=prompt_of(t, tools_line=self.options.tools_line), reference=" ".join(t.targets)
+        )
 
     def generate(self, split: Split, n: int, seed: int) -> list[TaskSpec]:
         """`n` tasks of `split`, hop counts drawn from the curriculum phase's mix (with replacement)."""
@@ -238,7 +252,7 @@ class Search(Environment[SearchOptions]):
         return TaskSpec(
             task_id=f"{self.name}-{split}-{seed}-{index}",
             env=self.name,
-            prompt=prompt_of(t),
+            prompt=prompt_of(t, tools_line=self.options.tools_line),
             reference=" ".join(t.targets),
             seed=seed,
             split=split,
@@ -271,6 +285,16 @@ class Search(Environment[SearchOptions]):
         ]
         kept = set(sft_filter(cands).kept)
         return [e.episode_id in kept for e in episodes]
+
+    def eval_metrics(self, tasks: list[TaskSpec], episodes: list[EpisodeRecord]) -> dict[str, float]:
+        """Context-1's metrics (metrics.py) pooled over the episodes, without the `search/` prefix."""
+        from slipstream.envs.search.metrics import aggregate, episode_metrics
+
+        rows = [
+            episode_metrics(t.metadata, e, max_output_docs=self.options.max_output_docs)
+            for t, e in zip(tasks, episodes, strict=True)
+        ]
+        return {k.partition("/")[2]: v for k, v in aggregate(rows).items()}
 
     # -- the episode ------------------------------------------------------------------------------
 

@@ -7,14 +7,18 @@ the bridge entity's name; `metadata["targets"]`). Each turn, in order:
 1. past half the budget or just refused, with chunks of non-target documents in view and no
    prune just made: prune them all in one call (batched, as the prune-streak penalty asks),
    with the next search or read in the same turn when both fit (parallel calls);
-2. the first missing target's hop query not yet searched: search_corpus(query);
+2. the first missing target's hop query not yet searched: search_corpus(query) (with
+   `expert_grep`, the first hop is grep_corpus on the clues instead: the region's name and the
+   decade's first three digits, `north. It dates from 187`, which finds the document whose text
+   says both, where a BM25 search for "1870s" matches no year);
 3. searched but still missing: read_document(target);
 4. every target in view, past the hard cutoff, refused, or nothing left to try: the final
    output, the targets seen, in chain order.
 
-`expert_stop_rate` / `expert_distractor_rate` make it an imperfect teacher, as a stronger model's
-trajectories are: on a fixed share of tasks it concludes one hop short (the answer document
-missing), on another it adds a non-target document it saw to the output. With nothing to output
+`expert_stop_rate` / `expert_distractor_rate` / `expert_slip_rate` make it an imperfect teacher,
+as a stronger model's trajectories are: on a fixed share of tasks it concludes one hop short (the
+answer document missing), on another it adds a non-target document it saw to the output, on
+another (with `expert_grep`) its first grep names the neighbouring decade, and it greps again. With nothing to output
 it names a non-target it saw rather than an empty list. It is an honest teacher, not an oracle:
 what it outputs is what it saw, and a search that did not surface a document costs it a read.
 """
@@ -27,7 +31,7 @@ import re
 from typing import TYPE_CHECKING, Any
 
 from slipstream.envs.base import TaskSpec
-from slipstream.envs.search.tools import PRUNE, READ, SEARCH, doc_of
+from slipstream.envs.search.tools import GREP, PRUNE, READ, SEARCH, doc_of
 
 if TYPE_CHECKING:
     from slipstream.envs.search.env import SearchOptions
@@ -75,8 +79,14 @@ def next_turn(task: TaskSpec, context: str, options: SearchOptions) -> str:
     if missing and not refused and not stop_early and used < options.hard_cutoff * budget:
         hop = targets.index(missing[0])
         searched = {str(a.get("query")) for n, a in calls if n == SEARCH}
+        grepped = [str(a.get("pattern")) for n, a in calls if n == GREP]
         read = {str(a.get("doc_id")) for n, a in calls if n == READ}
-        if queries[hop] not in searched:
+        pattern = grep_pattern(queries[0]) if hop == 0 and options.expert_grep else ""
+        if pattern and not grepped and _draw(key, "slip") < options.expert_slip_rate:
+            action = call(GREP, pattern=grep_pattern(queries[0], slip=True))
+        elif pattern and pattern not in grepped:
+            action = call(GREP, pattern=pattern)
+        elif not pattern and queries[hop] not in searched:
             action = call(SEARCH, query=queries[hop])
         elif missing[0] not in read:
             action = call(READ, doc_id=missing[0])
@@ -96,6 +106,18 @@ def next_turn(task: TaskSpec, context: str, options: SearchOptions) -> str:
     if seen_other and (not output or _draw(key, "distractor") < options.expert_distractor_rate):
         output.append(seen_other[0])  # a non-target it saw: the imperfect teacher's precision slip
     return answer(output)
+
+
+def grep_pattern(query: str, *, slip: bool = False) -> str:
+    """The first hop's grep from its planned query (`town north 1870s`): `north. It dates from 187`.
+
+    `slip`: the neighbouring decade instead (the imperfect teacher's wrong first try)."""
+    words = query.split()
+    region, decade = words[-2], words[-1].rstrip("s")
+    prefix = int(decade[:3])
+    if slip:
+        prefix = prefix + 1 if prefix < 199 else prefix - 1
+    return f"{region}. It dates from {prefix}"
 
 
 def _draw(key: str, what: str) -> float:

@@ -8,6 +8,7 @@ only when an episode asks for it, so loading the environment alone stays light.
 
 from __future__ import annotations
 
+import hashlib
 import threading
 from collections.abc import Sequence
 
@@ -38,3 +39,26 @@ def hybrid_backend(documents: Sequence[Document], count_tokens: TokenCounter) ->
             index.chunks = [msgspec.structs.replace(c, tokens=count_tokens(c.text)) for c in index.chunks]
             _BUILT[key] = HybridSearch(index, encoder)
         return _BUILT[key]
+
+
+def bm25_backend(documents: Sequence[Document], count_tokens: TokenCounter) -> SearchBackend:
+    """BM25 only (libs/retrieval lexical_backend.py): no dense model, builds in milliseconds.
+
+    The CPU demo's backend (`slipstream demo --env search`), where every process that plays
+    episodes builds its own backend and the MiniLM encode would cost each of them tens of seconds."""
+    try:
+        from slipstream.retrieval.lexical_backend import LexicalSearch
+    except ImportError as exc:
+        raise LookupError(f"the bm25 search backend needs slipstream-retrieval[hybrid] (bm25s): {exc}") from exc
+    key = "bm25:" + _corpus_digest(documents)
+    with _LOCK:
+        if key not in _BUILT:
+            _BUILT[key] = LexicalSearch(documents, count_tokens)
+        return _BUILT[key]
+
+
+def _corpus_digest(documents: Sequence[Document]) -> str:
+    h = hashlib.sha256()
+    for d in documents:
+        h.update(msgspec.msgpack.encode(d))
+    return h.hexdigest()[:24]
