@@ -26,11 +26,22 @@ NOT_YET_TRAINABLE = {
     "code": "a short warm-start leaves every reward at 0 (issue 14: the code demo's plan is open work)",
     "search": "its warm-start takes ~2 s a step on search episodes; the plan is untuned (issue 13)",
 }
+# Examples whose whole path another e2e test already runs, so a second run here would only spend
+# CI time (minutes each on 2 cores); the run file -> plan step they add is unit-tested.
+RUN_ELSEWHERE = {
+    # tests/unit/test_run_file.py holds this file equal to demo_plan("lookup"), which
+    # tests/e2e/test_tool_demo.py runs end to end, twice (in-process tool and two tool-service replicas).
+    "lookup": "the lookup demo plan, run end to end by tests/e2e/test_tool_demo.py",
+    # The same model (SmolLM2 from its wheel), env, LoRA and bf16 rollouts as
+    # tests/e2e/test_real_model_training.py, which runs them shrunk further.
+    "search_call": "the SmolLM2 LoRA path, run end to end by tests/e2e/test_real_model_training.py",
+}
 EXAMPLES = [
     pytest.param(p, id=p.stem, marks=pytest.mark.skip(reason=NOT_YET_TRAINABLE[p.stem]))
     if p.stem in NOT_YET_TRAINABLE
     else pytest.param(p, id=p.stem)
     for p in sorted((REPO / "examples").glob("*.toml"))
+    if p.stem not in RUN_ELSEWHERE
 ]
 
 

@@ -22,7 +22,8 @@ from slipstream.engine.catalog import ensure_model, source_file
 from slipstream.engine.interface import GenerationRequest
 from slipstream.engine.source import ModelSource, load_model
 
-pytestmark = pytest.mark.integration
+# The module fixture converts the GGUF and loads transformers' reference: a minute on a busy 2-core machine.
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(400)]
 
 FIXTURE = Path(__file__).parents[1] / "fixtures" / "chat" / "smollm2-135m.jinja"
 PROMPTS = [

@@ -165,3 +165,13 @@ def test_the_search_example_is_the_search_demo() -> None:
     from slipstream.cli.demo import demo_plan
 
     assert load(REPO / "examples" / "search.toml").plan() == demo_plan("search")
+
+
+def test_the_search_call_example_trains_what_the_real_model_e2e_runs() -> None:
+    """examples/search_call.toml is the real-model demo's model, env, LoRA and rollout precision
+    (tests/e2e/test_real_model_training.py runs that path; the example only steps on fewer groups)."""
+    from slipstream.cli.demo import pretrained_plan
+
+    example, demo = load(REPO / "examples" / "search_call.toml").plan(), pretrained_plan("smollm2-135m")
+    fields = ("model", "env", "loss", "lora_rank", "lora_alpha", "rollout_dtype", "learner_autocast", "group_size")
+    assert {f: getattr(example, f) for f in fields} == {f: getattr(demo, f) for f in fields}
