@@ -191,6 +191,7 @@ async def _follow(
         summary.train_greedy_after = after.train_greedy
         summary.train_invalid_call_rate_after = after.train_invalid_call_rate
         summary.heldout_tool_calls_after = after.tool_calls
+        summary.context_after = after.context
         summary.eval_curve.append(after.row(summary.final_version))
     finally:
         for w in watchers:
