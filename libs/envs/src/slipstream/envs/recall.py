@@ -5,17 +5,17 @@ episode forces the harness to restart the context (libs/harness summary.py), and
 that carried the facts forward lets the policy answer. One episode, byte for byte:
 
     [bos]recall\\n                 prompt
-    c=417\\n                       observation: a fact (key letter, 3-digit value)
+    c=Q\\n                         observation: a fact (key letter, value: uppercase letters)
     ok\\n                          sampled: the policy acknowledges (stops at "\\n")
     ~qxvtspwr\\n                   observation: filler, nothing to remember
     ok\\n
     ...                           `turns` observations in all, `facts` of them facts
     c?\\n                          observation: the question, about one of the facts
-    417\\n                         sampled: the answer
+    Q\\n                           sampled: the answer
 
 With summaries on, when the context reaches the group's threshold the harness appends the
 request (`SUMMARY_REQUEST`, "<summary>") and the policy writes the facts it can see
-("c=417 a=902</summary>"); the context restarts from the prompt, that summary and the line
+("c=Q a=X</summary>"); the context restarts from the prompt, that summary and the line
 still waiting for an acknowledgement. With truncation (the baseline) the context restarts from
 the prompt and its last tokens, so a fact survives only if it arrived late.
 
@@ -25,9 +25,10 @@ hash of the key.
 Held-out keys are never trained on. Scoring: `correct` (1.0) when the answer line is the value.
 
 `expert` is the scripted teacher that warm-starts the model: it acknowledges, writes every fact
-it can see into a summary, and answers from what it can see (a wrong guess when the fact is
-gone). `expert_drop_rate` makes it imperfect: on that fraction of tasks its summaries leave out
-the first fact they could carry (so it cannot answer a question about it); RL has to unlearn that.
+it can see into a summary, and answers from what it can see ("?" when the fact is gone, so
+its warm-start examples never teach a random guess). `expert_drop_rate` makes it imperfect: on
+that fraction of tasks its summaries leave out the first fact they could carry (so it cannot
+answer a question about it); RL has to unlearn that.
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ Doc = msgspec.Meta
 
 PROMPT = "recall\n"
 ACK = "ok"
+UNKNOWN = "?"  # the expert's answer when the fact is not in its context
 SUMMARY_REQUEST = "<summary>"
 SUMMARY_END = "</summary>"
 # The restart the harness writes after a summary: the summary and the number of summaries so far.
@@ -184,7 +186,7 @@ class Recall(Environment[RecallOptions]):
         return int.from_bytes(digest, "little") / 2**64
 
     def expert(self, task: TaskSpec, context: str) -> str:
-        """Acknowledge; summarise every fact in view; answer from the facts in view (guess when gone)."""
+        """Acknowledge; summarise every fact in view; answer from the facts in view ("?" when gone)."""
         seen: dict[str, str] = {}
         for k, v in _FACT.findall(context):
             seen.setdefault(k, v)
@@ -198,9 +200,7 @@ class Recall(Environment[RecallOptions]):
             k = question.group(1)
             if k in seen:
                 return seen[k] + self.terminator
-            chars, n = self.options.value_chars, len(task.reference)
-            guess = int(self._draw(task, "guess") * len(chars) ** n)
-            return "".join(chars[(guess // len(chars) ** i) % len(chars)] for i in range(n)) + self.terminator
+            return UNKNOWN + self.terminator
         return ACK + self.terminator
 
     # -- the episode ------------------------------------------------------------------------------

@@ -1,9 +1,9 @@
 """`slipstream bench summary`: self-summaries against truncation at the same budget, per seed (issue 14).
 
 For each seed: one warm-start of the tiny model on the env's imperfect teacher, whose episodes
-are played half with self-summaries and half with truncation (so the one model knows both
-context modes), then two whole `slipstream demo` runs from that same model, identical but for
-`[rollout.summary] mode`:
+are played with self-summaries (`--warmstart-modes summary,truncate` plays half of them with
+truncation instead), then two whole `slipstream demo` runs from that same model, identical but
+for `[rollout.summary] mode`:
 
 - `summary`: past the group's context threshold the policy writes a summary and the context
   restarts from the task, the summary and the line still pending (libs/harness summary.py);
@@ -48,6 +48,12 @@ def register(bench_subparsers: Any) -> None:
     p.add_argument("--env", default="recall", help="a multi-turn environment with a demo plan (default recall)")
     p.add_argument("--steps", type=int, default=None, help="learner steps per arm (default: the demo's)")
     p.add_argument("--arms", default="summary,truncate", help="which arms to run (default summary,truncate)")
+    p.add_argument(
+        "--warmstart-modes",
+        default="summary",
+        help="context modes the teacher's warm-start episodes are played under, task i under mode i mod n "
+        "(default summary: a teacher that answers '?' after a truncation would teach the model nothing to copy)",
+    )
     p.add_argument("--run-dir", type=Path, default=None, help="where the runs go (default .slipstream/bench/...)")
     p.set_defaults(func=_command)
 
@@ -141,11 +147,11 @@ def run(args: argparse.Namespace, arms: list[str]) -> dict[str, Any]:
                 plan.max_steps = args.steps
             plan.eval_every = 0
             plans[arm] = plan
-        modes = [summary_config(plans[a]) for a in ARMS]
-        if any(m is None for m in modes):
+        modes = [summary_config(plans[a]) for a in args.warmstart_modes.split(",") if a]
+        if not modes or any(m is None for m in modes):
             raise SystemExit(f"env {args.env!r}: its demo plan has no summary config to compare")
         model_dir = root / f"seed{seed}" / "model-init"
-        console.print(f"[bold]seed {seed}[/bold]: warm-start on {args.env} (both context modes) ...")
+        console.print(f"[bold]seed {seed}[/bold]: warm-start on {args.env} ({args.warmstart_modes}) ...")
         t0 = time.monotonic()
         figures = warm_start(plans["summary"], model_dir, summary_modes=modes)
         figures["wall_s"] = round(time.monotonic() - t0, 1)
