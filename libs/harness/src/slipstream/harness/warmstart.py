@@ -26,7 +26,7 @@ import asyncio
 import math
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, TypeAlias
 
 import msgspec
 import torch
@@ -44,7 +44,7 @@ from slipstream.schemas import Episode
 # One training example: token ids and, per id, whether it is a trained target.
 Example = tuple[list[int], list[bool]]
 # Context modes the expert's episodes are played under (see the module docstring).
-Summaries = SummaryConfig | Sequence[SummaryConfig] | None
+Summaries: TypeAlias = SummaryConfig | Sequence[SummaryConfig] | None
 
 
 def _modes(summary: Summaries) -> list[SummaryConfig | None]:
