@@ -258,3 +258,27 @@ def test_mode_and_template_errors_name_the_field() -> None:
         SummaryConfig(mode="drop")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match=r"restart_template must hold \{summary\} and \{n\}"):
         SummaryConfig(restart_template="no summary here")
+
+
+async def test_the_rollout_workers_sampler_plays_its_summary_section() -> None:
+    from slipstream.rollout_worker.config import RolloutWorkerConfig
+    from slipstream.rollout_worker.sampler import Sampler
+    from slipstream.runtime.config import resolve
+
+    env = Facts()
+    task = env.generate("train", 1, seed=3)[0].to_task(run_id="r", group_size=2)
+    environ = {
+        "SLIPSTREAM_SUMMARY__ENABLED": "true",
+        "SLIPSTREAM_SUMMARY__MIN_TOKENS": "140",
+        "SLIPSTREAM_SUMMARY__MAX_TOKENS": "140",
+        "SLIPSTREAM_SUMMARY__SUMMARY_TOKENS": "48",
+        "SLIPSTREAM_WORKER__MAX_TOKENS": "64",
+    }
+    for env_vars, links in ((environ, 4), ({}, 1)):
+        cfg = resolve(RolloutWorkerConfig, environ=env_vars)
+        engine = ScriptedEngine(TOK, policy, max_seq_len=4096)
+        # As the service builds it: the [summary] section, enabled or not.
+        sampler = Sampler(engine, TOK, cfg.worker, worker_id="w", run_id="r", summary=cfg.summary)
+        sampler._envs[env.name] = env  # a test env the registry does not hold
+        episodes = await sampler.sample(task)
+        assert [len(e.samples) for e in episodes] == [links, links]

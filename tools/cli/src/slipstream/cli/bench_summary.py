@@ -47,6 +47,8 @@ def register(bench_subparsers: Any) -> None:
     p.add_argument("--seeds", type=_seeds, default=[0, 1, 2], help="comma-separated seeds (default 0,1,2)")
     p.add_argument("--env", default="recall", help="a multi-turn environment with a demo plan (default recall)")
     p.add_argument("--steps", type=int, default=None, help="learner steps per arm (default: the demo's)")
+    p.add_argument("--heldout-tasks", type=int, default=None, help="held-out (and train-split) tasks evaluated")
+    p.add_argument("--sft-steps", type=int, default=None, help="cap on the warm-start's steps (default: the demo's)")
     p.add_argument("--arms", default="summary,truncate", help="which arms to run (default summary,truncate)")
     p.add_argument(
         "--warmstart-modes",
@@ -62,6 +64,8 @@ def _command(args: argparse.Namespace) -> int:
     arms = [a for a in args.arms.split(",") if a]
     if not arms or any(a not in ARMS for a in arms):
         raise SystemExit(f"--arms takes summary and/or truncate, got {args.arms!r}")
+    if any(m not in ARMS for m in args.warmstart_modes.split(",") if m):
+        raise SystemExit(f"--warmstart-modes takes summary and/or truncate, got {args.warmstart_modes!r}")
     result = run(args, arms)
     write_json(result, args.json)
     return 0 if result["ok"] else 1
@@ -145,6 +149,10 @@ def run(args: argparse.Namespace, arms: list[str]) -> dict[str, Any]:
             plan.seed = seed
             if args.steps is not None:
                 plan.max_steps = args.steps
+            if args.heldout_tasks is not None:
+                plan.heldout_tasks = plan.train_eval_tasks = args.heldout_tasks
+            if args.sft_steps is not None:
+                plan.sft_steps = args.sft_steps
             plan.eval_every = 0
             plans[arm] = plan
         modes = [summary_config(plans[a]) for a in args.warmstart_modes.split(",") if a]
