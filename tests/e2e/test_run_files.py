@@ -25,6 +25,9 @@ REPO = Path(__file__).resolve().parents[2]
 NOT_YET_TRAINABLE = {
     "code": "a short warm-start leaves every reward at 0 (issue 14: the code demo's plan is open work)",
     "search": "its warm-start takes ~2 s a step on search episodes; the plan is untuned (issue 13)",
+    # Session 6: on a loaded 2-core machine 500-600 warm-start steps (7-12 min) did not form the copy
+    # (fact -> summary -> answer) the run needs before any group's rewards differ; not yet run whole here.
+    "recall": "its warm-start did not yet reach the copy its rewards need within CI time (issue 14)",
     # A regression to find first next session, not a plan to tune: this run passed in CI before
     # session 5, and in session 5's runs it produced under 100 trajectories in 14 minutes, with
     # and without that session's engine changes (tests/e2e/test_real_model_training.py still runs
