@@ -4,6 +4,7 @@ the local stack, the dev overlay and Tilt."""
 from __future__ import annotations
 
 import importlib
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -175,3 +176,84 @@ def test_the_search_call_example_trains_what_the_real_model_e2e_runs() -> None:
     example, demo = load(REPO / "examples" / "search_call.toml").plan(), pretrained_plan("smollm2-135m")
     fields = ("model", "env", "loss", "lora_rank", "lora_alpha", "rollout_dtype", "learner_autocast", "group_size")
     assert {f: getattr(example, f) for f in fields} == {f: getattr(demo, f) for f in fields}
+
+
+def test_the_recall_example_is_the_recall_demo() -> None:
+    """examples/recall.toml and `slipstream demo --env recall` train the same thing, summaries on."""
+    from slipstream.cli.demo import demo_plan
+
+    plan = load(REPO / "examples" / "recall.toml").plan()
+    assert plan == demo_plan("recall") and plan.summary["mode"] == "summary"
+
+
+def test_rollout_summary_reaches_the_workers_and_the_learner(tmp_path: Path) -> None:
+    from slipstream.harness.summary import SummaryConfig
+    from slipstream.learner.config import LearnerConfig
+    from slipstream.rollout_worker.config import RolloutWorkerConfig
+
+    path = tmp_path / "summary.toml"
+    path.write_text(
+        '[env]\nname = "recall"\n[rollout.summary]\nmode = "truncate"\nmin_tokens = 60\nmax_tokens = 90\n'
+        'summary_tokens = 20\nrequest = "\\n<summary>"\nstop = ["</summary>", "\\n\\n"]\nloss_weighting = "episode"\n'
+    )
+    plan = load(path).plan()
+    # A [rollout.summary] table turns restarts on; loss_weighting is the learner's, not the workers'.
+    assert plan.summary == {
+        "enabled": True,
+        "mode": "truncate",
+        "min_tokens": 60,
+        "max_tokens": 90,
+        "summary_tokens": 20,
+        "request": "\n<summary>",
+        "stop": ["</summary>", "\n\n"],
+    }
+    assert plan.sample_weighting == "episode"
+    environ = service_env(plan, Path("/m"), Path("/staging"), Path("/outcomes.jsonl"))
+    worker = resolve(RolloutWorkerConfig, environ=environ)
+    assert worker.summary == SummaryConfig(
+        enabled=True,
+        mode="truncate",
+        min_tokens=60,
+        max_tokens=90,
+        summary_tokens=20,
+        request="\n<summary>",
+        stop=("</summary>", "\n\n"),
+    )
+    assert resolve(LearnerConfig, environ=environ).learner.sample_weighting == "episode"
+    # Without the table: no restarts, token weighting.
+    plain = service_env(load(DEV_RUN).plan(), Path("/m"), Path("/s"), Path("/o"))
+    assert not resolve(RolloutWorkerConfig, environ=plain).summary.enabled
+    assert resolve(LearnerConfig, environ=plain).learner.sample_weighting == "token"
+
+
+@pytest.mark.parametrize(
+    ("body", "words"),
+    [
+        ('[rollout.summary]\nmode = "drop"\n', "rollout.summary.mode"),
+        ("[rollout.summary]\nthreshold = 5\n", "unknown key [rollout.summary] 'threshold'"),
+        ('[rollout.summary]\nloss_weighting = "link"\n', "rollout.summary.loss_weighting"),
+    ],
+)
+def test_a_bad_summary_key_is_named(tmp_path: Path, body: str, words: str) -> None:
+    path = tmp_path / "bad.toml"
+    path.write_text(body)
+    with pytest.raises(RunFileError, match=re.escape(words)):
+        load(path)
+
+
+def test_a_summary_the_services_cannot_use_fails_before_anything_starts() -> None:
+    from slipstream.cli.training import summary_config
+    from slipstream.rollout_worker.sampler import check_summary
+    from slipstream.run import TrainingPlan
+
+    with pytest.raises(ValueError, match="min_tokens <= max_tokens"):
+        summary_config(TrainingPlan(summary={"enabled": True, "min_tokens": 90, "max_tokens": 60}))
+    config = summary_config(
+        TrainingPlan(summary={"enabled": True, "min_tokens": 100, "max_tokens": 900, "summary_tokens": 64})
+    )
+    with pytest.raises(ValueError, match=re.escape("does not fit worker.max_seq_len 512")):
+        check_summary(config, 512, 64)
+    with pytest.raises(ValueError, match=re.escape("summary_tokens 64 is more than worker.max_tokens 32")):
+        check_summary(config, 0, 32)
+    check_summary(config, 2048, 64)
+    assert summary_config(TrainingPlan()) is None

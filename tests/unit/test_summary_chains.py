@@ -9,6 +9,7 @@ without the environment knowing.
 
 from __future__ import annotations
 
+import itertools
 import random
 import re
 from typing import ClassVar
@@ -27,7 +28,7 @@ from slipstream.harness import (
     rollout_episodes,
     token_problems,
 )
-from slipstream.harness.summary import DEFAULT_REQUEST, restart_text
+from slipstream.harness.summary import DEFAULT_REQUEST, TRUNCATED, restart_text
 from slipstream.rl.credit import episode_figures, sample_weights, token_advantages
 from slipstream.schemas import decode, encode, unpack_ids, unpack_mask
 
@@ -196,3 +197,88 @@ async def test_the_learners_episode_figures_count_summaries_and_context_tokens()
     assert figures["tokens_per_episode"] == sum(len(s.ids()) for s in episodes[0].samples)
     # Every link is shorter than the whole conversation would have been without restarts.
     assert all(len(s.ids()) < THREE.max_tokens + THREE.summary_tokens + 200 for s in episodes[0].samples)
+
+
+# -- the truncation baseline and the run-file wiring ------------------------------------------------
+
+TRUNCATE = SummaryConfig(enabled=True, mode="truncate", min_tokens=140, max_tokens=140, summary_tokens=20)
+
+
+async def test_truncation_restarts_from_the_task_and_the_last_tokens_with_no_summary() -> None:
+    episodes, engine = await _play(TRUNCATE)
+    for episode in episodes:
+        assert token_problems(episode, engine.calls_of(episode), TOK) == []
+        samples = episode.samples
+        assert len(samples) > 1 and episode.counts["truncations"] == len(samples) - 1
+        assert "summaries" not in episode.counts
+        assert all(s.edit == "truncate" for s in samples[1:])
+        assert [s.finish_reason for s in samples[:-1]] == ["truncate"] * (len(samples) - 1)
+        task_prompt = unpack_ids(samples[0].token_ids)[: samples[0].prompt_len]
+        for parent, link in itertools.pairwise(samples):
+            ids, parent_ids = unpack_ids(link.token_ids), unpack_ids(parent.token_ids)
+            assert ids[: len(task_prompt)] == task_prompt
+            marker = TOK.encode(TRUNCATED)
+            assert ids[len(task_prompt) : len(task_prompt) + len(marker)] == marker
+            tail = ids[len(task_prompt) + len(marker) : link.prompt_len]
+            # The parent's last tokens, verbatim: summary_tokens of them, or more to keep the pending line whole.
+            assert tail == parent_ids[len(parent_ids) - len(tail) :] and len(tail) >= TRUNCATE.summary_tokens
+            pending = [t for t in parent.turns if t.role == "observation"][-1]
+            assert len(tail) >= pending.end - pending.start
+            # Nothing was asked of the policy and nothing sampled for the restart.
+            assert all(t.role != "summary_request" for t in parent.turns)
+        # The first fact was cut away with the early turns: the policy (which answers what it sees) cannot recall it.
+        assert episode.final_text.strip() != episode.reference
+
+
+async def test_truncation_and_summaries_keep_the_same_budget_across_a_restart() -> None:
+    budget = dict(min_tokens=140, max_tokens=140, summary_tokens=20)
+    summarised, _ = await _play(SummaryConfig(enabled=True, **budget), size=1)
+    truncated, _ = await _play(SummaryConfig(enabled=True, mode="truncate", **budget), size=1)
+    # Both restart at the group's threshold: every link but the last ends at or just past 140 tokens.
+    for episode in (summarised[0], truncated[0]):
+        for link in episode.samples[:-1]:
+            cut = link.turns[-2].start if episode is summarised[0] else len(link.ids())
+            assert 140 <= cut < 140 + 20
+    # And the summary arm remembers what the truncation arm lost.
+    assert summarised[0].final_text.strip() == summarised[0].reference
+    assert truncated[0].final_text.strip() != truncated[0].reference
+
+
+async def test_a_restart_template_carries_the_summary_and_the_count() -> None:
+    template = "<s>{summary}</s>#{n}\n"
+    episodes, _ = await _play(SummaryConfig(enabled=True, min_tokens=140, max_tokens=140, restart_template=template))
+    link = episodes[0].samples[1]
+    task_len = episodes[0].samples[0].prompt_len
+    restart = TOK.decode(unpack_ids(link.token_ids)[task_len : link.prompt_len])
+    assert restart.startswith(f"<s>{episodes[0].reference} and more</s>#1\n")
+
+
+def test_mode_and_template_errors_name_the_field() -> None:
+    with pytest.raises(ValueError, match="mode must be one of summary, truncate"):
+        SummaryConfig(mode="drop")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"restart_template must hold \{summary\} and \{n\}"):
+        SummaryConfig(restart_template="no summary here")
+
+
+async def test_the_rollout_workers_sampler_plays_its_summary_section() -> None:
+    from slipstream.rollout_worker.config import RolloutWorkerConfig
+    from slipstream.rollout_worker.sampler import Sampler
+    from slipstream.runtime.config import resolve
+
+    env = Facts()
+    task = env.generate("train", 1, seed=3)[0].to_task(run_id="r", group_size=2)
+    environ = {
+        "SLIPSTREAM_SUMMARY__ENABLED": "true",
+        "SLIPSTREAM_SUMMARY__MIN_TOKENS": "140",
+        "SLIPSTREAM_SUMMARY__MAX_TOKENS": "140",
+        "SLIPSTREAM_SUMMARY__SUMMARY_TOKENS": "48",
+        "SLIPSTREAM_WORKER__MAX_TOKENS": "64",
+    }
+    for env_vars, links in ((environ, 4), ({}, 1)):
+        cfg = resolve(RolloutWorkerConfig, environ=env_vars)
+        engine = ScriptedEngine(TOK, policy, max_seq_len=4096)
+        # As the service builds it: the [summary] section, enabled or not.
+        sampler = Sampler(engine, TOK, cfg.worker, worker_id="w", run_id="r", summary=cfg.summary)
+        sampler._envs[env.name] = env  # a test env the registry does not hold
+        episodes = await sampler.sample(task)
+        assert [len(e.samples) for e in episodes] == [links, links]

@@ -1,6 +1,6 @@
 """Slipstream environments: the interface, the registry and the built-in verifiable tasks.
 
-Importing the package registers the built-ins (`arith`, `reverse`, `search_call`, `lookup`, `search`), so
+Importing the package registers the built-ins (`arith`, `reverse`, `search_call`, `lookup`, `search`, `recall`), so
 `get_env(name)` finds them.
 """
 
@@ -23,6 +23,7 @@ from slipstream.envs.base import (
 from slipstream.envs.code import Code, CodeOptions
 from slipstream.envs.context import ContextFull, EpisodeContext, Generation, Outcome, Span, Thread
 from slipstream.envs.lookup import Lookup, LookupOptions
+from slipstream.envs.recall import Recall, RecallOptions
 from slipstream.envs.registry import ENVIRONMENTS, EnvError, get_env, parse_options, register
 from slipstream.envs.search import Search, SearchOptions
 from slipstream.envs.searchcall import SearchCall, SearchCallOptions
@@ -47,6 +48,8 @@ __all__ = [
     "Message",
     "Outcome",
     "Problem",
+    "Recall",
+    "RecallOptions",
     "Reverse",
     "ReverseOptions",
     "Score",

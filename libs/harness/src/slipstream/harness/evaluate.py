@@ -20,6 +20,7 @@ from slipstream.engine.interface import Engine, SamplingParams
 from slipstream.engine.tokenizer import Tokenizer
 from slipstream.envs.base import Environment, TaskSpec
 from slipstream.harness.rollout import as_spec, rollout_episodes
+from slipstream.harness.summary import SummaryConfig
 from slipstream.schemas import Episode, Task
 
 Doc = msgspec.Meta
@@ -37,6 +38,9 @@ class TaskEval(msgspec.Struct, kw_only=True):
     parse_ok: list[bool]
     tool_calls: list[int] = []
     invalid_calls: list[int] = []
+    tokens: Annotated[list[int], Doc(description="Per episode: tokens over all its samples (every link).")] = []
+    sampled_tokens: Annotated[list[int], Doc(description="Per episode: tokens the policy sampled.")] = []
+    restarts: Annotated[list[int], Doc(description="Per episode: summary or truncation restarts.")] = []
 
     @property
     def accuracy(self) -> float:
@@ -62,6 +66,9 @@ class EvalReport(msgspec.Struct, kw_only=True):
     metrics: Annotated[
         dict[str, float], Doc(description="The env's own figures over every episode (`Environment.eval_metrics`).")
     ] = {}
+    tokens: Annotated[int, Doc(description="Tokens over every sample of every episode (each link counted).")] = 0
+    sampled_tokens: Annotated[int, Doc(description="Of those, tokens the policy sampled.")] = 0
+    restarts: Annotated[int, Doc(description="Context restarts (summaries or truncations) over every episode.")] = 0
 
     @property
     def invalid_call_rate(self) -> float:
@@ -87,11 +94,13 @@ async def evaluate(
     samples_per_task: int = 1,
     params: SamplingParams | None = None,
     concurrency: int = 16,
+    summary: SummaryConfig | None = None,
 ) -> EvalReport:
     """Roll out every task `samples_per_task` times (greedy unless `params`) and score each sample.
 
     At most `concurrency` tasks are in the engine at once. The report lists every policy version
     that produced a scored token (more than one if weights changed during the evaluation).
+    `summary` restarts long contexts as training does (a summary, or the truncation baseline).
     """
     if not tasks:
         raise ValueError("evaluate needs at least one task")
@@ -100,6 +109,9 @@ async def evaluate(
     if concurrency < 1:
         raise ValueError(f"concurrency must be >= 1, got {concurrency}")
     sampling = params if params is not None else greedy_params(env)
+    if summary is not None and summary.enabled and summary.mode == "summary":
+        # A turn's max_tokens is capped by the params': leave a summary its whole budget.
+        sampling = msgspec.structs.replace(sampling, max_tokens=max(sampling.max_tokens, summary.summary_tokens))
     specs = [as_spec(t) for t in tasks]
     # Request ids must not collide with other users of the same engine (a worker's rollouts).
     run = f"eval-{uuid.uuid4().hex[:8]}"
@@ -119,6 +131,7 @@ async def evaluate(
                 params=sampling,
                 worker_id="eval",
                 group_id=f"{run}/{i}",
+                summary=summary,
             )
         scores = [env.score(spec, e) for e in episodes]
         played.extend((i, j, spec, e) for j, e in enumerate(episodes))
@@ -134,6 +147,9 @@ async def evaluate(
             parse_ok=[s.parse_ok for s in scores],
             tool_calls=[e.counts.get("tool_calls", 0) for e in episodes],
             invalid_calls=[e.counts.get("invalid_tool_call", 0) for e in episodes],
+            tokens=[sum(len(s.ids()) for s in e.samples) for e in episodes],
+            sampled_tokens=[sum(sum(s.mask()) for s in e.samples) for e in episodes],
+            restarts=[e.counts.get("summaries", 0) + e.counts.get("truncations", 0) for e in episodes],
         )
 
     results = await asyncio.gather(*(one(i, s) for i, s in enumerate(specs)))
@@ -155,4 +171,7 @@ async def evaluate(
         tool_calls=sum(sum(r.tool_calls) for r in results),
         invalid_calls=sum(sum(r.invalid_calls) for r in results),
         metrics=metrics,
+        tokens=sum(sum(r.tokens) for r in results),
+        sampled_tokens=sum(sum(r.sampled_tokens) for r in results),
+        restarts=sum(sum(r.restarts) for r in results),
     )

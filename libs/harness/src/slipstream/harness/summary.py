@@ -18,12 +18,17 @@ weight (`"episode"` weighting gives each link 1/N instead).
 
 The threshold is drawn once per group (a hash of the group id into [min, max] tokens), so the
 episodes that share a baseline face the same context budget and their rewards stay comparable.
+
+`mode="truncate"` is the baseline summaries are measured against: at the same threshold the
+context restarts from the task prompt, a marker and the last `summary_tokens` tokens of the
+conversation (at least everything since the policy last spoke), verbatim, with no summary
+written. Both modes carry the same budget across a restart; only what fills it differs.
 """
 
 from __future__ import annotations
 
 import hashlib
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import msgspec
 
@@ -41,12 +46,22 @@ DEFAULT_REQUEST = (
     "\n[Context limit reached. Summarise your work so far for yourself: the facts you found that the "
     "answer needs, your plan, and what remains to do. End with </summary>.]\n<summary>"
 )
+DEFAULT_RESTART = "\n[Summary {n} of your earlier work]\n{summary}\n[Summaries so far: {n}]\n"
+TRUNCATED = "\n[truncated]\n"
+MODES = ("summary", "truncate")
 
 
 class SummaryConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
     """When and how an episode summarises itself (`[rollout.summary]` in a run file)."""
 
     enabled: Annotated[bool, Doc(description="Summarise when a context reaches the threshold.")] = False
+    mode: Annotated[
+        Literal["summary", "truncate"],
+        Doc(
+            description="'summary': the policy writes a summary and the context restarts from it; 'truncate' "
+            "(the baseline): the context restarts from the task and its last summary_tokens tokens, no summary."
+        ),
+    ] = "summary"
     min_tokens: Annotated[int, Doc(description="Lowest context threshold drawn for a group, in tokens.")] = 1024
     max_tokens: Annotated[int, Doc(description="Highest context threshold drawn for a group, in tokens.")] = 1024
     summary_tokens: Annotated[int, Doc(description="Room the policy gets to write one summary, in tokens.")] = 256
@@ -57,6 +72,13 @@ class SummaryConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fi
         DEFAULT_REQUEST
     )
     stop: Annotated[tuple[str, ...], Doc(description="Stop strings that end a summary.")] = ("</summary>",)
+    restart_template: Annotated[
+        str,
+        Doc(
+            description="What follows the task prompt in a restarted context; {summary} is the summary and {n} "
+            "the number of summaries so far (the conversation state)."
+        ),
+    ] = DEFAULT_RESTART
 
     def __post_init__(self) -> None:
         if not 1 <= self.min_tokens <= self.max_tokens:
@@ -65,8 +87,15 @@ class SummaryConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fi
             raise ValueError(
                 f"summary_tokens and max_summaries must be >= 1, got {self.summary_tokens} and {self.max_summaries}"
             )
+        if self.mode not in MODES:
+            raise ValueError(f"mode must be one of {', '.join(MODES)}, got {self.mode!r}")
         if not self.request.strip():
             raise ValueError("request must not be empty: the policy has to be asked for its summary")
+        if "{summary}" not in self.restart_template or "{n}" not in self.restart_template:
+            raise ValueError(
+                f"restart_template must hold {{summary}} and {{n}} (the summary and the state), got "
+                f"{self.restart_template!r}"
+            )
 
 
 def group_threshold(config: SummaryConfig, group_id: str) -> int:
@@ -76,9 +105,9 @@ def group_threshold(config: SummaryConfig, group_id: str) -> int:
     return config.min_tokens + int.from_bytes(digest, "little") % span
 
 
-def restart_text(summary: str, summaries: int) -> str:
+def restart_text(summary: str, summaries: int, template: str = DEFAULT_RESTART) -> str:
     """What follows the task prompt in a restarted context: the summary and the conversation state."""
-    return f"\n[Summary {summaries} of your earlier work]\n{summary.strip()}\n[Summaries so far: {summaries}]\n"
+    return template.replace("{summary}", summary.strip()).replace("{n}", str(summaries))
 
 
 class Chain:
@@ -162,6 +191,9 @@ class SummarisingContext:
         # an answer: it goes into the restart verbatim, after the summary.
         policy_ends = [t.end for t in link.turns if t.role == "policy"]
         pending = Span(policy_ends[-1] if policy_ends else len(link.prompt), len(link))
+        if self.config.mode == "truncate":
+            self._truncate(chain, pending)
+            return
         self.inner.observe(link, self.config.request, role="summary_request")
         written = await self.inner.generate(link, max_tokens=self.config.summary_tokens, stop=list(self.config.stop))
         chain.summaries += 1
@@ -170,11 +202,27 @@ class SummarisingContext:
             if summary.endswith(end):
                 summary = summary[: -len(end)]
                 break
-        restart: list[Span | str] = [Span(0, chain.task_len), restart_text(summary, chain.summaries)]
+        restart: list[Span | str] = [
+            Span(0, chain.task_len),
+            restart_text(summary, chain.summaries, self.config.restart_template),
+        ]
         if pending.end > pending.start:
             restart.append(pending)
         chain.current = self.inner.branch(link, restart, edit="summary", finish_reason="summary")
         self.inner.count("summaries")
+        self.inner.count("summary_tokens_before", len(link))
+        self.inner.count("summary_tokens_after", len(chain.current))
+
+    def _truncate(self, chain: Chain, pending: Span) -> None:
+        """The baseline: keep the task prompt and the conversation's last tokens, drop the rest unread."""
+        link = chain.current
+        start = max(chain.task_len, min(pending.start, len(link) - self.config.summary_tokens))
+        chain.summaries += 1  # restarts so far (the chain's state), whichever mode made them
+        restart: list[Span | str] = [Span(0, chain.task_len), TRUNCATED]
+        if len(link) > start:
+            restart.append(Span(start, len(link)))
+        chain.current = self.inner.branch(link, restart, edit="truncate", finish_reason="truncate")
+        self.inner.count("truncations")
         self.inner.count("summary_tokens_before", len(link))
         self.inner.count("summary_tokens_after", len(chain.current))
 

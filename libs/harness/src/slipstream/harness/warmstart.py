@@ -13,6 +13,11 @@ instead: `expert_examples` plays `env.expert` through the real harness (scripted
 loss covers exactly the tokens the expert "sampled" in its trainable samples (loss mask 1) —
 never the prompt or the tool results — as Context-1 warm-starts from a stronger policy's
 trajectories.
+
+`summary` plays those expert episodes with context restarts (libs/harness summary.py), so the
+model also learns to write summaries and to go on from a restarted context; given several
+configs (a summary and the truncation baseline), task i is played under config i mod n, so one
+warm-started model knows every context mode that will be compared.
 """
 
 from __future__ import annotations
@@ -20,7 +25,8 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, TypeAlias
 
 import msgspec
 import torch
@@ -32,10 +38,22 @@ from slipstream.engine.tokenizer import Tokenizer
 from slipstream.envs.base import Environment, TaskSpec
 from slipstream.harness.rollout import prompt_ids, rollout_episodes
 from slipstream.harness.scripted import ScriptedEngine
+from slipstream.harness.summary import SummaryConfig
 from slipstream.schemas import Episode
 
 # One training example: token ids and, per id, whether it is a trained target.
 Example = tuple[list[int], list[bool]]
+# Context modes the expert's episodes are played under (see the module docstring).
+Summaries: TypeAlias = SummaryConfig | Sequence[SummaryConfig] | None
+
+
+def _modes(summary: Summaries) -> list[SummaryConfig | None]:
+    if summary is None or isinstance(summary, SummaryConfig):
+        return [summary]
+    if not summary:
+        raise ValueError("summary: give a SummaryConfig, a non-empty list of them, or None")
+    return list(summary)
+
 
 # Defaults measured on the `arith` env (max_operand 19, ops "+") with the tiny preset on one CPU
 # thread: see libs/harness/README.md for the figures.
@@ -61,9 +79,16 @@ def episode_examples(episode: Episode) -> list[Example]:
 
 
 async def expert_episodes(
-    env: Environment[msgspec.Struct], tokenizer: Tokenizer, tasks: list[TaskSpec], *, max_tokens: int = 1024
+    env: Environment[msgspec.Struct],
+    tokenizer: Tokenizer,
+    tasks: list[TaskSpec],
+    *,
+    max_tokens: int = 1024,
+    summary: Summaries = None,
 ) -> list[Episode]:
-    """One episode per task, played by `env.expert` through the harness (see scripted.py)."""
+    """One episode per task, played by `env.expert` through the harness (see scripted.py);
+    task i under context mode i mod n of `summary`."""
+    modes = _modes(summary)
 
     def one(task: TaskSpec) -> ScriptedEngine:
         def reply(_: GenerationRequest, context: str) -> str:
@@ -73,17 +98,31 @@ async def expert_episodes(
 
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens)
     groups = await asyncio.gather(
-        *(rollout_episodes(one(t), tokenizer, env, t, group_size=1, params=params, group_id=t.task_id) for t in tasks)
+        *(
+            rollout_episodes(
+                one(t),
+                tokenizer,
+                env,
+                t,
+                group_size=1,
+                params=params,
+                group_id=t.task_id,
+                summary=modes[i % len(modes)],
+            )
+            for i, t in enumerate(tasks)
+        )
     )
     return [g[0] for g in groups]
 
 
-def expert_examples(env: Environment[msgspec.Struct], tokenizer: Tokenizer, tasks: list[TaskSpec]) -> list[Example]:
+def expert_examples(
+    env: Environment[msgspec.Struct], tokenizer: Tokenizer, tasks: list[TaskSpec], summary: Summaries = None
+) -> list[Example]:
     """Training examples from the expert's episodes, one per trainable sample, in task order."""
     unique: dict[str, TaskSpec] = {}
     for t in tasks:
         unique.setdefault(t.metadata.get("key", t.task_id), t)
-    played = asyncio.run(expert_episodes(env, tokenizer, list(unique.values())))
+    played = asyncio.run(expert_episodes(env, tokenizer, list(unique.values()), summary=summary))
     # The env may filter its teacher's episodes (e.g. Context-1's SFT rules); a dropped one adds nothing.
     keep = env.curate_expert_episodes(list(unique.values()), played)
     by_key = {key: episode_examples(e) if k else [] for key, e, k in zip(unique, played, keep, strict=True)}
@@ -120,6 +159,7 @@ def sft_warmstart(
     target_accuracy: float = 0.0,
     probe_tasks: int = 256,
     check_every: int = 2,
+    summary: Summaries = None,
 ) -> dict[str, Any]:
     """Train `model` in place on up to `steps` batches of train-split reference completions.
 
@@ -155,11 +195,11 @@ def sft_warmstart(
         raise ValueError(f"probe_tasks and check_every must be >= 1, got {probe_tasks} and {check_every}")
     device = next(model.parameters()).device
     tasks = env.generate("train", steps * batch_size, seed)
-    examples = _examples(env, tokenizer, tasks)
+    examples = _examples(env, tokenizer, tasks, summary)
     probe: list[list[Example]] = []
     if target_accuracy > 0:
         # Another stream of the train split (not the eval's), so the stop is not tuned on what is reported.
-        probe = probe_items(env, tokenizer, env.generate("train", probe_tasks, seed + 1_000_003))
+        probe = probe_items(env, tokenizer, env.generate("train", probe_tasks, seed + 1_000_003), summary)
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.95), weight_decay=weight_decay)
 
@@ -220,9 +260,11 @@ def sft_warmstart(
     return figures
 
 
-def _examples(env: Environment[msgspec.Struct], tokenizer: Tokenizer, tasks: list[TaskSpec]) -> list[Example]:
+def _examples(
+    env: Environment[msgspec.Struct], tokenizer: Tokenizer, tasks: list[TaskSpec], summary: Summaries = None
+) -> list[Example]:
     if env.warmstart_from_expert:
-        return expert_examples(env, tokenizer, tasks)
+        return expert_examples(env, tokenizer, tasks, summary)
     out: list[Example] = []
     for t in tasks:
         seq, prompt_len = sft_sequence(tokenizer, env, t)
@@ -230,7 +272,9 @@ def _examples(env: Environment[msgspec.Struct], tokenizer: Tokenizer, tasks: lis
     return out
 
 
-def probe_items(env: Environment[msgspec.Struct], tokenizer: Tokenizer, tasks: list[TaskSpec]) -> list[list[Example]]:
+def probe_items(
+    env: Environment[msgspec.Struct], tokenizer: Tokenizer, tasks: list[TaskSpec], summary: Summaries = None
+) -> list[list[Example]]:
     """What the warm-start's stop is measured on: per task, the examples that must all be argmax-right.
 
     A single-turn env: its reference completion. An env with `warmstart_from_expert`: the
@@ -241,7 +285,7 @@ def probe_items(env: Environment[msgspec.Struct], tokenizer: Tokenizer, tasks: l
     """
     if not env.warmstart_from_expert:
         return [[ex] for ex in _examples(env, tokenizer, tasks)]
-    episodes = asyncio.run(expert_episodes(env, tokenizer, tasks))
+    episodes = asyncio.run(expert_episodes(env, tokenizer, tasks, summary=summary))
     items = [
         episode_examples(e)
         for t, e in zip(tasks, episodes, strict=True)

@@ -67,6 +67,12 @@ class TrainingPlan(msgspec.Struct, kw_only=True):
     """KV-cache length of the workers' and the evaluator's engines; 0 = the engine's default (<= 2048)."""
     tool_service_replicas: int = 0
     """tool-service replicas serving the env's tools (`[replicas] tool-service`); 0: tools run in the workers."""
+    summary: dict[str, Any] = {}
+    """Context restarts of the workers' episodes (and of the held-out evals and the warm-start's expert):
+    the fields of libs/harness `SummaryConfig` (enabled, mode "summary" | "truncate", min_tokens,
+    max_tokens, summary_tokens, max_summaries, request, stop, restart_template); {}: none."""
+    sample_weighting: str = "token"
+    """[learner] sample_weighting: "token" (each link of a chain weight 1) or "episode" (each link 1/N)."""
 
 
 class RunSummary(msgspec.Struct, kw_only=True):
@@ -125,6 +131,9 @@ class RunSummary(msgspec.Struct, kw_only=True):
     train_metrics_before: dict[str, float] = {}
     """The same figures on the train-split tasks, when plan.train_eval_tasks > 0."""
     train_metrics_after: dict[str, float] = {}
+    context_before: dict[str, float] = {}
+    """Per sampled episode, held-out and train: tokens over all links, sampled tokens, context restarts."""
+    context_after: dict[str, float] = {}
 
 
 def service_env(plan: TrainingPlan, model_dir: Path, staging_dir: Path, outcomes: Path) -> dict[str, str]:
@@ -164,6 +173,7 @@ def run_env(plan: TrainingPlan) -> dict[str, str]:
         "SLIPSTREAM_LEARNER__SAMPLING_TEMPERATURE": str(plan.temperature),
         "SLIPSTREAM_LEARNER__CHECKPOINT_EVERY": "1",
         "SLIPSTREAM_LEARNER__SEED": str(plan.seed),
+        "SLIPSTREAM_LEARNER__SAMPLE_WEIGHTING": plan.sample_weighting,
         "SLIPSTREAM_LOSS__TYPE": plan.loss,
         "SLIPSTREAM_LOSS__LOSS_CONSTANT": str(plan.loss_constant),
         # task-source
@@ -183,6 +193,7 @@ def run_env(plan: TrainingPlan) -> dict[str, str]:
         # eval-gate: the suite is the run's environment, with the same options as training
         "SLIPSTREAM_GATE__ENVS": json.dumps([plan.env]),
     }
+    env.update(summary_env(plan.summary))
     if env_options:
         env["SLIPSTREAM_TASKS__ENV_OPTIONS"] = env_options
         env["SLIPSTREAM_REWARD__ENV_OPTIONS"] = env_options
@@ -195,6 +206,27 @@ def run_env(plan: TrainingPlan) -> dict[str, str]:
         if env_options:
             env["SLIPSTREAM_SERVE__OPTIONS"] = env_options
     return env
+
+
+def summary_env(summary: dict[str, Any]) -> dict[str, str]:
+    """The rollout workers' `[summary]` section as SLIPSTREAM_SUMMARY__<FIELD> variables.
+
+    Lists and booleans as JSON, numbers and strings as text; a string that would read back as
+    JSON (a request like "true" or "[...]") is a ValueError naming the key.
+    """
+    out: dict[str, str] = {}
+    for key, value in summary.items():
+        if isinstance(value, (bool, list, tuple, dict)):
+            text = json.dumps(list(value) if isinstance(value, tuple) else value)
+        elif isinstance(value, str):
+            s = value.strip()
+            if (s and s[0] in "[{") or s in ("true", "false", "null"):
+                raise ValueError(f"summary.{key} = {value!r} would be read back as JSON by the services")
+            text = value
+        else:
+            text = str(value)
+        out[f"SLIPSTREAM_SUMMARY__{key.upper()}"] = text
+    return out
 
 
 def service_overrides(plan: TrainingPlan) -> dict[str, dict[str, str]]:

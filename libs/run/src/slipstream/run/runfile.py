@@ -16,6 +16,13 @@ Sections (every key optional; what is left out keeps `TrainingPlan`'s default):
     [warmstart]  sft_steps, sft_batch, sft_lr, sft_target_accuracy, sft_check_every (tiny models only)
     [eval]       heldout_tasks, heldout_samples, eval_every, train_eval_tasks (train accuracy beside held-out)
     [rollout]    max_batch, tasks_in_flight, max_seq_len (the workers' engines)
+    [rollout.summary]  context restarts (libs/harness summary.py): enabled, mode ("summary": the
+                 policy summarises itself; "truncate": the baseline, the context's last tokens),
+                 min_tokens / max_tokens (the per-group threshold range), summary_tokens (the budget
+                 one summary may use, and what truncation keeps), max_summaries, request, stop,
+                 restart_template, and loss_weighting ("token" | "episode": the learner's weight of
+                 a chain's links). Read by the rollout workers as [summary], the learner's
+                 sample_weighting, and the local run's held-out evals and warm-start.
     [replicas]   rollout-worker, reward-model, eval-gate (the cluster's replica counts); tool-service
                  (> 0: the env's tools run in that many tool-service replicas, locally too)
     [infra]      nats_url, redis_url, store: reuse running servers / an S3 store ("" = start locally)
@@ -31,7 +38,7 @@ from __future__ import annotations
 import re
 import tomllib
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import msgspec
 
@@ -92,10 +99,24 @@ class EvalSection(_Section):
     train_eval_tasks: int | None = None
 
 
+class SummarySection(_Section):
+    enabled: bool | None = None
+    mode: Literal["summary", "truncate"] | None = None
+    min_tokens: int | None = None
+    max_tokens: int | None = None
+    summary_tokens: int | None = None
+    max_summaries: int | None = None
+    request: str | None = None
+    stop: list[str] | None = None
+    restart_template: str | None = None
+    loss_weighting: Literal["token", "episode"] | None = None
+
+
 class RolloutSection(_Section):
     max_batch: int | None = None
     tasks_in_flight: int | None = None
     max_seq_len: int | None = None
+    summary: SummarySection | None = None
 
 
 class ReplicasSection(_Section, rename="kebab"):
@@ -144,8 +165,16 @@ class RunFile(_Section):
                 fields[top] = getattr(self, top)
         for section in ("model", "env", "algorithm", "batch", "warmstart", "eval", "rollout"):
             for key, value in msgspec.structs.asdict(getattr(self, section)).items():
-                if value is not None:
+                if value is not None and (section, key) != ("rollout", "summary"):
                     fields[renames.get((section, key), key)] = value
+        if self.rollout.summary is not None:
+            summary = {k: v for k, v in msgspec.structs.asdict(self.rollout.summary).items() if v is not None}
+            weighting = summary.pop("loss_weighting", None)
+            if weighting is not None:
+                fields["sample_weighting"] = weighting
+            if summary:
+                summary.setdefault("enabled", True)  # a [rollout.summary] table that says nothing else means it
+                fields["summary"] = summary
         return msgspec.convert(fields, TrainingPlan)
 
 

@@ -3,6 +3,8 @@
 Resolved by `slipstream.runtime.config` from defaults, a TOML file (`--config`),
 `SLIPSTREAM_<SECTION>__<FIELD>` variables and `--section.field` flags, in that order. `[model]`
 is the shared `slipstream.engine.source.ModelSource`; `[worker]` is this service's own.
+`[summary]` is the harness's `SummaryConfig`: self-summarising context restarts (or the
+truncation baseline) for every episode this worker plays (a run file's `[rollout.summary]`).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import msgspec
 
 from slipstream.bus.config import BusConfig
 from slipstream.engine.source import ModelSource
+from slipstream.harness.summary import SummaryConfig
 from slipstream.runtime.section import ServiceSection
 from slipstream.serve.config import ServeConfig
 from slipstream.store.config import StoreConfig
@@ -114,6 +117,10 @@ class RolloutWorkerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=Tr
     trust: Annotated[TrustConfig, Doc(description="Public keys a weight version must be signed with.")] = msgspec.field(
         default_factory=TrustConfig
     )
+    summary: Annotated[
+        SummaryConfig,
+        Doc(description="Context restarts past a per-group token threshold: self-summaries, or truncation (off)."),
+    ] = msgspec.field(default_factory=SummaryConfig)
     endpoint: Annotated[
         ServeConfig,
         Doc(description="The OpenAI-compatible endpoint of a serving worker (off unless enabled); calls are recorded."),

@@ -4,7 +4,8 @@ Before sampling, a task waits until the engine holds at least its `min_policy_ve
 source sets it to bound staleness at the source; with max_staleness 0 this is what makes the
 synchronous baseline sample with fresh weights). Environments are built once per name, with the
 options from `[worker] env_options`; sampling parameters come from `[worker]`, plus the env's
-answer terminator as a stop string. Tool calls run in-process, or in the tool-service when
+answer terminator as a stop string; `[summary]` restarts long contexts (summary.py in libs/harness).
+Tool calls run in-process, or in the tool-service when
 `[tools] transport = "nats"` (the factory the service passes in).
 """
 
@@ -19,6 +20,7 @@ from slipstream.engine.interface import Engine, SamplingParams
 from slipstream.engine.tokenizer import Tokenizer
 from slipstream.envs import EnvError, Environment, get_env
 from slipstream.harness import TaskRejected, rollout_episodes
+from slipstream.harness.summary import SummaryConfig
 from slipstream.rollout_worker.config import WorkerSection
 from slipstream.rollout_worker.instruments import ROLLOUT_S
 from slipstream.schemas import Episode, Task
@@ -41,8 +43,10 @@ class Sampler:
         worker_id: str,
         run_id: str,
         tools: ToolsFactory | None = None,
+        summary: SummaryConfig | None = None,
     ) -> None:
         self.engine = engine
+        self.summary = summary if summary is not None and summary.enabled else None
         self.tools = tools
         self.tokenizer = tokenizer
         self.cfg = cfg
@@ -102,6 +106,7 @@ class Sampler:
             worker_id=self.worker_id,
             run_id=task.run_id or self.run_id,
             tools=self.tools,
+            summary=self.summary,
         )
         ROLLOUT_S.observe(time.perf_counter() - t0)
         return episodes
@@ -113,3 +118,20 @@ def check_env_options(options: dict[str, dict[str, Any]]) -> None:
         if not isinstance(opts, dict):
             raise EnvError(f"[worker] env_options.{name} must be a table, got {type(opts).__name__}")
         get_env(name, **opts)
+
+
+def check_summary(summary: SummaryConfig, max_seq_len: int, max_tokens: int) -> None:
+    """A `[summary]` that cannot work with `[worker]` fails at start: its largest threshold plus a
+    summary must fit `max_seq_len`, and a summary's budget must fit one turn's `max_tokens` (a
+    turn is capped by it)."""
+    if summary.enabled and summary.mode == "summary" and summary.summary_tokens > max_tokens:
+        raise ValueError(
+            f"summary.summary_tokens {summary.summary_tokens} is more than worker.max_tokens {max_tokens}, "
+            "which caps every turn, a summary included"
+        )
+    need = summary.max_tokens + summary.summary_tokens + 64
+    if summary.enabled and max_seq_len and need > max_seq_len:
+        raise ValueError(
+            f"summary.max_tokens {summary.max_tokens} + summary.summary_tokens {summary.summary_tokens} (+ 64 for "
+            f"the request) = {need} does not fit worker.max_seq_len {max_seq_len}"
+        )

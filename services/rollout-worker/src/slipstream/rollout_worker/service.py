@@ -35,7 +35,7 @@ from slipstream.rollout_worker.instruments import sample_gauges
 from slipstream.rollout_worker.intake import TaskIntake
 from slipstream.rollout_worker.outbox import Outbox
 from slipstream.rollout_worker.pipeline import TaskPipeline
-from slipstream.rollout_worker.sampler import Sampler, check_env_options
+from slipstream.rollout_worker.sampler import Sampler, check_env_options, check_summary
 from slipstream.runtime.progress import ProgressWatch
 from slipstream.runtime.service import BaseService
 from slipstream.schemas import Task
@@ -118,6 +118,9 @@ class RolloutWorkerService(BaseService):
                 f"worker.heartbeat_s = {w.heartbeat_s} s is more than half the {DURABLE!r} durable's "
                 f"ack_wait ({ack_wait_s} s); held tasks would be redelivered while still running"
             )
+        check_summary(
+            cfg.summary, w.max_seq_len, w.max_tokens
+        )  # before the model loads: a threshold past the context is fatal
         model, tokenizer = await asyncio.to_thread(load_model, cfg.model)
         self.engine = TorchEngine(
             model,
@@ -160,7 +163,9 @@ class RolloutWorkerService(BaseService):
         if cfg.tools.transport == "nats":
             await self._connect_tools()
             tools = self._remote_tools
-        sampler = Sampler(self.engine, tokenizer, w, worker_id=self.worker_id, run_id=run_id, tools=tools)
+        sampler = Sampler(
+            self.engine, tokenizer, w, worker_id=self.worker_id, run_id=run_id, tools=tools, summary=cfg.summary
+        )
         self.outbox = Outbox(self.bus, self.store)
         self.pipeline = TaskPipeline(
             self.bus,

@@ -26,6 +26,7 @@ BENCHES: dict[str, str] = {
     "bm25": "bench_bm25",
     "serve": "bench_serve",
     "learner": "bench_learner",
+    "summary": "bench_summary",
 }
 
 

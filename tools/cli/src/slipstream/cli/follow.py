@@ -192,6 +192,7 @@ async def _follow(
         summary.train_invalid_call_rate_after = after.train_invalid_call_rate
         summary.heldout_tool_calls_after = after.tool_calls
         summary.heldout_metrics_after, summary.train_metrics_after = after.metrics, after.train_metrics
+        summary.context_after = after.context
         summary.eval_curve.append(after.row(summary.final_version))
     finally:
         for w in watchers:

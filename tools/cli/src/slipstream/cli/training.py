@@ -40,8 +40,25 @@ def initial_model(plan: TrainingPlan, run_dir: Path) -> tuple[Path, dict[str, An
     return model_dir, warm_start(plan, model_dir)
 
 
-def warm_start(plan: TrainingPlan, model_dir: Path) -> dict[str, Any]:
-    """Build the tiny model, train it briefly on reference answers, save it as version 0."""
+def summary_config(plan: TrainingPlan) -> Any:
+    """The plan's `SummaryConfig` (None when off); a bad one is a ValueError naming the field."""
+    from slipstream.harness.summary import SummaryConfig
+
+    if not plan.summary:
+        return None
+    try:
+        config = msgspec.convert(plan.summary, SummaryConfig)
+    except msgspec.ValidationError as exc:
+        raise ValueError(f"plan.summary: {exc}") from exc
+    return config if config.enabled else None
+
+
+def warm_start(plan: TrainingPlan, model_dir: Path, summary_modes: list[Any] | None = None) -> dict[str, Any]:
+    """Build the tiny model, train it briefly on reference answers, save it as version 0.
+
+    A multi-turn env's expert plays under `summary_modes` (default: the plan's summary config), task
+    i under mode i mod n, so one model can be compared under several context modes.
+    """
     import torch
 
     from slipstream.engine import build_tiny, save_pretrained
@@ -64,6 +81,7 @@ def warm_start(plan: TrainingPlan, model_dir: Path) -> dict[str, Any]:
         seed=plan.seed,
         target_accuracy=plan.sft_target_accuracy,
         check_every=plan.sft_check_every,
+        summary=summary_modes if summary_modes is not None else summary_config(plan),
     )
     save_pretrained(model, tokenizer, model_dir)
     figures.pop("losses", None)
@@ -83,6 +101,8 @@ class HeldOutScore(msgspec.Struct):
     metrics: dict[str, float] = {}
     """The env's own figures on the held-out episodes (sampled; `Environment.eval_metrics`)."""
     train_metrics: dict[str, float] = {}
+    context: dict[str, float] = {}
+    """Per episode (sampled), held-out and train: tokens over all links, sampled tokens, context restarts."""
 
     def row(self, version: int) -> dict[str, float]:
         """The eval-curve row of this score."""
@@ -96,6 +116,15 @@ class HeldOutScore(msgspec.Struct):
         out.update({f"heldout/{k}": v for k, v in self.metrics.items()})
         out.update({f"train/{k}": v for k, v in self.train_metrics.items()})
         return out
+
+
+def _context_figures(split: str, report: Any) -> dict[str, float]:
+    n = report.n or 1
+    return {
+        f"{split}_tokens_per_episode": round(report.tokens / n, 2),
+        f"{split}_sampled_tokens_per_episode": round(report.sampled_tokens / n, 2),
+        f"{split}_restarts_per_episode": round(report.restarts / n, 3),
+    }
 
 
 class HeldOut:
@@ -130,6 +159,7 @@ class HeldOut:
         self.train_tasks = self.env.generate("train", plan.train_eval_tasks, plan.seed + 7)
         self.temperature = plan.temperature
         self.samples = plan.heldout_samples
+        self.summary = summary_config(plan)
 
     async def evaluate(self, version: int | None = None, tensors: Any = None) -> HeldOutScore:
         """Sampled (rollout temperature) and greedy accuracy on the fixed held-out tasks."""
@@ -148,8 +178,9 @@ class HeldOut:
             samples_per_task=self.samples,
             params=sampled,
             concurrency=32,
+            summary=self.summary,
         )
-        g = await evaluate(self.engine, self.tokenizer, self.env, self.tasks, concurrency=64)
+        g = await evaluate(self.engine, self.tokenizer, self.env, self.tasks, concurrency=64, summary=self.summary)
         score = HeldOutScore(
             accuracy=s.accuracy,
             reward=s.mean_reward,
@@ -157,6 +188,7 @@ class HeldOut:
             invalid_call_rate=s.invalid_call_rate,
             tool_calls=s.tool_calls / s.n if s.n else 0.0,
             metrics=s.metrics,
+            context=_context_figures("heldout", s),
         )
         if self.train_tasks:
             t = await evaluate(
@@ -167,11 +199,15 @@ class HeldOut:
                 samples_per_task=self.samples,
                 params=sampled,
                 concurrency=32,
+                summary=self.summary,
             )
-            tg = await evaluate(self.engine, self.tokenizer, self.env, self.train_tasks, concurrency=64)
+            tg = await evaluate(
+                self.engine, self.tokenizer, self.env, self.train_tasks, concurrency=64, summary=self.summary
+            )
             score.train_accuracy, score.train_greedy = t.accuracy, tg.accuracy
             score.train_invalid_call_rate = t.invalid_call_rate
             score.train_metrics = t.metrics
+            score.context.update(_context_figures("train", t))
         return score
 
     async def start(self) -> None:
@@ -195,6 +231,7 @@ def run_training(
     restart: RestartPolicy | None = None,
     on_stack: Callable[[Any], None] | None = None,
     on_tap: Callable[[Any], None] | None = None,
+    init_model: tuple[Path, dict[str, Any]] | None = None,
 ) -> RunSummary:
     """Run one training end to end; never raises for a failed run (the summary says why).
 
@@ -206,6 +243,8 @@ def run_training(
     handed the running `Stack` once every service is ready (the tests' and the chaos suite's
     hook: it is called on the main thread and must return at once); `on_tap` is handed the
     trajectory `Tap` as soon as it subscribes (the chaos suite joins its ids with the learner's).
+    `init_model` (a saved model's directory and what making it did) replaces the warm-start, so
+    runs that compare one thing (e.g. `bench summary`'s two context modes) start from one model.
     """
     from slipstream.cli.follow import RunFailed, follow_run, held_out
 
@@ -220,7 +259,7 @@ def run_training(
         target = plan.sft_target_accuracy
         start = f"supervised steps on {plan.env} until greedy train accuracy {target:g} (<= {plan.sft_steps})"
     emit("phase", {"phase": "warm-start", "detail": start})
-    model_dir, summary.warmstart = initial_model(plan, run_dir)
+    model_dir, summary.warmstart = init_model if init_model is not None else initial_model(plan, run_dir)
     emit("warmstart", summary.warmstart)
     detail = f"held-out accuracy of the initial model ({plan.heldout_tasks} tasks)"
     emit("phase", {"phase": "eval", "detail": detail})
@@ -234,6 +273,7 @@ def run_training(
     summary.train_invalid_call_rate_before = before.train_invalid_call_rate
     summary.heldout_tool_calls_before = before.tool_calls
     summary.heldout_metrics_before, summary.train_metrics_before = before.metrics, before.train_metrics
+    summary.context_before = before.context
     row = before.row(0)
     summary.eval_curve.append(row)
     emit("eval", row)

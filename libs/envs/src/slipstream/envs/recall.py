@@ -1,0 +1,230 @@
+"""`recall`: facts arrive over many turns and one early fact is asked for at the end.
+
+The task family for self-summaries versus truncation (issue 14): a context budget smaller than the
+episode forces the harness to restart the context (libs/harness summary.py), and only a restart
+that carried the facts forward lets the policy answer. One episode, byte for byte:
+
+    [bos]recall\\n                 prompt
+    c=Q\\n                         observation: a fact (key letter, value: uppercase letters)
+    ok\\n                          sampled: the policy acknowledges (stops at "\\n")
+    ~qxvtspwr\\n                   observation: filler, nothing to remember
+    ok\\n
+    ...                           `turns` observations in all, `facts` of them facts
+    c?\\n                          observation: the question, about one of the facts
+    Q\\n                           sampled: the answer
+
+With summaries on, when the context reaches the group's threshold the harness appends the
+request (`SUMMARY_REQUEST`, "<summary>") and the policy writes the facts it can see
+("c=Q a=X</summary>"); the context restarts from the prompt, that summary and the line
+still waiting for an acknowledgement. With truncation (the baseline) the context restarts from
+the prompt and its last tokens, so a fact survives only if it arrived late.
+
+The task's key spells the whole episode ("cQ.aX|1.5|c|0042": facts, the turns they arrive at,
+the question, a nonce), so any process rebuilds it from `metadata["key"]`; the filler lines are a
+hash of the key.
+Held-out keys are never trained on. Scoring: `correct` (1.0) when the answer line is the value.
+
+`expert` is the scripted teacher that warm-starts the model: it acknowledges, writes every fact
+it can see into a summary, and answers from what it can see ("?" when the fact is gone, so
+its warm-start examples never teach a random guess). `expert_drop_rate` makes it imperfect: on
+that fraction of tasks its summaries leave out the first fact they could carry (so it cannot
+answer a question about it); RL has to unlearn that.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+import re
+import string
+from typing import Annotated, ClassVar
+
+import msgspec
+
+from slipstream.envs.base import Environment, Problem, Score, TaskSpec
+from slipstream.envs.context import EpisodeContext, Outcome
+from slipstream.envs.registry import register
+
+Doc = msgspec.Meta
+
+PROMPT = "recall\n"
+ACK = "ok"
+UNKNOWN = "?"  # the expert's answer when the fact is not in its context
+SUMMARY_REQUEST = "<summary>"
+SUMMARY_END = "</summary>"
+# The restart the harness writes after a summary: the summary and the number of summaries so far.
+SUMMARY_RESTART = "<summary>{summary}</summary>[{n}]\n"
+KEY_LETTERS = "abcdefgh"
+FILLER_LETTERS = "pqrstuvwxyz"
+VALUE_CHARS = string.ascii_uppercase + string.digits
+_FACT = re.compile(r"(?<![a-z])([a-h])=([A-Z0-9]+)")
+_QUESTION = re.compile(r"(?:^|\n)([a-h])\?\n$")
+_KEY = re.compile(r"^((?:[a-h][A-Z0-9]{1,3}\.)*[a-h][A-Z0-9]{1,3})\|((?:\d+\.)*\d+)\|([a-h])\|\d{4}$")
+
+
+class RecallOptions(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
+    """Options of `recall`; `get_env("recall", turns=10)`."""
+
+    facts: Annotated[int, Doc(description="Facts per episode (distinct key letters a-h).")] = 1
+    key_letters: Annotated[str, Doc(description="Letters the facts' keys are drawn from (a-h).")] = KEY_LETTERS
+    value_chars: Annotated[
+        str, Doc(description="Characters a fact's value is drawn from (uppercase letters or digits).")
+    ] = string.ascii_uppercase
+    value_len: Annotated[
+        int, Doc(description="Characters in a value: a guess succeeds 1 in len(value_chars) ** value_len.")
+    ] = 1
+    turns: Annotated[int, Doc(description="Observations before the question (facts plus filler lines).")] = 8
+    filler_len: Annotated[int, Doc(description="Letters in one filler line.")] = 8
+    early: Annotated[
+        int, Doc(description="Facts arrive within the first `early` turns (0: anywhere before the question).")
+    ] = 0
+    expert_drop_rate: Annotated[
+        float,
+        Doc(description="Fraction of tasks on which the expert's summaries leave out the first fact they could carry."),
+    ] = 0.0
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.facts <= len(KEY_LETTERS):
+            raise ValueError(f"facts must be in 1..{len(KEY_LETTERS)}, got {self.facts}")
+        if not self.facts <= self.turns <= 64:
+            raise ValueError(f"turns must be in facts..64 ({self.facts}..64), got {self.turns}")
+        if (
+            not self.key_letters
+            or not set(self.key_letters) <= set(KEY_LETTERS)
+            or len(set(self.key_letters)) < len(self.key_letters)
+        ):
+            raise ValueError(f"key_letters must be distinct letters of {KEY_LETTERS!r}, got {self.key_letters!r}")
+        if len(self.key_letters) < self.facts:
+            raise ValueError(f"need at least facts={self.facts} key_letters, got {self.key_letters!r}")
+        if not self.value_chars or not set(self.value_chars) <= set(VALUE_CHARS):
+            raise ValueError(f"value_chars must be uppercase letters or digits, got {self.value_chars!r}")
+        if not 1 <= self.value_len <= 3:
+            raise ValueError(f"value_len must be in 1..3, got {self.value_len}")
+        if not 1 <= self.filler_len <= 64:
+            raise ValueError(f"filler_len must be in 1..64, got {self.filler_len}")
+        if self.early and not self.facts <= self.early <= self.turns:
+            raise ValueError(f"early must be 0 or in facts..turns ({self.facts}..{self.turns}), got {self.early}")
+        if not 0.0 <= self.expert_drop_rate <= 1.0:
+            raise ValueError(f"expert_drop_rate must be in [0, 1], got {self.expert_drop_rate}")
+
+
+class Script(msgspec.Struct, frozen=True):
+    """One episode as its key spells it."""
+
+    facts: list[tuple[str, str]]
+    at: list[int]
+    question: str
+
+    @property
+    def answer(self) -> str:
+        return dict(self.facts)[self.question]
+
+
+def parse_key(key: str) -> Script:
+    """The episode a key spells; ValueError naming the key when it is not one."""
+    m = _KEY.match(key)
+    if not m:
+        raise ValueError(f"not a recall key: {key!r} (expected like 'cQ.aX|1.5|c|0042')")
+    facts = [(f[0], f[1:]) for f in m.group(1).split(".")]
+    at = [int(t) for t in m.group(2).split(".")]
+    if len(at) != len(facts) or m.group(3) not in dict(facts):
+        raise ValueError(f"not a recall key: {key!r} (one turn per fact, and a question about one of them)")
+    return Script(facts=facts, at=at, question=m.group(3))
+
+
+@register("recall")
+class Recall(Environment[RecallOptions]):
+    """Multi-turn memory: acknowledge each line, then answer a question about an early fact."""
+
+    version: ClassVar[str] = "1"
+    Options: ClassVar[type[msgspec.Struct]] = RecallOptions
+    components: ClassVar[tuple[str, ...]] = ("correct",)
+    warmstart_from_expert: ClassVar[bool] = True
+
+    @property
+    def max_completion_chars(self) -> int:
+        return 8
+
+    # -- tasks ----------------------------------------------------------------------------------
+
+    def sample(self, rng: random.Random) -> Problem:
+        o = self.options
+        keys = rng.sample(o.key_letters, o.facts)
+        values = ["".join(rng.choice(o.value_chars) for _ in range(o.value_len)) for _ in keys]
+        at = sorted(rng.sample(range(o.early or o.turns), o.facts))
+        question = rng.choice(keys)
+        key = ".".join(k + v for k, v in zip(keys, values, strict=True)) + "|" + ".".join(map(str, at)) + "|" + question
+        key += f"|{rng.randrange(10000):04d}"  # a nonce: its filler lines (a hash of the key) are its own
+        return Problem(key=key, prompt=PROMPT, reference=dict(zip(keys, values, strict=True))[question])
+
+    def script(self, task: TaskSpec) -> Script:
+        key = task.metadata.get("key", "")
+        script = parse_key(key)
+        if max(script.at) >= self.options.turns:
+            raise ValueError(f"recall key {key!r} places a fact past turn {self.options.turns - 1}")
+        return script
+
+    def lines(self, task: TaskSpec) -> list[str]:
+        """The `turns` observation lines of the task, facts and filler, each ending in a newline."""
+        script = self.script(task)
+        facts = dict(zip(script.at, script.facts, strict=True))
+        out = []
+        for t in range(self.options.turns):
+            if t in facts:
+                k, v = facts[t]
+                out.append(f"{k}={v}\n")
+            else:
+                digest = hashlib.blake2b(f"recall:{task.metadata.get('key')}:{t}".encode(), digest_size=32).digest()
+                letters = "".join(FILLER_LETTERS[b % len(FILLER_LETTERS)] for b in digest[: self.options.filler_len])
+                out.append(f"~{letters}\n")
+        return out
+
+    # -- the teacher --------------------------------------------------------------------------------
+
+    def _draw(self, task: TaskSpec, what: str) -> float:
+        digest = hashlib.blake2b(f"recall:{what}:{task.metadata.get('key')}".encode(), digest_size=8).digest()
+        return int.from_bytes(digest, "little") / 2**64
+
+    def expert(self, task: TaskSpec, context: str) -> str:
+        """Acknowledge; summarise every fact in view; answer from the facts in view ("?" when gone)."""
+        seen: dict[str, str] = {}
+        for k, v in _FACT.findall(context):
+            seen.setdefault(k, v)
+        if context.endswith(SUMMARY_REQUEST):
+            carried = list(seen.items())
+            if carried and self._draw(task, "drop") < self.options.expert_drop_rate:
+                carried = carried[1:]
+            return " ".join(f"{k}={v}" for k, v in carried) + SUMMARY_END
+        question = _QUESTION.search(context)
+        if question:
+            k = question.group(1)
+            if k in seen:
+                return seen[k] + self.terminator
+            return UNKNOWN + self.terminator
+        return ACK + self.terminator
+
+    # -- the episode ------------------------------------------------------------------------------
+
+    async def run(self, ctx: EpisodeContext) -> Outcome:
+        script = self.script(ctx.task)
+        thread = ctx.open(ctx.task.prompt)
+        for line in self.lines(ctx.task):
+            ctx.observe(thread, line)
+            await ctx.generate(thread, max_tokens=4, stop=[self.terminator])
+        ctx.observe(thread, f"{script.question}?\n")
+        gen = await ctx.generate(thread, max_tokens=self.max_completion_chars, stop=[self.terminator])
+        return Outcome(final_text=gen.text, finish_reason=gen.finish_reason)
+
+    # -- scoring ------------------------------------------------------------------------------------
+
+    def grade(self, task: TaskSpec, completion: str) -> Score:
+        line = completion.partition(self.terminator)[0]
+        if not line:
+            return self.failure("no answer")
+        correct = line == task.reference
+        return Score.of(
+            {"correct": 1.0 if correct else 0.0},
+            correct=correct,
+            parse_ok=True,
+            reason="correct" if correct else f"wrong: expected {task.reference}, got {line[:16]!r}",
+        )
