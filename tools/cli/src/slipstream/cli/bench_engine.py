@@ -20,8 +20,9 @@ repeat runs both systems back to back, alternating which goes first, and the fig
 median over repeats of each pair's ratio; the machine's load average is recorded with it.
 
 Learner: one optimizer step of the learner's `Trainer` (GRPO loss, fp32 master weights, bf16
-autocast as the real-model demo trains) on a batch of sequences, against a plain HF
-forward + cross-entropy + backward + AdamW step on the same token ids and the same autocast.
+autocast as the real-model demo trains, or fp32 on a CPU without a fast bf16 GEMM, as the learner
+itself falls back) on a batch of sequences, against a plain HF forward + cross-entropy + backward
++ AdamW step on the same token ids and the same precision.
 Target: engine >= 1.5x at batch 16 and 64; learner >= 1.0x.
 """
 
@@ -242,13 +243,17 @@ def _learner_figures(args: argparse.Namespace, model_dir: Path) -> dict[str, Any
     section = LearnerSection(lr=1e-5, micro_batch=n, autocast="bfloat16")
     model, _ = load_pretrained(model_dir, dtype=torch.float32, device=args.device)
     trainer = Trainer(model, section, LossConfig(), pad_id=0)
+    # Both sides run what the learner runs on this device: bf16 autocast, or fp32 where the CPU has
+    # no fast bf16 GEMM (AVX2 only; `effective_autocast`), so the comparison stays like for like.
+    bf16 = trainer.autocast == "bfloat16"
+    precision = "bf16 autocast" if bf16 else "fp32 (no fast bf16 GEMM on this CPU)"
     hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).to(args.device)
     hf_opt = torch.optim.AdamW(hf.parameters(), lr=1e-5)
     batch = ids.to(args.device)
 
     def hf_step() -> None:
         hf.train()
-        with torch.autocast(torch.device(args.device).type, dtype=torch.bfloat16):
+        with torch.autocast(torch.device(args.device).type, dtype=torch.bfloat16, enabled=bf16):
             logits = hf(input_ids=batch, attention_mask=torch.ones_like(batch)).logits[:, :-1]
         loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), batch[:, 1:].reshape(-1))
         loss.backward()
@@ -272,14 +277,14 @@ def _learner_figures(args: argparse.Namespace, model_dir: Path) -> dict[str, Any
     out = {
         "sequences": n,
         "tokens_per_sequence": length,
-        "autocast": "bfloat16",
+        "autocast": trainer.autocast or "none",
         "learner_tok_s": statistics.median(p["learner_tok_s"] for p in pairs),
         "hf_tok_s": statistics.median(p["hf_tok_s"] for p in pairs),
         "ratio": statistics.median(p["ratio"] for p in pairs),
         "repeats": pairs,
     }
     print(
-        f"learner step {n}x{length} (fp32 master, bf16 autocast): learner {out['learner_tok_s']:.0f} tok/s, "
+        f"learner step {n}x{length} (fp32 master, {precision}): learner {out['learner_tok_s']:.0f} tok/s, "
         f"HF forward+backward {out['hf_tok_s']:.0f} tok/s, ratio {out['ratio']:.2f}x",
         flush=True,
     )
