@@ -361,9 +361,10 @@ def _help_run(module: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-# What makes `--help` (and a config error) slow: the model and retrieval stacks. How fast it is
-# on a given machine is a benchmark's question; that it never loads these is this test's.
-HEAVY = ("torch", "transformers", "ray", "vllm", "bm25s", "numpy")
+# What makes `--help` (and a config error) slow: the model and retrieval stacks (seconds each;
+# numpy, a fifth of a second, comes in with the environments' registry). How fast it is on a given
+# machine is a benchmark's question; that it never loads these is this test's.
+HEAVY = ("torch", "transformers", "ray", "vllm", "bm25s", "scipy", "sklearn")
 
 
 @pytest.mark.parametrize("module", SERVICES.values())
