@@ -8,6 +8,8 @@
 - `sft_warmstart`: a short supervised phase so RL starts from a policy that sometimes succeeds.
 """
 
+from typing import TYPE_CHECKING, Any
+
 from slipstream.harness.episode import EpisodeRun, EpisodeState, Recorder, SampleBuilder
 from slipstream.harness.evaluate import EvalReport, TaskEval, evaluate, greedy_params
 from slipstream.harness.provenance import EngineCall, RecordingEngine, token_problems
@@ -26,13 +28,27 @@ from slipstream.harness.rollout import (
 )
 from slipstream.harness.scripted import ScriptedEngine
 from slipstream.harness.summary import SummarisingContext, SummaryConfig, group_threshold
-from slipstream.harness.warmstart import (
-    episode_examples,
-    expert_episodes,
-    expert_examples,
-    sft_sequence,
-    sft_warmstart,
-)
+
+# The warm-start trains with torch; it loads on first use so that importing the harness (a
+# service's config, `--help`) does not pull torch in.
+_WARMSTART = ("episode_examples", "expert_episodes", "expert_examples", "sft_sequence", "sft_warmstart")
+if TYPE_CHECKING:
+    from slipstream.harness.warmstart import (
+        episode_examples,
+        expert_episodes,
+        expert_examples,
+        sft_sequence,
+        sft_warmstart,
+    )
+
+
+def __getattr__(name: str) -> Any:
+    if name in _WARMSTART:
+        from slipstream.harness import warmstart
+
+        return getattr(warmstart, name)
+    raise AttributeError(f"module 'slipstream.harness' has no attribute {name!r}")
+
 
 __all__ = [
     "EngineCall",
