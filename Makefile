@@ -28,8 +28,8 @@ TEST_JOBS ?= 2
 
 test: install  ## unit, contract, integration (TEST_JOBS in parallel), then e2e tests; each starts its own nats-server, Redis, S3
 	@set +e; \
-	$(PY) -m pytest -m "not e2e" -n $(TEST_JOBS) $(PYTEST_ARGS); fast=$$?; \
-	$(PY) -m pytest -m e2e $(PYTEST_ARGS); e2e=$$?; \
+	$(PY) -m pytest -m "not e2e" -n $(TEST_JOBS) --durations=10 $(PYTEST_ARGS); fast=$$?; \
+	$(PY) -m pytest -m e2e --durations=0 $(PYTEST_ARGS); e2e=$$?; \
 	[ $$fast -eq 5 ] && fast=0; [ $$e2e -eq 5 ] && e2e=0; \
 	echo "make test: tiers below e2e exit $$fast, e2e exit $$e2e"; \
 	[ $$fast -eq 0 ] && [ $$e2e -eq 0 ]
