@@ -35,7 +35,7 @@ from slipstream.weights.chain import load_version
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 RUN = "sync-e2e"
-STEPS = 12
+STEPS = 30  # steps 5 -> 30 leave the late worker time to generate even on a quiet machine (12 ended in ~1 s)
 JOIN_AFTER = 5
 KEYFRAME_EVERY = 4
 
