@@ -12,6 +12,13 @@ finished every step, every fault was applied and showed what it must, trained tw
 versions announced twice, corrupted versions applied and impostor publishes stored are 0, every
 outside message on a trajectory stream was dead-lettered, and the demo summary's own accounting
 balances with them.
+
+This is also the local stack's healing test (issue 18's supervisor item): each pipeline service
+is SIGKILLed in turn mid-run, the supervisor restarts it (its restart is counted in the summary
+and in stack.json, which `slipstream status` shows), and the run completes with exactly
+max_steps x groups x group size trained: a killed learner resumed from its checkpoint and trained
+nothing twice, and nothing a killed worker or reward-model held was lost. (`--no-restart`, the
+old stop-everything behaviour, is covered by tests/integration/test_up.py and tests/unit/test_cli.py.)
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ from pathlib import Path
 import pytest
 
 from slipstream.cli.chaos import FAULTS, chaos_plan, run_chaos
+from slipstream.cli.training import PIPELINE
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -55,6 +63,15 @@ def test_the_chaos_schedule_leaves_every_must_be_zero_at_zero(tmp_path: Path) ->
     versions = out["versions"]
     assert len(versions["corrupted"]) == 1 and versions["corrupted"][0] in versions["refused_by_workers_on_fetch"]
     assert {f["why"] for f in versions["forged_announces_in_log"]} >= {"no manifest", "fence token not the signed one"}
-    assert all(out["restarts"][s] >= 1 for s in ("rollout-worker", "reward-model", "learner", "weight-publisher"))
+    # Each pipeline service was SIGKILLed once and came back (NATS and Redis restarts may add a restart).
+    kills = {f["name"].removeprefix("kill:"): f for f in out["faults"] if f["name"].startswith("kill:")}
+    assert sorted(kills) == sorted(PIPELINE), kills
+    assert all(f["detail"]["new_pid"] != f["detail"]["pid"] for f in kills.values()), kills
+    assert all(out["restarts"][s] >= 1 for s in PIPELINE), out["restarts"]
+    state = json.loads((tmp_path / "run" / "stack.json").read_text())
+    assert {n: s["restarts"] for n, s in state["services"].items()} == out["restarts"]
+    # Every version from 0 to the last was announced once; a version staged by the killed learner
+    # after its last checkpoint is never reused, so there may be one more than steps + 1.
+    assert plan.max_steps + 1 <= versions["announced"] <= plan.max_steps + 2, versions
     assert out["passed"]
     assert json.loads((tmp_path / "run" / "chaos.json").read_text())["passed"]

@@ -32,8 +32,9 @@ NOT_YET_TRAINABLE = {
 # Examples whose whole path another e2e test already runs, so a second run here would only spend
 # CI time (minutes each on 2 cores); the run file -> plan step they add is unit-tested.
 RUN_ELSEWHERE = {
-    # tests/unit/test_run_file.py holds this file equal to demo_plan("lookup"), which
-    # tests/e2e/test_tool_demo.py runs end to end, twice (in-process tool and two tool-service replicas).
+    # tests/unit/test_run_file.py holds this file equal to demo_plan("lookup"), whose path
+    # tests/e2e/test_tool_demo.py runs end to end (its tool in two tool-service replicas; the
+    # in-process tool path runs in tests/integration/test_tool_worker.py).
     "lookup": "the lookup demo plan, run end to end by tests/e2e/test_tool_demo.py",
     # The same model (SmolLM2 from its wheel), env, LoRA and bf16 rollouts as
     # tests/e2e/test_real_model_training.py, which runs them shrunk further.
