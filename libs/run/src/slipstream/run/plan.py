@@ -31,6 +31,8 @@ class TrainingPlan(msgspec.Struct, kw_only=True):
     (sft_steps is then a cap), so every seed starts RL at the same competence (0: run sft_steps)."""
     sft_check_every: int = 2
     """Supervised steps between two probes of the warm-start's target (a multi-turn probe costs more)."""
+    sft_settle_steps: int = 0
+    """With a target missed at sft_steps: up to this many more steps at the final lr, still probing."""
     group_size: int = 8
     groups_per_step: int = 8
     max_staleness: int = 2

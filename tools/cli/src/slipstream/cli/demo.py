@@ -88,7 +88,9 @@ def register(sub: Any) -> None:
 # formed, or 800 steps; it then samples the teacher's habits at temperature 1, and RL has to
 # unlearn them. The copies form late and on a cliff whose onset varies by seed (seed 2: probe
 # 0.04 after 600 steps at lr 1e-3; 0.62 after 800 at lr 3e-3; 0.000 after 1200 with the cosine
-# stretched over 1200, so the cap is also the schedule's length and stays 800). Stopped at the
+# stretched over 1200, so the cap is also the schedule's length and stays 800). A seed whose cliff
+# starts near the cap gets up to 400 settle steps at the final lr (seed 1 on an AVX2 host: probe
+# 0.009 at step 750, 0.073 at the cap). Stopped at the
 # cliff's foot (target 0.5) RL mostly removed the invalid calls (seed 0: held-out sampled 0.057
 # -> 0.068); stopped past it, success rose too (seed 0 at 0.9: 0.188 -> 0.430).
 LOOKUP_TEACHER = {"expert_guess_rate": 0.3, "expert_slip_rate": 0.4}
@@ -149,6 +151,7 @@ ENV_PLANS: dict[str, dict[str, Any]] = {
         "sft_lr": 3e-3,
         "sft_target_accuracy": 0.9,
         "sft_check_every": 25,
+        "sft_settle_steps": 400,
         "temperature": 1.0,
         "max_tokens": 64,
         "lr": 3e-4,

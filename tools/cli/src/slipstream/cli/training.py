@@ -81,6 +81,7 @@ def warm_start(plan: TrainingPlan, model_dir: Path, summary_modes: list[Any] | N
         seed=plan.seed,
         target_accuracy=plan.sft_target_accuracy,
         check_every=plan.sft_check_every,
+        settle_steps=plan.sft_settle_steps,
         summary=summary_modes if summary_modes is not None else summary_config(plan),
     )
     save_pretrained(model, tokenizer, model_dir)
