@@ -245,6 +245,21 @@ def fate(store: ObjectStore, run_id: str, version: int) -> Fate | None:
     return None
 
 
+def decided_after(store: ObjectStore, run_id: str, version: int) -> int | None:
+    """The newest version above `version` that is committed or abandoned, or None (lists the run's versions).
+
+    Rank 0's publisher settles versions in order, so one settled above `version` while `version`
+    is not means rank 0 never had `version` staged: it will never be settled."""
+    prefix = layout.version_prefix(run_id, 0).rsplit("/", 1)[0] + "/"
+    names = (
+        "/" + layout.manifest_key(run_id, 0).rsplit("/", 1)[1],
+        "/" + layout.abandoned_key(run_id, 0).rsplit("/", 1)[1],
+    )
+    found = [layout.version_of_manifest_key(k) for k in store.list(prefix) if k.endswith(names)]
+    later = [v for v in found if v > version]
+    return max(later, default=None)
+
+
 def split_parts(manifest: WeightManifest) -> list[tuple[WeightManifest, slice]]:
     """A merged manifest as one sub-manifest per part (shard indices local to the part) and its slice of the shards.
 

@@ -26,7 +26,16 @@ from slipstream.trust import SigningKey, sign_manifest
 from slipstream.weight_publisher.codec import StoredVersion
 from slipstream.weights import layout, read_manifest
 from slipstream.weights.chain import latest_version, load_version
-from slipstream.weights.parts import PartsError, abandon, commit_merged, fate, merge_parts, publish_part, read_parts
+from slipstream.weights.parts import (
+    PartsError,
+    abandon,
+    commit_merged,
+    decided_after,
+    fate,
+    merge_parts,
+    publish_part,
+    read_parts,
+)
 from slipstream.weights.snapshot import VersionExists
 
 if TYPE_CHECKING:
@@ -39,6 +48,11 @@ PARTS_STORED = counter("publisher/parts/stored", "Rank parts stored (label exist
 ABANDONED = counter(
     "publisher/parts/abandoned",
     "Versions never committed nor announced because a rank's part did not arrive or did not fit (label reason).",
+)
+
+ORPHANED = counter(
+    "publisher/parts/orphaned",
+    "Parts dropped by a rank > 0 because rank 0 settled later versions without ever having this one staged.",
 )
 
 
@@ -202,7 +216,14 @@ class PartStore:
                 return
             if settled == "abandoned":
                 raise VersionAbandoned(self._abandon_reason(version))
-            if self.stopping() or time.monotonic() >= deadline:
+            if self.stopping():
+                raise PartPending(f"version {version}: stopping while rank 0 has not committed or abandoned it")
+            if time.monotonic() >= deadline:
+                later = decided_after(self.store, self.run_id, version)
+                if later is not None:
+                    # Rank 0 settles versions in order: it went past this one without ever having it staged.
+                    ORPHANED.add(1)
+                    raise VersionAbandoned(f"version {version}: rank 0 settled version {later} and never this one")
                 raise PartPending(f"version {version}: rank 0 has not committed or abandoned it yet")
             time.sleep(self.poll_s)
 
