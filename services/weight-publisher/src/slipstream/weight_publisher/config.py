@@ -24,7 +24,10 @@ class PublisherSection(msgspec.Struct, kw_only=True, forbid_unknown_fields=True)
 
     staging_dir: Annotated[
         str,
-        Doc(description="Directory the learner stages v<version>.safetensors into (same as [learner] staging_dir)."),
+        Doc(
+            description="Directory the learner stages v<version>.safetensors into (same as [learner] staging_dir); "
+            "with ranks > 1 this publisher watches its rank's <staging_dir>/rank-<rank>."
+        ),
     ] = ".slipstream/staging"
     poll_interval_s: Annotated[
         float, Doc(description="Pause between two scans of the staging directory when it is empty.", gt=0)
