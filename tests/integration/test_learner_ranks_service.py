@@ -25,7 +25,7 @@ from slipstream.learner.service import LearnerService
 from slipstream.runtime.config import resolve
 from slipstream.stack import Server
 from slipstream.store import LocalObjectStore
-from slipstream.weights.staging import list_staged
+from slipstream.weights.staging import list_staged, load_staged
 
 pytestmark = [
     pytest.mark.integration,
@@ -104,6 +104,12 @@ async def test_two_ranks_train_commit_and_one_process_resumes(nats_server: Serve
         (3, 3, 2, 8),
     ]
     assert all(s.grad_norm > 0 for s in steps)
-    assert [s.version for s in list_staged(tmp_path / "staging")] == [0, 1, 2, 3]
+    # The 2 ranks staged their parts of versions 0-2 (disjoint halves of the state); one process stages whole.
+    parts = [list_staged(tmp_path / "staging" / f"rank-{r}") for r in range(2)]
+    assert [[s.version for s in staged] for staged in parts] == [[0, 1, 2], [0, 1, 2]]
+    halves = [set(load_staged(staged[0])) for staged in parts]
+    assert halves[0] and halves[1] and not halves[0] & halves[1]
+    assert halves[0] | halves[1] == set(load_staged(list_staged(tmp_path / "staging")[0]))
+    assert [s.version for s in list_staged(tmp_path / "staging")] == [3]
     trained = sorted(o.trajectory_id for o in read_outcomes(tmp_path / "outcomes.jsonl") if o.outcome == "trained")
     assert trained == sorted(s.trajectory.trajectory_id for g in groups for s in g)

@@ -283,3 +283,41 @@ def test_each_run_gets_a_signing_key_only_the_publisher_holds(tmp_path: Path) ->
     other._trust = other._run_key()
     assert other.signing_key_id == mine.key_id
     assert json.loads(other.service_env("task-source", 3)["SLIPSTREAM_TRUST__TRUSTED_KEYS"]) == [mine.public]
+
+
+def test_learner_ranks_start_one_weight_publisher_per_rank(tmp_path: Path) -> None:
+    from slipstream.runtime.config import resolve
+    from slipstream.weight_publisher.config import WeightPublisherConfig
+
+    # Asked for by the run's config variables (a run file's [learner] ranks renders to this one).
+    stack = _stack_with_fake_servers(tmp_path, env={"SLIPSTREAM_LEARNER__RANKS": "2"})
+    assert stack.spec.learner_ranks == 2
+    names = stack.spec.process_names()
+    assert names == (
+        "rollout-worker",
+        "reward-model",
+        "learner",
+        "weight-publisher",
+        "weight-publisher-1",
+        "eval-gate",
+        "task-source",
+    )
+    stack._trust = stack._run_key()
+    configs = [resolve(WeightPublisherConfig, environ=stack.service_env(n, 1)) for n in names if "publisher" in n]
+    assert [(c.publisher.rank, c.publisher.ranks) for c in configs] == [(0, 2), (1, 2)]
+    # Both sign with the run's key and connect as the weight-publisher's own user.
+    second = stack.service_env("weight-publisher-1", 1)
+    assert (
+        second["SLIPSTREAM_TRUST__SIGNING_KEY"]
+        == stack.service_env("weight-publisher", 2)["SLIPSTREAM_TRUST__SIGNING_KEY"]
+    )
+    assert second["SLIPSTREAM_BUS__USER"] == "weight-publisher"
+    assert stack.service_env("learner", 3)["SLIPSTREAM_LEARNER__RANKS"] == "2"
+    # One rank: one publisher, told nothing about ranks (the classic whole-version path).
+    one = _stack_with_fake_servers(tmp_path / "one")
+    assert (
+        one.spec.process_names().count("weight-publisher") == 1 and "weight-publisher-1" not in one.spec.process_names()
+    )
+    assert "SLIPSTREAM_PUBLISHER__RANK" not in one.service_env("weight-publisher", 1)
+    with pytest.raises(ValueError, match="SLIPSTREAM_LEARNER__RANKS='two' is not a whole number"):
+        _stack_with_fake_servers(tmp_path / "bad", env={"SLIPSTREAM_LEARNER__RANKS": "two"})

@@ -257,3 +257,30 @@ def test_a_summary_the_services_cannot_use_fails_before_anything_starts() -> Non
         check_summary(config, 0, 32)
     check_summary(config, 2048, 64)
     assert summary_config(TrainingPlan()) is None
+
+
+def test_learner_ranks_in_a_run_file_reach_the_learner_and_the_stack(tmp_path: Path) -> None:
+    import argparse
+
+    from slipstream.cli.spec import StackSpec
+    from slipstream.cli.up import with_run_file
+    from slipstream.learner.config import LearnerConfig
+
+    path = tmp_path / "ranks.toml"
+    path.write_text('name = "ranks"\n[learner]\nranks = 2\n')
+    plan = load(path).plan()
+    assert plan.learner_ranks == 2
+    environ = service_env(plan, Path("/m"), Path("/staging"), Path("/outcomes.jsonl"))
+    assert resolve(LearnerConfig, environ=environ).learner.ranks == 2
+    # `slipstream up --run` starts a weight-publisher per rank.
+    spec = with_run_file(StackSpec(run_dir=tmp_path / "run"), path, argparse.ArgumentParser())
+    assert spec.normalized().process_names().count("weight-publisher-1") == 1
+    # Without the key: one rank, and the run's config says nothing about ranks.
+    assert load(DEV_RUN).plan().learner_ranks == 1
+    assert "SLIPSTREAM_LEARNER__RANKS" not in service_env(load(DEV_RUN).plan(), Path("/m"), Path("/s"), Path("/o"))
+    path.write_text("[learner]\nranks = 0\n")
+    with pytest.raises(ValueError, match=r"\[learner\] ranks must be >= 1, got 0"):
+        load(path).plan()
+    path.write_text("[learner]\nrank = 2\n")
+    with pytest.raises(RunFileError, match=r"ranks.toml:2: unknown key \[learner\] 'rank' \(known: ranks\)"):
+        load(path)

@@ -75,6 +75,9 @@ class TrainingPlan(msgspec.Struct, kw_only=True):
     max_tokens, summary_tokens, max_summaries, request, stop, restart_template); {}: none."""
     sample_weighting: str = "token"
     """[learner] sample_weighting: "token" (each link of a chain weight 1) or "episode" (each link 1/N)."""
+    learner_ranks: int = 1
+    """[learner] ranks: > 1 trains on that many Ray rank actors, each publishing its part of every version
+    through its own weight-publisher (the local stack starts one per rank)."""
 
 
 class RunSummary(msgspec.Struct, kw_only=True):
@@ -195,6 +198,10 @@ def run_env(plan: TrainingPlan) -> dict[str, str]:
         # eval-gate: the suite is the run's environment, with the same options as training
         "SLIPSTREAM_GATE__ENVS": json.dumps([plan.env]),
     }
+    if plan.learner_ranks > 1:
+        # The publishers' rank and ranks are per process: the local stack sets them (a cluster runs
+        # one publisher sidecar per rank, each with its own SLIPSTREAM_PUBLISHER__RANK).
+        env["SLIPSTREAM_LEARNER__RANKS"] = str(plan.learner_ranks)
     env.update(summary_env(plan.summary))
     if env_options:
         env["SLIPSTREAM_TASKS__ENV_OPTIONS"] = env_options

@@ -24,6 +24,8 @@ Sections (every key optional; what is left out keeps `TrainingPlan`'s default):
                  restart_template, and loss_weighting ("token" | "episode": the learner's weight of
                  a chain's links). Read by the rollout workers as [summary], the learner's
                  sample_weighting, and the local run's held-out evals and warm-start.
+    [learner]    ranks (> 1: the learner trains on that many Ray rank actors, FSDP2, and the local stack
+                 starts one weight-publisher per rank, each publishing its rank's part of every version)
     [replicas]   rollout-worker, reward-model, eval-gate (the cluster's replica counts); tool-service
                  (> 0: the env's tools run in that many tool-service replicas, locally too)
     [infra]      nats_url, redis_url, store: reuse running servers / an S3 store ("" = start locally)
@@ -121,6 +123,10 @@ class RolloutSection(_Section):
     summary: SummarySection | None = None
 
 
+class LearnerSection(_Section):
+    ranks: int | None = None
+
+
 class ReplicasSection(_Section, rename="kebab"):
     rollout_worker: int = 1
     reward_model: int = 1
@@ -147,6 +153,7 @@ class RunFile(_Section):
     warmstart: WarmstartSection = msgspec.field(default_factory=WarmstartSection)
     eval: EvalSection = msgspec.field(default_factory=EvalSection)
     rollout: RolloutSection = msgspec.field(default_factory=RolloutSection)
+    learner: LearnerSection = msgspec.field(default_factory=LearnerSection)
     replicas: ReplicasSection = msgspec.field(default_factory=ReplicasSection)
     infra: InfraSection = msgspec.field(default_factory=InfraSection)
 
@@ -159,13 +166,14 @@ class RunFile(_Section):
             ("env", "options"): "env_options",
             ("rollout", "max_batch"): "worker_max_batch",
             ("rollout", "tasks_in_flight"): "worker_tasks_in_flight",
+            ("learner", "ranks"): "learner_ranks",
         }
         if self.replicas.tool_service:
             fields["tool_service_replicas"] = self.replicas.tool_service
         for top in ("seed", "timeout_s"):
             if getattr(self, top) is not None:
                 fields[top] = getattr(self, top)
-        for section in ("model", "env", "algorithm", "batch", "warmstart", "eval", "rollout"):
+        for section in ("model", "env", "algorithm", "batch", "warmstart", "eval", "rollout", "learner"):
             for key, value in msgspec.structs.asdict(getattr(self, section)).items():
                 if value is not None and (section, key) != ("rollout", "summary"):
                     fields[renames.get((section, key), key)] = value
@@ -177,6 +185,8 @@ class RunFile(_Section):
             if summary:
                 summary.setdefault("enabled", True)  # a [rollout.summary] table that says nothing else means it
                 fields["summary"] = summary
+        if self.learner.ranks is not None and self.learner.ranks < 1:
+            raise ValueError(f"[learner] ranks must be >= 1, got {self.learner.ranks}")
         return msgspec.convert(fields, TrainingPlan)
 
 

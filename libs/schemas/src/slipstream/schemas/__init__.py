@@ -31,17 +31,27 @@ from slipstream.schemas.learner import LearnerStep
 from slipstream.schemas.packing import pack_floats, pack_ids, pack_mask, unpack_floats, unpack_ids, unpack_mask
 from slipstream.schemas.rollout import PolicySegment, ScoredTrajectory, Task, Timings, Trajectory, Turn
 from slipstream.schemas.tools import ToolReply, ToolRequest
-from slipstream.schemas.weights import ShardRef, TensorEntry, WeightAnnounce, WeightManifest, WeightsPromoted
+from slipstream.schemas.weights import (
+    AbandonedVersion,
+    PartRef,
+    ShardRef,
+    TensorEntry,
+    WeightAnnounce,
+    WeightManifest,
+    WeightsPromoted,
+)
 
 __all__ = [
     "MESSAGE_TYPES",
     "SCHEMA_HEADER",
     "UPGRADES",
+    "AbandonedVersion",
     "DeadLetter",
     "Episode",
     "EpisodeRef",
     "EvalResult",
     "LearnerStep",
+    "PartRef",
     "PolicySegment",
     "Sample",
     "SchemaError",

@@ -35,6 +35,20 @@ class TensorEntry(msgspec.Struct, kw_only=True):
     encoding: Annotated[str, Doc(description="'full', 'xor' or 'sparse' (relative to base_version).")] = "full"
 
 
+class PartRef(msgspec.Struct, kw_only=True):
+    """One learner rank's part of a version published per rank (`WeightManifest.parts`)."""
+
+    rank: Annotated[int, Doc(description="The learner rank whose weight-publisher stored this part.")]
+    shards: Annotated[
+        int, Doc(description="How many of WeightManifest.shards, in order after the earlier parts', are this part's.")
+    ]
+    keyframe: Annotated[bool, Doc(description="The part holds its tensors in full (needs no base).")] = True
+    base_version: Annotated[
+        int | None, Doc(description="Version a delta part applies onto (the manifest's base_version); None: keyframe.")
+    ] = None
+    key: Annotated[str, Doc(description="Object-store key of the part record its publisher wrote.")] = ""
+
+
 class WeightManifest(msgspec.Struct, kw_only=True):
     """The commit record of one weight version; written last, write-once."""
 
@@ -70,6 +84,30 @@ class WeightManifest(msgspec.Struct, kw_only=True):
         str,
         Doc(description="Base64 ed25519 signature over every other field (slipstream.trust.signing); empty: unsigned."),
     ] = ""
+    parts: Annotated[
+        list[PartRef],
+        Doc(
+            description="A version published per learner rank: each rank's part, in rank order, owning a run of "
+            "`shards` (tensor shard indices stay global). Empty: one publisher stored the whole version."
+        ),
+    ] = []
+
+
+class AbandonedVersion(msgspec.Struct, kw_only=True):
+    """A version published per rank that will never be committed (a rank's part never arrived or did not fit).
+
+    Stored write-once beside where its manifest would be, by the rank-0 weight-publisher; the other
+    ranks' publishers read it to know the version's fate and encode the next one against the last
+    committed version instead."""
+
+    SCHEMA: ClassVar[str] = "AbandonedVersion"
+    VERSION: ClassVar[int] = 1
+
+    policy_version: int
+    run_id: str = ""
+    reason: Annotated[str, Doc(description="Why: the ranks whose part is missing, or how the parts disagree.")] = ""
+    missing_ranks: list[int] = []
+    abandoned_at: float = 0.0
 
 
 class WeightAnnounce(msgspec.Struct, kw_only=True):

@@ -167,6 +167,8 @@ def decode_version(
         raise WeightsError(
             f"version {manifest.policy_version}: {len(shards)} shards given, manifest lists {len(manifest.shards)}"
         )
+    if manifest.parts:
+        return _decode_parts(manifest, shards, base, base_version=base_version, out=out, threads=threads)
     codecs = {s.codec for s in manifest.shards}
     if codecs == {"raw"} or not manifest.shards:
         decoded = decode_snapshot(manifest, list(shards))  # a full snapshot from publish_snapshot
@@ -228,6 +230,41 @@ def decode_version(
         raise WeightsError(f"version {manifest.policy_version} decoded to content that does not match its fingerprint")
     if out is not None:
         out.update(result)
+    return result
+
+
+def _decode_parts(
+    manifest: WeightManifest,
+    shards: Sequence[bytes],
+    base: Mapping[str, torch.Tensor] | None,
+    *,
+    base_version: int | None,
+    out: MutableMapping[str, torch.Tensor] | None,
+    threads: int,
+) -> dict[str, torch.Tensor]:
+    """A version published per rank: each part decoded on its own (its own fingerprints), into one result.
+
+    Decoding in place into the base, every delta part's base is checked before any part is written,
+    so a BaseMismatch still leaves the base as it was."""
+    from slipstream.weights.parts import split_parts  # parts builds on the encoder, beside this module
+
+    split = split_parts(manifest)
+    if base is not None and out is not None and shares_memory(out.values(), base.values()):
+        for part, (sub, sl) in zip(manifest.parts, split, strict=True):
+            if not sub.keyframe:
+                _check_base(sub, base, base_version)
+                table = read_shard(shards[sl][0], sub.shards[0].key)
+                based = {
+                    e.name: _part(e, bits(base[e.name]).view(np.uint8)) for e in sub.tensors if e.encoding != "full"
+                }
+                if combine(based) != table.base_fingerprint:
+                    raise BaseMismatch(
+                        f"version {manifest.policy_version}: the base's content is not version "
+                        f"{manifest.base_version} (the fingerprint of rank {part.rank}'s part differs)"
+                    )
+    result: dict[str, torch.Tensor] = {}
+    for sub, sl in split:
+        result.update(decode_version(sub, shards[sl], base, base_version=base_version, out=out, threads=threads))
     return result
 
 

@@ -3,8 +3,10 @@
 They share a pod (an in-memory volume) in production and a directory on a laptop. The learner
 writes `v<version>.safetensors` via a temp file and a rename, so the publisher never reads a
 partial file, and goes on training; the publisher picks staged versions up in order, publishes
-them and removes them. Metadata (version, end of the optimizer step, and what the learner adds:
-its fence, its step's trace context) rides in the safetensors header.
+them and removes them. A learner with N ranks stages each rank's part of a version into
+`<staging_dir>/rank-<r>` (`rank_staging_dir`), watched by that rank's publisher. Metadata
+(version, end of the optimizer step, and what the learner adds: its fence, its step's trace
+context) rides in the safetensors header.
 """
 
 from __future__ import annotations
@@ -29,6 +31,14 @@ class Staged:
     step_finished_at: float
     metadata: Mapping[str, str] = field(default_factory=dict, compare=False, hash=False)
     """The file's whole metadata as staged (fence, the step's trace context, ...)."""
+
+
+def rank_staging_dir(staging_dir: str | Path, rank: int, ranks: int) -> Path:
+    """Where rank `rank` of a `ranks`-rank learner stages its part of each version (and its publisher watches):
+    `staging_dir` itself for one rank, `<staging_dir>/rank-<rank>` otherwise."""
+    if not 0 <= rank < max(ranks, 1):
+        raise ValueError(f"rank {rank} is not one of {ranks} ranks")
+    return Path(staging_dir) if ranks <= 1 else Path(staging_dir) / f"rank-{rank}"
 
 
 def staged_path(staging_dir: str | Path, version: int) -> Path:

@@ -82,7 +82,11 @@ class LearnerSection(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         float, Doc(description="Drop a group as incomplete_group when it is not full this long after its first member.")
     ] = 120.0
     staging_dir: Annotated[
-        str, Doc(description="Directory the new weights are staged in for the weight-publisher (shared with it).")
+        str,
+        Doc(
+            description="Directory the new weights are staged in for the weight-publisher (shared with it); with "
+            "ranks > 1, rank r stages its part of each version into <staging_dir>/rank-<r> for its own publisher."
+        ),
     ] = ".slipstream/staging"
     weights_dtype: Annotated[
         WeightsDtype, Doc(description="dtype of the staged weights; empty = the model's own dtype.")

@@ -9,6 +9,10 @@ Tied parameters (an lm_head sharing the embedding) are staged once, under their 
 safetensors refuses aliased tensors and the engine accepts either name for a tied weight. A model
 with frozen parameters (LoRA: `[model] lora_rank` > 0) stages only what trains, the adapters: the
 workers hold the same frozen base from their own `[model]`, so a version is a few MB, not the model.
+
+With `[learner] ranks` > 1 (`RankHandoff`), each rank actor stages its own part of every version
+into `<staging_dir>/rank-<r>` for its own weight-publisher (slipstream.weights.parts: the
+partition, and how rank 0's publisher commits one manifest naming every part).
 """
 
 from __future__ import annotations
@@ -16,11 +20,16 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
-from slipstream.weights.staging import list_staged, stage
+from slipstream.weights.staging import list_staged, rank_staging_dir, stage
+
+if TYPE_CHECKING:
+    from slipstream.learner.ranks import RankGroup
+    from slipstream.learner.trainer import Trainer
 
 DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -74,7 +83,59 @@ class WeightHandoff:
         extra = {**(fence or {}), **(trace_context or {})}
         return stage(self.staging_dir, version, tensors, step_finished_at=step_finished_at or time.time(), extra=extra)
 
+    def stage_step(
+        self,
+        version: int,
+        trainer: Trainer | RankGroup,
+        *,
+        step_finished_at: float | None = None,
+        fence: Mapping[str, str] | None = None,
+        trace_context: Mapping[str, str] | None = None,
+    ) -> list[Path]:
+        """Stage `version` of what `trainer` trains (see `stage`); the staged files."""
+        path = self.stage(
+            version, trainer.model, step_finished_at=step_finished_at, fence=fence, trace_context=trace_context
+        )
+        return [path]
+
     def highest_staged(self) -> int:
         """The newest version waiting in the staging directory, or -1 when there is none."""
         staged = list_staged(self.staging_dir)
         return staged[-1].version if staged else -1
+
+
+class RankHandoff:
+    """Stages versions of a model trained by N rank actors: each rank writes its own part for its own publisher."""
+
+    def __init__(self, staging_dir: str | Path, ranks: int, *, dtype: str = "") -> None:
+        if ranks < 2:
+            raise ValueError(f"a RankHandoff needs ranks >= 2, got {ranks} (one rank stages with WeightHandoff)")
+        if dtype and dtype not in DTYPES:
+            raise ValueError(f"staged weights dtype {dtype!r} is not one of {', '.join(DTYPES)} (or empty)")
+        self.staging_dir = Path(staging_dir)
+        self.ranks = ranks
+        self.dtype = dtype
+
+    def stage_step(
+        self,
+        version: int,
+        trainer: Trainer | RankGroup,
+        *,
+        step_finished_at: float | None = None,
+        fence: Mapping[str, str] | None = None,
+        trace_context: Mapping[str, str] | None = None,
+    ) -> list[Path]:
+        """Every rank stages its part of `version` (blocking; call it off the event loop); the staged files.
+
+        `fence` and `trace_context` go into every part's metadata, as `WeightHandoff.stage` does."""
+        if not hasattr(trainer, "stage_parts"):
+            raise TypeError(f"ranks = {self.ranks} stages through a RankGroup, got {type(trainer).__name__}")
+        extra = {**(fence or {}), **(trace_context or {})}
+        return trainer.stage_parts(
+            version, self.staging_dir, dtype=self.dtype, step_finished_at=step_finished_at or time.time(), extra=extra
+        )
+
+    def highest_staged(self) -> int:
+        """The newest version waiting in any rank's staging directory, or -1 when there is none."""
+        found = [list_staged(rank_staging_dir(self.staging_dir, r, self.ranks)) for r in range(self.ranks)]
+        return max((staged[-1].version for staged in found if staged), default=-1)

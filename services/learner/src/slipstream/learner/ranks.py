@@ -14,8 +14,10 @@ nothing), as every pass is a sequence of collectives that all ranks must join in
 
 Every rank builds the policy from the same `[model]` source (a seeded preset or an HF directory),
 so all start from the same weights. The driver keeps an unsharded mirror of the policy, refreshed
-from the ranks on demand (`gathered_model`), for staging versions and evaluation; checkpoints go
-through torch.distributed.checkpoint (`sharded_checkpoint`), readable at any rank count.
+from the ranks on demand (`gathered_model`), for checkpoints' weights and evaluation; checkpoints go
+through torch.distributed.checkpoint (`sharded_checkpoint`), readable at any rank count. Versions
+are staged by the ranks themselves (`stage_parts`): rank r writes its part (a fixed partition of
+the tensor names) into `<staging_dir>/rank-<r>`, which its own weight-publisher stores.
 
 Ray is imported only here, and only when a `RankGroup` is made: `ranks = 1` never imports it.
 """
@@ -131,6 +133,38 @@ class RankWorker:
             return None
         return {name: value for name, value in state.items() if isinstance(value, torch.Tensor)}
 
+    def stage_part(
+        self,
+        version: int,
+        names: list[str],
+        staging_dir: str,
+        dtype: str,
+        step_finished_at: float,
+        extra: dict[str, str],
+    ) -> str:
+        """Stage this rank's part of `version` (the tensors `names`) for its weight-publisher; a collective.
+
+        Every rank gathers every parameter in full (FSDP2 all-gathers each) and keeps only its own
+        names, so the file holds whole tensors: the publisher and the workers never see FSDP's slices.
+        """
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        from slipstream.learner.handoff import DTYPES
+        from slipstream.weights.staging import rank_staging_dir, stage
+
+        state = get_model_state_dict(self._trainer().model, options=StateDictOptions(full_state_dict=True))
+        target = DTYPES.get(dtype)
+        tensors = {}
+        for name in names:
+            value = state[name]
+            if not isinstance(value, torch.Tensor):
+                raise TypeError(f"rank {self.rank}: state entry {name!r} is a {type(value).__name__}, not a tensor")
+            t = value.detach().to("cpu")
+            tensors[name] = t.to(target) if target is not None and t.is_floating_point() else t
+        meta = {**extra, "rank": str(self.rank), "ranks": str(self.world)}
+        where = rank_staging_dir(staging_dir, self.rank, self.world)
+        return str(stage(where, version, tensors, step_finished_at=step_finished_at, extra=meta))
+
     def save(self, path: str) -> None:
         trainer = self._trainer()
         save_state(trainer.model, trainer.optimizer, path)
@@ -211,6 +245,7 @@ class RankGroup:
         self.pad_id = tokenizer.pad_id
         self.attention_weight = attention_weight_for(int(self.mirror.config.hidden_size))
         self.last_split: Split | None = None
+        self._part_names: list[list[str]] | None = None
         self._mirror_step = 0
         self._steps = 0
 
@@ -254,6 +289,33 @@ class RankGroup:
         state = states[0]
         assert state is not None
         return state
+
+    def part_names(self) -> list[list[str]]:
+        """The tensor names each rank stages (`slipstream.weights.parts.partition` of what a version holds)."""
+        if self._part_names is None:
+            from slipstream.learner.handoff import unique_state
+            from slipstream.weights.parts import partition
+
+            state = unique_state(self.mirror)
+            self._part_names = partition([(n, t.numel() * t.element_size()) for n, t in state.items()], self.world)
+        return self._part_names
+
+    def stage_parts(
+        self,
+        version: int,
+        staging_dir: str | Path,
+        *,
+        dtype: str = "",
+        step_finished_at: float,
+        extra: dict[str, str] | None = None,
+    ) -> list[Path]:
+        """Every rank stages its part of `version` into `<staging_dir>/rank-<r>`, for that rank's publisher."""
+        names = self.part_names()
+        refs = [
+            a.stage_part.remote(version, names[r], str(staging_dir), dtype, step_finished_at, dict(extra or {}))
+            for r, a in enumerate(self.actors)
+        ]
+        return [Path(p) for p in self._get(refs, "stage their parts of a version")]
 
     def gathered_model(self) -> nn.Module:
         """The driver's unsharded mirror, refreshed from the ranks if a step ran since the last refresh."""

@@ -21,7 +21,7 @@ import torch
 
 from slipstream.bus import Bus
 from slipstream.learner.checkpoint import Checkpoints, restore
-from slipstream.learner.handoff import WeightHandoff
+from slipstream.learner.handoff import RankHandoff, WeightHandoff
 from slipstream.learner.trainer import Trainer
 from slipstream.schemas import WeightAnnounce
 from slipstream.schemas.subjects import WEIGHTS_ANNOUNCE
@@ -91,7 +91,7 @@ async def resume(
     bus: Bus,
     store: ObjectStore,
     checkpoints: Checkpoints,
-    handoff: WeightHandoff,
+    handoff: WeightHandoff | RankHandoff,
     trainer: Trainer | RankGroup,
     seed: int,
     announce_timeout_s: float,
@@ -116,7 +116,7 @@ async def resume(
     staged = await asyncio.to_thread(handoff.highest_staged)
     version = current_version(checkpoint=ckpt_version, announced=announced, published=published, staged=staged)
     if version < 0:
-        await asyncio.to_thread(handoff.stage, 0, trainer.model)
+        await asyncio.to_thread(handoff.stage_step, 0, trainer)
         version = 0
     return ResumePoint(
         step=ckpt.meta.step if ckpt is not None else 0,

@@ -50,7 +50,7 @@ from slipstream.learner.checkpoint import Checkpoints
 from slipstream.learner.claims import Claims
 from slipstream.learner.commit import Committer, Entry, quietly
 from slipstream.learner.config import LearnerConfig
-from slipstream.learner.handoff import WeightHandoff
+from slipstream.learner.handoff import RankHandoff, WeightHandoff
 from slipstream.learner.instruments import PENDING_GROUPS, READY_GROUPS, RECEIVED, REDELIVERED, STEP_VERSION
 from slipstream.learner.intake import Drop, Group, Intake
 from slipstream.learner.lead import Lead, confirmed
@@ -104,7 +104,11 @@ class LearnerService(BaseService):
         self.trainer: Trainer | RankGroup | None = None
         self.intake: Intake[Delivery[ScoredEpisode]] | None = None
         self.checkpoints: Checkpoints | None = None
-        self.handoff = WeightHandoff(self.section.staging_dir, dtype=self.section.weights_dtype)
+        self.handoff: WeightHandoff | RankHandoff = (
+            WeightHandoff(self.section.staging_dir, dtype=self.section.weights_dtype)
+            if self.section.ranks == 1
+            else RankHandoff(self.section.staging_dir, self.section.ranks, dtype=self.section.weights_dtype)
+        )
         self.ledger = TrainedLedger(self.section.keep_checkpoints)
         self.outcomes = OutcomeLog(self.section.outcomes_path)
         self.progress = Progress()
@@ -350,9 +354,9 @@ class LearnerService(BaseService):
         trace_context: dict[str, str] = {}
         inject(trace_context)
         await asyncio.to_thread(
-            self.handoff.stage,
+            self.handoff.stage_step,
             p.version,
-            self.trainer.model,
+            self.trainer,
             step_finished_at=finished_at,
             fence=self.lead.fence() if self.lead is not None else None,
             trace_context=trace_context,

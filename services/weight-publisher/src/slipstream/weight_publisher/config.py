@@ -24,7 +24,10 @@ class PublisherSection(msgspec.Struct, kw_only=True, forbid_unknown_fields=True)
 
     staging_dir: Annotated[
         str,
-        Doc(description="Directory the learner stages v<version>.safetensors into (same as [learner] staging_dir)."),
+        Doc(
+            description="Directory the learner stages v<version>.safetensors into (same as [learner] staging_dir); "
+            "with ranks > 1 this publisher watches its rank's <staging_dir>/rank-<rank>."
+        ),
     ] = ".slipstream/staging"
     poll_interval_s: Annotated[
         float, Doc(description="Pause between two scans of the staging directory when it is empty.", gt=0)
@@ -58,6 +61,31 @@ class PublisherSection(msgspec.Struct, kw_only=True, forbid_unknown_fields=True)
     control_timeout_s: Annotated[
         float, Doc(description="Bound on each Redis operation of the fence check ([service] redis_url).", gt=0)
     ] = 2.0
+    ranks: Annotated[
+        int,
+        Doc(
+            description="The learner's rank count ([learner] ranks). 1 = this publisher stores whole versions; "
+            "N > 1 = one publisher per rank, each storing its rank's part from <staging_dir>/rank-<rank>.",
+            ge=1,
+        ),
+    ] = 1
+    rank: Annotated[
+        int, Doc(description="With ranks > 1: the learner rank whose part this publisher stores (0 commits).", ge=0)
+    ] = 0
+    part_timeout_s: Annotated[
+        float,
+        Doc(
+            description="With ranks > 1, rank 0: how long after storing its own part to wait for the other ranks' "
+            "parts before abandoning the version (never announced).",
+            gt=0,
+        ),
+    ] = 60.0
+
+    def __post_init__(self) -> None:
+        if self.rank >= self.ranks:
+            raise ValueError(f"rank must be below ranks ({self.ranks}), got {self.rank}")
+        if self.ranks > 1 and self.codec != "delta":
+            raise ValueError(f"ranks > 1 publishes parts with the delta codec; codec {self.codec!r} is not supported")
 
 
 class WeightPublisherConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):

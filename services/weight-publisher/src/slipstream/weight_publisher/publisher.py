@@ -10,6 +10,10 @@ the file, and the next attempt finishes the job.
 
 With a control plane, the fence (`fence.py`) is asked right before the store and again right
 before the announce: a version whose learner no longer leads the run is never announced.
+
+With `parts` (a publisher per learner rank, `parts.py`), the store step stores this rank's part;
+rank 0's returns the merged manifest once every part is in, and only rank 0 announces. Another
+rank's publisher returns None from `publish` once rank 0 committed the version.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from slipstream.telemetry.logs import get_logger
 from slipstream.telemetry.metrics import counter, gauge, histogram
 from slipstream.weight_publisher.codec import StoredVersion, VersionStore
 from slipstream.weight_publisher.fence import Fence, Fenced, read_fence
+from slipstream.weight_publisher.parts import PartPending, PartStore, VersionAbandoned
 from slipstream.weights.staging import Staged, load_staged
 
 log = get_logger(__name__)
@@ -59,8 +64,10 @@ class VersionPublisher:
         versions: VersionStore,
         delete_staged: bool,
         fence: Fence | None = None,
+        parts: PartStore | None = None,
     ) -> None:
         self.bus = bus
+        self.parts = parts
         self.fence = fence
         self.store = store
         self.run_id = run_id
@@ -68,7 +75,7 @@ class VersionPublisher:
         self.delete_staged = delete_staged
         self.latest_version = -1
 
-    async def publish(self, staged: Staged) -> StoredVersion:
+    async def publish(self, staged: Staged) -> StoredVersion | None:
         """Store, announce, clean up. Raises on failure; the staged file then stays for a retry.
 
         With a fence: `FenceWait` (retry later) or `Fenced` (the caller discards the file) before
@@ -84,7 +91,7 @@ class VersionPublisher:
         with service_span("weights.publish", attributes, parent=parent, root=True):
             return await self._publish(staged)
 
-    async def _publish(self, staged: Staged) -> StoredVersion:
+    async def _publish(self, staged: Staged) -> StoredVersion | None:
         t0 = time.monotonic()
         staged_fence = None
         if self.fence is not None:
@@ -93,17 +100,27 @@ class VersionPublisher:
             except ValueError as exc:
                 raise Fenced(str(exc)) from exc  # cannot tell who staged it: fail closed
             await self.fence.admit(staged_fence, staged.version)
+        store = self.versions.store_version if self.parts is None else self.parts.publish
         try:
             stored = await asyncio.to_thread(
-                self.versions.store_version,
+                store,
                 version=staged.version,
                 load=lambda: load_staged(staged),
                 step_finished_at=staged.step_finished_at,
                 fence_token=0 if staged_fence is None else staged_fence.token,
             )
+        except (PartPending, VersionAbandoned):
+            raise  # not failures of this publisher: the version's other parts are late, or never came
         except Exception:
             FAILURES.add(1, stage="store")
             raise
+        if stored is None:
+            # Another rank's part, committed by rank 0 (which announces it): nothing more to do here.
+            if self.delete_staged:
+                Path(staged.path).unlink(missing_ok=True)
+            self.latest_version = max(self.latest_version, staged.version)
+            log.info("part committed", policy_version=staged.version, seconds=round(time.monotonic() - t0, 4))
+            return None
         announce = WeightAnnounce(
             policy_version=stored.version,
             manifest_key=stored.manifest_key,

@@ -16,6 +16,11 @@ lease vacant) the version waits and is retried, and `/readyz` shows the control 
 
 With `[trust] signing_key`, every manifest is signed (ed25519) before it is committed; `status()`
 names the key id, which verifiers must list in their `[trust] trusted_keys`.
+
+With `[publisher] ranks` > 1 this is one of N publishers, one per learner rank (`parts.py`): it
+watches `<staging_dir>/rank-<rank>` and stores that rank's part of each version; rank 0 commits
+the manifest naming every part and announces it, or abandons a version whose parts do not all
+arrive within `part_timeout_s` (never announced; the staged part is dropped and counted).
 """
 
 from __future__ import annotations
@@ -34,8 +39,10 @@ from slipstream.trust import SigningKey, load_signing_key
 from slipstream.weight_publisher.codec import VersionStore
 from slipstream.weight_publisher.config import WeightPublisherConfig
 from slipstream.weight_publisher.fence import Fence, Fenced, FenceWait
+from slipstream.weight_publisher.parts import PartPending, PartStore, VersionAbandoned
 from slipstream.weight_publisher.publisher import VersionPublisher
 from slipstream.weight_publisher.watcher import StagingWatcher
+from slipstream.weights.staging import rank_staging_dir
 
 if TYPE_CHECKING:
     from slipstream.bus import Bus
@@ -54,10 +61,13 @@ class WeightPublisherService(BaseService):
         self.bus: Bus | None = None
         self.store: ObjectStore | None = None
         self.publisher: VersionPublisher | None = None
-        self.watcher = StagingWatcher(cfg.publisher.staging_dir, cfg.publisher.poll_interval_s)
+        p = cfg.publisher
+        self.watcher = StagingWatcher(rank_staging_dir(p.staging_dir, p.rank, p.ranks), p.poll_interval_s)
         self._pending = 0
         self.published = 0
         self.fenced = 0
+        self.abandoned = 0
+        self.parts: PartStore | None = None
         self.control: Control | None = None
         self._waiting: tuple[int, str] | None = None  # the version the fence holds back, and why (logged once)
         self.signing_key: SigningKey | None = None
@@ -78,6 +88,21 @@ class WeightPublisherService(BaseService):
             client = ControlClient(self.cfg.service.redis_url, timeout_s=p.control_timeout_s)
             self.control = Control(client, self.cfg.service.run_id)
             fence = Fence(self.control, min_remaining_s=p.fence_min_remaining_s)
+        p = self.cfg.publisher
+        if p.ranks > 1:
+            self.parts = PartStore(
+                self.store,
+                run_id=self.cfg.service.run_id,
+                rank=p.rank,
+                ranks=p.ranks,
+                part_timeout_s=p.part_timeout_s,
+                poll_s=p.poll_interval_s,
+                shard_bytes=p.shard_bytes,
+                keyframe_every=p.keyframe_every,
+                zstd_level=p.zstd_level,
+                threads=p.codec_threads,
+                signing_key=self.signing_key,
+            )
         self.publisher = VersionPublisher(
             self.bus,
             self.store,
@@ -94,10 +119,19 @@ class WeightPublisherService(BaseService):
             ),
             delete_staged=self.cfg.publisher.delete_staged,
             fence=fence,
+            parts=self.parts,
         )
-        log.info("watching", staging_dir=str(self.watcher.staging_dir), run_id=self.cfg.service.run_id)
+        log.info(
+            "watching",
+            staging_dir=str(self.watcher.staging_dir),
+            run_id=self.cfg.service.run_id,
+            rank=p.rank,
+            ranks=p.ranks,
+        )
 
     async def run(self, stop: asyncio.Event) -> None:
+        if self.parts is not None:
+            self.parts.stopping = stop.is_set  # a wait for the other ranks' parts ends at a stop
         probe = asyncio.create_task(self._probe(stop), name="publisher.probe") if self.control is not None else None
         try:
             await self._publish_loop(stop)
@@ -154,6 +188,18 @@ class WeightPublisherService(BaseService):
                 "staged version fenced: discarded, never announced", policy_version=staged.version, reason=str(exc)
             )
             return True
+        except VersionAbandoned as exc:
+            # Rank 0 gave up on this version (a part missing or not fitting): never announced, by anyone.
+            self._discard(staged)
+            self._waiting = None
+            self.abandoned += 1
+            log.error("version abandoned: never announced", policy_version=staged.version, reason=str(exc))
+            return True
+        except PartPending as exc:
+            if self._waiting != (staged.version, str(exc)):
+                self._waiting = (staged.version, str(exc))
+                log.info("waiting for the version's other parts; retrying", policy_version=staged.version)
+            return False
         except FileNotFoundError:
             # Removed while we worked on it (by hand, or a second publisher on the same directory).
             log.warning("staged version vanished", policy_version=staged.version, path=str(staged.path))
@@ -199,6 +245,11 @@ class WeightPublisherService(BaseService):
             "published": self.published,
             "pending": self._pending,
             "signing_key": self.signing_key.key_id if self.signing_key is not None else "",
+            **(
+                {"rank": self.cfg.publisher.rank, "ranks": self.cfg.publisher.ranks, "abandoned": self.abandoned}
+                if self.parts is not None
+                else {}
+            ),
             **self._fence_status(),
         }
 

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from slipstream.cli.spec import kind_of
 from slipstream.schemas import LearnerStep, WeightAnnounce
 from slipstream.schemas.subjects import LEARNER_STEP, WEIGHTS_ANNOUNCE
 
@@ -170,11 +171,12 @@ async def _follow(
         last_version = summary.steps_log[-1]["version"] if summary.steps_log else 0
         while summary.final_version < last_version and time.monotonic() < deadline:
             await asyncio.sleep(0.1)
-        for name in STOP_ORDER:
-            svc = stack.services.get(name)
-            if svc is not None and svc.alive():
-                emit("log", {"message": f"stopping {name}"})
-                await asyncio.to_thread(stack.stop_service, name, stack.spec.drain_timeout_s + 5)
+        for kind in STOP_ORDER:
+            # Every process of the kind: with learner ranks, a weight-publisher per rank.
+            for name, svc in list(stack.services.items()):
+                if kind_of(name) == kind and svc.alive():
+                    emit("log", {"message": f"stopping {name}"})
+                    await asyncio.to_thread(stack.stop_service, name, stack.spec.drain_timeout_s + 5)
         await asyncio.sleep(0.2)  # let the tap see the last publishes
         await asyncio.to_thread(tap.stop)
         summary.trajectories = await account(bus, summary, stack, tap.injected_scored())

@@ -50,9 +50,36 @@ def tool_replica_names(n: int) -> tuple[str, ...]:
     return tuple(TOOL_SERVICE if i == 0 else f"{TOOL_SERVICE}-{i + 1}" for i in range(n))
 
 
+PUBLISHER = "weight-publisher"
+
+
+def publisher_names(ranks: int) -> tuple[str, ...]:
+    """Process names of one weight-publisher per learner rank: `weight-publisher` (rank 0), `weight-publisher-1`, ..."""
+    return tuple(PUBLISHER if r == 0 else f"{PUBLISHER}-{r}" for r in range(max(ranks, 1)))
+
+
+def ranks_in(env: Mapping[str, str]) -> int:
+    """The learner's ranks that config variables ask for (SLIPSTREAM_LEARNER__RANKS, default 1)."""
+    raw = env.get("SLIPSTREAM_LEARNER__RANKS", "1").strip() or "1"
+    try:
+        ranks = int(raw)
+    except ValueError:
+        raise ValueError(f"SLIPSTREAM_LEARNER__RANKS={raw!r} is not a whole number") from None
+    if ranks < 1:
+        raise ValueError(f"SLIPSTREAM_LEARNER__RANKS={raw!r} must be >= 1")
+    return ranks
+
+
+def publisher_rank(name: str) -> int:
+    """The learner rank a weight-publisher process serves (`weight-publisher-1` -> 1)."""
+    return 0 if name == PUBLISHER else int(name.removeprefix(PUBLISHER + "-"))
+
+
 def kind_of(name: str) -> str:
-    """The service a process name runs (`tool-service-2` -> `tool-service`)."""
-    return TOOL_SERVICE if name.startswith(TOOL_SERVICE) else name
+    """The service a process name runs (`tool-service-2` -> `tool-service`, `weight-publisher-1` -> its kind)."""
+    if name.startswith(TOOL_SERVICE):
+        return TOOL_SERVICE
+    return PUBLISHER if name.startswith(PUBLISHER) else name
 
 
 @dataclass(frozen=True)
@@ -104,6 +131,16 @@ class StackSpec:
     """How crashed services are restarted (`NO_RESTART`: a death is reported and nothing restarts)."""
     secure: bool = True
     """Servers started here get one user per service (NATS permissions, Redis ACLs) with fresh passwords."""
+    learner_ranks: int = 1
+    """The learner's ranks ([learner] ranks): with N > 1, one weight-publisher per rank is started
+    (`weight-publisher`, `weight-publisher-1`, ...), each told its rank and the learner's."""
+
+    def process_names(self) -> tuple[str, ...]:
+        """Every service process, in start order: a weight-publisher per learner rank in place of one."""
+        out: list[str] = []
+        for name in self.services:
+            out.extend(publisher_names(self.learner_ranks) if name == PUBLISHER else (name,))
+        return tuple(out)
 
     @property
     def log_dir(self) -> Path:
@@ -121,6 +158,7 @@ class StackSpec:
             store = StoreSpec(type="local", root=str(Path(store.root).expanduser().resolve()))
         return StackSpec(
             run_dir=run_dir,
+            learner_ranks=self.learner_ranks if self.learner_ranks > 1 else ranks_in(self.env),
             services=self.services,
             nats_url=self.nats_url,
             redis_url=self.redis_url,

@@ -48,7 +48,7 @@ from slipstream.bus.permissions import ADMIN
 from slipstream.cli.credentials import FILE as CREDENTIALS_FILE
 from slipstream.cli.credentials import Credentials
 from slipstream.cli.probe import HOST, probe_http, probe_tcp, url_endpoint
-from slipstream.cli.spec import TOOL_SERVICE, StackSpec, kind_of, module_of, tool_replica_names
+from slipstream.cli.spec import TOOL_SERVICE, StackSpec, kind_of, module_of, publisher_rank, tool_replica_names
 from slipstream.cli.stop_signals import StopFlag
 from slipstream.cli.supervisor import Supervisor, SupervisorEvent, describe_exit
 from slipstream.stack import ManagedProcess, ProcessGroup, Server, free_port, start_nats, start_redis
@@ -211,7 +211,7 @@ class Stack:
                 Path(spec.store.root).mkdir(parents=True, exist_ok=True)
             self._trust = self._run_key()
             # Tool-service replicas first: a worker's first tool call finds them subscribed.
-            for name in (*tool_replica_names(spec.tool_services), *spec.services):
+            for name in (*tool_replica_names(spec.tool_services), *spec.process_names()):
                 self._check_interrupt()
                 port = free_port()
                 proc = self._spawn(name, port)
@@ -327,7 +327,7 @@ class Stack:
         env = dict(os.environ)
         if self._trust:
             env[TRUSTED_KEYS_ENV] = self._trust[TRUSTED_KEYS_ENV]
-            if name == "weight-publisher":
+            if kind_of(name) == "weight-publisher":
                 env[SIGNING_KEY_ENV] = self._trust[SIGNING_KEY_ENV]
         env.update(spec.env)
         env.update(spec.service_env.get(kind_of(name), {}))
@@ -346,6 +346,12 @@ class Stack:
                 "PYTHONUNBUFFERED": "1",
             }
         )
+        if spec.learner_ranks > 1:
+            # One publisher per learner rank: each stores its rank's part of every version.
+            env["SLIPSTREAM_LEARNER__RANKS"] = str(spec.learner_ranks)
+            if kind_of(name) == "weight-publisher":
+                env["SLIPSTREAM_PUBLISHER__RANKS"] = str(spec.learner_ranks)
+                env["SLIPSTREAM_PUBLISHER__RANK"] = str(publisher_rank(name))
         if self.credentials is not None:
             env.update(self.credentials.service_env(kind_of(name), self.servers["redis"].url))
         traces = spec.traces_file(name)
@@ -557,7 +563,7 @@ class Stack:
             },
             "services": {
                 s.name: {
-                    "module": module_of(s.name),
+                    "module": module_of(kind_of(s.name)),
                     "pid": s.pid,
                     "port": s.port,
                     "url": s.url,
