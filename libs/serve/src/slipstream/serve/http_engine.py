@@ -13,7 +13,8 @@ How the synchronous parts of the protocol map onto a socket:
   from then on use it. An upload the server refuses or that fails is logged and counted
   (`stats()["weight_update_failures"]`); the version then never appears.
 - `policy_version` and `stats()` are the server's, as of its latest answer (every answer
-  carries them; the one with the most engine steps wins, so a slow answer never moves them back).
+  carries them; the one with the most updates applied, then engine steps, wins, so a slow answer
+  never moves them back).
 - `release` is sent in the background, and a later `generate` waits for it first.
 - `named_parameters` / `state_dict` download a copy of every parameter (`GET /weights`): they
   block, so they refuse to run on the event loop's thread (call them via `asyncio.to_thread`);
@@ -75,6 +76,7 @@ class HttpEngine:
         self._aliases: dict[str, str] = {}
         self._partial = False
         self._server_stats: dict[str, float] = {}
+        self._order = (-1.0, -1.0)
         self._version = 0
         self._uploads: asyncio.Queue[tuple[int, dict[str, Tensor]]] | None = None
         self._uploader: asyncio.Task[None] | None = None
@@ -121,8 +123,15 @@ class HttpEngine:
         }
 
     def _note(self, version: int, stats: Mapping[str, float]) -> None:
-        """Take the server's version and counters from an answer unless a later answer came first."""
-        if stats.get("steps", 0.0) >= self._server_stats.get("steps", -1.0):
+        """Take the server's version and counters from an answer unless a later answer came first.
+
+        Answers are ordered by (updates applied, engine steps): an update is counted during the
+        step that copies it in, before that step is, so an update's answer and a generate answer
+        from just before it can carry the same step count, never the same update count.
+        """
+        key = (stats.get("weight_updates", 0.0), stats.get("steps", 0.0))
+        if key >= self._order:
+            self._order = key
             self._server_stats = dict(stats)
             self._version = version
 
@@ -147,8 +156,7 @@ class HttpEngine:
         self._specs = {n: ParamSpec(tuple(p.shape), p.dtype) for n, p in info.parameters.items()}
         self._aliases = dict(info.aliases)
         self._partial = info.partial
-        self._server_stats = dict(info.stats)
-        self._version = info.policy_version
+        self._note(info.policy_version, info.stats)
         self._uploads = asyncio.Queue()
         self._uploader = asyncio.create_task(self._upload_loop(), name="http-engine-uploads")
 
