@@ -309,6 +309,29 @@ async def test_http_a_request_past_its_timeout_fails_and_is_aborted(served: Infe
         await engine.stop()
 
 
+async def test_http_a_restarted_server_fails_every_later_call(served: InferenceServer) -> None:
+    engine = HttpEngine(served.url, connect_timeout_s=2.0)
+    await engine.start()
+    port = served.port
+    try:
+        engine.apply_weights(1, dict(_model(NEW_SEED).state_dict()))
+        await _wait_version(engine, 1)
+        await served.close()
+        again = InferenceServer(_torch_engine(), InferenceSection(host="127.0.0.1", port=port))
+        await again.start()
+        try:
+            errors = []
+            for i in range(2):  # the first call may still meet the old server's closed connection
+                with pytest.raises(EngineError) as info:
+                    await engine.generate(_req(f"r{i}", "x", temperature=0.0, max_tokens=2))
+                errors.append(str(info.value))
+            assert "restarted" in errors[-1] and "had version 1" in errors[-1], errors
+        finally:
+            await again.close()
+    finally:
+        await engine.stop()
+
+
 async def test_http_weights_are_described_and_downloadable_off_the_loop(served: InferenceServer) -> None:
     engine = HttpEngine(served.url)
     await engine.start()

@@ -17,17 +17,27 @@ def _stats(updates: int, steps: int) -> dict[str, float]:
 
 def test_a_late_answer_never_moves_the_version_back() -> None:
     engine = HttpEngine("http://127.0.0.1:1")
-    engine._note(0, _stats(0, 10))
+    engine._note(0, _stats(0, 10), "a")
     # The update is counted inside step 11, before the step is: its answer says (1, 10).
-    engine._note(1, _stats(1, 10))
+    engine._note(1, _stats(1, 10), "a")
     assert engine.policy_version == 1
-    engine._note(0, _stats(0, 10))  # a generate answer built just before the update, arriving late
+    engine._note(0, _stats(0, 10), "a")  # a generate answer built just before the update, arriving late
     assert engine.policy_version == 1
-    engine._note(1, _stats(1, 12))
+    engine._note(1, _stats(1, 12), "a")
     assert engine.stats()["steps"] == 12
     # A rollback is an update like any other: more updates applied, a lower version.
-    engine._note(0, _stats(2, 12))
+    engine._note(0, _stats(2, 12), "a")
     assert engine.policy_version == 0
+
+
+def test_a_restarted_server_is_never_taken_for_the_same_one() -> None:
+    engine = HttpEngine("http://127.0.0.1:1")
+    engine._note(0, _stats(0, 3), "a")
+    engine._note(7, _stats(7, 90), "a")
+    # Restarted: counters from zero, version 0 weights. Neither ignored as stale nor believed.
+    engine._note(0, _stats(0, 2), "b")
+    assert engine.policy_version == 7
+    assert engine._lost is not None and "restarted (server id a -> b)" in str(engine._lost)
 
 
 def test_config_and_lifecycle_errors_name_what_is_wrong() -> None:

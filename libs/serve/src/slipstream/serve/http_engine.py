@@ -22,8 +22,12 @@ How the synchronous parts of the protocol map onto a socket:
 - `stop` aborts this client's in-flight requests on the server (they return with finish_reason
   'abort', as on TorchEngine); the server itself keeps running.
 
-Unreachable servers, timeouts and server-side failures raise `HttpEngineError` (an `EngineError`)
-naming the URL; a request the server refuses (bad prompt, duplicate id) raises ValueError.
+Unreachable servers, timeouts and server-side failures raise `HttpEngineError` (an `EngineError`,
+which a rollout worker treats as fatal: it hands its tasks back and exits, and its restart
+reconnects) naming the URL; a request the server refuses (bad prompt, duplicate id) raises
+ValueError. A server that restarted (a new `server_id` in its answers) has lost every applied
+version: from then on every call raises, rather than sample with weights the caller does not
+know about.
 """
 
 from __future__ import annotations
@@ -77,6 +81,8 @@ class HttpEngine:
         self._partial = False
         self._server_stats: dict[str, float] = {}
         self._order = (-1.0, -1.0)
+        self._server_id = ""
+        self._lost: HttpEngineError | None = None
         self._version = 0
         self._uploads: asyncio.Queue[tuple[int, dict[str, Tensor]]] | None = None
         self._uploader: asyncio.Task[None] | None = None
@@ -122,13 +128,24 @@ class HttpEngine:
             "generate_failures": float(self._generate_failures),
         }
 
-    def _note(self, version: int, stats: Mapping[str, float]) -> None:
+    def _note(self, version: int, stats: Mapping[str, float], server_id: str) -> None:
         """Take the server's version and counters from an answer unless a later answer came first.
 
         Answers are ordered by (updates applied, engine steps): an update is counted during the
         step that copies it in, before that step is, so an update's answer and a generate answer
         from just before it can carry the same step count, never the same update count.
         """
+        if server_id != self._server_id:
+            if not self._server_id:
+                self._server_id = server_id
+            elif self._lost is None:
+                self._lost = HttpEngineError(
+                    f"inference server {self.url} restarted (server id {self._server_id} -> {server_id}): it serves "
+                    f"version {version} again while this engine had version {self._version}; restart the caller "
+                    "so that it fetches and applies the current version"
+                )
+                log.error("%s", self._lost)
+            return
         key = (stats.get("weight_updates", 0.0), stats.get("steps", 0.0))
         if key >= self._order:
             self._order = key
@@ -156,7 +173,7 @@ class HttpEngine:
         self._specs = {n: ParamSpec(tuple(p.shape), p.dtype) for n, p in info.parameters.items()}
         self._aliases = dict(info.aliases)
         self._partial = info.partial
-        self._note(info.policy_version, info.stats)
+        self._note(info.policy_version, info.stats, info.server_id)
         self._uploads = asyncio.Queue()
         self._uploader = asyncio.create_task(self._upload_loop(), name="http-engine-uploads")
 
@@ -188,6 +205,8 @@ class HttpEngine:
             raise RuntimeError(
                 f"HttpEngine ({self.url}) is not running: await engine.start() first (and not after stop())"
             )
+        if self._lost is not None:
+            raise self._lost
         if request.request_id in self._in_flight:
             raise ValueError(f"request {request.request_id!r} is already in flight")
         if self._releases:  # a session released before this call must be gone when it arrives
@@ -211,7 +230,9 @@ class HttpEngine:
             raise
         finally:
             self._in_flight.discard(request.request_id)
-        self._note(answer.policy_version, answer.stats)
+        self._note(answer.policy_version, answer.stats, answer.server_id)
+        if self._lost is not None:
+            raise self._lost
         choice = answer.choices[0]
         return GenerationResult(
             request_id=answer.request_id,
@@ -289,7 +310,7 @@ class HttpEngine:
             data=io.BytesIO(data),  # streamed: a raw bytes body this large would block the loop
             headers={"content-type": "application/octet-stream"},
         )
-        self._note(answer.policy_version, answer.stats)
+        self._note(answer.policy_version, answer.stats, answer.server_id)
 
     def named_parameters(self) -> Iterator[tuple[str, nn.Parameter]]:
         """A downloaded copy of every parameter (not live: updating it changes nothing on the server)."""

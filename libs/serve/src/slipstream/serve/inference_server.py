@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+import uuid
 from typing import Any
 
 import msgspec
@@ -52,6 +53,9 @@ class InferenceServer:
         self.engine = engine
         self.cfg = cfg
         self.port = 0
+        # Every answer names this process: a client that sees it change knows the server restarted
+        # (back to its version 0 weights and empty counters) and does not mistake it for itself.
+        self.server_id = uuid.uuid4().hex
         self._runner: web.AppRunner | None = None
         self._update_lock = asyncio.Lock()
 
@@ -125,6 +129,7 @@ class InferenceServer:
                 timings=res.timings,
                 policy_version=self.engine.policy_version,
                 stats=self._state(),
+                server_id=self.server_id,
             )
         )
 
@@ -160,7 +165,10 @@ class InferenceServer:
         log.info("weights updated over http", policy_version=version, apply_ms=round(stats["last_weight_apply_ms"], 2))
         return _json(
             wire.UpdateAnswer(
-                policy_version=self.engine.policy_version, apply_ms=stats["last_weight_apply_ms"], stats=stats
+                policy_version=self.engine.policy_version,
+                apply_ms=stats["last_weight_apply_ms"],
+                stats=stats,
+                server_id=self.server_id,
             )
         )
 
@@ -173,6 +181,7 @@ class InferenceServer:
                 aliases=tied_aliases(self.engine.model),
                 partial=self.engine.allow_partial_updates,
                 stats=self._state(),
+                server_id=self.server_id,
             )
         )
 

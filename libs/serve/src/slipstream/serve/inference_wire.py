@@ -65,6 +65,7 @@ class GenerateAnswer(msgspec.Struct, kw_only=True):
     timings: Timings
     policy_version: Annotated[int, Doc(description="The server's weights version when it answered.")]
     stats: Annotated[dict[str, float], Doc(description="The server engine's counters when it answered.")]
+    server_id: Annotated[str, Doc(description="Random per server process: a new one means it restarted.")] = ""
 
 
 class ParamInfo(msgspec.Struct, kw_only=True):
@@ -80,6 +81,7 @@ class WeightInfo(msgspec.Struct, kw_only=True):
     aliases: Annotated[dict[str, str], Doc(description="Accepted alternative names (tied lm_head).")]
     partial: Annotated[bool, Doc(description="Updates may name a subset of the parameters (LoRA adapters).")]
     stats: dict[str, float]
+    server_id: str = ""
 
 
 class UpdateAnswer(msgspec.Struct, kw_only=True):
@@ -88,6 +90,7 @@ class UpdateAnswer(msgspec.Struct, kw_only=True):
     policy_version: int
     apply_ms: Annotated[float, Doc(description="The engine's pause between two decode steps for the copy.")]
     stats: dict[str, float]
+    server_id: str = ""
 
 
 class AbortBody(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
