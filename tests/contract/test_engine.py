@@ -332,6 +332,28 @@ async def test_http_a_restarted_server_fails_every_later_call(served: InferenceS
         await engine.stop()
 
 
+async def test_http_a_lora_server_takes_adapter_only_versions() -> None:
+    from slipstream.engine.lora import adapter_state, attach_lora
+
+    model = _model()
+    attach_lora(model, rank=2, alpha=4.0, targets=["q_proj"], seed=0)
+    engine = TorchEngine(model, TOK, device="cpu", max_seq_len=64, allow_partial_updates=True)
+    server = InferenceServer(engine, InferenceSection(host="127.0.0.1", port=0))
+    await server.start()
+    client = HttpEngine(server.url)
+    await client.start()
+    try:
+        adapters = {k: v.detach() + 0.05 for k, v in adapter_state(model).items()}
+        assert adapters and all(k.endswith((".lora_A", ".lora_B")) for k in adapters)
+        client.apply_weights(1, adapters)  # a subset: accepted because the server allows partial updates
+        await _wait_version(client, 1)
+        for name, value in adapters.items():
+            assert torch.equal(dict(model.named_parameters())[name], value), name
+    finally:
+        await client.stop()
+        await server.close()
+
+
 async def test_http_weights_are_described_and_downloadable_off_the_loop(served: InferenceServer) -> None:
     engine = HttpEngine(served.url)
     await engine.start()
@@ -344,6 +366,8 @@ async def test_http_weights_are_described_and_downloadable_off_the_loop(served: 
         got = await asyncio.to_thread(engine.state_dict)
         for name, value in model.state_dict().items():
             assert torch.equal(got[name], value), name
+        with pytest.raises(ValueError, match="tensors missing"):  # this server takes full versions only
+            engine.apply_weights(1, {"model.norm.weight": got["model.norm.weight"]})
         with pytest.raises(ValueError, match="already in flight"):
             await asyncio.gather(
                 *(engine.generate(_req("dup", "x", temperature=0.0, max_tokens=50, ignore_eos=True)) for _ in range(2))
