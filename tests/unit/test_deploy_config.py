@@ -98,7 +98,16 @@ def test_the_services_of_an_overlay_resolve_to_one_consistent_run(overlay: str) 
 def test_the_ray_learner_runs_the_same_run_as_the_single_gpu_learner() -> None:
     single = {(p.service, p.owner): p.config for p in _pods("prod/learner")}
     ray = {(p.service, p.owner): p.config for p in _pods("prod/learner-ray")}
-    assert single[("learner", "Deployment/learner")] == ray[("learner", "RayJob/learner")]
+    driver = ray[("learner", "RayJob/learner")]
+    # Only the Ray keys differ: N ranks on the RayJob's own cluster instead of one in-process trainer.
+    assert (driver.learner.ranks, driver.learner.ray_address) == (4, "auto")
+    ray_keys = {
+        "ranks": 1,
+        "ray_address": "",
+        "rank_start_timeout_s": single[("learner", "Deployment/learner")].learner.rank_start_timeout_s,
+    }
+    as_single = msgspec.structs.replace(driver, learner=msgspec.structs.replace(driver.learner, **ray_keys))
+    assert single[("learner", "Deployment/learner")] == as_single
     assert single[("weight-publisher", "Deployment/learner")] == ray[("weight-publisher", "RayJob/learner")]
 
 

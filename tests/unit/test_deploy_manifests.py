@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import base64
 import re
+import shlex
+import tempfile
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -140,8 +142,43 @@ def test_learner_pod_has_its_publisher_as_a_sidecar_sharing_memory() -> None:
     driver_toml = tomllib.loads(
         find(objs, "ConfigMap", head["volumes"][0]["configMap"]["name"])["data"]["learner.toml"]
     )
+    # The driver stages the versions it gathers from the ranks on the head: the publisher sits there.
+    _assert_publisher_sidecar(objs, head, "ray-head", learner_toml=driver_toml)
     worker = cluster["workerGroupSpecs"][0]["template"]["spec"]
-    _assert_publisher_sidecar(objs, worker, "ray-worker", learner_toml=driver_toml)
+    assert "initContainers" not in worker
+
+
+def test_the_rayjob_runs_the_learner_as_driver_of_one_rank_per_gpu_worker() -> None:
+    from slipstream.learner.config import LearnerConfig
+    from slipstream.runtime import config as runtime_config
+
+    objs = render("prod/learner-ray")
+    job = find(objs, "RayJob", "learner")["spec"]
+    cluster = job["rayClusterSpec"]
+    head = cluster["headGroupSpec"]["template"]["spec"]
+    argv = shlex.split(job["entrypoint"])
+    assert argv[:3] == ["python", "-m", "slipstream.learner"]
+    # The ConfigMap the entrypoint reads, parsed by the learner's own loader (defaults -> TOML -> env -> flags).
+    path = argv[argv.index("--config") + 1]
+    mount = next(m for m in head["containers"][0]["volumeMounts"] if path.startswith(m["mountPath"] + "/"))
+    volume = next(v for v in head["volumes"] if v["name"] == mount["name"])
+    text = find(objs, "ConfigMap", volume["configMap"]["name"])["data"][path[len(mount["mountPath"]) + 1 :]]
+    args = runtime_config.parse_args(LearnerConfig, argv[3:])
+    with tempfile.TemporaryDirectory() as tmp:
+        (Path(tmp) / "learner.toml").write_text(text)
+        args.config = str(Path(tmp) / "learner.toml")
+        cfg = runtime_config.resolve(LearnerConfig, args, environ={})
+    (group,) = cluster["workerGroupSpecs"]
+    assert cfg.learner.ranks > 1 and cfg.learner.ray_address == "auto"
+    assert group["replicas"] == group["minReplicas"] == group["maxReplicas"] == cfg.learner.ranks
+    # Ranks take one CPU each: the head offers none, every GPU worker exactly one, so one rank per GPU pod.
+    assert cluster["headGroupSpec"]["rayStartParams"]["num-cpus"] == "0"
+    assert group["rayStartParams"]["num-cpus"] == "1"
+    (worker,) = group["template"]["spec"]["containers"]
+    assert worker["resources"]["limits"]["nvidia.com/gpu"] == 1
+    env = {e["name"]: e.get("value") for e in worker["env"]}
+    assert env["RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO"] == "0"  # a CPU-only rank actor still sees its pod's GPU
+    assert cfg.model.device == "auto"
 
 
 def _assert_publisher_sidecar(objs: list[Any], spec: dict[str, Any], main: str, learner_toml: dict[str, Any]) -> None:

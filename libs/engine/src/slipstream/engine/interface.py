@@ -13,7 +13,7 @@ that produced each token, because an update can land between two decode steps of
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from typing import TYPE_CHECKING, Annotated, Any, Literal, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Annotated, Any, Literal, NamedTuple, Protocol, runtime_checkable
 
 import msgspec
 
@@ -23,6 +23,13 @@ if TYPE_CHECKING:  # torch stays unimported until an engine is built (fast `--he
 Doc = msgspec.Meta
 
 FinishReason = Literal["stop", "length", "abort"]
+
+
+class ParamSpec(NamedTuple):
+    """What an update's tensor must look like to replace a parameter."""
+
+    shape: tuple[int, ...]
+    dtype: Annotated[str, Doc(description="torch dtype without 'torch.': 'float32', 'bfloat16', ...")]
 
 
 class SamplingParams(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -130,3 +137,15 @@ class Engine(Protocol):
         ...
 
     def stats(self) -> dict[str, float]: ...
+
+
+@runtime_checkable
+class RemoteWeights(Protocol):
+    """An engine whose parameters live in another process (HttpEngine): it describes them.
+
+    Callers that only need names, shapes and dtypes (casting a fetched version before
+    `apply_weights`) use `param_specs` instead of `named_parameters`, which for such an engine
+    means downloading every tensor.
+    """
+
+    def param_specs(self) -> Mapping[str, ParamSpec]: ...

@@ -128,6 +128,15 @@ def apply_threads(source: ModelSource) -> None:
         torch.set_num_threads(source.threads)
 
 
+def load_tokenizer_only(source: ModelSource) -> ByteTokenizer | HFTokenizer:
+    """The tokenizer of `[model]` without its weights (a worker whose engine is a remote server):
+    the model directory's tokenizer, or the presets' byte-level one. LoRA settings play no part."""
+    from slipstream.engine.tokenizer import ByteTokenizer, load_tokenizer
+
+    path = model_path(source)
+    return load_tokenizer(path) if path else ByteTokenizer()
+
+
 def load_model(source: ModelSource) -> tuple[CausalLM, ByteTokenizer | HFTokenizer]:
     """Model (eval mode, on the configured device and dtype) and tokenizer for `[model]`.
 

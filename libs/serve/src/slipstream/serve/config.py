@@ -1,10 +1,13 @@
-"""`[endpoint]`: the OpenAI-compatible endpoint a serving rollout worker opens (off by default)."""
+"""`[endpoint]`: the OpenAI-compatible endpoint a serving rollout worker opens (off by default);
+and the config of the inference server (`[model]` + `[server]`) that `HttpEngine` drives."""
 
 from __future__ import annotations
 
 from typing import Annotated
 
 import msgspec
+
+from slipstream.engine.source import ModelSource
 
 Doc = msgspec.Meta
 
@@ -34,3 +37,36 @@ class ServeConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         int, Doc(description="Served calls remembered for replaying SDK retries (and kept for inspection).", ge=1)
     ] = 4096
     env: Annotated[str, Doc(description="`Episode.env` of recorded episodes.")] = "serve"
+
+
+class InferenceSection(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """`[server]` of the inference server (`python -m slipstream.serve.inference`)."""
+
+    host: Annotated[str, Doc(description="Bind address; 0.0.0.0 in a pod (keep it inside the cluster network).")] = (
+        "127.0.0.1"
+    )
+    port: Annotated[int, Doc(description="Port; 0 picks a free one (printed on start).", ge=0, le=65535)] = 8100
+    max_batch: Annotated[int, Doc(description="Engine slots: completions decoded together in one batch.", ge=1)] = 32
+    max_seq_len: Annotated[
+        int, Doc(description="Longest prompt + completion; 0 = the model's (at most 2048).", ge=0)
+    ] = 0
+    recompute_kv_on_update: Annotated[
+        bool, Doc(description="Recompute running rows' KV caches under new weights (default keeps them).")
+    ] = False
+    max_body_mb: Annotated[
+        int, Doc(description="Largest request body in MiB (a full weight version travels as one).", ge=1)
+    ] = 4096
+    apply_timeout_s: Annotated[
+        float, Doc(description="Longest wait for an uploaded version to be copied in before a 504.", gt=0)
+    ] = 120.0
+
+
+class InferenceServerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """The inference server: which model it serves and how."""
+
+    model: Annotated[
+        ModelSource, Doc(description="Initial weights (version 0), tokenizer, dtype, device, threads; LoRA rank.")
+    ] = msgspec.field(default_factory=ModelSource)
+    server: Annotated[InferenceSection, Doc(description="Socket, batch and weight-update limits.")] = msgspec.field(
+        default_factory=InferenceSection
+    )

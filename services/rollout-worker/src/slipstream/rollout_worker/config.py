@@ -3,6 +3,8 @@
 Resolved by `slipstream.runtime.config` from defaults, a TOML file (`--config`),
 `SLIPSTREAM_<SECTION>__<FIELD>` variables and `--section.field` flags, in that order. `[model]`
 is the shared `slipstream.engine.source.ModelSource`; `[worker]` is this service's own.
+`[engine]` picks the engine: `torch` in this process (default), or `http`, a Slipstream inference
+server at `url` (then `[model]` only names the tokenizer, and the server holds the weights).
 `[summary]` is the harness's `SummaryConfig`: self-summarising context restarts (or the
 truncation baseline) for every episode this worker plays (a run file's `[rollout.summary]`).
 """
@@ -14,6 +16,7 @@ from typing import Annotated, Any, Literal
 import msgspec
 
 from slipstream.bus.config import BusConfig
+from slipstream.engine.backend import EngineBackend
 from slipstream.engine.source import ModelSource
 from slipstream.harness.summary import SummaryConfig
 from slipstream.runtime.section import ServiceSection
@@ -108,6 +111,10 @@ class RolloutWorkerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=Tr
     model: Annotated[
         ModelSource, Doc(description="Initial weights (version 0), tokenizer, dtype, device, threads.")
     ] = msgspec.field(default_factory=ModelSource)
+    engine: Annotated[
+        EngineBackend,
+        Doc(description="Which engine samples: in-process torch, or an inference server over HTTP (type, url)."),
+    ] = msgspec.field(default_factory=EngineBackend)
     worker: Annotated[WorkerSection, Doc(description="Task intake, sampling and weight following.")] = msgspec.field(
         default_factory=WorkerSection
     )

@@ -51,7 +51,7 @@ from opentelemetry.context import Context
 
 from slipstream.bus import Bus
 from slipstream.bus.tracing import AttributeValue, service_span, tracing_active
-from slipstream.engine.interface import Engine
+from slipstream.engine.interface import Engine, RemoteWeights
 from slipstream.rollout_worker.instruments import (
     ANNOUNCES_SKIPPED,
     APPLIED_VERSION,
@@ -378,6 +378,14 @@ class WeightFollower:
 
     def _cast(self, tensors: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Tensors in the engine's dtype and device (a bf16 snapshot into an fp32 engine, say)."""
+        if isinstance(self.engine, RemoteWeights):
+            # Its parameters live in the server: cast by its description, on the CPU (the upload's side).
+            specs = self.engine.param_specs()
+            remote: dict[str, torch.Tensor] = {}
+            for name, value in tensors.items():
+                spec = specs.get(name) or specs.get(_TIED_ALIAS.get(name, ""))
+                remote[name] = value if spec is None else value.to(device="cpu", dtype=getattr(torch, spec.dtype))
+            return remote
         params = dict(self.engine.named_parameters())
         out: dict[str, torch.Tensor] = {}
         for name, value in tensors.items():

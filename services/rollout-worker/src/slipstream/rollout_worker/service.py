@@ -3,7 +3,8 @@
     intake (tasks.>, shared durable) -> pipeline: sampler (engine + env harness) -> outbox (traj.raw.<env>)
     follower (weights.announce) -> engine.apply_weights, between two decode steps
 
-`setup` loads the model ([model]) into a TorchEngine, connects the bus and the object store and
+`setup` loads the model ([model]) into a TorchEngine (or, with `[engine] type = "http"`, connects
+an HttpEngine to a dedicated inference server and loads only the tokenizer), connects the bus and the object store and
 binds the `rollout-worker` durable; with `[tools] transport = "nats"` it also connects to the
 tool-service's NATS, and every episode's tool calls go there (libs/tools remote.py). `run`
 takes tasks until SIGTERM; then it stops fetching, gives in-flight groups the drain budget
@@ -28,7 +29,9 @@ from typing import TYPE_CHECKING, Any
 from slipstream.bus import connect_bus
 from slipstream.control import Control, ControlClient
 from slipstream.engine.engine import TorchEngine
-from slipstream.engine.source import load_model, resolve_device, torch_dtype
+from slipstream.engine.interface import Engine
+from slipstream.engine.source import load_model, load_tokenizer_only, resolve_device, torch_dtype
+from slipstream.engine.tokenizer import Tokenizer
 from slipstream.rollout_worker.config import RolloutWorkerConfig
 from slipstream.rollout_worker.follower import WeightFollower
 from slipstream.rollout_worker.instruments import sample_gauges
@@ -64,7 +67,7 @@ class RolloutWorkerService(BaseService):
         self.worker_id = f"{self.name}/{cfg.service.replica or 'local'}"
         self.bus: Bus | None = None
         self.store: ObjectStore | None = None
-        self.engine: TorchEngine | None = None
+        self.engine: Engine | None = None
         self.consumer: Consumer[Task] | None = None
         self.intake: TaskIntake | None = None
         self.follower: WeightFollower | None = None
@@ -105,6 +108,41 @@ class RolloutWorkerService(BaseService):
             self.tools_nc, registry, self.cfg.tools, caller=self.worker_id, stats=self.tool_stats
         )
 
+    async def _build_engine(self) -> tuple[Engine, Tokenizer]:
+        """The `[engine]` engine, started: TorchEngine over `[model]`, or HttpEngine to a server."""
+        cfg, w = self.cfg, self.cfg.worker
+        if cfg.engine.type == "http":
+            from slipstream.serve.http_engine import HttpEngine
+
+            tokenizer = await asyncio.to_thread(load_tokenizer_only, cfg.model)
+            remote = HttpEngine.from_config(cfg.engine)
+            await remote.start()
+            embed = remote.param_specs().get("model.embed_tokens.weight")
+            if embed is not None and tokenizer.vocab_size > embed.shape[0]:
+                await remote.stop()
+                raise ValueError(
+                    f"[model] tokenizer has {tokenizer.vocab_size} ids but the server at {cfg.engine.url} embeds "
+                    f"{embed.shape[0]}: [model] must name the model the server serves"
+                )
+            log.info("driving a remote inference server", url=cfg.engine.url, policy_version=remote.policy_version)
+            return remote, tokenizer
+        model, tokenizer = await asyncio.to_thread(load_model, cfg.model)
+        engine = TorchEngine(
+            model,
+            tokenizer,
+            max_batch=w.max_batch,
+            max_seq_len=w.max_seq_len or None,
+            device=resolve_device(cfg.model),
+            dtype=torch_dtype(cfg.model),
+            seed=cfg.model.seed,
+            policy_version=0,
+            recompute_kv_on_update=w.recompute_kv_on_update,
+            # A LoRA run's versions are its adapters only; the frozen base stays as loaded.
+            allow_partial_updates=cfg.model.lora_rank > 0,
+        )
+        await engine.start()
+        return engine, tokenizer
+
     async def setup(self) -> None:
         cfg, w = self.cfg, self.cfg.worker
         check_env_options(w.env_options)
@@ -121,21 +159,7 @@ class RolloutWorkerService(BaseService):
         check_summary(
             cfg.summary, w.max_seq_len, w.max_tokens
         )  # before the model loads: a threshold past the context is fatal
-        model, tokenizer = await asyncio.to_thread(load_model, cfg.model)
-        self.engine = TorchEngine(
-            model,
-            tokenizer,
-            max_batch=w.max_batch,
-            max_seq_len=w.max_seq_len or None,
-            device=resolve_device(cfg.model),
-            dtype=torch_dtype(cfg.model),
-            seed=cfg.model.seed,
-            policy_version=0,
-            recompute_kv_on_update=w.recompute_kv_on_update,
-            # A LoRA run's versions are its adapters only; the frozen base stays as loaded.
-            allow_partial_updates=cfg.model.lora_rank > 0,
-        )
-        await self.engine.start()
+        self.engine, tokenizer = await self._build_engine()
         self.store = await asyncio.to_thread(setup_store, cfg.store)
         self.bus = await connect_bus(cfg.bus, name=f"{self.name}/{cfg.service.replica}")
         await self.bus.ensure_streams()

@@ -12,7 +12,18 @@ import sys
 from collections.abc import Sequence
 
 # Order shown in --help (promotion registers eval, promote and rollback).
-COMMANDS: tuple[str, ...] = ("up", "demo", "train", "bench", "status", "top", "report", "promotion", "chaos")
+COMMANDS: tuple[str, ...] = (
+    "up",
+    "demo",
+    "train",
+    "bench",
+    "status",
+    "top",
+    "report",
+    "promotion",
+    "chaos",
+    "serve-engine",
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -22,7 +33,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMANDS:
-        importlib.import_module(f"slipstream.cli.{name}").register(sub)
+        importlib.import_module(f"slipstream.cli.{name.replace('-', '_')}").register(sub)
     return parser
 
 

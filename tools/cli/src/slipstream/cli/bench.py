@@ -25,6 +25,7 @@ BENCHES: dict[str, str] = {
     "search": "bench_search",
     "bm25": "bench_bm25",
     "serve": "bench_serve",
+    "engine-http": "bench_engine_http",
     "learner": "bench_learner",
     "summary": "bench_summary",
 }
