@@ -160,6 +160,15 @@ class LearnerSection(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     rank_start_timeout_s: Annotated[
         float, Doc(description="With ranks > 1: how long to wait for Ray to place every rank actor.")
     ] = 60.0
+    rank_resource: Annotated[
+        str,
+        Doc(
+            description="With ranks > 1: a Ray custom resource name template with '{rank}' (e.g. "
+            "'slipstream-rank-{rank}'); rank r's actor is then placed on the node that advertises one unit of "
+            "that resource for r, next to the weight-publisher configured with rank r. Empty = Ray packs the ranks "
+            "wherever CPUs are free."
+        ),
+    ] = ""
 
     def __post_init__(self) -> None:
         checks = [
@@ -183,6 +192,10 @@ class LearnerSection(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             (self.announce_timeout_s >= 0, f"announce_timeout_s must be >= 0, got {self.announce_timeout_s}"),
             (self.ranks >= 1, f"ranks must be >= 1, got {self.ranks}"),
             (self.rank_start_timeout_s > 0, f"rank_start_timeout_s must be > 0, got {self.rank_start_timeout_s}"),
+            (
+                not self.rank_resource or "{rank}" in self.rank_resource,
+                f"rank_resource must contain '{{rank}}' (one resource per rank), got {self.rank_resource!r}",
+            ),
             (self.lease_ttl_s > 0, f"lease_ttl_s must be > 0, got {self.lease_ttl_s}"),
             (self.lease_handover_s >= 0, f"lease_handover_s must be >= 0, got {self.lease_handover_s}"),
             (
@@ -193,6 +206,13 @@ class LearnerSection(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         for ok, message in checks:
             if not ok:
                 raise ValueError(message)
+        if self.rank_resource:
+            try:
+                self.rank_resource.format(rank=0)
+            except (KeyError, IndexError, ValueError) as exc:
+                raise ValueError(
+                    f"rank_resource {self.rank_resource!r} is not a template with only '{{rank}}' in braces: {exc!r}"
+                ) from None
 
 
 class LearnerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):

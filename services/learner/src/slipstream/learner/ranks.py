@@ -180,6 +180,14 @@ class RankWorker:
             dist.destroy_process_group()
 
 
+def rank_bundles(world: int, rank_resource: str = "") -> list[dict[str, float]]:
+    """The placement group's bundles, bundle r for rank r: one CPU each, and with `rank_resource` (a template
+    with `{rank}`) one unit of rank r's own custom resource, so rank r lands on the node that advertises it."""
+    if not rank_resource:
+        return [{"CPU": 1.0} for _ in range(world)]
+    return [{"CPU": 1.0, rank_resource.format(rank=r): 1.0} for r in range(world)]
+
+
 def rank_chunks(items: Sequence[TrainItem], split: Split, micro_batch: int) -> list[list[list[TrainItem]]]:
     """Each rank's micro-batches; every rank gets the same number (the most any rank needs), some maybe empty."""
     per_rank = [[items[i] for i in rows] for rows in split.rows]
@@ -202,6 +210,7 @@ class RankGroup:
         self.world = section.ranks
         self._ray = ray
         self._started_ray = False
+        bundles = rank_bundles(self.world, section.rank_resource)
         if not ray.is_initialized():
             if section.ray_address:
                 ray.init(address=section.ray_address, log_to_driver=True)
@@ -209,12 +218,14 @@ class RankGroup:
                 ray.init(
                     address="local",
                     num_cpus=self.world,
+                    # One node holds every rank (and, locally, every rank's publisher): it offers each rank's resource.
+                    resources={k: v for b in bundles for k, v in b.items() if k != "CPU"},
                     include_dashboard=False,
                     object_store_memory=256 * 1024 * 1024,
                     log_to_driver=True,
                 )
             self._started_ray = True
-        self._pg = placement_group([{"CPU": 1}] * self.world, strategy="PACK")
+        self._pg = placement_group(bundles, strategy="PACK")
         self._remove_pg = remove_placement_group
         self.actors: list[Any] = []
         try:
@@ -222,9 +233,12 @@ class RankGroup:
             ray.get(ready, timeout=section.rank_start_timeout_s)
         except ray.exceptions.GetTimeoutError:
             self.close()
+            have = ray.cluster_resources()
+            wanted = sorted({k for b in bundles for k in b} - {"CPU"})
             raise RankError(
-                f"Ray did not place {self.world} rank actors (1 CPU each) within {section.rank_start_timeout_s} s: "
-                f"the cluster has {ray.cluster_resources().get('CPU', 0)} CPUs"
+                f"Ray did not place {self.world} rank actors (bundles {bundles}) within "
+                f"{section.rank_start_timeout_s} s: the cluster has {have.get('CPU', 0)} CPUs"
+                + "".join(f", {have.get(k, 0)} {k}" for k in wanted)
             ) from None
         actor_cls = ray.remote(num_cpus=1)(RankWorker)
         self.actors = [
