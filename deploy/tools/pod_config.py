@@ -228,6 +228,17 @@ def _holds_options(p: PodConfig, env: str) -> bool:
     return True
 
 
+def _rank_mismatches(learner: PodConfig, publishers: list[PodConfig]) -> list[str]:
+    """A learner's own publishers must be one per rank: each [publisher] ranks = [learner] ranks, ranks 0..N-1 once."""
+    if not publishers:
+        return []
+    n = learner.get("learner", "ranks")
+    found = sorted((p.get("publisher", "rank"), p.get("publisher", "ranks")) for p in publishers)
+    if found == [(r, n) for r in range(n)]:
+        return []
+    return [f"{learner.owner}: learner.ranks={n} needs one publisher per rank, found (rank, ranks) {found}"]
+
+
 def mismatches(pods: list[PodConfig]) -> list[str]:
     """Every rule of one run that `pods` break, as readable lines (empty: consistent)."""
     out: list[str] = []
@@ -267,11 +278,11 @@ def mismatches(pods: list[PodConfig]) -> list[str]:
                 )
         if learner.get("learner", "lease_handover_s") >= learner.get("service", "drain_timeout_s"):
             out.append(f"{learner.owner}: learner.lease_handover_s must fit inside service.drain_timeout_s")
-        for publisher in by.get("weight-publisher", []):
-            if publisher.owner == learner.owner and publisher.get("publisher", "staging_dir") != learner.get(
-                "learner", "staging_dir"
-            ):
+        publishers = [p for p in by.get("weight-publisher", []) if p.owner == learner.owner]
+        for publisher in publishers:
+            if publisher.get("publisher", "staging_dir") != learner.get("learner", "staging_dir"):
                 out.append(f"{learner.owner}: publisher.staging_dir != learner.staging_dir")
+        out += _rank_mismatches(learner, publishers)
     envs = {e for p in by.get("task-source", []) for e in p.get("tasks", "envs")}
     for env in sorted(envs):
         # eval-gate holds options only for the environments of its suite, the tool-service only for

@@ -105,10 +105,18 @@ def test_the_ray_learner_runs_the_same_run_as_the_single_gpu_learner() -> None:
         "ranks": 1,
         "ray_address": "",
         "rank_start_timeout_s": single[("learner", "Deployment/learner")].learner.rank_start_timeout_s,
+        "rank_resource": "",
     }
     as_single = msgspec.structs.replace(driver, learner=msgspec.structs.replace(driver.learner, **ray_keys))
     assert single[("learner", "Deployment/learner")] == as_single
-    assert single[("weight-publisher", "Deployment/learner")] == ray[("weight-publisher", "RayJob/learner")]
+    # One publisher per rank; apart from its rank and the rank count, each is the single learner's publisher.
+    publishers = [p.config for p in _pods("prod/learner-ray") if p.service == "weight-publisher"]
+    assert sorted(p.publisher.rank for p in publishers) == list(range(driver.learner.ranks))  # type: ignore[attr-defined]
+    for cfg in publishers:
+        section = cfg.publisher  # type: ignore[attr-defined]
+        assert section.ranks == driver.learner.ranks
+        whole = msgspec.structs.replace(cfg, publisher=msgspec.structs.replace(section, rank=0, ranks=1))
+        assert single[("weight-publisher", "Deployment/learner")] == whole
 
 
 @pytest.mark.parametrize(
@@ -122,6 +130,13 @@ def test_the_ray_learner_runs_the_same_run_as_the_single_gpu_learner() -> None:
         ("weight-publisher", "service", "redis_url", "", "service.redis_url is empty"),
         ("learner", "service", "run_id", "other", "service.run_id differs"),
         ("learner", "learner", "lease_handover_s", 200.0, "lease_handover_s must fit"),
+        (
+            "learner",
+            "learner",
+            "ranks",
+            2,
+            "learner.ranks=2 needs one publisher per rank, found (rank, ranks) [(0, 1)]",
+        ),
     ],
 )
 def test_the_consistency_check_names_each_kind_of_disagreement(
@@ -137,6 +152,20 @@ def test_the_consistency_check_names_each_kind_of_disagreement(
     pods[i] = podcfg.PodConfig(pods[i].owner, pods[i].container, service, changed)
     found = podcfg.mismatches(pods)
     assert len(found) == 1 and expected in found[0], found
+
+
+@pytest.mark.parametrize(("rank", "ranks"), [(0, 4), (2, 3)])
+def test_the_consistency_check_names_a_missing_rank_publisher(rank: int, ranks: int) -> None:
+    # Rank 3's publisher made a second rank 0 (no one stores part 3), or told of 3 ranks instead of 4.
+    pods = _pods("prod/learner-ray")
+    i = next(i for i, p in enumerate(pods) if p.service == "weight-publisher" and p.get("publisher", "rank") == 3)
+    cfg = pods[i].config
+    section = msgspec.structs.replace(cfg.publisher, rank=rank, ranks=ranks)  # type: ignore[attr-defined]
+    pods[i] = podcfg.PodConfig(
+        pods[i].owner, pods[i].container, "weight-publisher", msgspec.structs.replace(cfg, publisher=section)
+    )
+    found = podcfg.mismatches(pods)
+    assert len(found) == 1 and "learner.ranks=4 needs one publisher per rank" in found[0], found
 
 
 def test_rollout_worker_keda_target_is_the_tasks_one_replica_holds() -> None:

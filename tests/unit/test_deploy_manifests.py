@@ -10,6 +10,7 @@ test_deploy_images.py; shared helpers: deploy_helpers.py.)
 from __future__ import annotations
 
 import base64
+import json
 import re
 import shlex
 import tempfile
@@ -32,6 +33,7 @@ from deploy_helpers import (
     kl,
     mounted_toml,
     pod_specs,
+    podcfg,
     render,
 )
 
@@ -142,10 +144,11 @@ def test_learner_pod_has_its_publisher_as_a_sidecar_sharing_memory() -> None:
     driver_toml = tomllib.loads(
         find(objs, "ConfigMap", head["volumes"][0]["configMap"]["name"])["data"]["learner.toml"]
     )
-    # The driver stages the versions it gathers from the ranks on the head: the publisher sits there.
-    _assert_publisher_sidecar(objs, head, "ray-head", learner_toml=driver_toml)
-    worker = cluster["workerGroupSpecs"][0]["template"]["spec"]
-    assert "initContainers" not in worker
+    # Each rank stages its part on its own worker pod: a publisher sits on every worker pod, none on the head.
+    assert "initContainers" not in head
+    assert all(v.get("emptyDir", {}).get("medium") != "Memory" for v in head["volumes"])
+    for group in cluster["workerGroupSpecs"]:
+        _assert_publisher_sidecar(objs, group["template"]["spec"], "ray-worker", learner_toml=driver_toml)
 
 
 def test_the_rayjob_runs_the_learner_as_driver_of_one_rank_per_gpu_worker() -> None:
@@ -168,16 +171,40 @@ def test_the_rayjob_runs_the_learner_as_driver_of_one_rank_per_gpu_worker() -> N
         (Path(tmp) / "learner.toml").write_text(text)
         args.config = str(Path(tmp) / "learner.toml")
         cfg = runtime_config.resolve(LearnerConfig, args, environ={})
-    (group,) = cluster["workerGroupSpecs"]
+    groups = cluster["workerGroupSpecs"]
     assert cfg.learner.ranks > 1 and cfg.learner.ray_address == "auto"
-    assert group["replicas"] == group["minReplicas"] == group["maxReplicas"] == cfg.learner.ranks
+    assert cfg.learner.rank_resource, "without rank_resource Ray may put rank r next to another rank's publisher"
+    assert [g["groupName"] for g in groups] == [f"rank-{r}" for r in range(cfg.learner.ranks)]
     # Ranks take one CPU each: the head offers none, every GPU worker exactly one, so one rank per GPU pod.
     assert cluster["headGroupSpec"]["rayStartParams"]["num-cpus"] == "0"
-    assert group["rayStartParams"]["num-cpus"] == "1"
-    (worker,) = group["template"]["spec"]["containers"]
-    assert worker["resources"]["limits"]["nvidia.com/gpu"] == 1
-    env = {e["name"]: e.get("value") for e in worker["env"]}
-    assert env["RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO"] == "0"  # a CPU-only rank actor still sees its pod's GPU
+    assert "resources" not in cluster["headGroupSpec"]["rayStartParams"]
+    # Resolved as the sidecars start (TOML, then env); slipstream-env comes from prod/common.
+    resolved = podcfg.resolve(objs + render("prod/common"))
+    publishers = [
+        (p.get("publisher", "rank"), p.get("publisher", "ranks")) for p in resolved if p.service == "weight-publisher"
+    ]
+    for r, group in enumerate(groups):
+        assert group["replicas"] == group["minReplicas"] == group["maxReplicas"] == 1, group["groupName"]
+        params = group["rayStartParams"]
+        assert params["num-cpus"] == "1"
+        # KubeRay appends `--resources=<value>` to the `ray start` line a shell runs: the shell's word is JSON.
+        (word,) = shlex.split(params["resources"])
+        advertised = json.loads(word)
+        assert advertised == {cfg.learner.rank_resource.format(rank=r): 1}, group["groupName"]
+        spec = group["template"]["spec"]
+        assert group["template"]["metadata"]["labels"]["slipstream.io/rank"] == str(r)
+        (worker,) = spec["containers"]
+        assert worker["resources"]["limits"]["nvidia.com/gpu"] == 1
+        env = {e["name"]: e.get("value") for e in worker["env"]}
+        assert env["RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO"] == "0"  # a CPU-only rank actor still sees its pod's GPU
+        # This pod's publisher stores rank r's part: its env, through the publisher's own loader.
+        (sidecar,) = spec["initContainers"]
+        pub_env = {e["name"]: e.get("value") for e in sidecar["env"]}
+        assert (pub_env["SLIPSTREAM_PUBLISHER__RANK"], pub_env["SLIPSTREAM_PUBLISHER__RANKS"]) == (
+            str(r),
+            str(cfg.learner.ranks),
+        )
+    assert sorted(publishers) == [(r, cfg.learner.ranks) for r in range(cfg.learner.ranks)]
     assert cfg.model.device == "auto"
 
 
