@@ -10,13 +10,14 @@ PACK strategy alone (`rank_resource` empty) puts both ranks there, rank 0 on the
 from __future__ import annotations
 
 from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import pytest
 
 from slipstream.engine.source import ModelSource
 from slipstream.learner.config import LearnerSection
-from slipstream.learner.ranks import RankGroup
+from slipstream.learner.ranks import RankError, RankGroup
 from slipstream.rl import LossConfig
 
 pytestmark = [
@@ -30,20 +31,27 @@ pytestmark = [
 RESOURCE = "slipstream-rank-{rank}"
 
 
-@pytest.fixture
-def cluster() -> Iterator[Any]:
+@contextmanager
+def local_cluster(ranks: tuple[int, ...]) -> Iterator[dict[int, Any]]:
+    """A CPU-less head and one node per rank in `ranks` (rank r's with 2 - r CPUs), this process joined."""
     import ray
     from ray.cluster_utils import Cluster
 
     c = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "include_dashboard": False})
-    nodes = {r: c.add_node(num_cpus=2 - r, resources={RESOURCE.format(rank=r): 1}) for r in (1, 0)}
     try:
+        nodes = {r: c.add_node(num_cpus=2 - r, resources={RESOURCE.format(rank=r): 1}) for r in ranks}
         c.wait_for_nodes()
         ray.init(address=c.address)
         yield nodes
     finally:
         ray.shutdown()
         c.shutdown()
+
+
+@pytest.fixture
+def cluster() -> Iterator[dict[int, Any]]:
+    with local_cluster((1, 0)) as nodes:
+        yield nodes
 
 
 def _node_of(actor: Any) -> str:
@@ -66,3 +74,10 @@ def test_each_rank_runs_on_the_node_that_advertises_its_resource(cluster: dict[i
             assert _node_of(group.actors[rank]) == node.node_id, f"rank {rank}'s actor runs elsewhere"
         # Each rank still holds its resource (and its CPU) while it lives: nothing else can take that node.
         assert ray.available_resources().get(RESOURCE.format(rank=0), 0) == 0
+
+
+def test_a_rank_whose_resource_no_node_offers_fails_naming_it() -> None:
+    # Rank 1's worker pod is missing (not scheduled, or its group advertises another resource).
+    section = LearnerSection(ranks=2, rank_resource=RESOURCE, rank_start_timeout_s=5.0)
+    with local_cluster((0,)), pytest.raises(RankError, match=r"0 slipstream-rank-1\b"):
+        RankGroup(ModelSource(preset="tiny", seed=3), section, LossConfig())
