@@ -182,6 +182,7 @@ class RankGroup:
         self.world = section.ranks
         self._ray = ray
         self._started_ray = False
+        self._closed = False
         self.failed: str | None = None
         """Why the group is unusable (a rank failed), or None; set by the first `RankError` of a call."""
         if not ray.is_initialized():
@@ -358,7 +359,11 @@ class RankGroup:
 
     def close(self) -> None:
         """Stop the ranks (and Ray, if this group started it). After a failure the actors are killed at once:
-        the survivors may be waiting in a collective with the failed rank and would not take a `close` call."""
+        the survivors may be waiting in a collective with the failed rank and would not take a `close` call.
+        Only the first call acts: a second one must not touch Ray (any Ray call would start a new local Ray)."""
+        if self._closed:
+            return
+        self._closed = True
         ray = self._ray
         if self.actors:
             if self.failed is None:
