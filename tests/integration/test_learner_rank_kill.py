@@ -16,6 +16,9 @@ supervisor runs them:
 
 Across A, B and D every published trajectory is trained exactly once (committed checkpoints,
 outcome log and the Redis ledger agree) and no policy version is produced twice.
+
+A rank that hangs instead (SIGSTOP: its sockets stay open, so nobody sees it die) fails the group
+after `rank_timeout_s`, the collective timeout of the rank that waits for it.
 """
 
 from __future__ import annotations
@@ -36,12 +39,25 @@ from scored_trajectories import eventually, group, publish, read_steps
 
 from slipstream.bus import Bus, BusConfig, connect_bus
 from slipstream.control import connect_control
+from slipstream.engine.source import ModelSource
 from slipstream.learner.checkpoint import CheckpointMeta, Pointer
+from slipstream.learner.config import LearnerSection
 from slipstream.learner.outcomes import read_outcomes
+from slipstream.learner.ranks import RankError, RankGroup
+from slipstream.rl import LossConfig
+from slipstream.schemas import scored_episode_from_v1
 from slipstream.stack import ManagedProcess, Server, pid_alive
 from slipstream.store import LocalObjectStore
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.slow,
+    # Ray's own start-up (in this process, for the hung-rank test) emits warnings this suite does not own.
+    pytest.mark.filterwarnings("ignore::DeprecationWarning"),
+    pytest.mark.filterwarnings("ignore::ResourceWarning"),
+    pytest.mark.filterwarnings("ignore::FutureWarning"),
+    pytest.mark.filterwarnings("ignore::UserWarning"),
+]
 
 RUN = "rank-kill"
 STEPS = 6
@@ -231,3 +247,34 @@ async def test_a_killed_rank_fails_the_learner_and_its_restart_trains_every_traj
     versions = [s.policy_version for s in steps]
     assert len(set(versions)) == len(versions) and versions == sorted(versions), versions
     assert {s.step for s in steps} == set(range(1, STEPS + 1))
+
+
+def test_a_hung_rank_fails_the_group_after_the_collective_timeout() -> None:
+    timeout_s = 5.0
+    section = LearnerSection(ranks=2, micro_batch=1, seed=0, rank_start_timeout_s=START_S, rank_timeout_s=timeout_s)
+    batches = [[[scored_episode_from_v1(s) for s in group(f"h{step}-{i}")] for i in range(2)] for step in range(3)]
+    ranks = RankGroup(ModelSource(preset="tiny", seed=0), section, LossConfig())
+    ray_started = descendants(os.getpid())
+    pids = ranks.rank_pids
+    try:
+        assert ranks.step(batches[0], 0).applied
+        os.kill(pids[1], signal.SIGSTOP)
+        started = time.monotonic()
+        with pytest.raises(RankError) as failure:
+            ranks.step(batches[1], 1)
+        took_s = time.monotonic() - started
+        message = str(failure.value)
+        assert message.startswith(f"rank 0 (pid {pids[0]}) failed to train a step: RuntimeError:"), message
+        assert "Timed out" in message and f"rank 1 (pid {pids[1]}) still running" in message, message
+        # The collective timeout, the 2 s grace for the other rank's outcome, and this box's load.
+        assert timeout_s <= took_s < timeout_s + 15, took_s
+        with pytest.raises(RankError, match="failed earlier"):
+            ranks.step(batches[2], 2)
+    finally:
+        ranks.close()  # kills the stopped rank too: no close call into a group that failed
+    left = alive(ray_started)
+    deadline = time.monotonic() + 15
+    while left and time.monotonic() < deadline:
+        time.sleep(0.2)
+        left = alive(left)
+    assert not left, f"Ray processes left behind: {left}"
