@@ -252,7 +252,7 @@ class RankGroup:
                 raise RankError(f"the rank actors did not {what} within {timeout} s (still running: rank {late})")
             try:
                 ray.get(ready[0])
-            except (ray.exceptions.RayActorError, ray.exceptions.RayTaskError) as exc:
+            except ray.exceptions.RayError as exc:  # the actor died or was lost, or the call raised
                 rank = self._name(refs.index(ready[0]))
                 others = self._outcomes(refs, pending, grace_s=2.0)
                 self.failed = f"{rank} failed to {what}"
