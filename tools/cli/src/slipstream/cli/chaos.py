@@ -560,13 +560,17 @@ class Chaos:
             refused = any("permission" in e.lower() for e in errors)
             results.append({"user": user, "subject": subject, "refused": refused, "error": errors[:1]})
         outsider: str
+        # nats-py leaves the socket of a refused first connect open when reconnects are off (it
+        # raises before closing), so the client is made first and closed whatever connect did.
+        nc = nats.NATS()
         try:
-            nc = await nats.connect(url, name="chaos-outsider", allow_reconnect=False, connect_timeout=2)
+            await nc.connect(url, name="chaos-outsider", allow_reconnect=False, connect_timeout=2)
         except Exception as exc:
             outsider = f"refused: {exc!r}"[:200]
         else:
-            await nc.close()
             outsider = "connected"
+        finally:
+            await nc.close()
         rec.detail = {"attempts": results, "outsider_without_credentials": outsider}
         failed = [r for r in results if not r["refused"]]
         if failed or outsider == "connected":
