@@ -5,7 +5,8 @@ groups per step and one step between faults. The whole schedule runs: malformed,
 and near-limit messages on every subject; each pipeline service SIGKILLed in turn (the
 supervisor restarts it); three forged announces; nats-server restarted on its JetStream store;
 Redis restarted empty; publishes outside their users' permissions; a corrupted shard. The
-tool-service stop needs replicas (the lookup env): here it reports itself not applicable.
+tool-service stop needs replicas (the lookup and search envs): here it reports itself not
+applicable.
 
 Asserted from the suite's JSON, whose figures are joins over the run's own records: the run
 finished every step, every fault was applied and showed what it must, trained twice, lost,

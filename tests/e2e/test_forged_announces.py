@@ -26,7 +26,6 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -34,6 +33,7 @@ from typing import Any
 import msgspec
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from e2e_support import until
 
 from slipstream.bus import connect_bus
 from slipstream.cli.spec import StackSpec, StoreSpec
@@ -52,14 +52,6 @@ STEPS = 24
 INJECT_AT = 8
 AHEAD = 1000
 WORKER_REASONS = {"unknown_key": 1, "unsigned": 1, "bad_signature": 1, "missing_manifest": 1, "fence": 1}
-
-
-async def _until(cond: Callable[[], bool], timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s:.0f}s waiting for {what}")
-        await asyncio.sleep(0.2)
 
 
 def _probe(port: int) -> tuple[int | None, dict[str, Any], str]:
@@ -183,14 +175,14 @@ async def _train(run: Run, root: Path, plan: TrainingPlan, model_dir: Path, *, a
                 await asyncio.sleep(0.25)
 
         sampler = asyncio.create_task(sample())
-        await _until(lambda: max(run.steps, default=0) >= INJECT_AT, 500, f"{run.name}: learner step {INJECT_AT}")
+        await until(lambda: max(run.steps, default=0) >= INJECT_AT, 500, f"{run.name}: learner step {INJECT_AT}")
         if attack:
             far = await _forge(stack, LocalObjectStore(store_root), run.name)
             injected = True
             worker, source = ports["rollout-worker"], ports["task-source"]
-            await _until(lambda: _refused(worker, "rollout-worker") == WORKER_REASONS, 30, "the worker's refusals")
+            await until(lambda: _refused(worker, "rollout-worker") == WORKER_REASONS, 30, "the worker's refusals")
             four = {k: 1 for k in WORKER_REASONS if k != "fence"}
-            await _until(
+            await until(
                 lambda: {k: v for k, v in _refused(source, "task-source").items() if k != "fence"} == four,
                 30,
                 "the task source's refusals",
@@ -202,11 +194,11 @@ async def _train(run: Run, root: Path, plan: TrainingPlan, model_dir: Path, *, a
         else:
             injected = True
         learner = stack.services["learner"]
-        await _until(lambda: not learner.alive(), 600, f"{run.name}: the learner's last step")
+        await until(lambda: not learner.alive(), 600, f"{run.name}: the learner's last step")
         run.steps.setdefault(STEPS, time.monotonic())  # its last /readyz may have gone unseen before the exit
         assert learner.returncode == 0, stack.tail("learner")
         worker = ports["rollout-worker"]
-        await _until(lambda: _status(worker)[1].get("policy_version") == STEPS, 60, f"{run.name}: worker on v{STEPS}")
+        await until(lambda: _status(worker)[1].get("policy_version") == STEPS, 60, f"{run.name}: worker on v{STEPS}")
         run.final_version = STEPS
     finally:
         if sampler is not None:

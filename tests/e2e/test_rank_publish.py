@@ -13,57 +13,26 @@ the learner is a Ray driver whose two rank actors stage their own parts. Asserte
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import msgspec
 import pytest
+from e2e_support import until, worker_weights
 from safetensors.torch import load as load_safetensors
 
 from slipstream.cli.spec import StackSpec, StoreSpec
 from slipstream.cli.stack import Stack
-from slipstream.cli.status import read_json
 from slipstream.cli.training import PIPELINE, TrainingPlan, service_env, warm_start
 from slipstream.learner.checkpoint import Pointer
 from slipstream.store import LocalObjectStore
 from slipstream.weights import manifest_key, read_manifest
 from slipstream.weights.parts import split_parts
-from slipstream.weights.tensors import as_bytes_view
+from slipstream.weights.tensors import digest
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 RUN = "rank-publish-e2e"
 STEPS = 6
 KEYFRAME_EVERY = 3
-
-
-def _digest(tensors: dict[str, Any]) -> str:
-    """What the rollout worker reports as `weights_sha256` (see test_weight_sync)."""
-    h = hashlib.sha256()
-    for name, value in sorted(tensors.items()):
-        h.update(f"{name}:{value.dtype}:{tuple(value.shape)};".encode())
-        h.update(as_bytes_view(value))
-    return h.hexdigest()
-
-
-async def _until(cond: Callable[[], bool], timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s:.0f}s waiting for {what}")
-        await asyncio.sleep(0.2)
-
-
-def _worker(port: int) -> dict[str, Any]:
-    code, body = read_json(port, "/readyz", 1.0)
-    st = (body or {}).get("status") or {}
-    return {
-        "code": code,
-        "version": st.get("policy_version"),
-        "digest": (st.get("weights") or {}).get("weights_sha256"),
-    }
 
 
 @pytest.mark.timeout(600)
@@ -96,11 +65,11 @@ async def test_two_learner_ranks_publish_parts_and_the_worker_ends_bit_identical
         await asyncio.to_thread(stack.wait_ready)
         store = LocalObjectStore(store_root)
         learner = stack.services["learner"]
-        await _until(lambda: not learner.alive(), 400, "the learner's last step")
+        await until(lambda: not learner.alive(), 400, "the learner's last step")
         assert learner.returncode == 0, stack.tail("learner")
-        await _until(lambda: store.exists(manifest_key(RUN, STEPS)), 120, f"version {STEPS} committed")
+        await until(lambda: store.exists(manifest_key(RUN, STEPS)), 120, f"version {STEPS} committed")
         port = stack.services["rollout-worker"].port
-        await _until(lambda: _worker(port)["version"] == STEPS, 120, f"the worker on version {STEPS}")
+        await until(lambda: worker_weights(port)["version"] == STEPS, 120, f"the worker on version {STEPS}")
 
         pointer = msgspec.json.decode(store.get(f"checkpoints/{RUN}/latest.json"), type=Pointer)
         assert pointer.policy_version == STEPS
@@ -108,7 +77,7 @@ async def test_two_learner_ranks_publish_parts_and_the_worker_ends_bit_identical
         last = read_manifest(store, manifest_key(RUN, STEPS))
         staged = {e.name for e in last.tensors}
         assert staged <= set(gathered)
-        assert _worker(port)["digest"] == _digest({n: gathered[n] for n in staged})
+        assert worker_weights(port)["digest"] == digest({n: gathered[n] for n in staged})
 
         manifests = [read_manifest(store, manifest_key(RUN, v)) for v in range(STEPS + 1)]
         assert all([p.rank for p in m.parts] == [0, 1] and m.key_id == stack.signing_key_id for m in manifests)

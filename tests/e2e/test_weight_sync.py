@@ -15,59 +15,28 @@ onto the version it holds. Asserted:
 from __future__ import annotations
 
 import asyncio
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import nats
 import pytest
+from e2e_support import until, worker_weights
 
 from slipstream.cli.spec import StackSpec, StoreSpec
 from slipstream.cli.stack import Stack
-from slipstream.cli.status import read_json
 from slipstream.cli.training import PIPELINE, TrainingPlan, service_env, warm_start
 from slipstream.schemas import SCHEMA_HEADER, Episode, decode_message
 from slipstream.stack import ManagedProcess, free_port
 from slipstream.store import LocalObjectStore
 from slipstream.weights import manifest_key, read_manifest
 from slipstream.weights.chain import load_version
+from slipstream.weights.tensors import digest
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 RUN = "sync-e2e"
 STEPS = 30  # steps 5 -> 30 leave the late worker time to generate even on a quiet machine (12 ended in ~1 s)
 JOIN_AFTER = 5
 KEYFRAME_EVERY = 4
-
-
-def _digest(tensors: dict[str, Any]) -> str:
-    import hashlib
-
-    from slipstream.weights.tensors import as_bytes_view
-
-    h = hashlib.sha256()
-    for name, value in sorted(tensors.items()):
-        h.update(f"{name}:{value.dtype}:{tuple(value.shape)};".encode())
-        h.update(as_bytes_view(value))
-    return h.hexdigest()
-
-
-async def _until(cond: Callable[[], bool], timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s:.0f}s waiting for {what}")
-        await asyncio.sleep(0.2)
-
-
-def _weights(port: int) -> dict[str, Any]:
-    code, body = read_json(port, "/readyz", 1.0)
-    st = (body or {}).get("status") or {}
-    return {
-        "code": code,
-        "version": st.get("policy_version"),
-        "digest": (st.get("weights") or {}).get("weights_sha256"),
-    }
 
 
 @pytest.mark.timeout(600)
@@ -113,7 +82,7 @@ async def test_late_worker_catches_up_and_both_end_bit_identical(tmp_path: Path)
 
         await tap.subscribe("traj.raw.>", cb=on_traj)
         store = LocalObjectStore(store_root)
-        await _until(lambda: store.exists(manifest_key(RUN, JOIN_AFTER)), 240, f"version {JOIN_AFTER} stored")
+        await until(lambda: store.exists(manifest_key(RUN, JOIN_AFTER)), 240, f"version {JOIN_AFTER} stored")
 
         port = free_port()
         late = ManagedProcess(
@@ -122,21 +91,21 @@ async def test_late_worker_catches_up_and_both_end_bit_identical(tmp_path: Path)
             run_dir / "logs" / "rollout-worker-late.log",
             {**stack.service_env("rollout-worker", port), "SLIPSTREAM_SERVICE__REPLICA": "late"},
         )
-        await _until(lambda: _weights(port)["code"] == 200, 120, "the late worker ready")
-        await _until(lambda: (_weights(port)["version"] or 0) >= JOIN_AFTER, 60, "the late worker to catch up")
+        await until(lambda: worker_weights(port)["code"] == 200, 120, "the late worker ready")
+        await until(lambda: (worker_weights(port)["version"] or 0) >= JOIN_AFTER, 60, "the late worker to catch up")
 
         learner = stack.services["learner"]
-        await _until(lambda: not learner.alive(), 400, "the learner's last step")
+        await until(lambda: not learner.alive(), 400, "the learner's last step")
         assert learner.returncode == 0, stack.tail("learner")
-        await _until(lambda: store.exists(manifest_key(RUN, STEPS)), 60, f"version {STEPS} stored")
+        await until(lambda: store.exists(manifest_key(RUN, STEPS)), 60, f"version {STEPS} stored")
         first_port = stack.services["rollout-worker"].port
-        await _until(
-            lambda: _weights(first_port)["version"] == STEPS and _weights(port)["version"] == STEPS,
+        await until(
+            lambda: worker_weights(first_port)["version"] == STEPS and worker_weights(port)["version"] == STEPS,
             60,
             f"both workers on version {STEPS}",
         )
-        first, second = _weights(first_port), _weights(port)
-        expected = _digest(await asyncio.to_thread(load_version, store, RUN, STEPS))
+        first, second = worker_weights(first_port), worker_weights(port)
+        expected = digest(await asyncio.to_thread(load_version, store, RUN, STEPS))
         assert first["digest"] == second["digest"] == expected
 
         manifests = [read_manifest(store, manifest_key(RUN, v)) for v in range(STEPS + 1)]

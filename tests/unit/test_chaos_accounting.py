@@ -7,13 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from slipstream.cli.chaos import applied_versions, parse_faults, refused_versions
+from slipstream.cli.chaos import parse_faults
 from slipstream.cli.chaos_accounting import (
     AnnounceRecord,
     corrupted_applied,
     join_trajectories,
     versions_announced_twice,
 )
+from slipstream.cli.chaos_audit import applied_versions, refused_versions
 
 pytestmark = pytest.mark.unit
 

@@ -201,6 +201,45 @@ def test_local_mode_honours_services_and_python_override() -> None:
     assert run.of("local_resource")[1].args["serve_cmd"].startswith("exec /opt/py deploy/tilt/stack_env.py")
 
 
+def test_local_mode_runs_a_two_rank_learner_with_a_publisher_per_rank() -> None:
+    run = evaluate("--local", "--learner-ranks", "2")
+    calls = {c.args["name"]: c.args for c in run.of("local_resource")}
+    assert set(calls) == {"stack", *table.SERVICES, "weight-publisher-1"}
+    pods = []
+    for name in ("learner", "weight-publisher", "weight-publisher-1"):
+        service = name.removesuffix("-1")
+        args = calls[name]
+        assert args["serve_cmd"].endswith(f" -m {table.package(service)}")
+        env = stack_env.service_env(
+            {"nats": "nats://127.0.0.1:40001", "redis": "redis://127.0.0.1:40002/0"}, args["serve_env"]
+        )
+        cls = table.config_class(service)
+        cfg = runtime_config.build(cls, runtime_config.env_layer(cls, env))
+        assert args["readiness_probe"]["http_get"]["port"] == cfg.service.http_port  # type: ignore[attr-defined]
+        pods.append(cfg)
+    learner, pub0, pub1 = pods
+    assert learner.learner.ranks == 2  # type: ignore[attr-defined]
+    assert (pub0.publisher.rank, pub0.publisher.ranks) == (0, 2)  # type: ignore[attr-defined]
+    assert (pub1.publisher.rank, pub1.publisher.ranks) == (1, 2)  # type: ignore[attr-defined]
+    # Both publishers watch the learner's staging directory (rank r's part in its rank-<r> folder).
+    assert pub0.publisher.staging_dir == pub1.publisher.staging_dir == learner.learner.staging_dir  # type: ignore[attr-defined]
+    ports = [c["readiness_probe"]["http_get"]["port"] for c in calls.values() if c["name"] != "stack"]
+    assert len(set(ports)) == len(ports)
+
+
+@pytest.mark.parametrize(
+    ("args", "error"),
+    [
+        (("--local", "--learner-ranks", "two"), "--learner-ranks must be a whole number >= 1"),
+        (("--local", "--learner-ranks", "0"), "--learner-ranks must be a whole number >= 1"),
+        (("--learner-ranks", "2"), "--learner-ranks needs --local"),
+    ],
+)
+def test_learner_ranks_is_checked(args: tuple[str, ...], error: str) -> None:
+    with pytest.raises(Exception, match=error):
+        tilt.evaluate(TILTFILE, args, environ={})
+
+
 # ---------------------------------------------------------------- both modes
 
 

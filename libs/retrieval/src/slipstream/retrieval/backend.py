@@ -26,20 +26,15 @@ tools turn both into the model's `bad_arguments`.
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Collection
 
 import msgspec
 import numpy as np
-import regex
 
 from slipstream.retrieval.dense import MiniLM
 from slipstream.retrieval.index import HybridIndex, indexed_text
-from slipstream.retrieval.ranking import RRF_K, cut_to_budget, rrf, top_k
+from slipstream.retrieval.ranking import RRF_K, cut_to_budget, grep_rows, rrf, top_k
 from slipstream.retrieval.types import Chunk
-
-GREP_TIMEOUT_S = 2.0
-MAX_PATTERN_CHARS = 500
 
 
 class HybridSearch:
@@ -110,27 +105,8 @@ class HybridSearch:
         return cut_to_budget(ranked, budget_tokens)
 
     def grep_sync(self, pattern: str, *, exclude: Collection[str], limit: int = 5) -> list[Chunk]:
-        if len(pattern) > MAX_PATTERN_CHARS:
-            raise ValueError(f"pattern is longer than {MAX_PATTERN_CHARS} characters")
-        try:
-            rx = regex.compile(pattern)
-        except regex.error as exc:
-            raise ValueError(f"bad regular expression {pattern!r}: {exc}") from None
-        excluded = set(exclude)
-        hits: list[tuple[int, int]] = []
-        deadline = time.monotonic() + GREP_TIMEOUT_S
-        try:
-            for row, text in enumerate(self._texts):
-                if self.index.chunks[row].chunk_id in excluded:
-                    continue
-                # One time limit for the whole scan, not one per chunk.
-                n = sum(1 for _ in rx.finditer(text, timeout=max(1e-3, deadline - time.monotonic())))
-                if n:
-                    hits.append((-n, row))
-        except TimeoutError:
-            raise ValueError(f"pattern {pattern!r} took too long to match (over {GREP_TIMEOUT_S:g} s)") from None
-        hits.sort()
-        return [self._scored(row, -neg) for neg, row in hits[: max(0, limit)]]
+        ids = [c.chunk_id for c in self.index.chunks]
+        return [self._scored(row, n) for row, n in grep_rows(pattern, self._texts, ids, exclude=exclude, limit=limit)]
 
     async def grep(self, pattern: str, *, exclude: Collection[str], limit: int = 5) -> list[Chunk]:
         return await asyncio.to_thread(self.grep_sync, pattern, exclude=exclude, limit=limit)

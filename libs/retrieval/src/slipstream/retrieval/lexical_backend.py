@@ -18,21 +18,16 @@ backend would return, cut to the same budgets, with the same exclusion and error
 
 from __future__ import annotations
 
-import time
 from collections.abc import Collection, Sequence
 
 import msgspec
 import numpy as np
-import regex
 
 from slipstream.retrieval.chunking import chunk_corpus
 from slipstream.retrieval.index import indexed_text
 from slipstream.retrieval.lexical import Lexical
-from slipstream.retrieval.ranking import cut_to_budget, top_k
+from slipstream.retrieval.ranking import cut_to_budget, grep_rows, top_k
 from slipstream.retrieval.types import Chunk, Document, TokenCounter
-
-GREP_TIMEOUT_S = 2.0
-MAX_PATTERN_CHARS = 500
 
 
 class LexicalSearch:
@@ -74,26 +69,8 @@ class LexicalSearch:
         return self.search_sync(query, exclude=exclude, budget_tokens=budget_tokens)
 
     def grep_sync(self, pattern: str, *, exclude: Collection[str], limit: int = 5) -> list[Chunk]:
-        if len(pattern) > MAX_PATTERN_CHARS:
-            raise ValueError(f"pattern is longer than {MAX_PATTERN_CHARS} characters")
-        try:
-            rx = regex.compile(pattern)
-        except regex.error as exc:
-            raise ValueError(f"bad regular expression {pattern!r}: {exc}") from None
-        excluded = set(exclude)
-        hits: list[tuple[int, int]] = []
-        deadline = time.monotonic() + GREP_TIMEOUT_S
-        try:
-            for row, text in enumerate(self._texts):
-                if self.chunks[row].chunk_id in excluded:
-                    continue
-                n = sum(1 for _ in rx.finditer(text, timeout=max(1e-3, deadline - time.monotonic())))
-                if n:
-                    hits.append((-n, row))
-        except TimeoutError:
-            raise ValueError(f"pattern {pattern!r} took too long to match (over {GREP_TIMEOUT_S:g} s)") from None
-        hits.sort()
-        return [self._scored(row, -neg) for neg, row in hits[: max(0, limit)]]
+        ids = [c.chunk_id for c in self.chunks]
+        return [self._scored(row, n) for row, n in grep_rows(pattern, self._texts, ids, exclude=exclude, limit=limit)]
 
     async def grep(self, pattern: str, *, exclude: Collection[str], limit: int = 5) -> list[Chunk]:
         return self.grep_sync(pattern, exclude=exclude, limit=limit)

@@ -7,17 +7,23 @@
 - `cut_to_budget`: whole chunks, best first, while they fit; a chunk that does not fit is
   skipped and smaller ones after it may still fill the rest (a result never ends early because
   one long chunk came up, and never holds a partial chunk).
+- `grep_rows`: the rows whose text matches a regular expression most often (grep_corpus), with
+  one time limit for the whole scan, so a pathological pattern cannot stall a tool call.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import time
+from collections.abc import Collection, Iterable, Sequence
 
 import numpy as np
+import regex
 
 from slipstream.retrieval.types import Chunk
 
 RRF_K = 60
+GREP_TIMEOUT_S = 2.0
+MAX_PATTERN_CHARS = 500
 
 
 def rrf(rankings: Iterable[Sequence[str]], *, k: int = RRF_K) -> list[tuple[str, float]]:
@@ -62,3 +68,33 @@ def cut_to_budget(chunks: Iterable[Chunk], budget_tokens: int) -> list[Chunk]:
         if left <= 0:
             break
     return out
+
+
+def grep_rows(
+    pattern: str, texts: Sequence[str], ids: Sequence[str], *, exclude: Collection[str], limit: int
+) -> list[tuple[int, int]]:
+    """(row, matches) of the `limit` rows of `texts` with the most matches of `pattern`, most first
+    (ties: the lower row), skipping rows whose id (`ids[row]`) is in `exclude`. A pattern longer
+    than MAX_PATTERN_CHARS, one that does not compile, or a scan past GREP_TIMEOUT_S in all raises
+    ValueError naming the pattern."""
+    if len(pattern) > MAX_PATTERN_CHARS:
+        raise ValueError(f"pattern is longer than {MAX_PATTERN_CHARS} characters")
+    try:
+        rx = regex.compile(pattern)
+    except regex.error as exc:
+        raise ValueError(f"bad regular expression {pattern!r}: {exc}") from None
+    excluded = set(exclude)
+    hits: list[tuple[int, int]] = []
+    deadline = time.monotonic() + GREP_TIMEOUT_S
+    try:
+        for row, text in enumerate(texts):
+            if ids[row] in excluded:
+                continue
+            # One time limit for the whole scan, not one per chunk.
+            n = sum(1 for _ in rx.finditer(text, timeout=max(1e-3, deadline - time.monotonic())))
+            if n:
+                hits.append((-n, row))
+    except TimeoutError:
+        raise ValueError(f"pattern {pattern!r} took too long to match (over {GREP_TIMEOUT_S:g} s)") from None
+    hits.sort()
+    return [(row, -neg) for neg, row in hits[: max(0, limit)]]

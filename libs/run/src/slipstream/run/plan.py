@@ -212,9 +212,20 @@ def run_env(plan: TrainingPlan) -> dict[str, str]:
         # The workers call the env's tools over NATS; the tool-service serves them, built like the workers' env.
         env["SLIPSTREAM_TOOLS__TRANSPORT"] = "nats"
         env["SLIPSTREAM_SERVE__SETS"] = json.dumps([plan.env])
-        if env_options:
-            env["SLIPSTREAM_SERVE__OPTIONS"] = env_options
+        served = serve_options(plan)
+        if served:
+            env["SLIPSTREAM_SERVE__OPTIONS"] = json.dumps(served)
     return env
+
+
+def serve_options(plan: TrainingPlan) -> dict[str, Any]:
+    """The tool-service's `[serve] options` for the env's tool set, built as the workers build the env.
+
+    Every env's options as they are, except `search`'s: its tool set serves a stored index unless
+    given the environment's options under `env` (the same generated corpus and backend)."""
+    if plan.env == "search":
+        return {"search": {"env": plan.env_options}}
+    return {plan.env: plan.env_options} if plan.env_options else {}
 
 
 def summary_env(summary: dict[str, Any]) -> dict[str, str]:

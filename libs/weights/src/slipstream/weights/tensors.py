@@ -6,7 +6,8 @@ name in the manifest (`TensorEntry.dtype`).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import hashlib
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import torch
@@ -51,6 +52,16 @@ def from_bytes(buf: bytes | bytearray | memoryview, dtype: str, shape: list[int]
     """A tensor over `buf` (copied once so the result owns writable memory)."""
     raw = torch.frombuffer(bytearray(buf), dtype=torch.uint8)
     return raw.view(dtype_from_name(dtype)).reshape(shape)
+
+
+def digest(tensors: Mapping[str, torch.Tensor]) -> str:
+    """sha256 over named tensors (names, dtypes, shapes, bytes), in name order: equal digests mean
+    bit-identical weights. A rollout worker reports its engine's as `weights_sha256`."""
+    h = hashlib.sha256()
+    for name, value in sorted(tensors.items()):
+        h.update(f"{name}:{value.dtype}:{tuple(value.shape)};".encode())
+        h.update(as_bytes_view(value))
+    return h.hexdigest()
 
 
 def shares_memory(a: Iterable[torch.Tensor], b: Iterable[torch.Tensor]) -> bool:

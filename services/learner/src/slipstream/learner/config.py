@@ -160,6 +160,14 @@ class LearnerSection(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     rank_start_timeout_s: Annotated[
         float, Doc(description="With ranks > 1: how long to wait for Ray to place every rank actor.")
     ] = 60.0
+    rank_timeout_s: Annotated[
+        float,
+        Doc(
+            description="With ranks > 1: how long a rank waits in one collective (the process group's timeout) "
+            "before it fails. Bounds how long a hung or unreachable rank can stall the others; a rank whose "
+            "process dies is noticed at once. Either way the learner exits 1 and resumes from its checkpoint."
+        ),
+    ] = 300.0
     rank_resource: Annotated[
         str,
         Doc(
@@ -192,6 +200,7 @@ class LearnerSection(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             (self.announce_timeout_s >= 0, f"announce_timeout_s must be >= 0, got {self.announce_timeout_s}"),
             (self.ranks >= 1, f"ranks must be >= 1, got {self.ranks}"),
             (self.rank_start_timeout_s > 0, f"rank_start_timeout_s must be > 0, got {self.rank_start_timeout_s}"),
+            (self.rank_timeout_s > 0, f"rank_timeout_s must be > 0, got {self.rank_timeout_s}"),
             (
                 not self.rank_resource or "{rank}" in self.rank_resource,
                 f"rank_resource must contain '{{rank}}' (one resource per rank), got {self.rank_resource!r}",

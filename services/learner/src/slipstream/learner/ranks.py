@@ -19,6 +19,13 @@ through torch.distributed.checkpoint (`sharded_checkpoint`), readable at any ran
 are staged by the ranks themselves (`stage_parts`): rank r writes its part (a fixed partition of
 the tensor names) into `<staging_dir>/rank-<r>`, which its own weight-publisher stores.
 
+A rank that fails (its process killed, an error, a collective past `rank_timeout_s`) fails the
+whole group: the driver reports the first failure as a `RankError` without waiting for the other
+ranks (they may sit in a collective with the dead one), and `close` then kills every actor instead
+of asking it to leave its process group. There is no in-process recovery: the learner service
+exits 1 and its supervisor restarts it, so it resumes from its last checkpoint as any restarted
+learner does (services/learner/README.md, "A dead rank").
+
 Ray is imported only here, and only when a `RankGroup` is made: `ranks = 1` never imports it.
 """
 
@@ -30,6 +37,7 @@ import socket
 import tempfile
 import time
 from collections.abc import Sequence
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -103,7 +111,9 @@ class RankWorker:
 
         os.environ.update(MASTER_ADDR=addr, MASTER_PORT=str(port), RANK=str(self.rank), WORLD_SIZE=str(self.world))
         backend = "nccl" if torch.cuda.is_available() else "gloo"
-        dist.init_process_group(backend, rank=self.rank, world_size=self.world)
+        # The timeout bounds every collective: a rank whose peer hangs fails instead of waiting for ever.
+        timeout = timedelta(seconds=self.section.rank_timeout_s)
+        dist.init_process_group(backend, rank=self.rank, world_size=self.world, timeout=timeout)
         torch.manual_seed(self.section.seed)
         model, tokenizer = load_model(self.source)
         n_params = sum(p.numel() for p in model.parameters())
@@ -122,6 +132,10 @@ class RankWorker:
         sums, by_turn = trainer.accumulate(chunks, total_tokens)
         grad_norm, applied = trainer.apply()
         return sums, by_turn, grad_norm, applied
+
+    def pid(self) -> int:
+        """This rank's process id (for operators and the fault-injection tests)."""
+        return os.getpid()
 
     def full_state(self) -> dict[str, torch.Tensor] | None:
         """The whole policy's state dict on rank 0 (None elsewhere); a collective."""
@@ -210,6 +224,9 @@ class RankGroup:
         self.world = section.ranks
         self._ray = ray
         self._started_ray = False
+        self._closed = False
+        self.failed: str | None = None
+        """Why the group is unusable (a rank failed), or None; set by the first `RankError` of a call."""
         bundles = rank_bundles(self.world, section.rank_resource)
         if not ray.is_initialized():
             if section.ray_address:
@@ -232,9 +249,9 @@ class RankGroup:
             ready = self._pg.ready()
             ray.get(ready, timeout=section.rank_start_timeout_s)
         except ray.exceptions.GetTimeoutError:
-            self.close()
-            have = ray.cluster_resources()
+            have = ray.cluster_resources()  # before close: a Ray call after it would start a new local Ray
             wanted = sorted({k for b in bundles for k in b} - {"CPU"})
+            self.close()
             raise RankError(
                 f"Ray did not place {self.world} rank actors (bundles {bundles}) within "
                 f"{section.rank_start_timeout_s} s: the cluster has {have.get('CPU', 0)} CPUs"
@@ -251,6 +268,7 @@ class RankGroup:
         try:
             addr, port = self._get([self.actors[0].address.remote()], "report rank 0's address", limit)[0]
             self.n_params = self._get([a.setup.remote(addr, port) for a in self.actors], "set up", limit)[0]
+            self.rank_pids: list[int] = self.pids()
         except BaseException:
             self.close()  # no actors (nor a local Ray) left behind
             raise
@@ -264,13 +282,55 @@ class RankGroup:
         self._steps = 0
 
     def _get(self, refs: list[Any], what: str, timeout: float | None = None) -> list[Any]:
+        """The results of one call per rank (`refs[i]` from rank i), raising `RankError` at the first failure.
+
+        Results are taken as they come, not in rank order: a dead rank 1 is reported while rank 0 still
+        waits in a collective for it. What the other ranks did within a short grace is added to the message.
+        """
+        if self.failed is not None:
+            raise RankError(f"the rank group failed earlier ({self.failed}); cannot {what}")
         ray = self._ray
-        try:
-            return list(ray.get(refs, timeout=timeout))
-        except (ray.exceptions.RayActorError, ray.exceptions.RayTaskError) as exc:
-            raise RankError(f"a rank actor failed to {what}: {exc}") from exc
-        except ray.exceptions.GetTimeoutError:
-            raise RankError(f"the rank actors did not {what} within the timeout") from None
+        deadline = None if timeout is None else time.monotonic() + timeout
+        pending = list(refs)
+        while pending:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            ready, pending = ray.wait(pending, num_returns=1, timeout=left)
+            if not ready:
+                late = ", ".join(str(refs.index(r)) for r in pending)
+                self.failed = f"rank(s) {late} did not {what} within {timeout} s"
+                raise RankError(f"the rank actors did not {what} within {timeout} s (still running: rank {late})")
+            try:
+                ray.get(ready[0])
+            except ray.exceptions.RayError as exc:  # the actor died or was lost, or the call raised
+                rank = self._name(refs.index(ready[0]))
+                others = self._outcomes(refs, pending, grace_s=2.0)
+                self.failed = f"{rank} failed to {what}"
+                raise RankError(
+                    f"{rank} failed to {what}: {_first_line(exc)}" + (f"; {others}" if others else "")
+                ) from exc
+        return list(ray.get(refs))
+
+    def _outcomes(self, refs: list[Any], pending: list[Any], grace_s: float) -> str:
+        """What the still-running calls of a failed round came to within `grace_s` (for the error message)."""
+        ray = self._ray
+        done, stuck = ray.wait(pending, num_returns=len(pending), timeout=grace_s) if pending else ([], [])
+        parts = []
+        for ref in done:
+            try:
+                ray.get(ref)
+                parts.append(f"{self._name(refs.index(ref))} finished")
+            except Exception as exc:
+                parts.append(f"{self._name(refs.index(ref))}: {_first_line(exc)}")
+        parts += [f"{self._name(refs.index(ref))} still running (in a collective with the failed one)" for ref in stuck]
+        return "; ".join(parts)
+
+    def pids(self) -> list[int]:
+        """Every rank actor's process id, in rank order (asked of the actors)."""
+        return [int(p) for p in self._get([a.pid.remote() for a in self.actors], "report its pid", 30.0)]
+
+    def _name(self, rank: int) -> str:
+        pids = getattr(self, "rank_pids", None)
+        return f"rank {rank} (pid {pids[rank]})" if pids else f"rank {rank}"
 
     def step(self, groups: Sequence[Sequence[ScoredEpisode]], version: int) -> StepStats:
         """One optimizer step over `groups` across the ranks (see the module docstring)."""
@@ -374,13 +434,19 @@ class RankGroup:
         self._steps += 1  # the mirror is stale
 
     def close(self) -> None:
-        """Stop the ranks (and Ray, if this group started it)."""
+        """Stop the ranks (and Ray, if this group started it). After a failure the actors are killed at once:
+        the survivors may be waiting in a collective with the failed rank and would not take a `close` call.
+        Only the first call acts: a second one must not touch Ray (any Ray call would start a new local Ray)."""
+        if self._closed:
+            return
+        self._closed = True
         ray = self._ray
         if self.actors:
-            try:
-                ray.get([a.close.remote() for a in self.actors], timeout=30)
-            except Exception:
-                pass
+            if self.failed is None:
+                try:
+                    ray.get([a.close.remote() for a in self.actors], timeout=30)
+                except Exception:
+                    pass
             for a in self.actors:
                 ray.kill(a)
             self.actors = []
@@ -397,3 +463,14 @@ class RankGroup:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _first_line(exc: BaseException) -> str:
+    """The first line of what went wrong: a task error's own exception (Ray wraps it with a traceback),
+    else the first line of the text (an actor error goes on with the actor's details)."""
+    cause = getattr(exc, "cause", None)
+    if isinstance(cause, BaseException):
+        exc = cause
+    text = str(exc).strip()
+    line = text.splitlines()[0] if text else ""
+    return f"{type(exc).__name__}: {line}" if line else type(exc).__name__

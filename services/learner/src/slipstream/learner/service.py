@@ -38,7 +38,7 @@ import contextlib
 import secrets
 import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import msgspec
 
@@ -58,6 +58,7 @@ from slipstream.learner.leadership import LeadershipLost
 from slipstream.learner.ledger import TrainedLedger
 from slipstream.learner.outcomes import OutcomeLog
 from slipstream.learner.progress import Progress
+from slipstream.learner.ranks import RankError, RankGroup
 from slipstream.learner.report import observe, publish_step
 from slipstream.learner.resume import resume
 from slipstream.learner.trainer import Trainer
@@ -69,9 +70,6 @@ from slipstream.schemas.subjects import STREAMS, StreamSpec, consumer
 from slipstream.store import ObjectNotFound, ObjectStore, setup_store
 from slipstream.store import episodes as episode_bodies
 from slipstream.telemetry.logs import get_logger
-
-if TYPE_CHECKING:
-    from slipstream.learner.ranks import RankGroup
 
 DURABLE = "learner"
 NONFINITE = "nonfinite_gradient"
@@ -143,9 +141,7 @@ class LearnerService(BaseService):
         await self.bus.ensure_streams()
         self.store = await asyncio.to_thread(setup_store, cfg.store)
         if self.section.ranks > 1:
-            # This process becomes a Ray driver; Ray is imported only on this path.
-            from slipstream.learner.ranks import RankGroup
-
+            # This process becomes a Ray driver; Ray is imported only on this path (by RankGroup).
             group = await asyncio.to_thread(RankGroup, cfg.model, self.section, cfg.loss)
             self.trainer, model = group, group.mirror
         else:
@@ -253,6 +249,17 @@ class LearnerService(BaseService):
             ok = True
         except LeadershipLost as exc:
             log.error("leader lease lost: stopped without staging or committing anything more", reason=str(exc))
+            raise
+        except RankError as exc:
+            # No in-process recovery: the restarted learner resumes from its checkpoint (README, "A dead rank").
+            p = self.progress
+            log.error(
+                "a training rank failed: exiting for a restart from the last checkpoint",
+                reason=str(exc),
+                step=p.step,
+                committed_step=p.committed_step,
+                handed_back=len(self.committer.held) + len(self.committer.training) if self.committer else 0,
+            )
             raise
         finally:
             self._intake_stop.set()
@@ -420,6 +427,9 @@ class LearnerService(BaseService):
         await self._finish(commit=False)
 
     async def close(self) -> None:
+        if isinstance(self.trainer, RankGroup) and self.trainer.failed is not None:
+            # A failed rank group first: nothing below needs it, and the close budget is short.
+            await asyncio.to_thread(self.trainer.close)
         if self.lead is not None:
             if self.bus is not None and self.intake is not None:
                 await self.lead.hand_over(self.bus, self.section.lease_handover_s)

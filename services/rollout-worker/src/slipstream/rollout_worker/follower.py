@@ -80,15 +80,9 @@ FollowMode = Literal["latest", "promoted"]
 
 def engine_digest(engine: Engine) -> str:
     """sha256 over the engine's parameters (names, dtypes, bytes): equal digests = bit-identical weights."""
-    import hashlib
+    from slipstream.weights.tensors import digest
 
-    from slipstream.weights.tensors import as_bytes_view
-
-    h = hashlib.sha256()
-    for name, value in sorted(engine.state_dict().items()):
-        h.update(f"{name}:{value.dtype}:{tuple(value.shape)};".encode())
-        h.update(as_bytes_view(value))
-    return h.hexdigest()
+    return digest(engine.state_dict())
 
 
 class WeightFollower:

@@ -15,6 +15,8 @@ Options (`[serve.options.search]`):
     grep_tokens = 4000
     timeout_s = 10.0                         # per call
     threads = 1                              # torch threads for query encoding (see retrieval.dense)
+
+Or `env = {...}` alone (toolsets.py): the search environment's own corpus and backend instead.
 """
 
 from __future__ import annotations
@@ -48,7 +50,10 @@ def search_toolset(options: Mapping[str, Any], *, store: StoreConfig | None = No
         raise SearchSetError(f"tool set 'search' has no option(s) {unknown}; known: {sorted(OPTIONS)}")
     key = options.get("index")
     if not isinstance(key, str) or not key.strip("/"):
-        raise SearchSetError("tool set 'search' needs option index: the key prefix of a stored index")
+        raise SearchSetError(
+            "tool set 'search' needs option index: the key prefix of a stored index "
+            "(or the one option env: the search environment's options, to serve its own generated corpus)"
+        )
     try:
         store_cfg = (
             msgspec.convert(dict(options["store"]), StoreConfig) if "store" in options else (store or StoreConfig())

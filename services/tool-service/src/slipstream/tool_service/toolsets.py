@@ -3,10 +3,12 @@
 `calc` and `wait` are the built-in deterministic tools of libs/tools (option: `timeout_s`);
 `search` is search_corpus / grep_corpus / read_document over a hybrid index loaded from the
 object store (options in `search.py`; it takes precedence over an environment of that name: the
-search environment's tools are these, served from the stored index); any other name is an
-environment from the registry whose tools are served as the environment itself defines them
-(`lookup` -> its `get`), built with the same options as the workers' copy, so a call answers the
-same on a replica as in-process.
+search environment's tools are these, served from the stored index), or, with the single option
+`env` (a table of the search environment's options), those of the environment itself: its
+generated corpus behind its `backend` (the CPU plan's `bm25`), as the workers build it. Any other
+name is an environment from the registry whose tools are served as the environment itself
+defines them (`lookup` -> its `get`), built with the same options as the workers' copy, so a call
+answers the same on a replica as in-process.
 """
 
 from __future__ import annotations
@@ -37,6 +39,18 @@ def tools_of(name: str, options: Mapping[str, Any], *, store: StoreConfig | None
         if isinstance(timeout_s, bool) or not isinstance(timeout_s, int | float) or timeout_s <= 0:
             raise ToolSetError(f"tool set {name!r}: timeout_s must be a number > 0, got {timeout_s!r}")
         return [BUILTIN[name](timeout_s=float(timeout_s))]
+    if name == "search" and "env" in options:
+        if set(options) != {"env"} or not isinstance(options["env"], Mapping):
+            raise ToolSetError(
+                "tool set 'search' with option env takes that one option, a table of the search "
+                f"environment's options; got options {sorted(options)}"
+            )
+        tools, env = env_tools("search", options["env"])
+        try:
+            env.backend()  # type: ignore[attr-defined]  # built now: a bad backend fails the replica's start
+        except (LookupError, ValueError) as exc:
+            raise ToolSetError(f"tool set 'search' (env): its backend cannot be built: {exc}") from exc
+        return tools
     if name == "search":
         try:
             return search_toolset(options, store=store)
@@ -45,6 +59,11 @@ def tools_of(name: str, options: Mapping[str, Any], *, store: StoreConfig | None
     if name not in ENVIRONMENTS:
         known = ", ".join([*BUILTIN, "search", *sorted(ENVIRONMENTS)])
         raise ToolSetError(f"unknown tool set {name!r}; known: {known}")
+    return env_tools(name, options)[0]
+
+
+def env_tools(name: str, options: Mapping[str, Any]) -> tuple[list[Tool], Any]:
+    """The tools of environment `name` built with `options` (what its workers call in-process), and the env."""
     try:
         env = get_env(name, **options)
     except EnvError as exc:
@@ -52,7 +71,7 @@ def tools_of(name: str, options: Mapping[str, Any], *, store: StoreConfig | None
     registry = getattr(env, "registry", None)
     if not isinstance(registry, ToolRegistry) or not len(registry):
         raise ToolSetError(f"environment {name!r} has no tools to serve")
-    return list(registry)
+    return list(registry), env
 
 
 def build_registry(
