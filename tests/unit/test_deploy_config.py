@@ -106,6 +106,7 @@ def test_the_ray_learner_runs_the_same_run_as_the_single_gpu_learner() -> None:
         "ray_address": "",
         "rank_start_timeout_s": single[("learner", "Deployment/learner")].learner.rank_start_timeout_s,
         "rank_resource": "",
+        "shared_dir": "",
     }
     as_single = msgspec.structs.replace(driver, learner=msgspec.structs.replace(driver.learner, **ray_keys))
     assert single[("learner", "Deployment/learner")] == as_single

@@ -206,6 +206,17 @@ def test_the_rayjob_runs_the_learner_as_driver_of_one_rank_per_gpu_worker() -> N
         )
     assert sorted(publishers) == [(r, cfg.learner.ranks) for r in range(cfg.learner.ranks)]
     assert cfg.model.device == "auto"
+    # Checkpoint shards pass through [learner] shared_dir: one ReadWriteMany claim that the head and
+    # every rank's pod mount at that same path (ranks on other pods write where the driver reads).
+    assert cfg.learner.shared_dir
+    claim = find(objs, "PersistentVolumeClaim", "learner-shared")
+    assert claim["spec"]["accessModes"] == ["ReadWriteMany"]
+    for pod in [head, *(g["template"]["spec"] for g in groups)]:
+        shared = {
+            v["name"] for v in pod["volumes"] if v.get("persistentVolumeClaim", {}).get("claimName") == "learner-shared"
+        }
+        mounts = {m["mountPath"] for c in pod["containers"] for m in c["volumeMounts"] if m["name"] in shared}
+        assert mounts == {cfg.learner.shared_dir}, pod["containers"][0]["name"]
 
 
 def _assert_publisher_sidecar(objs: list[Any], spec: dict[str, Any], main: str, learner_toml: dict[str, Any]) -> None:

@@ -227,3 +227,29 @@ def test_a_lora_checkpoint_holds_adapters_and_their_optimizer_state_only(tmp_pat
         assert torch.equal(adapter_state(fresh.model)[name], value), name
     saved, loaded = t.optimizer.state_dict()["state"], fresh.optimizer.state_dict()["state"]
     assert all(torch.equal(loaded[i]["exp_avg"], s["exp_avg"]) for i, s in saved.items())
+
+
+def test_sharded_files_pass_through_the_shared_dir_and_a_rank_that_cannot_see_it_is_named(tmp_path: Path) -> None:
+    # `[learner] shared_dir`: ranks on other nodes write their DCP shards into the directory the driver
+    # made, so it must be one every node mounts; the driver reads them back from there.
+    from slipstream.learner.ranks import RankError, RankWorker
+    from slipstream.learner.sharded_checkpoint import save_state
+
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    c = Checkpoints(LocalObjectStore(tmp_path / "store"), "run", keep=1, scratch_dir=str(shared))
+    t = stepped_trainer(seed=0)
+    seen: list[Path] = []
+
+    def writer(path: Path) -> None:
+        seen.append(path)
+        save_state(t.model, t.optimizer, path)
+
+    c.save(step=1, policy_version=1, model=t.model, optimizer=None, sharded=writer, dropped={}, trained_ids=[])
+    assert seen and seen[0].parent == shared and not seen[0].exists()  # made there, removed after
+    ckpt = c.load_latest()
+    assert ckpt is not None and ckpt.sharded
+
+    worker = RankWorker(1, 2, None, LearnerSection(ranks=2), LossConfig())  # type: ignore[arg-type]
+    with pytest.raises(RankError, match=r"rank 1 on .* cannot see the checkpoint directory .*\[learner\] shared_dir"):
+        worker.save(str(tmp_path / "made-on-another-node"))

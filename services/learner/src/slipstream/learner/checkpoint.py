@@ -110,12 +110,14 @@ def _torch_bytes(obj: object) -> bytes:
 class Checkpoints:
     """Save, prune and load the checkpoints of one run (blocking; call off the event loop)."""
 
-    def __init__(self, store: ObjectStore, run_id: str, *, keep: int) -> None:
+    def __init__(self, store: ObjectStore, run_id: str, *, keep: int, scratch_dir: str = "") -> None:
         if keep < 1:
             raise ValueError(f"keep must be >= 1, got {keep}")
         self.store = store
         self.run_id = run_id
         self.keep = keep
+        self.scratch_dir = scratch_dir or None
+        """Where a sharded writer's files pass through (`[learner] shared_dir`); None: the system temp dir."""
         self.root = f"checkpoints/{run_id}"
 
     def prefix(self, step: int) -> str:
@@ -164,7 +166,7 @@ class Checkpoints:
             RNG: _torch_bytes(rng),
         }
         if sharded is not None:
-            with tempfile.TemporaryDirectory(prefix="slipstream-dcp-") as tmp:
+            with tempfile.TemporaryDirectory(prefix="slipstream-dcp-", dir=self.scratch_dir) as tmp:
                 sharded(Path(tmp))
                 for path in sorted(Path(tmp).rglob("*")):
                     if path.is_file():

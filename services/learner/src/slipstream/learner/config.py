@@ -177,6 +177,16 @@ class LearnerSection(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             "wherever CPUs are free."
         ),
     ] = ""
+    shared_dir: Annotated[
+        str,
+        Doc(
+            description="With ranks on more than one node: a directory every node mounts at this same path (a "
+            "ReadWriteMany volume). Checkpoints pass through it: each rank writes its torch.distributed.checkpoint "
+            "shards there and the driver stores them in the object store (and the reverse to resume). Empty = the "
+            "system temp directory, which only ranks on the driver's node can see; a rank that cannot see the "
+            "directory fails the checkpoint, naming this key."
+        ),
+    ] = ""
 
     def __post_init__(self) -> None:
         checks = [

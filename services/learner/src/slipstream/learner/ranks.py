@@ -180,12 +180,23 @@ class RankWorker:
         return str(stage(where, version, tensors, step_finished_at=step_finished_at, extra=meta))
 
     def save(self, path: str) -> None:
+        # The driver made `path`; a rank on another node that does not mount it would write its shards
+        # into a directory of its own that the driver never reads.
+        self._sees(path)
         trainer = self._trainer()
         save_state(trainer.model, trainer.optimizer, path)
 
     def load(self, path: str) -> None:
+        self._sees(path)
         trainer = self._trainer()
         load_state(trainer.model, trainer.optimizer, path)
+
+    def _sees(self, path: str) -> None:
+        if not Path(path).is_dir():
+            raise RankError(
+                f"rank {self.rank} on {socket.gethostname()} cannot see the checkpoint directory {path} the driver "
+                "made: ranks on other nodes need [learner] shared_dir, a directory every node mounts at one path"
+            )
 
     def close(self) -> None:
         import torch.distributed as dist
@@ -414,7 +425,7 @@ class RankGroup:
     def restore(self, ckpt: Checkpoint) -> None:
         """Resume from a committed checkpoint: one written by ranks (any count) loads as it is; one written by
         the single-process learner is first turned into a DCP checkpoint here (mirror + a local AdamW)."""
-        with tempfile.TemporaryDirectory(prefix="slipstream-dcp-") as tmp:
+        with tempfile.TemporaryDirectory(prefix="slipstream-dcp-", dir=self.section.shared_dir or None) as tmp:
             if ckpt.sharded:
                 ckpt.write_sharded(tmp)
             else:

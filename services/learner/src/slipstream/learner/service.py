@@ -153,7 +153,9 @@ class LearnerService(BaseService):
                     requested=self.section.autocast,
                     device=str(self.trainer.device),
                 )
-        self.checkpoints = Checkpoints(self.store, cfg.service.run_id, keep=self.section.keep_checkpoints)
+        self.checkpoints = Checkpoints(
+            self.store, cfg.service.run_id, keep=self.section.keep_checkpoints, scratch_dir=self.section.shared_dir
+        )
         if cfg.service.redis_url:
             # Before the checkpoint is read: a standby waits here, and resumes from what the leader left.
             await self._take_the_lead(cfg.service.redis_url)
