@@ -1,13 +1,14 @@
-"""FSDP2 on one device: a 1-rank process group (NCCL on CUDA, gloo on the CPU dry run), the learner's
-own `shard_model` over the policy, and one step equal to the unsharded step within tolerance."""
+"""FSDP2 on one device: the learner's own `RankWorker` as a world of one in this process (its process
+group: NCCL on CUDA, gloo on the CPU dry run; its `fully_shard` policy), one step equal to the
+unsharded step within tolerance."""
 
 from __future__ import annotations
 
 import math
+import os
 import socket
 import time
 from collections.abc import Iterator
-from datetime import timedelta
 
 import pytest
 import torch
@@ -15,8 +16,9 @@ import torch.distributed as dist
 from gpu_tier import Figures, Sizes, mfu, mfu_text, scored_groups, sequence_tokens
 
 from slipstream.engine import build_tiny
+from slipstream.engine.source import ModelSource
 from slipstream.learner.config import LearnerSection
-from slipstream.learner.ranks import shard_model
+from slipstream.learner.ranks import RankWorker
 from slipstream.learner.trainer import Trainer
 from slipstream.rl import LossConfig
 
@@ -29,6 +31,7 @@ LR = 1e-4
 # near-zero gradient's sign flips, on few elements.
 LOSS_RTOL = 1e-3
 SIGN_AGREEMENT = 0.95
+_RENDEZVOUS_ENV = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE")
 
 
 def _free_port() -> int:
@@ -37,33 +40,33 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def _section() -> LearnerSection:
+    return LearnerSection(lr=LR, micro_batch=16, autocast="bfloat16", rank_timeout_s=120.0)
+
+
 @pytest.fixture
-def one_rank_group(tier_device: str) -> Iterator[str]:
-    """A world of one in this process; yields its backend."""
-    backend = "nccl" if tier_device == "cuda" else "gloo"
+def rank(tier_device: str, sizes: Sizes) -> Iterator[RankWorker]:
+    """Rank 0 of 1, set up as a Ray actor would set it up, in this process (no Ray involved)."""
     if tier_device == "cuda":
         torch.cuda.set_device(0)
-    dist.init_process_group(
-        backend,
-        init_method=f"tcp://127.0.0.1:{_free_port()}",
-        rank=0,
-        world_size=1,
-        timeout=timedelta(seconds=120),
-    )
+    saved = {k: os.environ.get(k) for k in _RENDEZVOUS_ENV}
+    source = ModelSource(preset=sizes.preset, seed=0, device=tier_device, threads=0)
+    worker = RankWorker(0, 1, source, _section(), LossConfig())
     try:
-        yield backend
+        worker.setup("127.0.0.1", _free_port())
+        yield worker
     finally:
-        dist.destroy_process_group()
+        worker.close()
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
 
 
-def _trainer(device: str, sizes: Sizes, *, sharded: bool) -> Trainer:
+def _plain_trainer(device: str, sizes: Sizes) -> Trainer:
     model, tok = build_tiny(sizes.preset, seed=0, device=device)
-    if sharded:
-        shard_model(model)
-    section = LearnerSection(lr=LR, micro_batch=16, autocast="bfloat16")
-    out = Trainer(model, section, LossConfig(), pad_id=tok.pad_id)
-    out.autocast = "bfloat16"  # also where effective_autocast would drop it (an AVX2-only CPU)
-    return out
+    return Trainer(model, _section(), LossConfig(), pad_id=tok.pad_id)
 
 
 def _full(trainer: Trainer) -> dict[str, torch.Tensor]:
@@ -75,11 +78,16 @@ def _full(trainer: Trainer) -> dict[str, torch.Tensor]:
 
 
 def test_fsdp2_one_rank_step_equals_the_unsharded_step(
-    tier_device: str, sizes: Sizes, figures: Figures, one_rank_group: str
+    tier_device: str, sizes: Sizes, figures: Figures, rank: RankWorker
 ) -> None:
+    backend = dist.get_backend()
+    assert backend == ("nccl" if tier_device == "cuda" else "gloo"), backend
     groups = scored_groups(sizes)
-    plain = _trainer(tier_device, sizes, sharded=False)
-    sharded = _trainer(tier_device, sizes, sharded=True)
+    plain = _plain_trainer(tier_device, sizes)
+    assert rank.trainer is not None
+    sharded = rank.trainer
+    for t in (plain, sharded):
+        t.autocast = "bfloat16"  # also where effective_autocast would drop it (an AVX2-only CPU)
     assert any(hasattr(p, "full_tensor") for p in sharded.model.parameters()), "fully_shard made no DTensors"
     before = _full(sharded)
     assert before.keys() == _full(plain).keys()
@@ -115,7 +123,7 @@ def test_fsdp2_one_rank_step_equals_the_unsharded_step(
     share = mfu(6.0 * n_params * tokens, step_s, figures.peak)
     figures.record(
         "fsdp2_one_rank_step",
-        backend=one_rank_group,
+        backend=backend,
         preset=sizes.preset,
         params=n_params,
         tokens_per_step=tokens,

@@ -18,8 +18,11 @@ from slipstream.rl import LossConfig
 pytestmark = [pytest.mark.gpu, pytest.mark.timeout(300)]
 
 LR = 1e-4
-# bf16 matmuls (8-bit mantissa) against fp32: the step's loss agrees to this relative tolerance...
+# bf16 matmuls (8-bit mantissa) against fp32: the step's loss agrees to this relative tolerance, or
+# this absolute one (the policy loss sums advantage-weighted ratios whose advantages cancel within
+# each group, so it is small, ~1e-3 here, and its rounding error need not shrink with it)...
 LOSS_RTOL = 1e-2
+LOSS_ATOL = 1e-4
 # ...and AdamW's first step moves each weight by ~lr * sign(grad), so the two steps' weights differ
 # by at most 2 * lr per element (where a tiny gradient's sign flips), on few elements.
 SIGN_AGREEMENT = 0.9
@@ -53,7 +56,7 @@ def test_bf16_learner_step_matches_fp32_and_reports_throughput(
     want = fp32.step(groups, version=0)
     assert got.applied and want.applied
     assert math.isfinite(got.loss) and math.isfinite(got.grad_norm), (got.loss, got.grad_norm)
-    assert got.loss == pytest.approx(want.loss, rel=LOSS_RTOL), (got.loss, want.loss)
+    assert got.loss == pytest.approx(want.loss, rel=LOSS_RTOL, abs=LOSS_ATOL), (got.loss, want.loss)
     assert got.n_tokens == want.n_tokens == sizes.groups * sizes.group_size * sizes.completion_len
 
     after_bf16 = bf16.model.state_dict()
