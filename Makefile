@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PYPROJECTS := $(wildcard libs/*/pyproject.toml services/*/pyproject.toml tools/*/pyproject.toml)
 
-.PHONY: help install test test-unit lint format demo up bench schemas images clean
+.PHONY: help install test test-unit test-gpu lint format demo up bench schemas images clean
 
 help:  ## list targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*##/\t/'
@@ -36,6 +36,12 @@ test: install  ## unit, contract, integration (TEST_JOBS in parallel), then e2e 
 
 test-unit: install  ## only the fast tier
 	$(PY) -m pytest -m unit $(PYTEST_ARGS)
+
+# The gpu tier (tests/gpu): engine and learner on CUDA in bf16, FSDP2 over NCCL on one device. Without
+# a CUDA device its tests skip (so `make test` skips them); SLIPSTREAM_GPU_TIER_DEVICE=cpu runs them on
+# the CPU as a dry run. Figures are printed (-s) and written as JSON to SLIPSTREAM_GPU_TIER_JSON.
+test-gpu: install  ## the gpu tier on a CUDA device (JSON figures: SLIPSTREAM_GPU_TIER_JSON=path)
+	$(PY) -m pytest -m gpu -s tests/gpu $(PYTEST_ARGS)
 
 lint: install  ## ruff + mypy
 	$(VENV)/bin/ruff check .
