@@ -64,6 +64,8 @@ def test_ids_the_tap_missed_are_published_but_counted_as_untracked() -> None:
 def test_settled_ids_are_not_also_counted_as_left_or_dead() -> None:
     j = join_trajectories({"a", "b"}, [trained("a"), dropped("b", "stale")], {"a"}, {"b"})
     assert (j.trained, j.dead_lettered, j.left) == (1, 0, 0)
+    # ... but a settled id still in a stream is listed: its ack never reached the server.
+    assert j.settled_but_left == ["b"] and j.as_dict()["settled_but_left"] == 1
 
 
 def test_versions_announced_twice_counts_genuine_announces_only() -> None:

@@ -33,6 +33,10 @@ class TrajectoryJoin:
     lost: int = 0
     """Published ids that were neither trained, dropped with a reason, dead-lettered nor left in a stream."""
     lost_ids: list[str] = field(default_factory=list)
+    settled_but_left: list[str] = field(default_factory=list)
+    """Ids the learner's outcome log settles that a stream still holds at the end: their acks never
+    reached the server (or a second copy was published). Not lost, but the demo summary's stream
+    balance counts them twice; listed so that an unbalanced summary can be traced."""
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -45,6 +49,8 @@ class TrajectoryJoin:
             "trained_twice": self.trained_twice,
             "lost": self.lost,
             "lost_ids": self.lost_ids[:20],
+            "settled_but_left": len(self.settled_but_left),
+            "settled_but_left_ids": self.settled_but_left[:20],
         }
 
 
@@ -89,6 +95,7 @@ def join_trajectories(
     out.trained_twice = sum(1 for n in trained_lines.values() if n > 1)
     lost = sorted(tapped - set(final) - dead - rest)
     out.lost, out.lost_ids = len(lost), lost
+    out.settled_but_left = sorted(set(final) & rest)
     return out
 
 
