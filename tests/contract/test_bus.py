@@ -18,6 +18,7 @@ from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
 from slipstream.bus import (
     Bus,
     BusConfig,
+    BusError,
     Delivery,
     PayloadTooLarge,
     PublishError,
@@ -106,6 +107,22 @@ async def test_round_trip_carries_headers_schema_and_trace_context(make_bus: Mak
     assert d.headers["traceparent"] == f"00-{0x1234:032x}-{0x99:016x}-01"
     assert trace.get_current_span(d.context).get_span_context().trace_id == 0x1234
     assert await d.ack() is True
+
+
+async def test_stored_sequences_name_what_a_work_queue_still_holds(make_bus: MakeBus) -> None:
+    # What the run's accounting reads to tell a settled message whose ack never arrived from one left.
+    bus = await make_bus()
+    assert await bus.stored_sequences("TASKS") == []
+    seqs = [await bus.publish("tasks.arith", task(i)) for i in range(3)]
+    got = await fetch_until(bus, 3)
+    middle = next(d for d in got if d.stream_seq == seqs[1])
+    assert await middle.ack() is True
+    deadline = time.monotonic() + 5.0
+    while (stored := await bus.stored_sequences("TASKS")) != [seqs[0], seqs[2]]:  # acks are fire-and-forget
+        assert time.monotonic() < deadline, stored
+        await asyncio.sleep(0.05)
+    with pytest.raises((BusError, KeyError), match="NOSUCH"):  # as stream_info: each bus names the stream
+        await bus.stored_sequences("NOSUCH")
 
 
 async def test_ack_removes_from_work_queue_and_double_settlement_is_a_noop(make_bus: MakeBus) -> None:

@@ -416,6 +416,23 @@ class NatsBus:
             },
         }
 
+    async def stored_sequences(self, name: str) -> list[int]:
+        # The stream's info with its deleted sequences (nats-py's stream_info does not ask for them):
+        # what is stored is first_seq..last_seq less those.
+        reply = await self.nc.request(
+            f"$JS.API.STREAM.INFO.{name}",
+            msgspec.json.encode({"deleted_details": True}),
+            timeout=self.cfg.ack_timeout_s,
+        )
+        body = msgspec.json.decode(reply.data)
+        if "error" in body:
+            raise BusError(f"stream {name!r} on {self.cfg.url}: {body['error'].get('description', body['error'])}")
+        state = body["state"]
+        if not state.get("messages"):
+            return []
+        deleted = set(state.get("deleted") or ())
+        return [s for s in range(int(state["first_seq"]), int(state["last_seq"]) + 1) if s not in deleted]
+
     async def close(self) -> None:
         if self._closed:
             return

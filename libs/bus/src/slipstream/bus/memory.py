@@ -246,6 +246,10 @@ class MemoryBus:
         self.topology.stream(name)
         return self.broker.info(name)
 
+    async def stored_sequences(self, name: str) -> list[int]:
+        self.topology.stream(name)
+        return sorted(self.broker.stream(name).messages)
+
     async def close(self) -> None:
         if self.closed:
             return

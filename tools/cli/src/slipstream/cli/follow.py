@@ -221,8 +221,10 @@ async def account(bus: Any, summary: RunSummary, stack: Stack, injected: int = 0
     published there from outside) was scored, dead-lettered or is still there; what entered
     TRAJ_SCORED (the reward-model's output and anything injected from outside) was settled by the
     learner (trained or dropped with a reason, counted once per stream message however often it
-    was redelivered), dead-lettered, or is still there. `injected` is how many messages on
-    `traj.scored.>` the tap could not trace to a raw trajectory (`TapIds.injected_scored`).
+    was redelivered), dead-lettered, or is still there (a settled message whose ack never reached
+    the server is still stored: `settled_but_unacked`, counted as settled, not as left).
+    `injected` is how many messages on `traj.scored.>` the tap could not trace to a raw trajectory
+    (`TapIds.injected_scored`).
     """
     raw = await bus.stream_info("TRAJ_RAW")
     scored = await bus.stream_info("TRAJ_SCORED")
@@ -232,9 +234,15 @@ async def account(bus: Any, summary: RunSummary, stack: Stack, injected: int = 0
     dropped = dict(summary.steps_log[-1]["dropped"]) if summary.steps_log else {}
     settled: int | None = None
     repeats = 0
+    unacked = 0
     tally = outcome_tally(Path(stack.spec.run_dir) / "learner-outcomes.jsonl")
     if tally is not None:
         trained, dropped, settled, repeats = tally.trained, tally.dropped, tally.settled, tally.repeats
+        if tally.sequences and int(scored["messages"]):
+            # Settled by the learner but still stored: the ack never reached the server (sent while
+            # NATS restarted, or by a learner killed right after its outcome line). The message comes
+            # back to a learner as a duplicate; it is counted once, as settled.
+            unacked = len(tally.sequences & set(await bus.stored_sequences("TRAJ_SCORED")))
     published = int(raw["last_seq"])
     scored_published = int(scored["last_seq"])
     out = {
@@ -244,14 +252,16 @@ async def account(bus: Any, summary: RunSummary, stack: Stack, injected: int = 0
         "left_unscored": int(raw["messages"]),
         "trained": trained,
         "dropped": dropped,
-        "left_in_learner_stream": int(scored["messages"]),
+        "left_in_learner_stream": int(scored["messages"]) - unacked,
         "injected_scored": injected,
         "dead_lettered_scored": len(dead_scored),
         "settled_by_learner": trained + sum(dropped.values()) if settled is None else settled,
         "repeat_deliveries": repeats,
+        "settled_but_unacked": unacked,
     }
     out["accounted_raw"] = published == out["scored"] + len(dead) + int(raw["messages"])
-    out["accounted_scored"] = scored_published == out["settled_by_learner"] + len(dead_scored) + int(scored["messages"])
+    left_scored = out["left_in_learner_stream"]
+    out["accounted_scored"] = scored_published == out["settled_by_learner"] + len(dead_scored) + left_scored
     return out
 
 
@@ -295,7 +305,7 @@ class OutcomeTally:
     or calls it a `duplicate` (its id is in a committed checkpoint), else as its first drop
     reason; `settled` counts the distinct stream messages the lines name (two messages with the
     same episode id, a republish after the duplicate window, are two) and `repeats` the lines
-    beyond one per trajectory.
+    beyond one per trajectory. `sequences` are those messages' stream sequence numbers.
     """
 
     def __init__(self) -> None:
@@ -303,6 +313,7 @@ class OutcomeTally:
         self.dropped: dict[str, int] = {}
         self.settled = 0
         self.repeats = 0
+        self.sequences: set[int] = set()
 
 
 def outcome_tally(path: Path) -> OutcomeTally | None:
@@ -334,5 +345,6 @@ def outcome_tally(path: Path) -> OutcomeTally | None:
             tally.dropped[key] = tally.dropped.get(key, 0) + 1
         # An older learner wrote no sequences: one message per trajectory.
         tally.settled += max(1, len(sequences[tid]))
+        tally.sequences |= sequences[tid]
     tally.repeats = lines - len(final)
     return tally
