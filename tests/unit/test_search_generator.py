@@ -165,7 +165,7 @@ def test_unique_clues_single_out_each_document_and_short_ids_are_three_digits() 
     )
     assert len(set(pairs(wide))) == len(wide.documents) == 900 and len({r for r, _ in pairs(wide)}) == 12
     assert any("a region of many islands" in t.question for t in wide.tasks)
-    with pytest.raises(ValueError, match="regions must be in 6..12"):
+    with pytest.raises(ValueError, match=r"regions must be in 6\.\.12"):
         GeneratorOptions(regions=13)
 
 
