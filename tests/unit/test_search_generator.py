@@ -124,6 +124,51 @@ def test_bad_options_are_named() -> None:
         GeneratorOptions(max_hops=0)
 
 
+def test_unique_clues_single_out_each_document_and_short_ids_are_three_digits() -> None:
+    options = GeneratorOptions(seed=5, max_hops=1, tasks_per_domain=56, distractors=1, filler_per_domain=0)
+    loose = generate_corpus(options)
+    strict = generate_corpus(msgspec.structs.replace(options, min_year=1000, unique_clues=True, short_ids=True))
+
+    def pairs(corpus: object) -> list[tuple[str, str]]:
+        # (region, decade) from each text: "X is a town in the marsh. It dates from 1765."
+        out = []
+        for d in corpus.documents:  # type: ignore[attr-defined]
+            region = d.text.split(". It dates from ")[0].rsplit(" ", 1)[-1]
+            out.append((region, d.text.split("It dates from ")[1][:3]))
+        return out
+
+    # 448 documents in 6 regions x 40 decades: the default corpus repeats pairs, the strict one never does.
+    assert len(set(pairs(loose))) < len(loose.documents)
+    assert len(set(pairs(strict))) == len(strict.documents) == 448
+    assert all(1000 <= int(d.text.split("It dates from ")[1][:4]) <= 1999 for d in strict.documents)
+    ids = [d.doc_id for d in strict.documents]
+    assert len(set(ids)) == len(ids) and all(len(i) == 3 and i.isdigit() for i in ids)
+    assert ids != sorted(ids)  # drawn at random: the id says nothing of the domain
+    texts = {d.doc_id: d.text for d in strict.documents}
+    # Verification still holds, and each task's distractor shares its decade, not its region.
+    for t in strict.tasks:
+        assert verify(t, texts) is None
+        (target,) = t.targets
+        (distractor,) = t.distractors
+        assert texts[target].split("dates from ")[1][:3] == texts[distractor].split("dates from ")[1][:3]
+    with pytest.raises(ValueError, match="unique_clues: 512 documents"):
+        msgspec.structs.replace(options, tasks_per_domain=64, min_year=1000, unique_clues=True)
+    with pytest.raises(ValueError, match="short_ids allows 1000 documents"):
+        GeneratorOptions(tasks_per_domain=200, short_ids=True)
+    with pytest.raises(ValueError, match="min_year"):
+        GeneratorOptions(min_year=900)
+    # Twelve regions: 1,200 pairs, room for 900 one-hop documents, every region in use.
+    wide = generate_corpus(
+        msgspec.structs.replace(
+            options, tasks_per_domain=225, distractors=0, min_year=1000, unique_clues=True, short_ids=True, regions=12
+        )
+    )
+    assert len(set(pairs(wide))) == len(wide.documents) == 900 and len({r for r, _ in pairs(wide)}) == 12
+    assert any("a region of many islands" in t.question for t in wide.tasks)
+    with pytest.raises(ValueError, match=r"regions must be in 6\.\.12"):
+        GeneratorOptions(regions=13)
+
+
 def test_supporting_doc_struct_roundtrips() -> None:
     s = SupportingDoc(doc_id="w0001", document_quotes=["a"], clue_quotes=[], truth_quotes=["b"])
     assert msgspec.json.decode(msgspec.json.encode(s), type=SupportingDoc) == s

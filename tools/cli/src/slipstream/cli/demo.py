@@ -101,6 +101,9 @@ LOOKUP_TEACHER = {"expert_guess_rate": 0.3, "expert_slip_rate": 0.4}
 # turns, so an episode is ~500-700 tokens. The expert finds the hop with grep_corpus on the clues
 # (`north. It dates from 187`: BM25 cannot match the decade "1870s" to a year), and is imperfect:
 # on 30% of tasks its first grep names the neighbouring decade and it greps again.
+# NOT yet learning: 800 warm-start steps on unambiguous corpora (unique_clues, short_ids, up to 661
+# train tasks) formed the region word but not the decade or id copies, micro or tiny preset; on 161
+# train tasks the ids were memorised (held-out 0.000). libs/envs/README.md, "The CPU demo plan".
 SEARCH_OPTIONS = {
     "backend": "bm25",
     "max_hops": 1,

@@ -75,6 +75,13 @@ class SearchOptions(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fi
     heldout_domain: Annotated[str, Doc(description="The held-out split's domain.")] = "email"
     noise: Annotated[float, Doc(description="Generator slip rate that verification drops.")] = 0.05
     curriculum_phase: Annotated[int, Doc(description="1: skewed to few hops; 2: to many.")] = 1
+    min_year: Annotated[int, Doc(description="Earliest year an entity dates from (the latest is 1999).")] = 1600
+    unique_clues: Annotated[
+        bool,
+        Doc(description="No two documents share a (region, decade) pair: one-hop clues single out a document."),
+    ] = False
+    short_ids: Annotated[bool, Doc(description="Three-digit document ids drawn at random (417), not w0007.")] = False
+    regions: Annotated[int, Doc(description="How many regions entities lie in (6..12).")] = 6
     backend: Annotated[str, Doc(description="Search backend name (tools.register_backend).")] = "hybrid"
     budget_tokens: Annotated[int, Doc(description="Token budget of the model's context.")] = 2048
     search_tokens: Annotated[int, Doc(description="Most tokens one search/grep/read result may cost.")] = 512
@@ -143,6 +150,10 @@ class SearchOptions(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fi
             doc_facts=self.doc_facts,
             heldout_domain=self.heldout_domain,
             noise=self.noise,
+            min_year=self.min_year,
+            unique_clues=self.unique_clues,
+            short_ids=self.short_ids,
+            regions=self.regions,
         )
 
     def reward_config(self) -> rw.RewardConfig:

@@ -53,6 +53,15 @@ _REGIONS = {
     "the marsh": "a wet lowland region",
     "the valley": "a region between mountains",
 }
+# Added in this order by the option `regions` (7..12): more (region, decade) pairs for unique clues.
+_MORE_REGIONS = {
+    "the desert": "a dry sandy region",
+    "the forest": "a wooded region",
+    "the islands": "a region of many islands",
+    "the lakes": "a region of many lakes",
+    "the steppe": "a grassy treeless region",
+    "the delta": "a region at a river mouth",
+}
 
 
 class Domain(msgspec.Struct, frozen=True):
@@ -88,6 +97,24 @@ class GeneratorOptions(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown
     doc_facts: Annotated[int, Doc(description="Extra filler facts per document (longer texts).")] = 0
     heldout_domain: Annotated[str, Doc(description="The domain whose tasks form the held-out split.")] = "email"
     noise: Annotated[float, Doc(description="Chance a task is generated with a slip verification must catch.")] = 0.05
+    min_year: Annotated[int, Doc(description="Earliest year an entity dates from (the latest is 1999).")] = 1600
+    unique_clues: Annotated[
+        bool,
+        Doc(description="No two documents share a (region, decade) pair: one-hop clues single out a document."),
+    ] = False
+    short_ids: Annotated[
+        bool, Doc(description="Three-digit document ids drawn at random (417), not per-domain ones (w0007).")
+    ] = False
+    regions: Annotated[int, Doc(description="How many regions entities lie in (6..12).")] = 6
+
+    def region_map(self) -> dict[str, str]:
+        """The regions in use (name -> the clue's description): the first `regions` of the list."""
+        return {**_REGIONS, **dict(list(_MORE_REGIONS.items())[: self.regions - len(_REGIONS)])}
+
+    def documents(self) -> int:
+        """How many documents the corpus holds (every task's hops and distractors, and the filler)."""
+        per_domain = sum(1 + i % self.max_hops for i in range(self.tasks_per_domain))
+        return len(DOMAINS) * (per_domain + self.tasks_per_domain * self.distractors + self.filler_per_domain)
 
     def __post_init__(self) -> None:
         if self.heldout_domain not in DOMAIN_NAMES:
@@ -104,6 +131,18 @@ class GeneratorOptions(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown
             raise ValueError("need 0 <= distractors <= 10, 0 <= filler_per_domain <= 10000, 0 <= doc_facts <= 50")
         if not 0.0 <= self.noise <= 1.0:
             raise ValueError(f"noise must be in [0, 1], got {self.noise}")
+        if not 1000 <= self.min_year <= 1990:
+            raise ValueError(f"min_year must be in 1000..1990, got {self.min_year}")
+        if self.short_ids and self.documents() > 1000:
+            raise ValueError(f"short_ids allows 1000 documents; these options make {self.documents()}")
+        if not len(_REGIONS) <= self.regions <= len(_REGIONS) + len(_MORE_REGIONS):
+            raise ValueError(f"regions must be in 6..12, got {self.regions}")
+        pairs = self.regions * (200 - self.min_year // 10)
+        if self.unique_clues and self.documents() > pairs * 3 // 4:
+            raise ValueError(
+                f"unique_clues: {self.documents()} documents need more than 3/4 of the {pairs} (region, decade) "
+                "pairs; lower tasks_per_domain, distractors, max_hops or filler_per_domain, or min_year"
+            )
 
 
 class SupportingDoc(msgspec.Struct, frozen=True):
@@ -196,11 +235,13 @@ def _filler_facts(rng: random.Random, names: _Names, n: int) -> list[str]:
     return [f"It once hosted {names()} for {rng.randint(2, 40)} days." for _ in range(n)]
 
 
-def _new_entity(rng: random.Random, names: _Names, **fixed: object) -> _Entity:
+def _new_entity(
+    rng: random.Random, names: _Names, min_year: int = 1600, regions: tuple[str, ...] = (), **fixed: object
+) -> _Entity:
     values: dict[str, object] = {
         "name": names(),
-        "region": rng.choice(sorted(_REGIONS)),
-        "year": rng.randint(1600, 1999),
+        "region": rng.choice(regions or sorted(_REGIONS)),
+        "year": rng.randint(min_year, 1999),
         "color": rng.choice(_COLORS),
         "animal": rng.choice(_ANIMALS),
     }
@@ -220,9 +261,34 @@ class _Builder:
         self.names = _Names(self.rng)
         self.docs: list[Document] = []
         self.counts: Counter[str] = Counter()
+        self.pairs: set[tuple[str, int]] = set()  # (region, decade) of every document, with unique_clues
+        self.ids: set[str] = set()
+        self.region_map = options.region_map()
+        self.regions = tuple(sorted(self.region_map))
+
+    def entity(self, spare: int = 0, **fixed: object) -> _Entity:
+        """A new entity. With `unique_clues`, its (region, decade) pair is one no document has yet
+        (redrawn until free; a fixed region or year is kept), and `spare` other regions are still
+        free in its decade (for the distractors, which share it)."""
+        e = _new_entity(self.rng, self.names, self.o.min_year, self.regions, **fixed)
+        if not self.o.unique_clues:
+            return e
+        for _ in range(10_000):
+            free = [r for r in self.regions if (r, e.year // 10) not in self.pairs]
+            if e.region in free and len(free) > spare:
+                self.pairs.add((e.region, e.year // 10))
+                return e
+            if "region" not in fixed:
+                e.region = self.rng.choice(self.regions)
+            if "year" not in fixed:
+                e.year = self.rng.randint(self.o.min_year, 1999)
+        raise ValueError(f"unique_clues: no free (region, decade) pair left for {fixed or 'an entity'}")
 
     def add(self, domain: Domain, entity: _Entity, extra: list[str] | None = None) -> str:
         doc_id = f"{domain.prefix}{self.counts[domain.name]:04d}"
+        while self.o.short_ids and (doc_id in self.ids or len(doc_id) != 3):
+            doc_id = f"{self.rng.randrange(1000):03d}"
+        self.ids.add(doc_id)
         self.counts[domain.name] += 1
         facts = _sentences(domain, entity) + _filler_facts(self.rng, self.names, self.o.doc_facts) + (extra or [])
         self.docs.append(Document(doc_id=doc_id, title=entity.name, text=" ".join(facts)))
@@ -230,14 +296,14 @@ class _Builder:
 
     def task(self, domain: Domain, index: int, hops: int) -> SearchTask:
         rng = self.rng
-        chain = [_new_entity(rng, self.names) for _ in range(hops)]
+        chain = [self.entity(spare=self.o.distractors if i == 0 else 0) for i in range(hops)]
         for a, b in itertools.pairwise(chain):
             a.link = b.name
         chain[-1].answer = self.names()
         first = chain[0]
         answer = chain[-1].answer
         # Obfuscated clues: the decade, not the year; the region's description, not its name.
-        clues = [f"dates from the {first.year // 10 * 10}s", f"lies in {_REGIONS[first.region]}"]
+        clues = [f"dates from the {first.year // 10 * 10}s", f"lies in {self.region_map[first.region]}"]
         clue_quotes = [f"dates from {first.year}", f"{domain.place} {first.region}"]
         slip = rng.random() < self.o.noise
         slip_kind = rng.choice(("paraphrase", "leak")) if slip else ""
@@ -269,8 +335,12 @@ class _Builder:
         distractors = []
         for d in range(self.o.distractors):
             # Same decade clue, another region, another chain: it matches one clue and points elsewhere.
-            region = rng.choice(sorted(r for r in _REGIONS if r != first.region))
-            other = _new_entity(rng, self.names, region=region, year=first.year // 10 * 10 + rng.randint(0, 9))
+            taken = {r for r, decade in self.pairs if decade == first.year // 10} if self.o.unique_clues else set()
+            regions = [r for r in self.regions if r != first.region and r not in taken]
+            if not regions:
+                raise ValueError(f"unique_clues: no region left in the {first.year // 10 * 10}s for a distractor")
+            region = rng.choice(regions)
+            other = self.entity(region=region, year=first.year // 10 * 10 + rng.randint(0, 9))
             other.link = self.names() if hops > 1 else ""
             other.answer = self.names() if hops == 1 else ""
             if slip_kind == "leak" and d == 0:
@@ -318,7 +388,7 @@ def generate_corpus(options: GeneratorOptions = GeneratorOptions()) -> Generated
         for i in range(options.tasks_per_domain):
             candidates.append(b.task(domain, i, hops=1 + i % options.max_hops))
         for _ in range(options.filler_per_domain):
-            e = _new_entity(b.rng, b.names)
+            e = b.entity()
             e.link = b.names()
             b.add(domain, e)
     texts = {d.doc_id: d.text for d in b.docs}
