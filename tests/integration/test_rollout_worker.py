@@ -183,6 +183,11 @@ async def test_worker_rolls_out_tasks_follows_weights_and_drains(bus: Bus, nats_
         for t in spanned:
             _check(t)
         assert any(t.versions() == [0, 1] for t in spanned), [t.segments for t in spanned]
+        # The worker notes time-to-policy once it has published the rollouts that used the version:
+        # the reader can have them a moment before that bookkeeping runs (seen at load ~5).
+        await _until(
+            lambda: service.status()["weights"]["last_time_to_policy_s"] is not None, 10.0, "time-to-policy noted"
+        )
         status = service.status()
         assert status["policy_version"] == 1
         assert status["weights"]["fetch_failures"] == 0
