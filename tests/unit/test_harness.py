@@ -311,6 +311,34 @@ def test_probe_items_of_an_imperfect_expert_are_its_clean_episodes() -> None:
         probe_items(get_env("lookup", expert_guess_rate=1.0), TOK, tasks)
 
 
+class _FixedLogits(torch.nn.Module):
+    """Every position predicts the same logits over a 4-token vocabulary: log([1, 1, 1, 3])."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.table = torch.nn.Parameter(torch.log(torch.tensor([1.0, 1.0, 1.0, 3.0])))
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.table.expand(*ids.shape, 4)
+
+
+def test_sampled_success_is_the_mean_probability_of_replaying_each_item() -> None:
+    from slipstream.harness.warmstart import sampled_success
+
+    m = _FixedLogits()
+    # At T=1 token 3 has p = 3/6 = 1/2 and any other 1/6. Item A: one sample, three trained 3s:
+    # (1/2)^3 = 1/8. Item B: two samples (turns) of one trained token each, a 3 and a 2:
+    # 1/2 * 1/6 = 1/12. The prompt token (untrained) and the padding count for nothing.
+    items = [[([1, 3, 3, 3], [False, True, True, True])], [([1, 3], [False, True]), ([1, 2], [False, True])]]
+    assert sampled_success(m, items, pad_id=0) == pytest.approx((1 / 8 + 1 / 12) / 2)
+    assert sampled_success(m, items, pad_id=0, batch_size=1) == pytest.approx((1 / 8 + 1 / 12) / 2)
+    # At T=0.5 the logits double: weights [1, 1, 1, 9], so p(3) = 3/4 and p(2) = 1/12.
+    assert sampled_success(m, items, pad_id=0, temperature=0.5) == pytest.approx(((3 / 4) ** 3 + 3 / 4 / 12) / 2)
+    assert m.training  # left in the mode it was in
+    with pytest.raises(ValueError, match="temperature"):
+        sampled_success(m, items, pad_id=0, temperature=0.0)
+
+
 @pytest.mark.usefixtures("_optimizers_imported")
 def test_sft_warmstart_stops_at_its_target_or_its_cap() -> None:
     env = get_env("reverse", min_len=3, max_len=3)
@@ -326,8 +354,23 @@ def test_sft_warmstart_stops_at_its_target_or_its_cap() -> None:
         m, TOK, lookup, steps=6, batch_size=4, seed=0, target_accuracy=0.5, probe_tasks=32, check_every=3
     )
     assert (multi["steps"], multi["reached"], multi["probe_curve"]) == (6, False, [[3, 0.0], [6, 0.0]])
-    for bad in ({"target_accuracy": 1.5}, {"target_accuracy": 0.5, "probe_tasks": 0}):
-        with pytest.raises(ValueError, match=r"target_accuracy|probe_tasks"):
+    # A sampled target adds the expected sampled success to every check and to the stop: an
+    # untrained model replays no 10-odd-token episode by sampling.
+    m, _ = build_tiny("micro", seed=1)
+    both = sft_warmstart(
+        m, TOK, lookup, steps=4, batch_size=4, seed=0, target_accuracy=0.5, sampled_target=0.2, probe_tasks=32
+    )
+    assert (both["steps"], both["reached"], [p[0] for p in both["probe_curve"]]) == (4, False, [2, 4])
+    assert all(len(p) == 3 and 0.0 <= p[2] < 1e-3 for p in both["probe_curve"])
+    assert round(both["probe_sampled"], 4) == both["probe_curve"][-1][2]
+    for bad in (
+        {"target_accuracy": 1.5},
+        {"target_accuracy": 0.5, "probe_tasks": 0},
+        {"target_accuracy": 0.5, "sampled_target": 1.5},
+        {"sampled_target": 0.2},
+        {"target_accuracy": 0.5, "sampled_target": 0.2, "temperature": 0.0},
+    ):
+        with pytest.raises(ValueError, match=r"target_accuracy|probe_tasks|sampled_target|temperature"):
             sft_warmstart(m, TOK, env, steps=4, **bad)  # type: ignore[arg-type]
 
 

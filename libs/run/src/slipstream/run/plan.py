@@ -33,6 +33,9 @@ class TrainingPlan(msgspec.Struct, kw_only=True):
     """Supervised steps between two probes of the warm-start's target (a multi-turn probe costs more)."""
     sft_settle_steps: int = 0
     """With a target missed at sft_steps: up to this many more steps at the final lr, still probing."""
+    sft_target_sampled: float = 0.0
+    """> 0 (with a target): the stop also needs the probe's expected sampled success at the rollout
+    temperature (teacher-forced: how often sampling replays the teacher's clean episodes) to reach this."""
     group_size: int = 8
     groups_per_step: int = 8
     max_staleness: int = 2

@@ -64,6 +64,7 @@ class ProgressView:
                 f"warm-start: {data.get('steps')} steps in {data.get('seconds', 0):.1f} s, "
                 f"loss {data.get('loss_first', 0):.2f} -> {data.get('loss_last', 0):.2f}"
                 + (f", greedy train accuracy {data['probe_accuracy']:.3f}" if "probe_accuracy" in data else "")
+                + (f", expected sampled success {data['probe_sampled']:.3f}" if "probe_sampled" in data else "")
             )
         elif kind == "step":
             self.steps.append(data)

@@ -82,6 +82,8 @@ def warm_start(plan: TrainingPlan, model_dir: Path, summary_modes: list[Any] | N
         target_accuracy=plan.sft_target_accuracy,
         check_every=plan.sft_check_every,
         settle_steps=plan.sft_settle_steps,
+        sampled_target=plan.sft_target_sampled,
+        temperature=plan.temperature,
         summary=summary_modes if summary_modes is not None else summary_config(plan),
     )
     save_pretrained(model, tokenizer, model_dir)
@@ -258,7 +260,10 @@ def run_training(
     start = f"loading {plan.model}" if plan.model else f"{plan.sft_steps} supervised steps on {plan.env}"
     if not plan.model and plan.sft_target_accuracy > 0:
         target = plan.sft_target_accuracy
-        start = f"supervised steps on {plan.env} until greedy train accuracy {target:g} (<= {plan.sft_steps})"
+        start = f"supervised steps on {plan.env} until greedy train accuracy {target:g}"
+        if plan.sft_target_sampled > 0:
+            start += f" and expected sampled success {plan.sft_target_sampled:g}"
+        start += f" (<= {plan.sft_steps}" + (f" + {plan.sft_settle_steps} settle)" if plan.sft_settle_steps else ")")
     emit("phase", {"phase": "warm-start", "detail": start})
     model_dir, summary.warmstart = init_model if init_model is not None else initial_model(plan, run_dir)
     emit("warmstart", summary.warmstart)
