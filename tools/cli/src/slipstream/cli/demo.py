@@ -43,7 +43,10 @@ def register(sub: Any) -> None:
     p.add_argument("--loss", choices=("grpo", "cispo"), default=None, help="policy loss (default grpo)")
     p.add_argument("--lr", type=float, default=None, help="learner AdamW learning rate")
     p.add_argument(
-        "--sft-steps", type=int, default=None, help="supervised warm-start steps before RL (a cap with --sft-target)"
+        "--sft-steps",
+        type=int,
+        default=None,
+        help="supervised warm-start steps before RL (a cap with --sft-target; no settle steps after it)",
     )
     p.add_argument(
         "--sft-target",
@@ -291,6 +294,8 @@ def plan_from_args(args: argparse.Namespace) -> Any:
     ):
         if value is not None:
             setattr(plan, field, copy.deepcopy(value))
+    if args.sft_steps is not None:
+        plan.sft_settle_steps = 0  # --sft-steps caps the whole warm-start, settle steps included
     return with_context(plan, getattr(args, "context", None))
 
 

@@ -53,7 +53,8 @@ def register(sub: Any) -> None:
         "--sft-steps",
         type=int,
         default=None,
-        help="override [warmstart] sft_steps (the cap when sft_target_accuracy is set; a quick try of a run file)",
+        help="override [warmstart] sft_steps and drop its settle steps: the whole warm-start's cap "
+        "(a quick try of a run file)",
     )
     p.add_argument("--no-live", action="store_true", help="plain log lines instead of the live view")
     p.add_argument("--traces", action="store_true", help="write each service's spans to RUN_DIR/traces.<service>.jsonl")
@@ -83,6 +84,8 @@ def run(args: argparse.Namespace) -> int:
             print(f"slipstream train: --{field.replace('_', '-')} must be >= {least}, got {value}", file=sys.stderr)
             return 2
         setattr(plan, field, value)
+    if args.sft_steps is not None:
+        plan.sft_settle_steps = 0  # --sft-steps caps the whole warm-start, settle steps included
     if args.env_file:
         args.env_file.write_text(env_file(run_file))
         print(f"wrote {args.env_file}")
