@@ -340,6 +340,22 @@ def test_sampled_success_is_the_mean_probability_of_replaying_each_item() -> Non
 
 
 @pytest.mark.usefixtures("_optimizers_imported")
+def test_without_a_sampled_target_the_greedy_target_alone_stops_the_warm_start(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A probe that meets the greedy target at once stops at the first check (the reverse demo's
+    # plan has no sampled target; a stop that also waited for one would run every seed to the cap).
+    import slipstream.harness.warmstart as ws
+
+    monkeypatch.setattr(ws, "greedy_success", lambda *a, **k: 1.0)
+    env = get_env("reverse", min_len=3, max_len=3)
+    m, _ = build_tiny("micro", seed=1)
+    out = sft_warmstart(m, TOK, env, steps=8, batch_size=4, seed=0, target_accuracy=0.2, probe_tasks=16)
+    assert (out["steps"], out["reached"], out["probe_curve"]) == (2, True, [[2, 1.0]])
+    assert "probe_sampled" not in out
+
+
+@pytest.mark.usefixtures("_optimizers_imported")
 def test_sft_warmstart_stops_at_its_target_or_its_cap() -> None:
     env = get_env("reverse", min_len=3, max_len=3)
     m, _ = build_tiny("micro", seed=1)

@@ -253,7 +253,7 @@ def sft_warmstart(
             sampled = sampled_success(model, probe, tokenizer.pad_id, temperature)
             point.append(round(sampled, 4))
         curve.append(point)
-        return accuracy >= target_accuracy and sampled >= sampled_target
+        return accuracy >= target_accuracy and (not sampled_target or sampled >= sampled_target)
 
     t0 = time.perf_counter()
     reached = False
