@@ -165,6 +165,42 @@ def _digests(shards: list[bytes], threads: int = 0) -> list[str]:
     return workers.run_each(lambda i: hashlib.sha256(shards[i]).hexdigest(), len(shards), threads)
 
 
+def upload_shards(
+    store: ObjectStore,
+    coded: CodedVersion,
+    shard_key: Callable[[int], str],
+    *,
+    run_id: str,
+    version: int,
+    base_version: int | None,
+    step_finished_at: float = 0.0,
+    fence_token: int = 0,
+    threads: int = 0,
+) -> WeightManifest:
+    """Store an encoded version's shards (hashed in parallel) under `shard_key(i)` and return the
+    manifest that names them (not stored: a whole version commits it, a rank's part records it)."""
+    refs = [
+        ShardRef(key=shard_key(i), size=len(data), sha256=digest, codec=CODEC)
+        for i, (data, digest) in enumerate(zip(coded.shards, _digests(coded.shards, threads), strict=True))
+    ]
+    store.put_many({r.key: data for r, data in zip(refs, coded.shards, strict=True)})
+    return WeightManifest(
+        policy_version=version,
+        base_version=base_version,
+        keyframe=coded.keyframe,
+        run_id=run_id,
+        dtype=coded.tensors[0].dtype,
+        shards=refs,
+        tensors=coded.tensors,
+        raw_bytes=coded.raw_bytes,
+        stored_bytes=coded.stored_bytes,
+        step_finished_at=step_finished_at,
+        created_at=time.time(),
+        signature=signature(refs),
+        fence_token=fence_token,
+    )
+
+
 def store_coded(
     store: ObjectStore,
     coded: CodedVersion,
@@ -179,24 +215,14 @@ def store_coded(
     """Upload an encoded version's shards in parallel, then commit its manifest (write-once)."""
     if coded.keyframe != (base_version is None):
         raise ValueError("a keyframe has no base version and a delta needs one")
-    refs = [
-        ShardRef(key=layout.shard_key(run_id, version, i), size=len(data), sha256=digest, codec=CODEC)
-        for i, (data, digest) in enumerate(zip(coded.shards, _digests(coded.shards), strict=True))
-    ]
-    store.put_many({r.key: data for r, data in zip(refs, coded.shards, strict=True)})
-    manifest = WeightManifest(
-        policy_version=version,
-        base_version=base_version,
-        keyframe=coded.keyframe,
+    manifest = upload_shards(
+        store,
+        coded,
+        lambda i: layout.shard_key(run_id, version, i),
         run_id=run_id,
-        dtype=coded.tensors[0].dtype,
-        shards=refs,
-        tensors=coded.tensors,
-        raw_bytes=coded.raw_bytes,
-        stored_bytes=coded.stored_bytes,
+        version=version,
+        base_version=base_version,
         step_finished_at=step_finished_at,
-        created_at=time.time(),
-        signature=signature(refs),
         fence_token=fence_token,
     )
     if seal is not None:

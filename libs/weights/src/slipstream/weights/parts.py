@@ -20,7 +20,6 @@ never announced.
 
 from __future__ import annotations
 
-import hashlib
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Literal
@@ -30,8 +29,8 @@ import torch
 
 from slipstream.schemas import AbandonedVersion, PartRef, ShardRef, TensorEntry, WeightManifest, from_json, to_json
 from slipstream.store import ObjectNotFound, ObjectStore
-from slipstream.weights import layout, workers
-from slipstream.weights.container import CODEC
+from slipstream.weights import layout
+from slipstream.weights.chain import upload_shards
 from slipstream.weights.encoder import DEFAULT_FRAME_BYTES, DEFAULT_LEVEL, delta_mismatch, encode_version
 from slipstream.weights.snapshot import DEFAULT_SHARD_BYTES, VersionExists, WeightsError, signature
 
@@ -111,26 +110,16 @@ def publish_part(
         frame_bytes=frame_bytes,
         shard_bytes=shard_bytes,
     )
-    digests = workers.run_each(lambda i: hashlib.sha256(coded.shards[i]).hexdigest(), len(coded.shards), threads)
-    refs = [
-        ShardRef(key=layout.part_shard_key(run_id, version, rank, i), size=len(data), sha256=digest, codec=CODEC)
-        for i, (data, digest) in enumerate(zip(coded.shards, digests, strict=True))
-    ]
-    store.put_many({r.key: data for r, data in zip(refs, coded.shards, strict=True)})
-    record = WeightManifest(
-        policy_version=version,
-        base_version=None if delta_base is None else delta_base[0],
-        keyframe=coded.keyframe,
+    record = upload_shards(
+        store,
+        coded,
+        lambda i: layout.part_shard_key(run_id, version, rank, i),
         run_id=run_id,
-        dtype=coded.tensors[0].dtype,
-        shards=refs,
-        tensors=coded.tensors,
-        raw_bytes=coded.raw_bytes,
-        stored_bytes=coded.stored_bytes,
+        version=version,
+        base_version=None if delta_base is None else delta_base[0],
         step_finished_at=step_finished_at,
-        created_at=time.time(),
-        signature=signature(refs),
         fence_token=fence_token,
+        threads=threads,
     )
     if not store.put_if_absent(key, to_json(record)):
         return _read(store, key), True  # a second writer of this rank got there first: its record stands
