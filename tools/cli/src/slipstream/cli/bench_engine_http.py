@@ -21,7 +21,8 @@ import sys
 import time
 from typing import Any
 
-from slipstream.cli.bench import percentile, write_json
+from slipstream.cli.bench import write_json
+from slipstream.cli.bench_serve import latency_figures, request_pool
 
 
 def register(bench_subparsers: Any) -> None:
@@ -50,30 +51,6 @@ def _command(args: argparse.Namespace) -> int:
     print(json.dumps(result["summary"], indent=2))
     write_json(result, args.json)
     return 0
-
-
-async def _pool(n: int, concurrency: int, one: Any) -> tuple[list[float], float]:
-    latencies: list[float] = []
-    queue = iter(range(n))
-
-    async def worker() -> None:
-        for i in queue:
-            t0 = time.perf_counter()
-            await one(i)
-            latencies.append(time.perf_counter() - t0)
-
-    t0 = time.perf_counter()
-    await asyncio.gather(*(worker() for _ in range(concurrency)))
-    return latencies, time.perf_counter() - t0
-
-
-def _figures(latencies: list[float], wall: float) -> dict[str, float]:
-    return {
-        "completions_per_s": round(len(latencies) / wall, 2),
-        "p50_ms": round(percentile(latencies, 0.50) * 1000, 1),
-        "p99_ms": round(percentile(latencies, 0.99) * 1000, 1),
-        "wall_s": round(wall, 3),
-    }
 
 
 async def _start_server(args: argparse.Namespace) -> tuple[asyncio.subprocess.Process, str]:
@@ -134,12 +111,12 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     updates: list[dict[str, float]] = []
     try:
         for call in modes.values():
-            await _pool(args.concurrency, args.concurrency, call)  # warm-up: first-call allocations, connections
+            await request_pool(args.concurrency, args.concurrency, call)  # warm-up: first-call allocations, connections
         for r in range(args.repeats):
             order = list(modes) if r % 2 == 0 else list(reversed(modes))
             rep: dict[str, Any] = {}
             for name in order:
-                rep[name] = _figures(*await _pool(args.requests, args.concurrency, modes[name]))
+                rep[name] = latency_figures(*await request_pool(args.requests, args.concurrency, modes[name]))
             rep["ratio"] = round(rep["http"]["completions_per_s"] / rep["in_process"]["completions_per_s"], 3)
             repeats.append(rep)
             print(f"repeat {r}: {json.dumps(rep)}", flush=True)

@@ -63,7 +63,8 @@ def _command(args: argparse.Namespace) -> int:
     return 0
 
 
-def _figures(latencies: list[float], wall: float) -> dict[str, float]:
+def latency_figures(latencies: list[float], wall: float) -> dict[str, float]:
+    """Completions/s, p50/p99 latency (ms) and wall seconds of one pool's requests."""
     return {
         "completions_per_s": round(len(latencies) / wall, 2),
         "p50_ms": round(percentile(latencies, 0.50) * 1000, 1),
@@ -72,7 +73,7 @@ def _figures(latencies: list[float], wall: float) -> dict[str, float]:
     }
 
 
-async def _pool(n: int, concurrency: int, one: Any) -> tuple[list[float], float]:
+async def request_pool(n: int, concurrency: int, one: Any) -> tuple[list[float], float]:
     """Run `one(i)` for i < n with `concurrency` workers; (per-request seconds, wall seconds)."""
     latencies: list[float] = []
     queue = iter(range(n))
@@ -128,11 +129,11 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
 
     async def endpoint_pool(n: int) -> tuple[list[float], float]:
         if inline is not None:
-            return await _pool(n, args.concurrency, inline.one)
+            return await request_pool(n, args.concurrency, inline.one)
         return await _child_pool({**spec, "n": n})
 
     try:
-        await _pool(args.concurrency, args.concurrency, in_process)  # warm-up: first-call allocations
+        await request_pool(args.concurrency, args.concurrency, in_process)  # warm-up: first-call allocations
         await endpoint_pool(args.concurrency)
         repeats = []
         for r in range(args.repeats):
@@ -144,8 +145,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 if name == "endpoint":
                     lat, wall = await endpoint_pool(args.requests)
                 else:
-                    lat, wall = await _pool(args.requests, args.concurrency, in_process)
-                rep[name] = _figures(lat, wall)
+                    lat, wall = await request_pool(args.requests, args.concurrency, in_process)
+                rep[name] = latency_figures(lat, wall)
             rep["ratio"] = round(rep["endpoint"]["completions_per_s"] / rep["in_process"]["completions_per_s"], 3)
             repeats.append(rep)
             print(f"repeat {r}: {json.dumps(rep)}", flush=True)
@@ -235,8 +236,8 @@ def client_main() -> None:
     async def go() -> dict[str, Any]:
         clients = _Clients(spec)
         try:
-            await _pool(spec["concurrency"], spec["concurrency"], clients.one)
-            latencies, wall = await _pool(spec["n"], spec["concurrency"], clients.one)
+            await request_pool(spec["concurrency"], spec["concurrency"], clients.one)
+            latencies, wall = await request_pool(spec["n"], spec["concurrency"], clients.one)
         finally:
             await clients.close()
         return {"latencies": latencies, "wall": wall}
