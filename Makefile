@@ -46,7 +46,7 @@ test-gpu: install  ## the gpu tier on a CUDA device (JSON figures: SLIPSTREAM_GP
 lint: install  ## ruff + mypy
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	$(VENV)/bin/mypy $(wildcard libs/*/src)
+	$(VENV)/bin/mypy $(wildcard libs/*/src) $(wildcard services/*/src) tools/cli/src
 
 format: install
 	$(VENV)/bin/ruff format .

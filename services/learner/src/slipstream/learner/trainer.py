@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import math
 import time
+import typing
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -267,14 +268,15 @@ class Trainer:
         # A plain CausalLM only: FSDP2 (ranks > 1) swaps the class for a subclass whose forward
         # hook gathers the root's parameters, which a direct `hidden_states` call would skip.
         if type(self.model) is CausalLM:
+            plain = typing.cast(CausalLM, self.model)
             # Logits only from the first trained column on: the prompt's positions need none, and
             # on search_call's one-shot prompt (~85 of ~96 tokens) the lm_head and log-softmax there were
             # a fifth of the step. The columns before `start` are masked out of every loss term.
             trained = torch.nonzero(batch.mask.any(dim=0))
             start = int(trained[0, 0]) if len(trained) else 0
             with autocast:
-                hidden = self.model.hidden_states(batch.input_ids, batch.attention_mask)[:, start:-1]
-                logits = self.model.lm_head(hidden)
+                hidden = plain.hidden_states(batch.input_ids, batch.attention_mask)[:, start:-1]
+                logits = plain.lm_head(hidden)
             tail = token_logprobs(logits, batch.targets[:, start:], temperature=temperature)
             logprobs = F.pad(tail, (start, 0))
         else:

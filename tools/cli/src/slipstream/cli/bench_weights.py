@@ -154,7 +154,7 @@ class _Generator:
 
 def _ceiling(
     pool: ThreadPoolExecutor, old: Any, new: Any, threads: int, level: int
-) -> tuple[Callable[[], Any], Callable[[], Any], int]:
+) -> tuple[Callable[[], Any], Callable[..., Any], int]:
     """Plain zstandard on the flattened model: XOR + compress / decompress + XOR, one frame per thread."""
     import numpy as np
     import zstandard
