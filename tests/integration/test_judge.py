@@ -19,7 +19,10 @@ import pytest
 from scripted_judge import Call, Reply, ScriptedJudge, score, too_many
 
 from slipstream.control.client import ControlClient
+from slipstream.engine.tokenizer import ByteTokenizer
+from slipstream.harness.scripted import ScriptedEngine
 from slipstream.judge import Judge, JudgeConfig, JudgeInput, VerdictCache, sample_rubrics
+from slipstream.serve import MemorySink, ServeConfig, ServeEndpoint
 from slipstream.stack import Server
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
@@ -325,3 +328,30 @@ async def test_an_unreachable_cache_is_a_miss_not_a_failure(server: ScriptedJudg
         await client.close()
     assert j.unscorable == "" and len(j.scores) == 5 and j.cached == 0
     assert client.healthy is False
+
+
+# -- Slipstream's own endpoint as the judge ------------------------------------------------------------
+
+
+async def test_slipstreams_own_endpoint_can_be_the_judge(tmp_path: Path) -> None:
+    """The judge speaks plain /v1/chat/completions: a serving worker's endpoint works as one."""
+    tok = ByteTokenizer()
+
+    def reply(request: object, prompt: str) -> str:
+        return "Short and to the point.\nSCORE: 9" if TEXT["brief"] in prompt else "Partly.\nSCORE: 4"
+
+    engine = ScriptedEngine(tok, reply)
+    ep = ServeEndpoint(engine, tok, ServeConfig(enabled=True, port=0, renderer="tags"), MemorySink(), model_name="m")
+    await ep.start()
+    config = JudgeConfig(
+        url=ep.base_url, model="m", envs=["serve"], rubric_file=str(rubric_file(tmp_path)), context="serve", k=0
+    )
+    judge = Judge.from_config("own", config, api_key="sk-judge")
+    try:
+        j = await judge.judge(item())
+    finally:
+        await judge.close()
+        await ep.close()
+    assert j.unscorable == ""
+    assert j.scores == pytest.approx({"direct": 0.4, "correct": 0.4, "polite": 0.4, "brief": 0.9, "cites": 0.4})
+    assert engine.requests == 5 and len(ep.recorder.calls) == 5

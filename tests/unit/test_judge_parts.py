@@ -30,7 +30,7 @@ from slipstream.judge import (
     with_aggregate,
 )
 from slipstream.reward_model.config import RewardSection
-from slipstream.reward_model.judging import with_judgement
+from slipstream.reward_model.judging import Judges, with_judgement
 from slipstream.schemas import Episode, Judgement, ScoredEpisode
 
 pytestmark = pytest.mark.unit
@@ -304,3 +304,23 @@ def test_a_verdict_adds_a_weighted_judge_component_or_marks_unscorable() -> None
     marked = with_judgement(scored, bad, weight=0.5)
     assert marked.unscorable == "judge h: 0 of 1 rubrics scored" and marked.judgements == [bad]
     assert marked.reward == 1.1 and "judge" not in marked.components
+
+
+def test_judges_fail_setup_naming_what_is_wrong(tmp_path: Path) -> None:
+    path = tmp_path / "r.toml"
+    path.write_text(SETS)
+    with pytest.raises(ValueError, match=r"\['h'\] cache verdicts in Redis but \[service\] redis_url is empty"):
+        Judges.from_config({"h": _judge(rubric_file=str(path), version="v1")}, redis_url="")
+    with pytest.raises(RubricError, match=r"rubric file '.*nope\.toml' cannot be read"):
+        Judges.from_config({"h": _judge(rubric_file=str(tmp_path / "nope.toml"), cache=False)}, redis_url="")
+    with pytest.raises(ValueError, match=r"k 5 exceeds the 4 rubrics of serve@v1"):
+        Judges.from_config({"h": _judge(rubric_file=str(path), version="v1", k=5, cache=False)}, redis_url="")
+    judges = Judges.from_config({"h": _judge(rubric_file=str(path), version="v1", cache=False)}, redis_url="")
+    assert judges.for_env("serve") is judges.judges["h"] and judges.for_env("arith") is None
+    asyncio.run(judges.close())
+
+
+@pytest.mark.parametrize("path", sorted((Path(__file__).parents[2] / "libs/judge/rubrics").glob("*.toml")))
+def test_the_shipped_rubric_files_load(path: Path) -> None:
+    sets = load_rubric_sets(path)
+    assert sets and all(len(s.rubrics) >= 3 for s in sets)  # alternatives to sample from
