@@ -75,7 +75,8 @@ class ScriptedJudge:
     async def start(self) -> ScriptedJudge:
         app = web.Application()
         app.router.add_post("/v1/chat/completions", self._chat)
-        self._runner = web.AppRunner(app, handle_signals=False)
+        # A scripted slow answer the client gave up on must not hold the test's teardown.
+        self._runner = web.AppRunner(app, handle_signals=False, shutdown_timeout=0.2)
         await self._runner.setup()
         site = web.TCPSite(self._runner, "127.0.0.1", 0)
         await site.start()
