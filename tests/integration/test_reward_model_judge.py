@@ -187,3 +187,24 @@ async def test_a_judge_without_usable_verdicts_marks_the_episode_and_the_learner
         assert advantages[0] == pytest.approx((1.1 + 0.5 * (1.0 + 1.0 + 0.8) / 4) - baseline, abs=1e-6)
     finally:
         await bus.close()
+
+
+async def test_slow_judging_overlaps_across_episodes(
+    nats_server: Server, judge_server: ScriptedJudge, tmp_path: Path
+) -> None:
+    """Judge calls are awaited on the loop, not in a thread per episode: episodes are judged at once."""
+    judge_server.script = lambda c: Reply(text="SCORE: 6", delay_s=0.4)
+    bus = await connect_bus(BusConfig(url=nats_server.url), name="test")
+    await bus.ensure_streams()
+    cfg = judge_cfg(judge_server, tmp_path, k=1, concurrency=16, cache=False)
+    try:
+        svc = RewardModelService(judged_config(nats_server.url, tmp_path, "", cfg))
+        async with running(svc):
+            for i in range(8):
+                await bus.publish("traj.raw.arith", raw(f"e{i}", "8\n"), msg_id=f"e{i}")
+            scored = await read_scored(bus, 8)
+        assert len(scored) == 8 and all(s.components["judge"] == pytest.approx(0.3) for s in scored)
+        # One call per episode, 0.4 s each: with `[reward] concurrency` 8 they were in flight together.
+        assert len(judge_server.calls) == 8 and judge_server.max_in_flight >= 4
+    finally:
+        await bus.close()
