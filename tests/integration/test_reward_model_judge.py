@@ -116,6 +116,7 @@ async def test_episodes_get_a_weighted_judge_component_with_provenance_and_cache
         assert len(judge_server.calls) == 6, "the retried episode's verdicts were not served from the cache"
         assert status["judges"]["helpful"]["cache_hits"] == 2
         assert status["judges"]["helpful"]["rubric_set"] == "arith@v1" and status["unscorable"] == 0
+        assert status["judge_cache"]["healthy"] is True and status["judge_cache"]["url"] == redis_server.url
         verifier = {"a": 1.1, "b": 0.1, "c": 1.0}
         weights = {"bare": 1.0, "newline": 2.0, "short": 1.0}
         points = {"bare": 1.0, "newline": 0.5, "short": 0.8}

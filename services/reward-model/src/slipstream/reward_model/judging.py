@@ -88,10 +88,16 @@ class Judges:
         return with_judgement(scored, judgement, judge.cfg.weight)
 
     def status(self) -> dict[str, Any]:
+        """Per judge: model, rubric set and its counts."""
         return {
             name: {"model": j.cfg.model, "rubric_set": j.rubric_set.label, **asdict(j.stats)}
             for name, j in self.judges.items()
         }
+
+    def cache_status(self) -> dict[str, Any] | None:
+        """The verdict cache's Redis (password-free URL) and health; None without a cache."""
+        c = self._cache_client
+        return None if c is None else {"url": c.url, "healthy": c.healthy, "last_error": c.last_error}
 
     async def close(self) -> None:
         for j in self.judges.values():

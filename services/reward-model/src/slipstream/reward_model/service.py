@@ -175,4 +175,5 @@ class RewardModelService(BaseService):
             "inflight": self._inflight,
             **self.counts,
             **({"judges": self.judges.status()} if self.judges is not None and self.judges.judges else {}),
+            **({"judge_cache": cache} if self.judges is not None and (cache := self.judges.cache_status()) else {}),
         }
