@@ -1,7 +1,7 @@
 """Feedback posts, implicit signals, the reward spec and the in-memory pending stage (issue 16, item 2).
 
-The pending stage's full contract (both stores, Redis included) is tests/contract/test_pending.py;
-here: parsing and idempotency keys, the spec's components on hand-computed numbers, and the
+The pending stage's full contract (both stores, Redis included) is tests/contract/test_pending.py,
+the endpoint's tests/integration/test_serve_feedback.py; here: parsing and idempotency keys, the spec's components on hand-computed numbers, and the
 releaser over the in-memory bus and a local object store.
 """
 
