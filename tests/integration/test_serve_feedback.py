@@ -348,3 +348,48 @@ async def test_feedback_through_either_replica_reaches_one_episode_and_is_scored
         await asyncio.wait_for(rm_task, 10)
         await rm.close()
         await bus.close()
+
+
+class DiesAfterPublish(MemoryPending):
+    """A releaser that dies after JetStream acked the stub, before the release is recorded (fault injection)."""
+
+    deaths = 1
+
+    async def released(self, episode_id: str) -> None:
+        if self.deaths:
+            self.deaths -= 1
+            raise ConnectionError("the releaser died here")
+        await super().released(episode_id)
+
+
+async def test_a_release_interrupted_after_its_publish_is_stored_once(nats_server: Any, tmp_path: Path) -> None:
+    from slipstream.schemas import FeedbackSignal, encode
+    from slipstream.serve import PendingPolicy, Releaser
+    from slipstream.store.episodes import episode_key
+
+    store = LocalObjectStore(tmp_path / "store")
+    bus = await connect_bus(BusConfig(url=nats_server.url, stream_storage="memory", fetch_timeout_s=0.2), name="t")
+    await bus.ensure_streams()
+    raw_in = await bus.consumer("reward-model", Episode)
+    pending = DiesAfterPublish(PendingPolicy(env="serve", run_id="r", group_size=1))
+    eid = "serve/s/0"
+    key = episode_key("r", eid)
+    store.put(key, encode(Episode(episode_id=eid, task_id=eid, env="serve", run_id="r")))
+    await pending.note_call("c", "s", eid)
+    await pending.add_feedback(eid, FeedbackSignal(key="accepted", value=True, feedback_id="f"), 1.0)
+    await pending.flushed(eid, key, deadline=1e12, now=1.0)
+    try:
+        first = Releaser(pending, store, bus, stale_after_s=0.0)
+        assert await first.step() == 0 and first.failures == 1  # published, then died before marking it
+        assert await pending.state(eid) == "releasing"
+        restarted = Releaser(pending, store, bus, stale_after_s=0.0)
+        assert await restarted.step() == 1 and await pending.state(eid) == "released"
+        assert await restarted.step() == 0
+        got = await raw_in.fetch(10, timeout=1.0)
+        assert [d.msg.episode_id for d in got] == [eid]  # the same bytes under msg_id = episode id: stored once
+        for d in got:
+            await d.ack()
+        assert await raw_in.fetch(10, timeout=0.5) == []
+        assert [s.feedback_id for s in load(store, got[0].msg).feedback] == ["f"]
+    finally:
+        await bus.close()

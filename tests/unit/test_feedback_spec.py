@@ -1,8 +1,9 @@
 """Feedback posts, implicit signals, the reward spec and the in-memory pending stage (issue 16, item 2).
 
 The pending stage's full contract (both stores, Redis included) is tests/contract/test_pending.py,
-the endpoint's tests/integration/test_serve_feedback.py; here: parsing and idempotency keys, the spec's components on hand-computed numbers, and the
-releaser over the in-memory bus and a local object store.
+the endpoint's tests/integration/test_serve_feedback.py. Here: parsing and idempotency keys, the
+spec's components on hand-computed numbers, the releaser over the in-memory bus and a local
+object store, and a flush the store refused being retried.
 """
 
 from __future__ import annotations
@@ -185,3 +186,47 @@ async def test_the_releaser_publishes_groups_with_their_signals(tmp_path: Path) 
     full = load(store, got[0])
     assert [s.key for s in full.feedback] == ["accepted"] and full.group_id == "serve-r-1"
     await bus.close()
+
+
+class FlakySink:
+    """A sink whose store is away for the first `fail` puts (fault injection)."""
+
+    def __init__(self, fail: int) -> None:
+        self.fail = fail
+        self.episodes: list[Episode] = []
+
+    async def put(self, episode: Episode) -> str:
+        if self.fail > 0:
+            self.fail -= 1
+            raise OSError("store away")
+        self.episodes.append(episode)
+        return f"k/{episode.episode_id}"
+
+
+async def test_an_episode_the_store_refused_is_kept_and_stored_on_the_next_sweep() -> None:
+    from slipstream.engine.interface import SamplingParams
+    from slipstream.serve import CallRecord, Recorder
+
+    pending = MemoryPending(PendingPolicy())
+    sink = FlakySink(fail=1)
+    rec = Recorder(sink, session_idle_s=1, clock=lambda: 0.0, pending=pending)
+    call = CallRecord(
+        call_id="c1",
+        session_id="s",
+        endpoint="chat",
+        model="m",
+        created=0.0,
+        finished_at=0.0,
+        prompt_ids=[1],
+        completion_ids=[2],
+        logprobs=[-0.1],
+        segments=[(0, 1)],
+        finish_reason="stop",
+        params=SamplingParams(),
+        template_hash="",
+    )
+    assert await rec.record(call) == "serve/s/0"
+    await rec.flush("s")
+    assert sink.episodes == [] and rec.flush_failures == 1 and await pending.state("serve/s/0") == "open"
+    assert await rec.retry_failed() == 0
+    assert [e.episode_id for e in sink.episodes] == ["serve/s/0"] and await pending.state("serve/s/0") == "pending"
