@@ -77,6 +77,20 @@ async def test_a_pending_episode_is_released_by_its_first_signal_or_its_keys(mak
     assert await q.state("e2") == "ready"
 
 
+async def test_only_the_keys_the_reward_spec_reads_count(make: Any) -> None:
+    p = make(reward_keys=("accepted", "stars"))
+    await _open(p, "e")
+    await p.flushed("e", "k/e", deadline=10.0, now=0.0)
+    await p.add_feedback("e", sig("followed_up"), 1.0)
+    assert await p.state("e") == "pending"  # the spec would mask it: it waits
+    await p.add_feedback("e", sig("stars", 4.0), 2.0)
+    assert await p.state("e") == "ready"
+    await _open(p, "f")
+    await p.flushed("f", "k/f", deadline=10.0, now=0.0)
+    await p.add_feedback("f", sig("followed_up"), 1.0)
+    assert await p.expire(now=10.0) == ["f"]  # signals, but none the spec reads: masked
+
+
 async def test_deadline_expiry_masks_an_unrated_episode(make: Any) -> None:
     p = make()
     for eid in ("quiet", "rated"):

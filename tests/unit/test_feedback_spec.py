@@ -171,7 +171,7 @@ async def test_the_releaser_publishes_groups_with_their_signals(tmp_path: Path) 
     pending = MemoryPending(PendingPolicy(env="serve", run_id="r", group_size=2))
     rel = Releaser(pending, store, bus, clock=lambda: now[0])
     for i in range(3):
-        eid = f"serve/s{i}/0"
+        eid = f"serve/unit-s{i}/0"  # ids of their own: in-process memory buses share one dedup window
         await pending.note_call(f"c{i}", f"s{i}", eid)
         if i < 2:
             await pending.add_feedback(eid, sig("accepted", True, fid=f"f{i}"), now[0])
@@ -180,7 +180,7 @@ async def test_the_releaser_publishes_groups_with_their_signals(tmp_path: Path) 
     now[0] = 111.0
     assert await rel.step() == 0 and rel.masked == 1  # the third reached its deadline unrated
     got = [d.msg for d in await consumer.fetch(10, timeout=0.5)]
-    assert sorted(e.episode_id for e in got) == ["serve/s0/0", "serve/s1/0"]
+    assert sorted(e.episode_id for e in got) == ["serve/unit-s0/0", "serve/unit-s1/0"]
     assert {e.group_id for e in got} == {"serve-r-1"} and sorted(e.group_index for e in got) == [0, 1]
     assert all(e.is_stub() and e.group_size == 2 for e in got)
     full = load(store, got[0])

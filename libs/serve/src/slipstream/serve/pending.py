@@ -11,8 +11,9 @@ deployed one: DESIGN, Redis holds state) or, for tests and single-process use, i
 - **open**: the session is still being served; its calls resolve to the episode already (the
   episode id is fixed at the session's first call), so feedback that arrives before the flush is
   kept and attached at the flush.
-- **pending**: the body is in the object store; the episode waits until its signals satisfy
-  `release_keys` (empty: any one signal) or `feedback_deadline_s` passes.
+- **pending**: the body is in the object store; the episode waits until it has a signal that
+  counts (one of `reward_keys`, the keys the reward spec reads; empty: any key) and every key of
+  `release_keys` (empty: none more), or until `feedback_deadline_s` passes.
 - **ready**: waiting for a group. Serving traffic has no natural groups, so ready episodes are
   released `group_size` at a time (oldest first) under one fresh `group_id` (`<env>-<run>-<n>`):
   ids are assigned only when a whole group is there, so the learner never sees a group that is
@@ -23,7 +24,9 @@ deployed one: DESIGN, Redis holds state) or, for tests and single-process use, i
   releaser writes the body with them and publishes the stub. A crash here leaves the episode in
   `releasing`, and the next releaser pass publishes it again with the same bytes and
   `msg_id = episode_id`, which JetStream stores once.
-- **masked**: no signal by the deadline. Never published as reward 0 (counted); with
+- **masked**: no signal that counts by the deadline, so the reward spec could not score it.
+  Never published as reward 0 (counted): one the spec would mask downstream would also keep its
+  whole group from completing at the learner. With
   `publish_unrated` it is published anyway, for a reward spec whose components have defaults.
 
 Feedback is idempotent: a signal is stored once per `feedback_id` (without one, per digest of
@@ -60,6 +63,7 @@ class PendingPolicy(msgspec.Struct, frozen=True, kw_only=True):
     env: str = "serve"
     run_id: str = ""
     release_keys: tuple[str, ...] = ()
+    reward_keys: tuple[str, ...] = ()
     publish_unrated: bool = False
     group_size: int = 8
     group_wait_s: float = 0.0
@@ -124,10 +128,13 @@ def ordered(signals: list[FeedbackSignal]) -> list[FeedbackSignal]:
     return sorted(signals, key=lambda s: (s.at, s.feedback_id))
 
 
+def counts(keys: set[str], policy: PendingPolicy) -> bool:
+    """Does an episode with signals of these keys have one the reward spec reads?"""
+    return bool(keys & set(policy.reward_keys)) if policy.reward_keys else bool(keys)
+
+
 def releasable(keys: set[str], policy: PendingPolicy) -> bool:
-    if not keys:
-        return False
-    return all(k in keys for k in policy.release_keys)
+    return counts(keys, policy) and all(k in keys for k in policy.release_keys)
 
 
 @dataclass
@@ -203,7 +210,7 @@ class MemoryPending:
         for eid, ep in self._eps.items():
             if ep.state != "pending" or ep.deadline > now:
                 continue
-            if ep.signals or self.policy.publish_unrated:
+            if counts({s.key for s in ep.signals.values()}, self.policy) or self.policy.publish_unrated:
                 ep.state, ep.ready_at = "ready", now
             else:
                 ep.state = "masked"

@@ -39,6 +39,7 @@ def pending_policy(cfg: ServeConfig, run_id: str) -> PendingPolicy:
         env=cfg.env,
         run_id=run_id,
         release_keys=tuple(cfg.release_keys),
+        reward_keys=tuple(cfg.reward_keys),
         publish_unrated=cfg.publish_unrated,
         group_size=cfg.group_size,
         group_wait_s=cfg.group_wait_s,
