@@ -35,7 +35,9 @@ its target, key, source and value), a second post is answered "duplicate".
 
 from __future__ import annotations
 
-from collections import Counter
+import time
+from collections import Counter, deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
@@ -149,16 +151,37 @@ class _Ep:
 
 
 class MemoryPending:
-    """The pending stage in process memory: one replica, state lost on exit (tests, benchmarks)."""
+    """The pending stage in process memory: one replica, state lost on exit (tests, benchmarks,
+    a single serving worker without Redis). Calls and finished episodes are forgotten
+    `retention_s` after (wall clock), as their Redis keys expire."""
 
-    def __init__(self, policy: PendingPolicy) -> None:
+    def __init__(self, policy: PendingPolicy, clock: Callable[[], float] = time.time) -> None:
         self.policy = policy
+        self.clock = clock
         self._eps: dict[str, _Ep] = {}
-        self._calls: dict[str, str] = {}
-        self._last: dict[str, str] = {}
+        # Insertion order is time order: the oldest entries are pruned from the front.
+        self._calls: dict[str, tuple[str, float]] = {}  # call -> (episode, noted at)
+        self._last: dict[str, tuple[str, float]] = {}  # session -> (latest call, noted at)
+        self._done: deque[tuple[float, str]] = deque()  # (released or masked at, episode)
         self._numbers: Counter[str] = Counter()
         self._groups = 0
         self._counts: Counter[str] = Counter()
+
+    def _prune(self) -> None:
+        cutoff = self.clock() - self.policy.retention_s
+        for table in (self._calls, self._last):
+            while table and next(iter(table.values()))[1] < cutoff:
+                del table[next(iter(table))]
+        while self._done and self._done[0][0] < cutoff:
+            _, eid = self._done.popleft()
+            ep = self._eps.get(eid)
+            if ep is not None and ep.state in ("released", "masked"):
+                del self._eps[eid]
+
+    def _finish(self, eid: str, ep: _Ep, state: str) -> None:
+        ep.state = state
+        self._counts[state] += 1
+        self._done.append((self.clock(), eid))
 
     async def next_episode(self, session_id: str) -> int:
         n = self._numbers[session_id]
@@ -166,15 +189,20 @@ class MemoryPending:
         return n
 
     async def note_call(self, call_id: str, session_id: str, episode_id: str) -> None:
+        self._prune()
+        now = self.clock()
         self._eps.setdefault(episode_id, _Ep())
-        self._calls[call_id] = episode_id
-        self._last[session_id] = call_id
+        self._calls[call_id] = (episode_id, now)
+        self._last.pop(session_id, None)  # re-inserted at the end: the table stays in time order
+        self._last[session_id] = (call_id, now)
 
     async def last_call(self, session_id: str) -> str | None:
-        return self._last.get(session_id)
+        got = self._last.get(session_id)
+        return None if got is None else got[0]
 
     async def episode_of_call(self, call_id: str) -> str | None:
-        return self._calls.get(call_id)
+        got = self._calls.get(call_id)
+        return None if got is None else got[0]
 
     async def state(self, episode_id: str) -> str | None:
         ep = self._eps.get(episode_id)
@@ -206,6 +234,7 @@ class MemoryPending:
         return ep.state
 
     async def expire(self, now: float) -> list[str]:
+        self._prune()
         masked = []
         for eid, ep in self._eps.items():
             if ep.state != "pending" or ep.deadline > now:
@@ -213,8 +242,7 @@ class MemoryPending:
             if counts({s.key for s in ep.signals.values()}, self.policy) or self.policy.publish_unrated:
                 ep.state, ep.ready_at = "ready", now
             else:
-                ep.state = "masked"
-                self._counts["masked"] += 1
+                self._finish(eid, ep, "masked")
                 masked.append(eid)
         return masked
 
@@ -253,9 +281,8 @@ class MemoryPending:
 
     async def released(self, episode_id: str) -> None:
         ep = self._eps.get(episode_id)
-        if ep is not None and ep.state != "released":
-            ep.state = "released"
-            self._counts["released"] += 1
+        if ep is not None and ep.state == "releasing":
+            self._finish(episode_id, ep, "released")
 
     async def counts(self) -> dict[str, int]:
         states = Counter(ep.state for ep in self._eps.values())
