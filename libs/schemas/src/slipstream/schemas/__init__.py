@@ -18,6 +18,7 @@ from slipstream.schemas.dead_letter import DeadLetter
 from slipstream.schemas.episode import (
     Episode,
     EpisodeRef,
+    FeedbackSignal,
     Judgement,
     Sample,
     ScoredEpisode,
@@ -51,6 +52,7 @@ __all__ = [
     "Episode",
     "EpisodeRef",
     "EvalResult",
+    "FeedbackSignal",
     "Judgement",
     "LearnerStep",
     "PartRef",

@@ -8,13 +8,16 @@ Recording happens at the boundary and assembly afterwards (a recorder, not a liv
   it (same ids, same text) instead of sampling again; if it is still being served, the caller
   waits for it. Either way the call is recorded once. A first attempt with a body seen before is
   a new call (a user may ask the same thing twice).
-- `Recorder.record(call)` appends to its session. A session idle for `session_idle_s` (or all,
-  on `flush_all`, at shutdown) is assembled into one `Episode` (`slipstream.serve.episodes`) and
-  handed to an `EpisodeSink`.
+- `await Recorder.record(call)` appends to its session's open episode and returns its id. The
+  id (`serve/<session>/<n>`) is fixed at the session's first call, with `n` from the pending
+  store (never reused, across replicas and restarts), so feedback can target the episode while
+  it is still open. A session idle for `session_idle_s` (or all, on `flush_all`, at shutdown) is
+  assembled into one `Episode` (`slipstream.serve.episodes`), handed to an `EpisodeSink`, and
+  enters the pending stage (`slipstream.serve.pending`) to wait for its feedback.
 
 Sinks: `MemorySink` (tests), `StoreSink` (the object store: the encoded Episode under
 `episode_key(run_id, episode_id)`, the by-reference body layout of `slipstream.store.episodes`, so
-a later pending/feedback stage can publish stubs on the bus without copying bytes).
+the releaser (`slipstream.serve.release`) can publish stubs on the bus without copying bytes).
 """
 
 from __future__ import annotations
@@ -30,8 +33,12 @@ import msgspec
 from slipstream.engine.interface import SamplingParams
 from slipstream.schemas import Episode, encode
 from slipstream.serve.episodes import assemble
+from slipstream.serve.pending import MemoryPending, PendingPolicy, PendingStore
 from slipstream.store import ObjectStore
 from slipstream.store.episodes import episode_key
+from slipstream.telemetry.logs import get_logger
+
+log = get_logger(__name__)
 
 
 class CallRecord(msgspec.Struct, kw_only=True):
@@ -64,9 +71,9 @@ class CallRecord(msgspec.Struct, kw_only=True):
 
 
 class EpisodeSink(Protocol):
-    """Where assembled episodes go."""
+    """Where assembled episodes go; `put` returns the object-store key of the body ('' if none)."""
 
-    async def put(self, episode: Episode) -> None: ...
+    async def put(self, episode: Episode) -> str: ...
 
 
 class MemorySink:
@@ -75,8 +82,9 @@ class MemorySink:
     def __init__(self) -> None:
         self.episodes: list[Episode] = []
 
-    async def put(self, episode: Episode) -> None:
+    async def put(self, episode: Episode) -> str:
         self.episodes.append(episode)
+        return ""
 
 
 class StoreSink:
@@ -87,10 +95,11 @@ class StoreSink:
         self.run_id = run_id
         self.written: list[str] = []
 
-    async def put(self, episode: Episode) -> None:
+    async def put(self, episode: Episode) -> str:
         key = episode_key(self.run_id, episode.episode_id)
         await asyncio.to_thread(self.store.put, key, encode(episode))
         self.written.append(key)
+        return key
 
 
 class Recorder:
@@ -106,6 +115,8 @@ class Recorder:
         session_idle_s: float = 300.0,
         replay_window: int = 4096,
         clock: Callable[[], float] = time.time,
+        pending: PendingStore | None = None,
+        feedback_deadline_s: float = 600.0,
     ) -> None:
         self.sink = sink
         self.env = env
@@ -114,13 +125,18 @@ class Recorder:
         self.session_idle_s = session_idle_s
         self.replay_window = replay_window
         self.clock = clock
+        self.pending: PendingStore = pending or MemoryPending(PendingPolicy(env=env, run_id=run_id))
+        self.feedback_deadline_s = feedback_deadline_s
         # The latest recorded calls, for inspection (tests, /readyz); sessions hold their own.
         self.calls: deque[CallRecord] = deque(maxlen=replay_window)
         self._sessions: dict[str, list[CallRecord]] = {}
         self._last_seen: dict[str, float] = {}
-        self._episodes_of: dict[str, int] = {}
+        self._open: dict[str, str] = {}  # session -> the id of its open episode
         self._keys: OrderedDict[str, asyncio.Future[CallRecord]] = OrderedDict()
         self.recorded = 0
+        self.unmapped = 0  # calls recorded while the pending store was away (feedback cannot target them)
+        self.flush_failures = 0
+        self._retry: list[tuple[Episode, str | None]] = []  # flushed episodes not yet stored / pending
         self.coalesced = 0
         self.episodes = 0
 
@@ -153,11 +169,24 @@ class Recorder:
             fut.exception()  # retrieved: a waiter re-raises it, nobody else must log it as lost
 
     # ------------------------------------------------------------------ recording
-    def record(self, call: CallRecord) -> None:
+    async def record(self, call: CallRecord) -> str:
+        """Append the call to its session's open episode (opened now if none); returns the episode id."""
+        sid = call.session_id
+        if sid not in self._open:
+            n = await self.pending.next_episode(sid)
+            # Another call of the session may have opened it meanwhile: that one stands (n is skipped).
+            self._open.setdefault(sid, f"serve/{sid}/{n}")
+        episode_id = self._open[sid]
         self.calls.append(call)
-        self._sessions.setdefault(call.session_id, []).append(call)
-        self._last_seen[call.session_id] = self.clock()
+        self._sessions.setdefault(sid, []).append(call)
+        self._last_seen[sid] = self.clock()
         self.recorded += 1
+        try:
+            await self.pending.note_call(call.call_id, sid, episode_id)
+        except Exception as exc:  # the pending store away: the call is kept, only feedback cannot find it
+            self.unmapped += 1
+            log.warning("serve: call not noted in the pending store", call_id=call.call_id, error=repr(exc))
+        return episode_id
 
     def session_calls(self, session_id: str) -> list[CallRecord]:
         return list(self._sessions.get(session_id, []))
@@ -166,17 +195,41 @@ class Recorder:
         """Assemble the session's calls so far into one episode and hand it to the sink."""
         calls = self._sessions.pop(session_id, None)
         self._last_seen.pop(session_id, None)
-        if not calls:
+        episode_id = self._open.pop(session_id, None)
+        if not calls or episode_id is None:
             return None
-        n = self._episodes_of.get(session_id, 0)
-        self._episodes_of[session_id] = n + 1
-        episode = assemble(f"serve/{session_id}/{n}", calls, env=self.env, run_id=self.run_id, worker_id=self.worker_id)
-        await self.sink.put(episode)
+        episode = assemble(episode_id, calls, env=self.env, run_id=self.run_id, worker_id=self.worker_id)
         self.episodes += 1
+        await self._store(episode, None)
         return episode
+
+    async def _store(self, episode: Episode, body_key: str | None) -> bool:
+        """Body to the sink, then the episode to the pending stage; a failed step is retried on the
+        next sweep (`body_key` set: the body is already stored). Stored first, then pending: a
+        crash in between leaves a stored body that is never published (its episode stays open in
+        the pending store until it expires), never a pending episode without a body."""
+        try:
+            if body_key is None:
+                body_key = await self.sink.put(episode)
+            now = self.clock()
+            await self.pending.flushed(episode.episode_id, body_key, now + self.feedback_deadline_s, now)
+        except Exception as exc:  # the store or the pending store away: kept here and retried
+            self.flush_failures += 1
+            self._retry.append((episode, body_key))
+            log.warning("serve: episode not stored yet; retried", episode_id=episode.episode_id, error=repr(exc))
+            return False
+        return True
+
+    async def retry_failed(self) -> int:
+        """Store what earlier flushes could not; returns how many are still waiting."""
+        waiting, self._retry = self._retry, []
+        for episode, body_key in waiting:
+            await self._store(episode, body_key)
+        return len(self._retry)
 
     async def flush_idle(self) -> int:
         """Flush every session idle for `session_idle_s`; returns how many."""
+        await self.retry_failed()
         now = self.clock()
         idle = [s for s, t in self._last_seen.items() if now - t >= self.session_idle_s]
         for s in idle:
@@ -187,6 +240,8 @@ class Recorder:
         sessions = list(self._sessions)
         for s in sessions:
             await self.flush(s)
+        if await self.retry_failed():
+            log.error("serve: episodes could not be stored at shutdown", lost=len(self._retry))
         return len(sessions)
 
     async def sweep(self, stop: asyncio.Event, every_s: float = 1.0) -> None:
@@ -205,4 +260,6 @@ class Recorder:
             "retries_coalesced": self.coalesced,
             "sessions_open": len(self._sessions),
             "episodes_flushed": self.episodes,
+            "calls_unmapped": self.unmapped,
+            "flush_failures": self.flush_failures,
         }

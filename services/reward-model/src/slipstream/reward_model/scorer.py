@@ -8,8 +8,11 @@ keeps working. The verifier never raises (a broken or unparsable answer is a fai
 `parse_ok=False`). An episode spoiled by an infrastructure failure (`infra_error`) is not judged:
 it passes on with reward 0 and the learner drops it, so it is never scored as the model's fault.
 What can never be scored, an environment this process does not know or a split that is neither
-'train' nor 'heldout', raises `Unscorable` so the service dead-letters it instead of retrying it
-forever.
+'train' nor 'heldout', raises `Unscorable` so the service dead-letters it (reason counted) instead
+of retrying it forever. An episode its environment masks (`Score.unscorable`: a served episode none
+of whose feedback the `serve` reward spec uses) is passed on marked `unscorable`, never as a 0:
+the learner drops it and the rest of its group trains against their own baseline (a dead letter
+would leave its group one member short until the group timed out).
 """
 
 from __future__ import annotations
@@ -79,5 +82,7 @@ class Scorer:
             correct=score.correct,
             scorer_version=env.scorer_version,
             scored_at=now,
+            # Masked by its environment: marked, so the learner drops it from its group's baseline.
+            unscorable=f"masked: {score.unscorable}" if score.unscorable else "",
         )
         return scored, score

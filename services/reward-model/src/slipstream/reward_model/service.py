@@ -16,7 +16,8 @@ unjudged (reward 0, counted) for the learner to drop: never the model's fault.
 Rubric judges (`[reward.judges]`, `judging.py`) add a weighted `judge` component to the episodes
 of their envs after the verifier; their calls are awaited on this loop (network I/O, bounded by
 each judge's limits), so up to `concurrency` episodes are judged at once. An episode the judge
-could not score is published marked `unscorable` (counted) for the learner to drop.
+could not score, or one its environment masks (a served episode whose feedback the `serve` reward
+spec does not use), is published marked `unscorable` (counted) for the learner to drop.
 
 Tracing: `consume` runs each episode in a CONSUMER span, child of the worker's publish, so the
 scored copy published inside it continues the task's trace; the span carries the reward.
@@ -63,7 +64,8 @@ INFRA_ERRORS = counter(
     "reward/score/infra_errors", "Episodes passed on unjudged: an infrastructure failure (label env)."
 )
 UNSCORABLE = counter(
-    "reward/score/unscorable", "Episodes published marked unscorable: a judge gave no usable verdict (label env)."
+    "reward/score/unscorable",
+    "Episodes published marked unscorable: no usable judge verdict, or masked by the env's reward spec (label env).",
 )
 
 
