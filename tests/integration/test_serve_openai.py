@@ -251,6 +251,8 @@ async def test_sessions_assemble_into_episodes(served: dict[str, Any], tmp_path:
     diverge = next(i for i, (a, b) in enumerate(zip(root.ids(), c3.prompt_ids, strict=False)) if a != b)
     assert branch.branch_pos == diverge
     assert episode.metadata["session_id"] == "sess-1" and episode.counts["calls"] == 3
+    # What the last call asked (its last user message) is kept as the task a judge is shown.
+    assert c1.task_text == "Q: 2+2?" and c2.task_text == "" and episode.metadata["prompt"] == "Q: 2+2?"
     # The store sink writes the body where the by-reference layout reads it.
     store = LocalObjectStore(tmp_path / "store")
     await StoreSink(store, "run-1").put(episode)

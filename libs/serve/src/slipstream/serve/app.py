@@ -363,6 +363,7 @@ class ServeApp:
             params=call.params,
             template_hash=self.fmt.template_hash if call.endpoint == "chat" else "",
             text=self.fmt.tokenizer.decode(res.completion_ids),
+            task_text=user_text if user_text is not None else (call.prompt_text or ""),
             request_hash=body_hash(raw),
             retry_key=ledger_key,
         )

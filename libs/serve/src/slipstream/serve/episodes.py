@@ -133,6 +133,9 @@ def assemble(
             "model": last.model,
             "template_hash": last.template_hash,
             "calls": ",".join(c.call_id for c in calls),
+            # The request the final answer replies to: what a rubric judge is shown as the task
+            # (slipstream.judge reads `metadata["prompt"]`; episodes otherwise carry token ids only).
+            "prompt": last.task_text,
         },
         counts={"turns": len(calls), "samples": len(samples), "calls": len(calls)},
     )

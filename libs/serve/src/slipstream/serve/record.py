@@ -58,6 +58,8 @@ class CallRecord(msgspec.Struct, kw_only=True):
     params: SamplingParams
     template_hash: str
     text: str = ""
+    task_text: str = ""
+    """What the call asked: the last user message (chat) or the prompt text (completions); judges read it."""
     request_hash: str = ""
     retry_key: str = ""
 
