@@ -180,6 +180,8 @@ class Environment(abc.ABC, Generic[OptionsT]):
     max_turns: ClassVar[int] = 1  # multi-turn environments raise it
     # Warm-start from the scripted expert's episodes (`expert`) instead of prompt + `sft_example`.
     warmstart_from_expert: ClassVar[bool] = False
+    # An eval suite only (humaneval): every problem is held out, `generate("train", ...)` refuses.
+    eval_only: ClassVar[bool] = False
 
     def __init__(self, options: OptionsT | None = None) -> None:
         if options is not None and not isinstance(options, self.Options):
