@@ -225,9 +225,14 @@ def serve_options(plan: TrainingPlan) -> dict[str, Any]:
     """The tool-service's `[serve] options` for the env's tool set, built as the workers build the env.
 
     Every env's options as they are, except `search`'s: its tool set serves a stored index unless
-    given the environment's options under `env` (the same generated corpus and backend)."""
+    given the environment's options under `env` (the same generated corpus and backend); and `code`'s:
+    its set is a sandbox host with defaults of its own (the env's `sandbox = "service"` uses it)."""
     if plan.env == "search":
         return {"search": {"env": plan.env_options}}
+    if plan.env == "code":
+        # The `code` set is the replica's sandbox host: its options are its own (TTL, capacity), not the
+        # env's; the episodes' tools run in the workers and send each sandbox operation to the replica.
+        return {}
     return {plan.env: plan.env_options} if plan.env_options else {}
 
 
