@@ -53,6 +53,13 @@ class GateSection(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         dict[str, int],
         Doc(description='Per-environment suite_size, e.g. {"humaneval": 164} beside a smaller training env\'s.'),
     ] = {}
+    report_only: Annotated[
+        list[str],
+        Doc(
+            description="Environments of envs that are evaluated and reported (eval details, per-env summary) "
+            "but kept out of the promotion decision, e.g. an eval suite like humaneval."
+        ),
+    ] = []
     samples_per_task: Annotated[
         int, Doc(description="Completions sampled per task; a task's score is their mean.", ge=1)
     ] = 1
@@ -90,6 +97,11 @@ class GateSection(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         unknown = sorted(set(self.env_options) - set(self.envs))
         if unknown:
             raise ValueError(f"[gate] env_options names environments not in envs: {', '.join(unknown)}")
+        unknown = sorted(set(self.report_only) - set(self.envs))
+        if unknown:
+            raise ValueError(f"[gate] report_only names environments not in envs: {', '.join(unknown)}")
+        if set(self.report_only) >= set(self.envs):
+            raise ValueError("[gate] report_only covers every env of envs: nothing would decide a promotion")
         unknown = sorted(set(self.suite_sizes) - set(self.envs))
         if unknown:
             raise ValueError(f"[gate] suite_sizes names environments not in envs: {', '.join(unknown)}")

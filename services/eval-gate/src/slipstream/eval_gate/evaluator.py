@@ -141,7 +141,7 @@ class Evaluator:
             if report.policy_versions != [version]:
                 # Nothing else applies weights to this engine; if it happened, the scores are not this version's.
                 raise RuntimeError(f"evaluation of version {version} sampled under versions {report.policy_versions}")
-            for t in report.tasks:
+            for t in [] if name in suite.report_only else report.tasks:  # reported only: no decision rests on it
                 per_sample = t.rewards if suite.metric == "reward" else [float(c) for c in t.correct]
                 scores.append(
                     TaskScore(

@@ -90,6 +90,7 @@ class Suite:
 
     def __init__(self, gate: GateSection, summary: SummaryConfig | None = None) -> None:
         self.name = gate.suite
+        self.report_only = frozenset(gate.report_only)
         self.summary = summary if summary is not None else SummaryConfig()
         self.metric = gate.metric
         self.samples_per_task = gate.samples_per_task
@@ -108,7 +109,8 @@ class Suite:
 
     @property
     def task_ids(self) -> list[str]:
-        return [t.task_id for tasks in self.tasks.values() for t in tasks]
+        """The tasks a decision pairs (report-only envs left out), in suite order."""
+        return [t.task_id for name, tasks in self.tasks.items() if name not in self.report_only for t in tasks]
 
     def _fingerprint(self, gate: GateSection) -> str:
         h = hashlib.sha256()
@@ -118,6 +120,8 @@ class Suite:
             "params": {name: msgspec.to_builtins(p) for name, p in self.params.items()},
             "scorers": {name: env.scorer_version for name, env in self.envs.items()},
         }
+        if self.report_only:
+            spec["report_only"] = sorted(self.report_only)
         if self.summary.enabled:
             # Only when on: a gate without summaries keeps the fingerprints it always had.
             spec["summary"] = msgspec.to_builtins(self.summary)

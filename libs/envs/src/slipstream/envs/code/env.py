@@ -362,8 +362,8 @@ class HumanEvalOptions(CodeOptions, kw_only=True, frozen=True, forbid_unknown_fi
 
     source: Annotated[Literal["humaneval"], Doc(description="Task family: HumanEval only.")] = "humaneval"
     max_turn_tokens: Annotated[
-        int, Doc(description="Most tokens one model turn may sample (a whole function fits).")
-    ] = 1024
+        int, Doc(description="Most tokens one model turn may sample (the longest solution, whole, fits).")
+    ] = 3072
 
 
 @register("humaneval")
