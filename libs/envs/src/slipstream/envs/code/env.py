@@ -200,8 +200,9 @@ class Code(Environment[CodeOptions]):
         try:
             try:
                 sandbox, provider = await self._sandbox(ctx, code, thread.sample_id, root)
-            except SandboxError as exc:
-                # No sandbox, no episode: an infrastructure failure, masked (never the model's fault).
+            except (SandboxError, ValueError, PermissionError) as exc:
+                # No sandbox, no episode: an infrastructure failure, masked (never the model's fault;
+                # a host refusing the tree, e.g. too large for it, is the setup's).
                 ctx.log_tool(
                     ToolEvent(sample_id=thread.sample_id, name=service.CREATE, status="infra_error", error=str(exc))
                 )
