@@ -58,7 +58,10 @@ def _b64(data: bytes) -> str:
 
 
 def _unb64(text: str) -> bytes:
-    return base64.b64decode(text.encode(), validate=True)
+    try:
+        return base64.b64decode(text.encode(), validate=True)
+    except ValueError as exc:  # binascii.Error
+        raise ValueError(f"not valid base64: {exc}") from None
 
 
 # ------------------------------------------------------------------------------------------- host
