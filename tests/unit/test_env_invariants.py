@@ -62,11 +62,14 @@ def _env(name: str) -> Environment[Any]:
 
 
 async def _play(env: Environment[Any], policy: str, engine: RecordingEngine, split: str) -> list[Episode]:
+    if env.eval_only:
+        split = "heldout"  # an eval suite (humaneval) has no train split
     task = env.generate(split, 1, seed=5)[0]  # type: ignore[arg-type]
     params = SamplingParams(temperature=1.0, max_tokens=16)
     if policy == "expert":
         engine = RecordingEngine(ScriptedEngine(TOK, lambda _req, context: env.expert(task, context)))
-        params = SamplingParams(temperature=1.0, max_tokens=256)
+        # Room for the expert's longest turn (humaneval writes a whole function in one call).
+        params = SamplingParams(temperature=1.0, max_tokens=max(256, env.max_completion_chars + 1))
     episodes = await rollout_episodes(engine, TOK, env, task, group_size=GROUP, params=params, group_id=f"g-{split}")
     for e in episodes:
         problems = token_problems(e, engine.calls_of(e), TOK)

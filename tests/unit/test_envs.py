@@ -264,7 +264,9 @@ def test_scorer_version_names_env_version_and_non_default_options() -> None:
 
 def test_unknown_env_error_names_it_and_lists_known() -> None:
     with pytest.raises(
-        EnvError, match=r"unknown environment 'nope'; known: arith, code, lookup, recall, reverse, search, search_call"
+        EnvError,
+        match=r"unknown environment 'nope'; known: arith, code, humaneval, lookup, recall, reverse, search, "
+        r"search_call",
     ):
         get_env("nope")
 

@@ -186,6 +186,8 @@ class Environment(abc.ABC, Generic[OptionsT]):
     # False for an environment that only scores recorded traffic (`serve`): it has no tasks to
     # generate, play or plan a run with (`registry.task_envs` leaves it out).
     has_tasks: ClassVar[bool] = True
+    # An eval suite only (humaneval): every problem is held out, `generate("train", ...)` refuses.
+    eval_only: ClassVar[bool] = False
 
     def __init__(self, options: OptionsT | None = None) -> None:
         if options is not None and not isinstance(options, self.Options):

@@ -55,6 +55,11 @@ class TrainingPlan(msgspec.Struct, kw_only=True):
     train_eval_tasks: int = 0
     """Train-split tasks also evaluated (sampled and greedy) at every held-out eval, on the same footing
     as the held-out ones, so train vs held-out shows memorisation (0: not measured)."""
+    eval_suites: dict[str, int] = {}
+    """Eval suites beside the run's env, {env: tasks} (an eval-only env such as `humaneval`: its first N
+    problems): played by the same harness with the run's model at every held-out eval, greedy and
+    sampled (pass@1 in the summary's `suites_before` / `suites_after`), and judged on every version
+    by the eval-gate, reported per env but kept out of its promotion decision ({}: none)."""
     timeout_s: float = 900.0
     model: str = ""
     """A named pretrained model (`smollm2-135m`): trained as is (no warm-start), with the settings below."""
@@ -142,6 +147,10 @@ class RunSummary(msgspec.Struct, kw_only=True):
     context_before: dict[str, float] = {}
     """Per sampled episode, held-out and train: tokens over all links, sampled tokens, context restarts."""
     context_after: dict[str, float] = {}
+    suites_before: dict[str, dict[str, float]] = {}
+    """Per eval suite (plan.eval_suites): pass@1 sampled (mean over heldout_samples at the rollout
+    temperature) and greedy, mean reward, tasks, invalid-call rate, tool calls per episode."""
+    suites_after: dict[str, dict[str, float]] = {}
 
 
 def service_env(plan: TrainingPlan, model_dir: Path, staging_dir: Path, outcomes: Path) -> dict[str, str]:
@@ -199,8 +208,13 @@ def run_env(plan: TrainingPlan) -> dict[str, str]:
         "SLIPSTREAM_WORKER__MAX_BATCH": str(plan.worker_max_batch),
         "SLIPSTREAM_WORKER__MAX_TASKS_IN_FLIGHT": str(plan.worker_tasks_in_flight),
         # eval-gate: the suite is the run's environment, with the same options as training
-        "SLIPSTREAM_GATE__ENVS": json.dumps([plan.env]),
+        "SLIPSTREAM_GATE__ENVS": json.dumps([plan.env, *plan.eval_suites]),
     }
+    if plan.eval_suites:
+        # The suites are judged on every version beside the run's env, but only reported: the
+        # promotion decision rests on the run's own env.
+        env["SLIPSTREAM_GATE__SUITE_SIZES"] = json.dumps(plan.eval_suites)
+        env["SLIPSTREAM_GATE__REPORT_ONLY"] = json.dumps(list(plan.eval_suites))
     if plan.learner_ranks > 1:
         # The publishers' rank and ranks are per process: the local stack sets them (a cluster runs
         # one publisher sidecar per rank, each with its own SLIPSTREAM_PUBLISHER__RANK).
@@ -225,9 +239,14 @@ def serve_options(plan: TrainingPlan) -> dict[str, Any]:
     """The tool-service's `[serve] options` for the env's tool set, built as the workers build the env.
 
     Every env's options as they are, except `search`'s: its tool set serves a stored index unless
-    given the environment's options under `env` (the same generated corpus and backend)."""
+    given the environment's options under `env` (the same generated corpus and backend); and `code`'s:
+    its set is a sandbox host with defaults of its own (the env's `sandbox = "service"` uses it)."""
     if plan.env == "search":
         return {"search": {"env": plan.env_options}}
+    if plan.env == "code":
+        # The `code` set is the replica's sandbox host: its options are its own (TTL, capacity), not the
+        # env's; the episodes' tools run in the workers and send each sandbox operation to the replica.
+        return {}
     return {plan.env: plan.env_options} if plan.env_options else {}
 
 

@@ -102,6 +102,7 @@ class EvalSection(_Section):
     heldout_samples: int | None = None
     eval_every: int | None = None
     train_eval_tasks: int | None = None
+    suites: dict[str, int] | None = None
 
 
 class SummarySection(_Section):
@@ -168,6 +169,7 @@ class RunFile(_Section):
             ("rollout", "max_batch"): "worker_max_batch",
             ("rollout", "tasks_in_flight"): "worker_tasks_in_flight",
             ("learner", "ranks"): "learner_ranks",
+            ("eval", "suites"): "eval_suites",
         }
         if self.replicas.tool_service:
             fields["tool_service_replicas"] = self.replicas.tool_service

@@ -3,7 +3,10 @@
 Resolved by `slipstream.runtime.config` from defaults, a TOML file (`--config`),
 `SLIPSTREAM_<SECTION>__<FIELD>` variables and `--section.field` flags, in that order. `[model]`
 is the shared `slipstream.engine.source.ModelSource` (the gate loads the same architecture and
-tokenizer as the workers, then applies each candidate's weights); `[gate]` is this service's own.
+tokenizer as the workers, then applies each candidate's weights); `[summary]` is the harness's
+`SummaryConfig`, the same section (and the same SLIPSTREAM_SUMMARY__* variables) the rollout
+workers read, so a candidate is evaluated with the context restarts it was trained with; `[gate]`
+is this service's own.
 Lists and tables given as variables or flags are JSON: `SLIPSTREAM_GATE__ENVS='["arith"]'`.
 """
 
@@ -16,6 +19,7 @@ import msgspec
 
 from slipstream.bus.config import BusConfig
 from slipstream.engine.source import ModelSource
+from slipstream.harness.summary import SummaryConfig
 from slipstream.runtime.section import ServiceSection
 from slipstream.store.config import StoreConfig
 from slipstream.telemetry.config import TelemetryConfig
@@ -45,6 +49,17 @@ class GateSection(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     suite_size: Annotated[
         int, Doc(description="Held-out tasks per environment (fixed: the same every time).", ge=1)
     ] = 64
+    suite_sizes: Annotated[
+        dict[str, int],
+        Doc(description='Per-environment suite_size, e.g. {"humaneval": 164} beside a smaller training env\'s.'),
+    ] = {}
+    report_only: Annotated[
+        list[str],
+        Doc(
+            description="Environments of envs that are evaluated and reported (eval details, per-env summary) "
+            "but kept out of the promotion decision, e.g. an eval suite like humaneval."
+        ),
+    ] = []
     samples_per_task: Annotated[
         int, Doc(description="Completions sampled per task; a task's score is their mean.", ge=1)
     ] = 1
@@ -82,6 +97,22 @@ class GateSection(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         unknown = sorted(set(self.env_options) - set(self.envs))
         if unknown:
             raise ValueError(f"[gate] env_options names environments not in envs: {', '.join(unknown)}")
+        unknown = sorted(set(self.report_only) - set(self.envs))
+        if unknown:
+            raise ValueError(f"[gate] report_only names environments not in envs: {', '.join(unknown)}")
+        if set(self.report_only) >= set(self.envs):
+            raise ValueError("[gate] report_only covers every env of envs: nothing would decide a promotion")
+        unknown = sorted(set(self.suite_sizes) - set(self.envs))
+        if unknown:
+            raise ValueError(f"[gate] suite_sizes names environments not in envs: {', '.join(unknown)}")
+        small = sorted(name for name, size in self.suite_sizes.items() if size < 1)
+        if small:
+            sizes = ", ".join(f"{n}={self.suite_sizes[n]}" for n in small)
+            raise ValueError(f"[gate] suite_sizes must be >= 1, got {sizes}")
+
+    def size_of(self, env: str) -> int:
+        """Held-out tasks of `env` in the suite."""
+        return self.suite_sizes.get(env, self.suite_size)
 
 
 class EvalGateConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -103,6 +134,13 @@ class EvalGateConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     gate: Annotated[GateSection, Doc(description="Versions evaluated, the pinned suite, the promotion rule.")] = (
         msgspec.field(default_factory=GateSection)
     )
+    summary: Annotated[
+        SummaryConfig,
+        Doc(
+            description="Context restarts of the suite's episodes: the run's [rollout.summary], the same section "
+            "the rollout workers read (off by default)."
+        ),
+    ] = msgspec.field(default_factory=SummaryConfig)
     trust: Annotated[TrustConfig, Doc(description="Public keys a candidate version must be signed with.")] = (
         msgspec.field(default_factory=TrustConfig)
     )

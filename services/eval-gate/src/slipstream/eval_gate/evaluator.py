@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 from slipstream.engine.source import ModelSource
 from slipstream.eval_gate.config import GateSection
 from slipstream.eval_gate.suite import EnvSummary, EvalDetails, Suite, TaskScore
-from slipstream.harness import evaluate
+from slipstream.harness import SummaryConfig, evaluate
 from slipstream.schemas import WeightManifest
 from slipstream.store import ObjectStore
 from slipstream.telemetry.logs import get_logger
@@ -136,11 +136,12 @@ class Evaluator:
                 samples_per_task=suite.samples_per_task,
                 params=suite.params[name],
                 concurrency=max(1, self.engine.max_batch // suite.samples_per_task),
+                summary=suite.summary,
             )
             if report.policy_versions != [version]:
                 # Nothing else applies weights to this engine; if it happened, the scores are not this version's.
                 raise RuntimeError(f"evaluation of version {version} sampled under versions {report.policy_versions}")
-            for t in report.tasks:
+            for t in [] if name in suite.report_only else report.tasks:  # reported only: no decision rests on it
                 per_sample = t.rewards if suite.metric == "reward" else [float(c) for c in t.correct]
                 scores.append(
                     TaskScore(
@@ -159,6 +160,7 @@ class Evaluator:
                 mean_reward=report.mean_reward,
                 parse_failures=report.parse_failures,
                 scorer_version=report.scorer_version,
+                restarts_per_episode=report.restarts / report.n if report.n else 0.0,
             )
         return EvalDetails(
             run_id=self.run_id,
@@ -173,12 +175,18 @@ class Evaluator:
         )
 
 
-async def build_evaluator(model_source: ModelSource, gate: GateSection, store: ObjectStore, run_id: str) -> Evaluator:
-    """Load `[model]` into a started TorchEngine and pin the suite of `[gate]`."""
+async def build_evaluator(
+    model_source: ModelSource,
+    gate: GateSection,
+    store: ObjectStore,
+    run_id: str,
+    summary: SummaryConfig | None = None,
+) -> Evaluator:
+    """Load `[model]` into a started TorchEngine and pin the suite of `[gate]` (played with `[summary]`)."""
     from slipstream.engine.engine import TorchEngine
     from slipstream.engine.source import load_model, resolve_device, torch_dtype
 
-    suite = Suite(gate)  # first: a bad env or option fails before the model loads
+    suite = Suite(gate, summary)  # first: a bad env or option fails before the model loads
     model, tokenizer = await asyncio.to_thread(load_model, model_source)
     engine = TorchEngine(
         model,

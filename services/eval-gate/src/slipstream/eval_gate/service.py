@@ -68,7 +68,7 @@ class EvalGateService(BaseService):
         self.verifier = AnnounceVerifier(
             self.store, run_id=run_id, keyring=keyring, control=self.control, timeout_s=cfg.trust.verify_timeout_s
         )
-        self.evaluator = await build_evaluator(cfg.model, g, self.store, run_id)
+        self.evaluator = await build_evaluator(cfg.model, g, self.store, run_id, cfg.summary)
         # Candidates and baselines alike load only through manifests signed by a trusted key.
         self.evaluator.check = self.verifier.check_chain_manifest if self.verifier is not None else None
         self.bus = await connect_bus(cfg.bus, name=f"{self.name}/{cfg.service.replica}")

@@ -4,8 +4,10 @@ The suite is the held-out split of each configured environment, drawn once with 
 (`env.generate("heldout", suite_size, seed)` is a pure function of its arguments), so every
 version is scored on exactly the same tasks and two versions' per-task scores can be paired.
 Its `fingerprint` covers everything that makes two evaluations comparable: the tasks, the
-scorer versions, the metric and the sampling. A promoted version's stored details are reused as
-the baseline only when their fingerprint matches; otherwise the baseline is evaluated again.
+scorer versions, the metric, the sampling and the context restarts (`[summary]`, the run's
+`[rollout.summary]`: a summary-chain env is evaluated with the settings it was trained with).
+A promoted version's stored details are reused as the baseline only when their fingerprint
+matches; otherwise the baseline is evaluated again.
 
 Details live at `evals/<run_id>/v<version:08d>/<suite>.json` (zero-padded like weight versions,
 so listings sort): one `TaskScore` per task, in suite order, plus per-environment summaries and,
@@ -22,7 +24,7 @@ import msgspec
 from slipstream.engine.interface import SamplingParams
 from slipstream.envs import Environment, TaskSpec, get_env
 from slipstream.eval_gate.config import GateSection
-from slipstream.harness import greedy_params
+from slipstream.harness import SummaryConfig, greedy_params
 
 
 def details_key(run_id: str, version: int, suite: str) -> str:
@@ -48,6 +50,7 @@ class EnvSummary(msgspec.Struct, kw_only=True):
     mean_reward: float
     parse_failures: int
     scorer_version: str
+    restarts_per_episode: float = 0.0  # context restarts (summaries or truncations) per episode ([summary])
 
 
 class EvalDetails(msgspec.Struct, kw_only=True):
@@ -85,15 +88,17 @@ def decode_details(data: bytes) -> EvalDetails:
 class Suite:
     """The held-out tasks of every configured environment, fixed for the gate's lifetime."""
 
-    def __init__(self, gate: GateSection) -> None:
+    def __init__(self, gate: GateSection, summary: SummaryConfig | None = None) -> None:
         self.name = gate.suite
+        self.report_only = frozenset(gate.report_only)
+        self.summary = summary if summary is not None else SummaryConfig()
         self.metric = gate.metric
         self.samples_per_task = gate.samples_per_task
         self.envs: dict[str, Environment[Any]] = {
             name: get_env(name, **gate.env_options.get(name, {})) for name in gate.envs
         }
         self.tasks: dict[str, list[TaskSpec]] = {
-            name: env.generate("heldout", gate.suite_size, gate.seed) for name, env in self.envs.items()
+            name: env.generate("heldout", gate.size_of(name), gate.seed) for name, env in self.envs.items()
         }
         self.params: dict[str, SamplingParams] = {name: _params(env, gate) for name, env in self.envs.items()}
         self.fingerprint = self._fingerprint(gate)
@@ -104,7 +109,8 @@ class Suite:
 
     @property
     def task_ids(self) -> list[str]:
-        return [t.task_id for tasks in self.tasks.values() for t in tasks]
+        """The tasks a decision pairs (report-only envs left out), in suite order."""
+        return [t.task_id for name, tasks in self.tasks.items() if name not in self.report_only for t in tasks]
 
     def _fingerprint(self, gate: GateSection) -> str:
         h = hashlib.sha256()
@@ -114,6 +120,11 @@ class Suite:
             "params": {name: msgspec.to_builtins(p) for name, p in self.params.items()},
             "scorers": {name: env.scorer_version for name, env in self.envs.items()},
         }
+        if self.report_only:
+            spec["report_only"] = sorted(self.report_only)
+        if self.summary.enabled:
+            # Only when on: a gate without summaries keeps the fingerprints it always had.
+            spec["summary"] = msgspec.to_builtins(self.summary)
         h.update(msgspec.json.encode(spec))
         for tasks in self.tasks.values():
             for t in tasks:

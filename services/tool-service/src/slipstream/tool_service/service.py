@@ -20,8 +20,10 @@ from slipstream.runtime.service import BaseService
 from slipstream.telemetry.logs import get_logger
 from slipstream.tool_service.config import ToolServiceConfig
 from slipstream.tool_service.memory import CallMemory
+from slipstream.tool_service.sandboxes import SandboxSet
 from slipstream.tool_service.server import ToolServer
-from slipstream.tool_service.toolsets import build_registry
+from slipstream.tool_service.toolsets import ToolSetError, build_registry
+from slipstream.tools import Tool
 from slipstream.tools.remote import connect
 
 if TYPE_CHECKING:
@@ -39,7 +41,15 @@ class ToolService(BaseService):
         self.cfg = cfg
         self.replica = f"{self.name}/{cfg.service.replica or 'local'}"
         # Built here, so a bad tool set or option is a construction error that names it.
-        self.registry = build_registry(cfg.serve.sets, cfg.serve.options, store=cfg.store)
+        self.sandboxes: SandboxSet | None = None
+        made: dict[str, list[Tool]] = {}
+        if "code" in cfg.serve.sets:
+            try:
+                self.sandboxes = SandboxSet(self.replica, cfg.serve.options.get("code", {}))
+            except ValueError as exc:
+                raise ToolSetError(str(exc)) from exc
+            made["code"] = self.sandboxes.tools()
+        self.registry = build_registry(cfg.serve.sets, cfg.serve.options, store=cfg.store, made=made)
         self.nc: Client | None = None
         self.server: ToolServer | None = None
 
@@ -58,6 +68,8 @@ class ToolService(BaseService):
             concurrency=t.concurrency,
             memory=CallMemory(t.remember_calls, t.remember_s),
         )
+        if self.sandboxes is not None:
+            self.sandboxes.start()
         await self.server.start()
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -66,8 +78,14 @@ class ToolService(BaseService):
     async def drain(self) -> None:
         if self.server is not None and self.nc is not None and self.nc.is_connected:
             await self.server.drain()
+        if self.sandboxes is not None:
+            # Every call is answered: the sandboxes' episodes can go no further here (their next
+            # operation finds no responders and ends them as infrastructure errors).
+            await self.sandboxes.aclose()
 
     async def close(self) -> None:
+        if self.sandboxes is not None:
+            await self.sandboxes.aclose()
         if self.nc is not None and not self.nc.is_closed:
             await self.nc.close()
 
@@ -86,4 +104,6 @@ class ToolService(BaseService):
         if self.server is not None:
             out["inflight"] = self.server.in_flight
             out.update(self.server.counts)
+        if self.sandboxes is not None:
+            out["sandboxes"] = self.sandboxes.status()
         return out

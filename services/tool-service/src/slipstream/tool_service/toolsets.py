@@ -5,7 +5,9 @@
 object store (options in `search.py`; it takes precedence over an environment of that name: the
 search environment's tools are these, served from the stored index), or, with the single option
 `env` (a table of the search environment's options), those of the environment itself: its
-generated corpus behind its `backend` (the CPU plan's `bm25`), as the workers build it. Any other
+generated corpus behind its `backend` (the CPU plan's `bm25`), as the workers build it. `code` is
+the replica's sandbox host (sandboxes.py: `sandbox_create` and this replica's routed tool), made
+by the service, which owns its reaper and its drain. Any other
 name is an environment from the registry whose tools are served as the environment itself
 defines them (`lookup` -> its `get`), built with the same options as the workers' copy, so a call
 answers the same on a replica as in-process.
@@ -75,12 +77,17 @@ def env_tools(name: str, options: Mapping[str, Any]) -> tuple[list[Tool], Any]:
 
 
 def build_registry(
-    sets: list[str], options: Mapping[str, Mapping[str, Any]], *, store: StoreConfig | None = None
+    sets: list[str],
+    options: Mapping[str, Mapping[str, Any]],
+    *,
+    store: StoreConfig | None = None,
+    made: Mapping[str, list[Tool]] | None = None,
 ) -> ToolRegistry:
     """Every tool of every set, checked: at least one set, no tool served twice.
 
     `store` is the replica's `[store]`: where a set that loads data (search) finds it unless its
-    options name a store of their own.
+    options name a store of their own. `made` holds the tools of sets the service built itself
+    (`code`: they share a sandbox host with the service's reaper and drain).
     """
     if not sets:
         raise ToolSetError("[serve] sets is empty: a replica must serve at least one tool set")
@@ -89,8 +96,12 @@ def build_registry(
         raise ToolSetError(f"[serve] options names tool sets that are not served: {sorted(unused)}")
     registry = ToolRegistry()
     owner: dict[str, str] = {}
+    made = made or {}
     for name in sets:
-        for tool in tools_of(name, options.get(name, {}), store=store):
+        if name == "code" and name not in made:
+            raise ToolSetError("tool set 'code' is made by the service (its sandbox host), not by build_registry")
+        tools = made[name] if name in made else tools_of(name, options.get(name, {}), store=store)
+        for tool in tools:
             if tool.name in owner:
                 raise ToolSetError(f"tool {tool.name!r} is in both tool sets {owner[tool.name]!r} and {name!r}")
             owner[tool.name] = name

@@ -195,6 +195,7 @@ async def _follow(
         summary.heldout_tool_calls_after = after.tool_calls
         summary.heldout_metrics_after, summary.train_metrics_after = after.metrics, after.train_metrics
         summary.context_after = after.context
+        summary.suites_after = after.suites
         summary.eval_curve.append(after.row(summary.final_version))
     finally:
         for w in watchers:

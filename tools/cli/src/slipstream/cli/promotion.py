@@ -181,7 +181,7 @@ async def _eval(info: dict[str, Any], args: argparse.Namespace) -> int:
     store = _store(info)
     key = _manifest_key(store, run_id, args.version)
     control, bus = await _connect(info)
-    evaluator = await build_evaluator(cfg.model, cfg.gate, store, run_id)
+    evaluator = await build_evaluator(cfg.model, cfg.gate, store, run_id, cfg.summary)
     try:
         gate = Gate(
             cfg.gate,

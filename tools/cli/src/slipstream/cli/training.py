@@ -106,6 +106,8 @@ class HeldOutScore(msgspec.Struct):
     train_metrics: dict[str, float] = {}
     context: dict[str, float] = {}
     """Per episode (sampled), held-out and train: tokens over all links, sampled tokens, context restarts."""
+    suites: dict[str, dict[str, float]] = {}
+    """Per eval suite (plan.eval_suites): pass@1 sampled and greedy, reward, tasks (see `suite_figures`)."""
 
     def row(self, version: int) -> dict[str, float]:
         """The eval-curve row of this score."""
@@ -118,6 +120,10 @@ class HeldOutScore(msgspec.Struct):
             out["train_invalid_call_rate"] = self.train_invalid_call_rate
         out.update({f"heldout/{k}": v for k, v in self.metrics.items()})
         out.update({f"train/{k}": v for k, v in self.train_metrics.items()})
+        for suite, figures in self.suites.items():
+            out.update(
+                {f"{suite}/{k}": v for k in ("pass@1_sampled", "pass@1_greedy") if (v := figures.get(k)) is not None}
+            )
         return out
 
 
@@ -163,6 +169,11 @@ class HeldOut:
         self.temperature = plan.temperature
         self.samples = plan.heldout_samples
         self.summary = summary_config(plan)
+        # Eval suites (HumanEval): their first N problems, played by the same harness and engine.
+        self.suites = {name: get_env(name) for name in plan.eval_suites}
+        self.suite_tasks = {
+            name: env.generate("heldout", plan.eval_suites[name], plan.seed) for name, env in self.suites.items()
+        }
 
     async def evaluate(self, version: int | None = None, tensors: Any = None) -> HeldOutScore:
         """Sampled (rollout temperature) and greedy accuracy on the fixed held-out tasks."""
@@ -211,7 +222,32 @@ class HeldOut:
             score.train_invalid_call_rate = t.invalid_call_rate
             score.train_metrics = t.metrics
             score.context.update(_context_figures("train", t))
+        for name, env in self.suites.items():
+            score.suites[name] = await self.suite_figures(env, self.suite_tasks[name])
         return score
+
+    async def suite_figures(self, env: Any, tasks: list[Any]) -> dict[str, float]:
+        """pass@1 of an eval suite: sampled (the mean over `samples` at the rollout temperature, the
+        unbiased pass@1 estimate) and greedy, with the mean reward and the calls the episodes made."""
+        from slipstream.engine import SamplingParams
+        from slipstream.harness.evaluate import evaluate, greedy_params
+
+        greedy = greedy_params(env)
+        sampled = SamplingParams(temperature=self.temperature, max_tokens=greedy.max_tokens, stop=greedy.stop)
+        s = await evaluate(
+            self.engine, self.tokenizer, env, tasks, samples_per_task=self.samples, params=sampled, concurrency=32
+        )
+        g = await evaluate(self.engine, self.tokenizer, env, tasks, concurrency=64)
+        return {
+            "tasks": float(len(tasks)),
+            "pass@1_sampled": s.accuracy,
+            "pass@1_greedy": g.accuracy,
+            "reward_sampled": s.mean_reward,
+            "reward_greedy": g.mean_reward,
+            "invalid_call_rate": s.invalid_call_rate,
+            "tool_calls_per_episode": s.tool_calls / s.n if s.n else 0.0,
+            "seconds": s.seconds + g.seconds,
+        }
 
     async def start(self) -> None:
         await self.engine.start()
@@ -280,6 +316,7 @@ def run_training(
     summary.heldout_tool_calls_before = before.tool_calls
     summary.heldout_metrics_before, summary.train_metrics_before = before.metrics, before.train_metrics
     summary.context_before = before.context
+    summary.suites_before = before.suites
     row = before.row(0)
     summary.eval_curve.append(row)
     emit("eval", row)

