@@ -24,7 +24,7 @@ import search_backend  # noqa: F401  (registers the test backend "terms" that `s
 from agentic_envs import LOCAL_ENVS
 
 from slipstream.engine import ByteTokenizer, CausalLM, SamplingParams, TorchEngine, build_tiny
-from slipstream.envs import ENVIRONMENTS, get_env, task_of
+from slipstream.envs import ENVIRONMENTS, get_env, task_envs, task_of
 from slipstream.envs.base import Environment
 from slipstream.harness import RecordingEngine, ScriptedEngine, rollout_episodes, token_problems
 from slipstream.harness.episode import sample_of_request
@@ -35,7 +35,7 @@ pytestmark = [pytest.mark.unit, pytest.mark.usefixtures("one_torch_thread")]
 
 TOK = ByteTokenizer()
 GROUP = 3
-ALL_ENVS = [*sorted(ENVIRONMENTS), *sorted(LOCAL_ENVS)]
+ALL_ENVS = [*task_envs(), *sorted(LOCAL_ENVS)]  # `serve` scores traffic: no tasks to play
 
 
 @pytest.fixture(scope="module")

@@ -72,7 +72,7 @@ async def test_the_ledger_replays_retries_and_forgets_failures() -> None:
     waiting = rec.begin("s", "k")  # a retry while it is served waits for it
     assert waiting is not None and not waiting.done()
     call = _call(1, [1], [2])
-    rec.record(call)
+    await rec.record(call)
     rec.finish("s", "k", call)
     assert await waiting is call
     assert await rec.begin("s", "k") is call  # type: ignore[misc]  # served: replayed
@@ -87,13 +87,13 @@ async def test_idle_sessions_flush_to_the_sink() -> None:
     now = [0.0]
     sink = MemorySink()
     rec = Recorder(sink, session_idle_s=5, clock=lambda: now[0])
-    rec.record(_call(1, [1], [2]))
+    await rec.record(_call(1, [1], [2]))
     now[0] = 3.0
-    rec.record(_call(2, [7], [8]))
+    await rec.record(_call(2, [7], [8]))
     assert await rec.flush_idle() == 0
     now[0] = 10.0
     assert await rec.flush_idle() == 1 and [e.episode_id for e in sink.episodes] == ["serve/s/0"]
-    rec.record(_call(3, [1], [2]))
+    await rec.record(_call(3, [1], [2]))
     stop = asyncio.Event()
     stop.set()
     await rec.sweep(stop)  # a stopped sweeper flushes everything left

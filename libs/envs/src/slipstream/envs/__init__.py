@@ -1,6 +1,7 @@
 """Slipstream environments: the interface, the registry and the built-in verifiable tasks.
 
-Importing the package registers the built-ins (`arith`, `reverse`, `search_call`, `lookup`, `search`, `recall`), so
+Importing the package registers the built-ins (`arith`, `reverse`, `search_call`, `lookup`, `search`, `recall`,
+`serve`), so
 `get_env(name)` finds them.
 """
 
@@ -24,9 +25,10 @@ from slipstream.envs.code import Code, CodeOptions
 from slipstream.envs.context import ContextFull, EpisodeContext, Generation, Outcome, Span, Thread
 from slipstream.envs.lookup import Lookup, LookupOptions
 from slipstream.envs.recall import Recall, RecallOptions
-from slipstream.envs.registry import ENVIRONMENTS, EnvError, get_env, parse_options, register
+from slipstream.envs.registry import ENVIRONMENTS, EnvError, get_env, parse_options, register, task_envs
 from slipstream.envs.search import Search, SearchOptions
 from slipstream.envs.searchcall import SearchCall, SearchCallOptions
+from slipstream.envs.serve import RewardComponent, Serve, ServeOptions
 from slipstream.envs.strings import Reverse, ReverseOptions
 
 __all__ = [
@@ -52,11 +54,14 @@ __all__ = [
     "RecallOptions",
     "Reverse",
     "ReverseOptions",
+    "RewardComponent",
     "Score",
     "Search",
     "SearchCall",
     "SearchCallOptions",
     "SearchOptions",
+    "Serve",
+    "ServeOptions",
     "Span",
     "Split",
     "StepResult",
@@ -66,5 +71,6 @@ __all__ = [
     "parse_options",
     "play_rewards",
     "register",
+    "task_envs",
     "task_of",
 ]

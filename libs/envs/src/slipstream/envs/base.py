@@ -151,6 +151,9 @@ class Score(msgspec.Struct, kw_only=True, frozen=True):
     correct: bool
     parse_ok: bool
     reason: str
+    # Non-empty: this episode cannot be scored (the reason); its reward means nothing and it must
+    # not be trained on as a 0 (a served episode with no feedback the reward spec uses).
+    unscorable: str = ""
 
     @classmethod
     def of(cls, components: dict[str, float], *, correct: bool, parse_ok: bool, reason: str) -> Score:
@@ -180,6 +183,9 @@ class Environment(abc.ABC, Generic[OptionsT]):
     max_turns: ClassVar[int] = 1  # multi-turn environments raise it
     # Warm-start from the scripted expert's episodes (`expert`) instead of prompt + `sft_example`.
     warmstart_from_expert: ClassVar[bool] = False
+    # False for an environment that only scores recorded traffic (`serve`): it has no tasks to
+    # generate, play or plan a run with (`registry.task_envs` leaves it out).
+    has_tasks: ClassVar[bool] = True
 
     def __init__(self, options: OptionsT | None = None) -> None:
         if options is not None and not isinstance(options, self.Options):

@@ -55,6 +55,11 @@ def parse_options(name: str, options: Mapping[str, Any]) -> msgspec.Struct:
         raise EnvError(f"bad option for environment {name!r}: {exc}") from exc
 
 
+def task_envs() -> list[str]:
+    """Names of the registered environments that generate tasks (every one but traffic scorers)."""
+    return sorted(name for name, cls in ENVIRONMENTS.items() if cls.has_tasks)
+
+
 def get_env(name: str, /, **options: Any) -> Environment[Any]:
     """An instance of environment `name` with `options` (each default when not given)."""
     return _lookup(name)(parse_options(name, options))

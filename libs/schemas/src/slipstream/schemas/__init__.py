@@ -18,6 +18,7 @@ from slipstream.schemas.dead_letter import DeadLetter
 from slipstream.schemas.episode import (
     Episode,
     EpisodeRef,
+    FeedbackSignal,
     Sample,
     ScoredEpisode,
     ToolEvent,
@@ -50,6 +51,7 @@ __all__ = [
     "Episode",
     "EpisodeRef",
     "EvalResult",
+    "FeedbackSignal",
     "LearnerStep",
     "PartRef",
     "PolicySegment",

@@ -155,6 +155,20 @@ class EpisodeRef(msgspec.Struct, kw_only=True):
     ] = -1
 
 
+class FeedbackSignal(msgspec.Struct, kw_only=True):
+    """One signal about a served episode, recorded after the fact (`POST /v1/feedback`, or implicit,
+    derived from the user's next turn); a reward spec turns signals into named reward components."""
+
+    key: Annotated[str, Doc(description="What is signalled: 'accepted', 'dissatisfied', 'followed_up', ...")]
+    value: Annotated[float | bool | str, Doc(description="The signal's value: a number, a boolean or a label.")]
+    source: Annotated[str, Doc(description="Who gave it: 'user', 'implicit', an app or a rater id.")] = "user"
+    feedback_id: Annotated[str, Doc(description="Idempotency key: a signal is recorded once per id.")] = ""
+    target: Annotated[
+        str, Doc(description="What it was posted for: 'completion:<call id>', 'session:<id>' or 'episode:<id>'.")
+    ] = ""
+    at: Annotated[float, Doc(description="Unix time it was recorded.")] = 0.0
+
+
 class Episode(msgspec.Struct, kw_only=True):
     """One attempt at one task by one or more agents: what `traj.raw.<env>` carries."""
 
@@ -193,6 +207,10 @@ class Episode(msgspec.Struct, kw_only=True):
         EpisodeRef | None,
         Doc(description="Set on a by-reference stub: samples/tool_log are empty here and lie in the object store."),
     ] = None
+    feedback: Annotated[
+        list[FeedbackSignal],
+        Doc(description="Signals attached after serving (issue 16), in the order recorded; empty for task rollouts."),
+    ] = []
 
     # Convenience views; not part of the wire format.
     def is_stub(self) -> bool:

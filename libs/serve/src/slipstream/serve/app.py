@@ -2,11 +2,15 @@
 
     POST /v1/chat/completions   (stream or not; tools rendered by the renderer, calls parsed back)
     POST /v1/completions        (prompt text or token ids)
+    POST /v1/feedback           (a signal for a served completion, session or episode)
     GET  /v1/models, GET /health
 
-A call: validate (4xx naming the field) → resolve its session (`X-Session-ID` header, then body
-`session_id`, then the bearer key) → coalesce SDK retries (`Idempotency-Key`, or
-`x-stainless-retry-count` > 0 with the same body: the recorded call is replayed, not resampled) →
+A call: admission (429 with Retry-After while the learner's newest version is more than
+`max_version_lag` ahead of the served one) → validate (4xx naming the field) → resolve its
+session (`X-Session-ID` header, then body `session_id`, then the bearer key) → coalesce SDK
+retries (`Idempotency-Key`, or `x-stainless-retry-count` > 0 with the same body: the recorded
+call is replayed, not resampled) →
+implicit signals for the session's previous call (`slipstream.serve.feedback`) →
 `engine.generate` → record (`slipstream.serve.record`) → respond. Every response names the
 policy version of its newest token in `x-slipstream-policy-version`, and carries the call's
 per-token version segments under `slipstream` in the body.
@@ -22,6 +26,7 @@ import hashlib
 import json
 import time
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 from aiohttp import web
@@ -29,6 +34,7 @@ from aiohttp import web
 from slipstream.engine.interface import Engine, GenerationRequest
 from slipstream.serve.chat import ChatFormat
 from slipstream.serve.config import ServeConfig
+from slipstream.serve.feedback import FeedbackPost, Implicit, last_user_text, parse_feedback
 from slipstream.serve.protocol import Call, RequestError, body_hash, parse_chat, parse_completion
 from slipstream.serve.record import CallRecord, Recorder
 from slipstream.serve.render import completion_text, render_chat, render_completion, sse_chat, sse_completion
@@ -42,13 +48,29 @@ REQUESTS = REGISTRY.counter("worker/serve/requests", "Endpoint requests by route
 RECORDED = REGISTRY.counter("worker/serve/calls_recorded", "Served calls recorded, by endpoint.")
 COALESCED = REGISTRY.counter("worker/serve/retries_coalesced", "SDK retries answered by replaying a recorded call.")
 CALL_S = REGISTRY.histogram("worker/serve/call_s", "Seconds from request to response body, by endpoint.")
+FEEDBACK = REGISTRY.counter("worker/serve/feedback", "Feedback signals posted or implied, by source kind and outcome.")
+ADMISSION = REGISTRY.counter("worker/serve/admission_refused", "Calls answered 429: served version too far behind.")
 
 
 class ServeApp:
     """The routes and the state they share (engine, chat format, recorder)."""
 
-    def __init__(self, engine: Engine, fmt: ChatFormat, recorder: Recorder, cfg: ServeConfig, model_name: str) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        fmt: ChatFormat,
+        recorder: Recorder,
+        cfg: ServeConfig,
+        model_name: str,
+        *,
+        newest_version: Callable[[], int] | None = None,
+    ) -> None:
         self.engine = engine
+        # The learner's newest policy version as this process knows it (admission control).
+        self.newest_version = newest_version
+        self.implicit = Implicit(cfg.followup_signal, cfg.dissatisfied_signal, cfg.dissatisfied_patterns)
+        self.admission_refused = 0
+        self.implicit_late = 0
         self.fmt = fmt
         self.recorder = recorder
         self.cfg = cfg
@@ -60,6 +82,7 @@ class ServeApp:
         app = web.Application(middlewares=[*(middlewares or []), self._errors], client_max_size=16 * 1024 * 1024)
         app.router.add_post("/v1/chat/completions", self.chat)
         app.router.add_post("/v1/completions", self.completions)
+        app.router.add_post("/v1/feedback", self.feedback)
         app.router.add_get("/v1/models", self.models)
         app.router.add_get("/health", self.health)
         return app
@@ -71,7 +94,7 @@ class ServeApp:
         try:
             resp = await handler(request)
         except RequestError as err:
-            resp = web.json_response(err.body(), status=err.status)
+            resp = web.json_response(err.body(), status=err.status, headers=err.headers)
         except web.HTTPException as exc:
             if exc.status < 400:
                 raise
@@ -137,6 +160,7 @@ class ServeApp:
 
     async def chat(self, request: web.Request) -> web.StreamResponse:
         key = self._auth(request)
+        self._admit()
         body, raw = await self._body(request)
         call = parse_chat(body, **self.limits)
         self._check_model(call)
@@ -144,7 +168,8 @@ class ServeApp:
         messages = self.fmt.messages(call.messages)
         prompt_ids = self.fmt.encode(self.fmt.prompt_text(messages, tools))
         call.params.stop = [*call.params.stop, *(s for s in self.fmt.stop_strings if s not in call.params.stop)]
-        record, replayed = await self._serve(request, call, raw, key, prompt_ids, "messages")
+        user_text = last_user_text(body["messages"])
+        record, replayed = await self._serve(request, call, raw, key, prompt_ids, "messages", user_text)
         cut = completion_text(record, self.fmt)
         reply = self.fmt.reply(record.text, cut, record.finish_reason, tools, call_prefix=f"call_{record.call_id[:12]}")
         headers = self._headers(record, replayed)
@@ -154,6 +179,7 @@ class ServeApp:
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
         key = self._auth(request)
+        self._admit()
         body, raw = await self._body(request)
         call = parse_completion(body, **self.limits)
         self._check_model(call)
@@ -170,7 +196,86 @@ class ServeApp:
             return await sse_completion(request, self.model_name, record, call, self.fmt, headers)
         return web.json_response(render_completion(self.model_name, record, call, self.fmt), headers=headers)
 
+    async def feedback(self, request: web.Request) -> web.Response:
+        """`POST /v1/feedback`: 200 recorded / duplicate, 404 unknown target, 409 already released."""
+        self._auth(request)
+        body, _ = await self._body(request)
+        post = parse_feedback(body, now=time.time())
+        episode_id = await self._resolve(post)
+        verdict = await self.recorder.pending.add_feedback(episode_id, post.signal, time.time())
+        FEEDBACK.add(1, source="implicit" if post.signal.source == "implicit" else "posted", outcome=verdict)
+        if verdict == "unknown":
+            raise self._unknown(post)
+        if verdict == "too_late":
+            raise RequestError(
+                f"episode {episode_id!r} was already released (or masked at its deadline); feedback comes too late",
+                param=post.kind,
+                status=409,
+                code="episode_released",
+            )
+        return web.json_response({"status": verdict, "feedback_id": post.signal.feedback_id, "episode_id": episode_id})
+
+    async def _resolve(self, post: FeedbackPost) -> str:
+        """The episode a post's target was served into; 404 naming the target when there is none."""
+        pending = self.recorder.pending
+        if post.kind == "episode_id":
+            if await pending.state(post.target_id) is None:
+                raise self._unknown(post)
+            return post.target_id
+        call_id = post.target_id if post.kind == "completion_id" else await pending.last_call(post.target_id)
+        episode_id = await pending.episode_of_call(call_id) if call_id else None
+        if episode_id is None:
+            raise self._unknown(post)
+        return episode_id
+
+    def _unknown(self, post: FeedbackPost) -> RequestError:
+        what = post.kind.removesuffix("_id")
+        return RequestError(
+            f"no served {what} {post.target_id!r} is known here (or it is older than feedback_retention_s)",
+            param=post.kind,
+            status=404,
+            kind="not_found_error",
+            code=f"{what}_not_found",
+        )
+
     # ------------------------------------------------------------------ one call
+    def _admit(self) -> None:
+        """Refuse (429, Retry-After) while the served version lags the learner's by more than the bound."""
+        bound = self.cfg.max_version_lag
+        if bound <= 0 or self.newest_version is None:
+            return
+        newest, served = self.newest_version(), self.engine.policy_version
+        if newest - served <= bound:
+            return
+        self.admission_refused += 1
+        ADMISSION.add(1)
+        wait = self.cfg.retry_after_s
+        raise RequestError(
+            f"the served policy (version {served}) lags the learner's newest (version {newest}) by more than "
+            f"{bound}; retry after {wait:g}s",
+            status=429,
+            kind="rate_limit_error",
+            code="policy_version_lag",
+            headers={
+                "Retry-After": str(max(1, round(wait))),
+                "retry-after-ms": str(int(wait * 1000)),
+                VERSION_HEADER: str(served),
+            },
+        )
+
+    async def _implicit(self, session: str, user_text: str) -> None:
+        """The session's previous call earns its implicit signals from this call's user message."""
+        pending = self.recorder.pending
+        prev = await pending.last_call(session)
+        episode_id = await pending.episode_of_call(prev) if prev else None
+        if prev is None or episode_id is None:
+            return
+        for signal in self.implicit.signals(prev, user_text, now=time.time()):
+            verdict = await pending.add_feedback(episode_id, signal, time.time())
+            FEEDBACK.add(1, source="implicit", outcome=verdict)
+            if verdict == "too_late":
+                self.implicit_late += 1
+
     def _check_model(self, call: Call) -> None:
         if call.model != self.model_name:
             raise RequestError(
@@ -191,7 +296,14 @@ class ServeApp:
         }
 
     async def _serve(
-        self, request: web.Request, call: Call, raw: bytes, key: str, prompt_ids: list[int], prompt_param: str
+        self,
+        request: web.Request,
+        call: Call,
+        raw: bytes,
+        key: str,
+        prompt_ids: list[int],
+        prompt_param: str,
+        user_text: str | None = None,
     ) -> tuple[CallRecord, bool]:
         """The call's record: served now, or an earlier attempt's replayed. Returns (record, replayed)."""
         max_len = getattr(self.engine, "max_seq_len", None)
@@ -212,6 +324,11 @@ class ServeApp:
             return record, True
         if not lookup:
             self.recorder.begin(scope, ledger_key, replace=True)
+        if user_text is not None and scope != "anon" and self.implicit.enabled:
+            try:
+                await self._implicit(session, user_text)
+            except Exception as exc:  # the pending store away: the call is still served
+                log.warning("serve: implicit signals not recorded", session=session, error=repr(exc))
         started = time.time()
         call_id = uuid.uuid4().hex
         try:
@@ -243,7 +360,11 @@ class ServeApp:
             request_hash=body_hash(raw),
             retry_key=ledger_key,
         )
-        self.recorder.record(record)
+        try:
+            await self.recorder.record(record)
+        except Exception as exc:
+            self.recorder.fail(scope, ledger_key, exc)
+            raise
         self.recorder.finish(scope, ledger_key, record)
         RECORDED.add(1, endpoint=call.endpoint)
         CALL_S.observe(record.finished_at - started, endpoint=call.endpoint)

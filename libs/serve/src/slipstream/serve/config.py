@@ -10,6 +10,10 @@ import msgspec
 from slipstream.engine.source import ModelSource
 
 Doc = msgspec.Meta
+# The default patterns of a dissatisfied next user message (matched case-insensitively).
+DISSATISFIED = (
+    r"\b(wrong|incorrect|not what i (asked|wanted|meant)|doesn'?t work|didn'?t work|try again|that'?s not)\b",
+)
 
 
 class ServeConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -37,6 +41,53 @@ class ServeConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         int, Doc(description="Served calls remembered for replaying SDK retries (and kept for inspection).", ge=1)
     ] = 4096
     env: Annotated[str, Doc(description="`Episode.env` of recorded episodes.")] = "serve"
+    # -- feedback and the pending stage (slipstream.serve.feedback / pending / release)
+    feedback_deadline_s: Annotated[
+        float,
+        Doc(description="How long a flushed episode waits for feedback; with none by then it is masked.", gt=0),
+    ] = 600.0
+    release_keys: Annotated[
+        list[str],
+        Doc(description="Release an episode once it has a signal for each of these keys; empty = on its first signal."),
+    ] = []
+    publish_unrated: Annotated[
+        bool,
+        Doc(description="Publish episodes with no feedback at the deadline too (for a reward spec with defaults)."),
+    ] = False
+    group_size: Annotated[
+        int, Doc(description="Released episodes are published in groups of this many (the learner's group).", ge=1)
+    ] = 8
+    group_wait_s: Annotated[
+        float,
+        Doc(
+            description="Publish a smaller group once its oldest member has waited this long; 0 = only full groups.",
+            ge=0,
+        ),
+    ] = 0.0
+    followup_signal: Annotated[
+        str, Doc(description="Implicit signal (value 1) on a call when its session's next call arrives; '' = off.")
+    ] = "followed_up"
+    dissatisfied_signal: Annotated[
+        str,
+        Doc(description="Implicit signal on a call: 1 when the next user message matches a pattern, else 0; '' = off."),
+    ] = "dissatisfied"
+    dissatisfied_patterns: Annotated[
+        list[str], Doc(description="Regexes (case-insensitive) that mark a next user message as dissatisfied.")
+    ] = msgspec.field(default_factory=lambda: list(DISSATISFIED))
+    feedback_retention_s: Annotated[
+        float, Doc(description="How long call ids and released episodes stay resolvable for feedback.", gt=0)
+    ] = 86400.0
+    # -- admission (near on-policy)
+    max_version_lag: Annotated[
+        int,
+        Doc(
+            description="Answer 429 while the learner's newest version is over this ahead of the served one; 0 = off.",
+            ge=0,
+        ),
+    ] = 2
+    retry_after_s: Annotated[
+        float, Doc(description="Retry-After of a 429 from admission control, in seconds.", gt=0)
+    ] = 1.0
 
 
 class InferenceSection(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):

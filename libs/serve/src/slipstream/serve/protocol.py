@@ -30,6 +30,7 @@ class RequestError(Exception):
         status: int = 400,
         kind: str = "invalid_request_error",
         code: str | None = None,
+        headers: dict[str, str] | None = None,
     ) -> None:
         super().__init__(message)
         self.message = message
@@ -37,6 +38,7 @@ class RequestError(Exception):
         self.status = status
         self.kind = kind
         self.code = code
+        self.headers = headers or {}
 
     def body(self) -> dict[str, Any]:
         return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}

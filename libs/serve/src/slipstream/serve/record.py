@@ -8,13 +8,16 @@ Recording happens at the boundary and assembly afterwards (a recorder, not a liv
   it (same ids, same text) instead of sampling again; if it is still being served, the caller
   waits for it. Either way the call is recorded once. A first attempt with a body seen before is
   a new call (a user may ask the same thing twice).
-- `Recorder.record(call)` appends to its session. A session idle for `session_idle_s` (or all,
-  on `flush_all`, at shutdown) is assembled into one `Episode` (`slipstream.serve.episodes`) and
-  handed to an `EpisodeSink`.
+- `await Recorder.record(call)` appends to its session's open episode and returns its id. The
+  id (`serve/<session>/<n>`) is fixed at the session's first call, with `n` from the pending
+  store (never reused, across replicas and restarts), so feedback can target the episode while
+  it is still open. A session idle for `session_idle_s` (or all, on `flush_all`, at shutdown) is
+  assembled into one `Episode` (`slipstream.serve.episodes`), handed to an `EpisodeSink`, and
+  enters the pending stage (`slipstream.serve.pending`) to wait for its feedback.
 
 Sinks: `MemorySink` (tests), `StoreSink` (the object store: the encoded Episode under
 `episode_key(run_id, episode_id)`, the by-reference body layout of `slipstream.store.episodes`, so
-a later pending/feedback stage can publish stubs on the bus without copying bytes).
+the releaser (`slipstream.serve.release`) can publish stubs on the bus without copying bytes).
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ import msgspec
 from slipstream.engine.interface import SamplingParams
 from slipstream.schemas import Episode, encode
 from slipstream.serve.episodes import assemble
+from slipstream.serve.pending import MemoryPending, PendingPolicy, PendingStore
 from slipstream.store import ObjectStore
 from slipstream.store.episodes import episode_key
 
@@ -64,9 +68,9 @@ class CallRecord(msgspec.Struct, kw_only=True):
 
 
 class EpisodeSink(Protocol):
-    """Where assembled episodes go."""
+    """Where assembled episodes go; `put` returns the object-store key of the body ('' if none)."""
 
-    async def put(self, episode: Episode) -> None: ...
+    async def put(self, episode: Episode) -> str: ...
 
 
 class MemorySink:
@@ -75,8 +79,9 @@ class MemorySink:
     def __init__(self) -> None:
         self.episodes: list[Episode] = []
 
-    async def put(self, episode: Episode) -> None:
+    async def put(self, episode: Episode) -> str:
         self.episodes.append(episode)
+        return ""
 
 
 class StoreSink:
@@ -87,10 +92,11 @@ class StoreSink:
         self.run_id = run_id
         self.written: list[str] = []
 
-    async def put(self, episode: Episode) -> None:
+    async def put(self, episode: Episode) -> str:
         key = episode_key(self.run_id, episode.episode_id)
         await asyncio.to_thread(self.store.put, key, encode(episode))
         self.written.append(key)
+        return key
 
 
 class Recorder:
@@ -106,6 +112,8 @@ class Recorder:
         session_idle_s: float = 300.0,
         replay_window: int = 4096,
         clock: Callable[[], float] = time.time,
+        pending: PendingStore | None = None,
+        feedback_deadline_s: float = 600.0,
     ) -> None:
         self.sink = sink
         self.env = env
@@ -114,11 +122,13 @@ class Recorder:
         self.session_idle_s = session_idle_s
         self.replay_window = replay_window
         self.clock = clock
+        self.pending: PendingStore = pending or MemoryPending(PendingPolicy(env=env, run_id=run_id))
+        self.feedback_deadline_s = feedback_deadline_s
         # The latest recorded calls, for inspection (tests, /readyz); sessions hold their own.
         self.calls: deque[CallRecord] = deque(maxlen=replay_window)
         self._sessions: dict[str, list[CallRecord]] = {}
         self._last_seen: dict[str, float] = {}
-        self._episodes_of: dict[str, int] = {}
+        self._open: dict[str, str] = {}  # session -> the id of its open episode
         self._keys: OrderedDict[str, asyncio.Future[CallRecord]] = OrderedDict()
         self.recorded = 0
         self.coalesced = 0
@@ -153,11 +163,20 @@ class Recorder:
             fut.exception()  # retrieved: a waiter re-raises it, nobody else must log it as lost
 
     # ------------------------------------------------------------------ recording
-    def record(self, call: CallRecord) -> None:
+    async def record(self, call: CallRecord) -> str:
+        """Append the call to its session's open episode (opened now if none); returns the episode id."""
+        sid = call.session_id
+        if sid not in self._open:
+            n = await self.pending.next_episode(sid)
+            # Another call of the session may have opened it meanwhile: that one stands (n is skipped).
+            self._open.setdefault(sid, f"serve/{sid}/{n}")
+        episode_id = self._open[sid]
         self.calls.append(call)
-        self._sessions.setdefault(call.session_id, []).append(call)
-        self._last_seen[call.session_id] = self.clock()
+        self._sessions.setdefault(sid, []).append(call)
+        self._last_seen[sid] = self.clock()
         self.recorded += 1
+        await self.pending.note_call(call.call_id, sid, episode_id)
+        return episode_id
 
     def session_calls(self, session_id: str) -> list[CallRecord]:
         return list(self._sessions.get(session_id, []))
@@ -166,12 +185,16 @@ class Recorder:
         """Assemble the session's calls so far into one episode and hand it to the sink."""
         calls = self._sessions.pop(session_id, None)
         self._last_seen.pop(session_id, None)
-        if not calls:
+        episode_id = self._open.pop(session_id, None)
+        if not calls or episode_id is None:
             return None
-        n = self._episodes_of.get(session_id, 0)
-        self._episodes_of[session_id] = n + 1
-        episode = assemble(f"serve/{session_id}/{n}", calls, env=self.env, run_id=self.run_id, worker_id=self.worker_id)
-        await self.sink.put(episode)
+        episode = assemble(episode_id, calls, env=self.env, run_id=self.run_id, worker_id=self.worker_id)
+        body_key = await self.sink.put(episode)
+        now = self.clock()
+        # Stored first, then pending: a crash in between leaves a stored body that is never
+        # published (its episode stays open and expires from the pending store), never a
+        # pending episode without a body.
+        await self.pending.flushed(episode_id, body_key, now + self.feedback_deadline_s, now)
         self.episodes += 1
         return episode
 

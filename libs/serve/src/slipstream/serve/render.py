@@ -170,12 +170,20 @@ async def sse_chat(
         if call.logprobs:
             await _send(resp, chunk({}, logprobs={"content": _token_logprobs(record, fmt), "refusal": None}))
     else:
+        last_k = -1
         for k, text in text_deltas(record, fmt, reply.content):
-            lp = {"content": _token_logprobs(record, fmt, k, k + 1), "refusal": None} if call.logprobs else None
-            if text or lp is not None:
+            fresh = k > last_k  # the trailing catch-up delta repeats the last index: its token went already
+            last_k = k
+            lp = (
+                {"content": _token_logprobs(record, fmt, k, k + 1), "refusal": None}
+                if call.logprobs and fresh
+                else None
+            )
+            ids = [record.completion_ids[k]] if call.return_token_ids and fresh else None
+            if text or lp is not None or ids is not None:  # a token's id travels even when it adds no text
                 ch = chunk({"content": text}, logprobs=lp)
-                if call.return_token_ids:
-                    ch["choices"][0]["token_ids"] = [record.completion_ids[k]]
+                if ids is not None:
+                    ch["choices"][0]["token_ids"] = ids
                 await _send(resp, ch)
     last = chunk({}, finish=reply.finish_reason)
     last["slipstream"] = _extras(record)

@@ -7,9 +7,10 @@ only grades final text gets it through the base class's adapter, so `score(task,
 keeps working. The verifier never raises (a broken or unparsable answer is a failure score with
 `parse_ok=False`). An episode spoiled by an infrastructure failure (`infra_error`) is not judged:
 it passes on with reward 0 and the learner drops it, so it is never scored as the model's fault.
-What can never be scored, an environment this process does not know or a split that is neither
-'train' nor 'heldout', raises `Unscorable` so the service dead-letters it instead of retrying it
-forever.
+What can never be scored, an environment this process does not know, a split that is neither
+'train' nor 'heldout', or an episode its environment masks (`Score.unscorable`: a served episode
+none of whose feedback the `serve` reward spec uses), raises `Unscorable` so the service
+dead-letters it (reason counted) instead of retrying it forever or training on a 0.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from typing import Any, Literal
 from slipstream.envs import SPLITS, EnvError, Environment, Score, get_env, task_of
 from slipstream.schemas import Episode, ScoredEpisode
 
-UnscorableKind = Literal["unknown_env", "bad_split"]
+UnscorableKind = Literal["unknown_env", "bad_split", "masked"]
 
 
 class Unscorable(Exception):
@@ -72,6 +73,10 @@ class Scorer:
             score = Score.of({}, correct=False, parse_ok=True, reason=f"infra_error: {episode.infra_error}")
         else:
             score = env.score(task, episode)
+            if score.unscorable:
+                # Masked by its environment (a served episode whose feedback the reward spec does
+                # not use): never passed on as a 0.
+                raise Unscorable("masked", f"episode {episode.episode_id!r}: {score.unscorable}")
         scored = ScoredEpisode(
             episode=episode,
             reward=score.reward,

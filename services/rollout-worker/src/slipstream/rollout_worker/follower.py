@@ -11,7 +11,10 @@ Two modes (`[worker] follow`):
 - `promoted` (serving): only `weights.promoted` of the run, i.e. the versions eval-gate (or an
   operator) promoted. The newest promotion message is the target whatever its number, so a
   rollback to an older version moves the engine back. An announced but unpromoted version is
-  never even read. Before the first promotion the engine keeps its initial weights (`[model]`).
+  never applied. Before the first promotion the engine keeps its initial weights (`[model]`).
+  With `track_announced` (a serving endpoint with admission control) the announces are read too,
+  verified, and only their version noted (`announced`): how far the learner is ahead of what
+  this worker serves.
 
 Applying a version: fetch the manifest and its shards from the object store in a thread and
 decode them (`slipstream.weights.chain.load_version`: a delta is applied only onto the exact
@@ -102,11 +105,13 @@ class WeightFollower:
         digest: bool = False,
         worker_id: str = "",
         verifier: AnnounceVerifier | None = None,
+        track_announced: bool = False,
     ) -> None:
         if mode not in ("latest", "promoted"):
             raise ValueError(f"follow mode must be 'latest' or 'promoted', got {mode!r}")
         self.mode = mode
         self.verifier = verifier
+        self.track_announced = track_announced and mode == "promoted"
         self.bus = bus
         self.store = store
         self.engine = engine
@@ -150,6 +155,10 @@ class WeightFollower:
             asyncio.create_task(self._read(reader), name="weights.read"),
             asyncio.create_task(self._apply_loop(), name="weights.apply"),
         ]
+        announces: Any = None
+        if self.track_announced:
+            announces = self.bus.subscribe(WEIGHTS_ANNOUNCE, WeightAnnounce, deliver="last")
+            jobs.append(asyncio.create_task(self._note_announces(announces), name="weights.announced"))
         waiter = asyncio.create_task(stop.wait())
         try:
             done, _ = await asyncio.wait([*jobs, waiter], return_when=asyncio.FIRST_COMPLETED)
@@ -160,6 +169,8 @@ class WeightFollower:
                 raise RuntimeError(f"weight follower loop {next(iter(done)).get_name()} ended unexpectedly")
         finally:
             await reader.close()
+            if announces is not None:
+                await announces.close()
             for job in [*jobs, waiter]:
                 job.cancel()
             await asyncio.gather(*jobs, waiter, return_exceptions=True)
@@ -169,6 +180,29 @@ class WeightFollower:
             taken = self.offer_promoted(delivery.msg) if self.mode == "promoted" else await self.consider(delivery.msg)
             if taken:
                 self._newest_context = delivery.context if tracing_active() else None
+
+    async def _note_announces(self, reader: Any) -> None:
+        async for delivery in reader:
+            await self.note_announced(delivery.msg)
+
+    async def note_announced(self, announce: WeightAnnounce) -> bool:
+        """Promoted mode with `track_announced`: note how far the learner has got (nothing applied).
+
+        Only a verified announce of this run counts, so a forged far-ahead version cannot make a
+        serving endpoint refuse every call.
+        """
+        if announce.run_id and announce.run_id != self.run_id:
+            return False
+        if announce.policy_version <= self.announced:
+            return False
+        if self.verifier is not None and not (await self.verifier.verify(announce)).ok:
+            return False
+        self.announced = announce.policy_version
+        return True
+
+    def newest_version(self) -> int:
+        """The newest version this worker knows of: announced, promoted or applied."""
+        return max(self.announced, self.promoted if self.promoted is not None else -1, self.engine.policy_version)
 
     async def consider(self, announce: WeightAnnounce) -> bool:
         """Check one announcement (latest mode) and offer it; True if it became the version to apply next.

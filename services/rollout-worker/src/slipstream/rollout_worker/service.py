@@ -13,7 +13,11 @@ Everything the loops do is in their own modules.
 
 With `[endpoint] enabled` the worker also opens the OpenAI-compatible endpoint (`slipstream.serve`)
 over the same engine: calls share the engine's batch with the tasks, every call is recorded, and
-each session is stored as an episode in the object store when it goes idle or at shutdown.
+each session is stored as an episode in the object store when it goes idle or at shutdown. The
+episode then waits in the pending stage for its feedback (in Redis with `[service] redis_url`, so
+feedback posted to any replica reaches it; else in this process) and is published with it, in
+groups, to `traj.raw.<[endpoint] env>`. With `[endpoint] max_version_lag` the follower also notes
+announced versions, and the endpoint answers 429 while the served version lags them too far.
 
 Every announce is verified first (`[trust]`, and with `[service] redis_url` the granted fencing
 token). `/readyz` fails, with the reason in its status, when tasks are held or a newer version is
@@ -43,7 +47,7 @@ from slipstream.runtime.progress import ProgressWatch
 from slipstream.runtime.service import BaseService
 from slipstream.schemas import Task
 from slipstream.schemas.subjects import consumer as durable_spec
-from slipstream.serve import ServeEndpoint, StoreSink
+from slipstream.serve import MemoryPending, RedisPending, ServeEndpoint, StoreSink, pending_policy
 from slipstream.store import setup_store
 from slipstream.telemetry.logs import get_logger
 from slipstream.tools import ToolRegistry, ToolTransport
@@ -182,6 +186,7 @@ class RolloutWorkerService(BaseService):
             digest=w.weights_digest,
             worker_id=self.worker_id,
             verifier=self.verifier,
+            track_announced=cfg.endpoint.enabled and cfg.endpoint.max_version_lag > 0,
         )
         tools = None
         if cfg.tools.transport == "nats":
@@ -215,15 +220,24 @@ class RolloutWorkerService(BaseService):
         return f"slipstream-{base}"
 
     async def _open_endpoint(self, tokenizer: Any) -> None:
-        assert self.engine is not None and self.store is not None
+        assert self.engine is not None and self.store is not None and self.bus is not None
+        assert self.follower is not None
+        run_id = self.cfg.service.run_id
+        policy = pending_policy(self.cfg.endpoint, run_id)
+        redis_url = self.cfg.service.redis_url
+        pending = RedisPending.connect(policy, redis_url) if redis_url else MemoryPending(policy)
         self.endpoint = ServeEndpoint(
             self.engine,
             tokenizer,
             self.cfg.endpoint,
-            StoreSink(self.store, self.cfg.service.run_id),
+            StoreSink(self.store, run_id),
             model_name=self.served_model_name(),
-            run_id=self.cfg.service.run_id,
+            run_id=run_id,
             worker_id=self.worker_id,
+            pending=pending,
+            store=self.store,
+            bus=self.bus,
+            newest_version=self.follower.newest_version,
         )
         port = await self.endpoint.start()
         log.info("serving endpoint open", url=self.endpoint.base_url, model=self.endpoint.model_name, port=port)

@@ -1,0 +1,276 @@
+"""`RedisPending`: the pending stage in Redis, shared by every endpoint replica of a run.
+
+Each transition is one Lua script, so a feedback post racing a flush, a deadline or a group's
+formation on another replica sees one order of events, never half of one. Keys (all under the
+run's hash tag `slipstream:{<run>}`, so the scripts work on a cluster too):
+
+| key | type | what |
+|---|---|---|
+| `serve:episodes` | hash | session -> episodes numbered so far (episode ids never repeat) |
+| `serve:call:<call id>` | string | the episode the call was served into (TTL `retention_s`) |
+| `serve:last:<session>` | string | the session's latest call (implicit signals, session targets) |
+| `serve:ep:<episode id>` | hash | state, body key, deadline, group, `k:<key>` per signal key seen |
+| `serve:fb:<episode id>` | hash | feedback id -> JSON `FeedbackSignal` |
+| `serve:<env>:deadlines`, `:ready`, `:releasing` | sorted sets | pending by deadline, ready, claimed |
+| `serve:<env>:groups` / `:counts` | counter / hash | groups formed; flushed, feedback, masked, released |
+
+Episode and feedback keys expire `retention_s` after their deadline (or after release), so a
+late post is still answered (409, or "duplicate" for a retry) for that long and nothing grows
+without bound.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from slipstream.control import ControlClient
+from slipstream.control.keyspace import Keyspace
+from slipstream.schemas import FeedbackSignal
+from slipstream.serve.pending import Member, PendingPolicy, Verdict, ordered
+
+_RELEASABLE = """
+local function releasable(ep, fb, first, n)
+  if redis.call('HLEN', fb) == 0 then return false end
+  for i = first, first + n - 1 do
+    if redis.call('HEXISTS', ep, 'k:' .. ARGV[i]) == 0 then return false end
+  end
+  return true
+end
+"""
+
+# KEYS: ep, call, last. ARGV: episode id, call id, ttl_ms (PEXPIRE GT needs Redis 7: done by hand)
+_NOTE = """
+redis.call('HSETNX', KEYS[1], 'state', 'open')
+if redis.call('PTTL', KEYS[1]) < tonumber(ARGV[3]) then redis.call('PEXPIRE', KEYS[1], ARGV[3]) end
+redis.call('SET', KEYS[2], ARGV[1], 'PX', ARGV[3])
+redis.call('SET', KEYS[3], ARGV[2], 'PX', ARGV[3])
+"""
+
+# KEYS: ep, fb, ready, deadlines, counts. ARGV: fid, json, key, now, eid, n_release_keys, keys...
+_ADD = (
+    _RELEASABLE
+    + """
+if redis.call('EXISTS', KEYS[1]) == 0 then return 'unknown' end
+if redis.call('HEXISTS', KEYS[2], ARGV[1]) == 1 then return 'duplicate' end
+local st = redis.call('HGET', KEYS[1], 'state')
+if st ~= 'open' and st ~= 'pending' and st ~= 'ready' then return 'too_late' end
+redis.call('HSET', KEYS[2], ARGV[1], ARGV[2])
+redis.call('HSET', KEYS[1], 'k:' .. ARGV[3], '1')
+local ttl = redis.call('PTTL', KEYS[1])
+if ttl > 0 then redis.call('PEXPIRE', KEYS[2], ttl) end
+redis.call('HINCRBY', KEYS[5], 'feedback', 1)
+if st == 'pending' and releasable(KEYS[1], KEYS[2], 7, tonumber(ARGV[6])) then
+  redis.call('HSET', KEYS[1], 'state', 'ready', 'ready_at', ARGV[4])
+  redis.call('ZREM', KEYS[4], ARGV[5])
+  redis.call('ZADD', KEYS[3], ARGV[4], ARGV[5])
+end
+return 'recorded'
+"""
+)
+
+# KEYS: ep, fb, ready, deadlines, counts. ARGV: eid, body_key, deadline, now, ttl_ms, n_release_keys, keys...
+_FLUSHED = (
+    _RELEASABLE
+    + """
+local st = redis.call('HGET', KEYS[1], 'state')
+if st and st ~= 'open' then return st end
+redis.call('HSET', KEYS[1], 'state', 'pending', 'body_key', ARGV[2], 'deadline', ARGV[3])
+redis.call('PEXPIRE', KEYS[1], ARGV[5])
+if redis.call('EXISTS', KEYS[2]) == 1 then redis.call('PEXPIRE', KEYS[2], ARGV[5]) end
+redis.call('HINCRBY', KEYS[5], 'flushed', 1)
+if releasable(KEYS[1], KEYS[2], 7, tonumber(ARGV[6])) then
+  redis.call('HSET', KEYS[1], 'state', 'ready', 'ready_at', ARGV[4])
+  redis.call('ZADD', KEYS[3], ARGV[4], ARGV[1])
+  return 'ready'
+end
+redis.call('ZADD', KEYS[4], ARGV[3], ARGV[1])
+return 'pending'
+"""
+)
+
+# KEYS: deadlines, ready, counts. ARGV: now, publish_unrated, ep prefix, fb prefix, retention_ms
+_EXPIRE = """
+local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1], 'LIMIT', 0, 256)
+local masked = {}
+for _, eid in ipairs(due) do
+  redis.call('ZREM', KEYS[1], eid)
+  local ep = ARGV[3] .. eid
+  if redis.call('HGET', ep, 'state') == 'pending' then
+    if redis.call('HLEN', ARGV[4] .. eid) > 0 or ARGV[2] == '1' then
+      redis.call('HSET', ep, 'state', 'ready', 'ready_at', ARGV[1])
+      redis.call('ZADD', KEYS[2], ARGV[1], eid)
+    else
+      redis.call('HSET', ep, 'state', 'masked')
+      redis.call('PEXPIRE', ep, ARGV[5])
+      redis.call('HINCRBY', KEYS[3], 'masked', 1)
+      table.insert(masked, eid)
+    end
+  end
+end
+return masked
+"""
+
+# KEYS: ready, groups, releasing. ARGV: size, now, wait_s, ep prefix, group id prefix
+_FORM = """
+local n = redis.call('ZCARD', KEYS[1])
+if n == 0 then return {} end
+local size = tonumber(ARGV[1])
+if n < size then
+  local wait = tonumber(ARGV[3])
+  if wait <= 0 then return {} end
+  local oldest = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
+  if tonumber(ARGV[2]) - tonumber(oldest[2]) < wait then return {} end
+end
+local take = redis.call('ZRANGE', KEYS[1], 0, size - 1)
+local gid = ARGV[5] .. redis.call('INCR', KEYS[2])
+local out = {gid}
+for i, eid in ipairs(take) do
+  local ep = ARGV[4] .. eid
+  redis.call('ZREM', KEYS[1], eid)
+  redis.call('HSET', ep, 'state', 'releasing', 'group_id', gid, 'group_index', tostring(i - 1),
+             'group_size', tostring(#take), 'claimed_at', ARGV[2])
+  redis.call('ZADD', KEYS[3], ARGV[2], eid)
+  table.insert(out, eid)
+  table.insert(out, redis.call('HGET', ep, 'body_key') or '')
+end
+return out
+"""
+
+# KEYS: ep, fb, releasing, counts. ARGV: eid, retention_ms
+_RELEASED = """
+redis.call('ZREM', KEYS[3], ARGV[1])
+if redis.call('HGET', KEYS[1], 'state') ~= 'releasing' then return 0 end
+redis.call('HSET', KEYS[1], 'state', 'released')
+redis.call('PEXPIRE', KEYS[1], ARGV[2])
+if redis.call('EXISTS', KEYS[2]) == 1 then redis.call('PEXPIRE', KEYS[2], ARGV[2]) end
+redis.call('HINCRBY', KEYS[4], 'released', 1)
+return 1
+"""
+
+
+class RedisPending:
+    """The pending stage in Redis (see the module docstring for the keys)."""
+
+    def __init__(self, policy: PendingPolicy, client: ControlClient) -> None:
+        self.policy = policy
+        self.client = client
+        ks = Keyspace(policy.run_id or "default")
+        self._k = ks.key
+        self._env = policy.env
+        self._retention_ms = int(policy.retention_s * 1000)
+        self._note = client.script(_NOTE)
+        self._add = client.script(_ADD)
+        self._flushed = client.script(_FLUSHED)
+        self._expire = client.script(_EXPIRE)
+        self._form = client.script(_FORM)
+        self._released = client.script(_RELEASED)
+
+    @classmethod
+    def connect(cls, policy: PendingPolicy, url: str, *, timeout_s: float = 2.0) -> RedisPending:
+        return cls(policy, ControlClient(url, timeout_s=timeout_s))
+
+    # ------------------------------------------------------------------ keys
+    def _ep(self, eid: str) -> str:
+        return self._k("serve", "ep", eid)
+
+    def _fb(self, eid: str) -> str:
+        return self._k("serve", "fb", eid)
+
+    def _set(self, name: str) -> str:
+        return self._k("serve", self._env, name)
+
+    def _episode_keys(self, eid: str) -> list[str]:
+        return [self._ep(eid), self._fb(eid), self._set("ready"), self._set("deadlines"), self._set("counts")]
+
+    # ------------------------------------------------------------------ calls and sessions
+    async def next_episode(self, session_id: str) -> int:
+        n = await self.client.call("serve.next_episode", lambda r: r.hincrby(self._k("serve", "episodes"), session_id))
+        return int(n) - 1
+
+    async def note_call(self, call_id: str, session_id: str, episode_id: str) -> None:
+        keys = [self._ep(episode_id), self._k("serve", "call", call_id), self._k("serve", "last", session_id)]
+        args = [episode_id, call_id, self._retention_ms]
+        await self.client.call("serve.note_call", lambda r: self._note(keys=keys, args=args, client=r))
+
+    async def last_call(self, session_id: str) -> str | None:
+        got = await self.client.call("serve.last_call", lambda r: r.get(self._k("serve", "last", session_id)))
+        return str(got) if got else None
+
+    async def episode_of_call(self, call_id: str) -> str | None:
+        got = await self.client.call("serve.episode_of_call", lambda r: r.get(self._k("serve", "call", call_id)))
+        return str(got) if got else None
+
+    async def state(self, episode_id: str) -> str | None:
+        got = await self.client.call("serve.state", lambda r: r.hget(self._ep(episode_id), "state"))
+        return str(got) if got else None
+
+    # ------------------------------------------------------------------ feedback
+    async def add_feedback(self, episode_id: str, signal: FeedbackSignal, now: float) -> Verdict:
+        rk = list(self.policy.release_keys)
+        args = [signal.feedback_id, msgspec.json.encode(signal).decode(), signal.key, repr(now), episode_id, len(rk)]
+        keys = self._episode_keys(episode_id)
+        got = await self.client.call("serve.feedback", lambda r: self._add(keys=keys, args=[*args, *rk], client=r))
+        verdict = str(got)
+        assert verdict in ("recorded", "duplicate", "too_late", "unknown"), verdict
+        return verdict  # type: ignore[return-value]
+
+    async def flushed(self, episode_id: str, body_key: str, deadline: float, now: float) -> str:
+        rk = list(self.policy.release_keys)
+        ttl = int((max(deadline - now, 0.0) + self.policy.retention_s) * 1000)
+        args = [episode_id, body_key, repr(deadline), repr(now), ttl, len(rk), *rk]
+        keys = self._episode_keys(episode_id)
+        got = await self.client.call("serve.flushed", lambda r: self._flushed(keys=keys, args=args, client=r))
+        return str(got)
+
+    async def feedback(self, episode_id: str) -> list[FeedbackSignal]:
+        raw = await self.client.call("serve.read_feedback", lambda r: r.hvals(self._fb(episode_id)))
+        return ordered([msgspec.json.decode(v, type=FeedbackSignal) for v in raw])
+
+    # ------------------------------------------------------------------ deadlines and groups
+    async def expire(self, now: float) -> list[str]:
+        keys = [self._set("deadlines"), self._set("ready"), self._set("counts")]
+        args = [repr(now), "1" if self.policy.publish_unrated else "0", self._ep(""), self._fb(""), self._retention_ms]
+        got = await self.client.call("serve.expire", lambda r: self._expire(keys=keys, args=args, client=r))
+        return [str(e) for e in got]
+
+    async def form_group(self, now: float) -> list[Member]:
+        p = self.policy
+        keys = [self._set("ready"), self._set("groups"), self._set("releasing")]
+        args = [p.group_size, repr(now), repr(p.group_wait_s), self._ep(""), p.group_id(0)[:-1]]
+        got = await self.client.call("serve.form_group", lambda r: self._form(keys=keys, args=args, client=r))
+        if not got:
+            return []
+        gid, rest = str(got[0]), [str(x) for x in got[1:]]
+        pairs = list(zip(rest[::2], rest[1::2], strict=True))
+        return [
+            Member(episode_id=eid, body_key=key, group_id=gid, group_index=i, group_size=len(pairs))
+            for i, (eid, key) in enumerate(pairs)
+        ]
+
+    async def stale_releasing(self, now: float, older_than_s: float) -> list[Member]:
+        eids = await self.client.call(
+            "serve.releasing", lambda r: r.zrangebyscore(self._set("releasing"), "-inf", repr(now - older_than_s))
+        )
+        out = []
+        for eid in eids:
+            fields = await self.client.call(
+                "serve.releasing",
+                lambda r, e=eid: r.hmget(self._ep(e), "state", "body_key", "group_id", "group_index", "group_size"),
+            )
+            state, key, gid, index, size = fields
+            if state != "releasing":
+                continue
+            out.append(Member(episode_id=eid, body_key=key, group_id=gid, group_index=int(index), group_size=int(size)))
+        return out
+
+    async def released(self, episode_id: str) -> None:
+        keys = [self._ep(episode_id), self._fb(episode_id), self._set("releasing"), self._set("counts")]
+        args = [episode_id, self._retention_ms]
+        await self.client.call("serve.released", lambda r: self._released(keys=keys, args=args, client=r))
+
+    async def counts(self) -> dict[str, int]:
+        raw = await self.client.call("serve.counts", lambda r: r.hgetall(self._set("counts")))
+        return {k: int(v) for k, v in raw.items()}
+
+    async def close(self) -> None:
+        await self.client.close()
