@@ -303,6 +303,7 @@ def summarize(rt: RealtimePlan, stats: SimStats, rows: list[dict[str, Any]]) -> 
         "answers": len(stats.turns),
         "failed_calls": stats.failed_calls,
         "http_429": stats.http_429,
+        "http_5xx": stats.http_5xx,
         "feedback": dict(stats.feedback_status),
     }
     if rows:
@@ -400,7 +401,7 @@ async def drive(
                 acc, n = sim.stats.acceptance(probe.version)
                 emit(
                     f"serving v{probe.version}: acceptance {acc:.3f} over {n} answers; "
-                    f"{sim.stats.sessions} sessions, {sim.stats.http_429} x 429"
+                    f"{sim.stats.sessions} sessions, {sim.stats.http_429} x 429, {sim.stats.http_5xx} x 5xx"
                 )
             await asyncio.sleep(0.2)
     finally:

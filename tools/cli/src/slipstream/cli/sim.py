@@ -117,6 +117,9 @@ class SimStats:
     failed_calls: int = 0
     errors: list[str] = field(default_factory=list)
     http_429: int = 0
+    """429 answers seen (admission control); the client retried each after its Retry-After."""
+    http_5xx: int = 0
+    """Server errors seen (the client retries them too, with backoff)."""
     feedback_status: dict[str, int] = field(default_factory=dict)
     session_started: dict[str, float] = field(default_factory=dict)
     """Session id -> unix time its first request was sent."""
@@ -155,6 +158,8 @@ class Simulator:
             async def count(response: httpx.Response) -> None:
                 if response.status_code == 429:
                     self.stats.http_429 += 1
+                elif response.status_code >= 500:
+                    self.stats.http_5xx += 1
 
             self._http = httpx.AsyncClient(
                 timeout=self.config.timeout_s,
