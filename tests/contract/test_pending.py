@@ -77,6 +77,20 @@ async def test_a_pending_episode_is_released_by_its_first_signal_or_its_keys(mak
     assert await q.state("e2") == "ready"
 
 
+async def test_only_the_keys_the_reward_spec_reads_count(make: Any) -> None:
+    p = make(reward_keys=("accepted", "stars"))
+    await _open(p, "e")
+    await p.flushed("e", "k/e", deadline=10.0, now=0.0)
+    await p.add_feedback("e", sig("followed_up"), 1.0)
+    assert await p.state("e") == "pending"  # the spec would mask it: it waits
+    await p.add_feedback("e", sig("stars", 4.0), 2.0)
+    assert await p.state("e") == "ready"
+    await _open(p, "f")
+    await p.flushed("f", "k/f", deadline=10.0, now=0.0)
+    await p.add_feedback("f", sig("followed_up"), 1.0)
+    assert await p.expire(now=10.0) == ["f"]  # signals, but none the spec reads: masked
+
+
 async def test_deadline_expiry_masks_an_unrated_episode(make: Any) -> None:
     p = make()
     for eid in ("quiet", "rated"):
@@ -140,3 +154,22 @@ async def test_a_claimed_member_is_found_again_until_released(make: Any) -> None
     assert await p.state("e") == "released" and await p.stale_releasing(now=40.0, older_than_s=30.0) == []
     counts = await p.counts()
     assert counts["released"] == 1 and counts["flushed"] == 1 and counts["feedback"] == 1
+
+
+async def test_memory_forgets_calls_and_finished_episodes_after_the_retention() -> None:
+    wall = [1000.0]
+    p = MemoryPending(PendingPolicy(group_size=1, retention_s=60.0), clock=lambda: wall[0])
+    assert await p.next_episode("s") == 0
+    await p.note_call("c1", "s", "e1")
+    await p.add_feedback("e1", sig("accepted"), 0.0)
+    await p.flushed("e1", "k/e1", deadline=10.0, now=0.0)
+    await p.form_group(now=1.0)
+    await p.released("e1")
+    wall[0] += 59.0
+    await p.note_call("c2", "t", "e2")
+    assert await p.episode_of_call("c1") == "e1" and await p.state("e1") == "released"
+    wall[0] += 2.0
+    await p.expire(now=2.0)
+    assert await p.episode_of_call("c1") is None and await p.last_call("s") is None and await p.state("e1") is None
+    assert await p.episode_of_call("c2") == "e2" and await p.state("e2") == "open"  # still served
+    assert await p.next_episode("s") == 1  # episode numbers outlive the retention: ids never repeat

@@ -282,7 +282,7 @@ async def test_feedback_through_either_replica_reaches_one_episode_and_is_scored
     stop = asyncio.Event()
     rm_task = asyncio.create_task(rm.run(stop))
     learner = await bus.consumer("learner", ScoredEpisode)
-    c = cfg(group_size=2, feedback_deadline_s=60.0)
+    c = cfg(group_size=2, feedback_deadline_s=60.0, reward_keys=["accepted", "dissatisfied"])
     replicas = []
     for _ in range(2):
         pending = RedisPending.connect(pending_policy(c, run), redis_server.url)
@@ -339,8 +339,11 @@ async def test_feedback_through_either_replica_reaches_one_episode_and_is_scored
         keys = sorted((s.key, s.source) for s in body.feedback)
         assert keys == [("accepted", "user"), ("dissatisfied", "implicit"), ("followed_up", "implicit")]
         assert body.counts["calls"] == 2 and body.group_id == f"serve-{run}-1"
-        released = sum(r.releaser.released for r in replicas if r.releaser is not None)
-        assert released == 2  # one publish per episode, whichever replica formed the group
+
+        async def both_marked() -> bool:  # one release per episode, whichever replica formed the group
+            return sum(r.releaser.released for r in replicas if r.releaser is not None) == 2
+
+        await until(both_marked, 10, "both releases to be marked")
     finally:
         for r in replicas:
             await r.close()
@@ -348,3 +351,111 @@ async def test_feedback_through_either_replica_reaches_one_episode_and_is_scored
         await asyncio.wait_for(rm_task, 10)
         await rm.close()
         await bus.close()
+
+
+class DiesAfterPublish(MemoryPending):
+    """A releaser that dies after JetStream acked the stub, before the release is recorded (fault injection)."""
+
+    deaths = 1
+
+    async def released(self, episode_id: str) -> None:
+        if self.deaths:
+            self.deaths -= 1
+            raise ConnectionError("the releaser died here")
+        await super().released(episode_id)
+
+
+async def test_a_release_interrupted_after_its_publish_is_stored_once(nats_server: Any, tmp_path: Path) -> None:
+    from slipstream.schemas import FeedbackSignal, encode
+    from slipstream.serve import PendingPolicy, Releaser
+    from slipstream.store.episodes import episode_key
+
+    store = LocalObjectStore(tmp_path / "store")
+    bus = await connect_bus(BusConfig(url=nats_server.url, stream_storage="memory", fetch_timeout_s=0.2), name="t")
+    await bus.ensure_streams()
+    raw_in = await bus.consumer("reward-model", Episode)
+    pending = DiesAfterPublish(PendingPolicy(env="serve", run_id="r", group_size=1))
+    eid = "serve/s/0"
+    key = episode_key("r", eid)
+    store.put(key, encode(Episode(episode_id=eid, task_id=eid, env="serve", run_id="r")))
+    await pending.note_call("c", "s", eid)
+    await pending.add_feedback(eid, FeedbackSignal(key="accepted", value=True, feedback_id="f"), 1.0)
+    await pending.flushed(eid, key, deadline=1e12, now=1.0)
+    try:
+        first = Releaser(pending, store, bus, stale_after_s=0.0)
+        assert await first.step() == 0 and first.failures == 1  # published, then died before marking it
+        assert await pending.state(eid) == "releasing"
+        restarted = Releaser(pending, store, bus, stale_after_s=0.0)
+        assert await restarted.step() == 1 and await pending.state(eid) == "released"
+        assert await restarted.step() == 0
+        got = await raw_in.fetch(10, timeout=1.0)
+        assert [d.msg.episode_id for d in got] == [eid]  # the same bytes under msg_id = episode id: stored once
+        for d in got:
+            await d.ack()
+        assert await raw_in.fetch(10, timeout=0.5) == []
+        assert [s.feedback_id for s in load(store, got[0].msg).feedback] == ["f"]
+    finally:
+        await bus.close()
+
+
+async def test_a_serving_worker_publishes_a_session_with_its_feedback(
+    nats_server: Any, redis_server: Any, tmp_path: Path
+) -> None:
+    from slipstream.engine.source import ModelSource
+    from slipstream.rollout_worker.config import RolloutWorkerConfig, WorkerSection
+    from slipstream.rollout_worker.service import RolloutWorkerService
+    from slipstream.runtime.lifecycle import Runtime
+    from slipstream.runtime.section import ServiceSection
+    from slipstream.store import StoreConfig
+
+    bus_cfg = BusConfig(url=nats_server.url, stream_storage="memory", fetch_timeout_s=0.2)
+    cfg = RolloutWorkerConfig(
+        service=ServiceSection(run_id="srv", replica="w0", drain_timeout_s=5.0, redis_url=redis_server.url),
+        bus=bus_cfg,
+        store=StoreConfig(type="local", root=str(tmp_path / "store")),
+        model=ModelSource(preset="tiny", seed=0, threads=1),
+        worker=WorkerSection(max_batch=4, max_tasks_in_flight=1, follow="promoted"),
+        endpoint=cfg_worker(),
+    )
+    bus = await connect_bus(bus_cfg, name="test")
+    await bus.ensure_streams()
+    raw_in = await bus.consumer("reward-model", Episode)
+    service = RolloutWorkerService(cfg)
+    runtime = Runtime(service, cfg.service)
+    running = asyncio.create_task(runtime.run(handle_signals=False))
+    try:
+
+        async def ready() -> bool:
+            return runtime.readiness()[0]
+
+        await until(ready, 60, "the worker")
+        assert service.endpoint is not None
+        async with openai.AsyncOpenAI(base_url=service.endpoint.base_url, api_key="k") as client:
+            resp = (await chat(client, "w-sess", "hi")).parse()
+        status, body = await post(service.endpoint.base_url, {"completion_id": resp.id, "key": "accepted", "value": 1})
+        assert status == 200 and body["episode_id"] == "serve/w-sess/0"
+        got: list[Episode] = []
+
+        async def published() -> bool:  # the session goes idle, is flushed, released and published
+            got.extend(d.msg for d in await raw_in.fetch(10, timeout=0.2))
+            return bool(got)
+
+        await until(published, 30, "the released episode on traj.raw.serve")
+        (stub,) = got
+        assert stub.is_stub() and stub.episode_id == "serve/w-sess/0" and stub.group_id == "serve-srv-1"
+        assert [(s.key, s.value) for s in stub.feedback] == [("accepted", 1.0)]
+
+        async def counted() -> bool:  # marked released just after JetStream acked the publish
+            return bool(runtime.readiness()[1]["status"]["serve"]["episodes_released"] == 1)
+
+        await until(counted, 10, "the release to be counted")
+        assert runtime.readiness()[1]["status"]["serve"]["admission_refused"] == 0
+    finally:
+        runtime.request_stop("test")
+        code = await asyncio.wait_for(running, 30.0)
+        await bus.close()
+    assert code == 0
+
+
+def cfg_worker() -> ServeConfig:
+    return cfg(group_size=1, session_idle_s=0.3)

@@ -31,6 +31,7 @@ from typing import Any
 
 from aiohttp import web
 
+from slipstream.control import ControlUnavailable
 from slipstream.engine.interface import Engine, GenerationRequest
 from slipstream.serve.chat import ChatFormat
 from slipstream.serve.config import ServeConfig
@@ -95,6 +96,11 @@ class ServeApp:
             resp = await handler(request)
         except RequestError as err:
             resp = web.json_response(err.body(), status=err.status, headers=err.headers)
+        except ControlUnavailable as exc:
+            # The pending store (Redis) is away: nothing was recorded for this request; retryable.
+            log.warning("serve: pending store unavailable", route=route, error=str(exc))
+            away = RequestError(f"feedback state unavailable: {exc}; retry", status=503, kind="server_error")
+            resp = web.json_response(away.body(), status=503, headers={"Retry-After": "1"})
         except web.HTTPException as exc:
             if exc.status < 400:
                 raise

@@ -46,9 +46,13 @@ class ServeConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         float,
         Doc(description="How long a flushed episode waits for feedback; with none by then it is masked.", gt=0),
     ] = 600.0
+    reward_keys: Annotated[
+        list[str],
+        Doc(description="Signal keys the reward spec reads; only these make an episode releasable. Empty = any key."),
+    ] = []
     release_keys: Annotated[
         list[str],
-        Doc(description="Release an episode once it has a signal for each of these keys; empty = on its first signal."),
+        Doc(description="Hold an episode until it also has a signal of each of these keys (or its deadline)."),
     ] = []
     publish_unrated: Annotated[
         bool,

@@ -11,8 +11,9 @@ deployed one: DESIGN, Redis holds state) or, for tests and single-process use, i
 - **open**: the session is still being served; its calls resolve to the episode already (the
   episode id is fixed at the session's first call), so feedback that arrives before the flush is
   kept and attached at the flush.
-- **pending**: the body is in the object store; the episode waits until its signals satisfy
-  `release_keys` (empty: any one signal) or `feedback_deadline_s` passes.
+- **pending**: the body is in the object store; the episode waits until it has a signal that
+  counts (one of `reward_keys`, the keys the reward spec reads; empty: any key) and every key of
+  `release_keys` (empty: none more), or until `feedback_deadline_s` passes.
 - **ready**: waiting for a group. Serving traffic has no natural groups, so ready episodes are
   released `group_size` at a time (oldest first) under one fresh `group_id` (`<env>-<run>-<n>`):
   ids are assigned only when a whole group is there, so the learner never sees a group that is
@@ -23,7 +24,9 @@ deployed one: DESIGN, Redis holds state) or, for tests and single-process use, i
   releaser writes the body with them and publishes the stub. A crash here leaves the episode in
   `releasing`, and the next releaser pass publishes it again with the same bytes and
   `msg_id = episode_id`, which JetStream stores once.
-- **masked**: no signal by the deadline. Never published as reward 0 (counted); with
+- **masked**: no signal that counts by the deadline, so the reward spec could not score it.
+  Never published as reward 0 (counted): one the spec would mask downstream would also keep its
+  whole group from completing at the learner. With
   `publish_unrated` it is published anyway, for a reward spec whose components have defaults.
 
 Feedback is idempotent: a signal is stored once per `feedback_id` (without one, per digest of
@@ -32,7 +35,9 @@ its target, key, source and value), a second post is answered "duplicate".
 
 from __future__ import annotations
 
-from collections import Counter
+import time
+from collections import Counter, deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
@@ -60,6 +65,7 @@ class PendingPolicy(msgspec.Struct, frozen=True, kw_only=True):
     env: str = "serve"
     run_id: str = ""
     release_keys: tuple[str, ...] = ()
+    reward_keys: tuple[str, ...] = ()
     publish_unrated: bool = False
     group_size: int = 8
     group_wait_s: float = 0.0
@@ -124,10 +130,13 @@ def ordered(signals: list[FeedbackSignal]) -> list[FeedbackSignal]:
     return sorted(signals, key=lambda s: (s.at, s.feedback_id))
 
 
+def counts(keys: set[str], policy: PendingPolicy) -> bool:
+    """Does an episode with signals of these keys have one the reward spec reads?"""
+    return bool(keys & set(policy.reward_keys)) if policy.reward_keys else bool(keys)
+
+
 def releasable(keys: set[str], policy: PendingPolicy) -> bool:
-    if not keys:
-        return False
-    return all(k in keys for k in policy.release_keys)
+    return counts(keys, policy) and all(k in keys for k in policy.release_keys)
 
 
 @dataclass
@@ -142,16 +151,37 @@ class _Ep:
 
 
 class MemoryPending:
-    """The pending stage in process memory: one replica, state lost on exit (tests, benchmarks)."""
+    """The pending stage in process memory: one replica, state lost on exit (tests, benchmarks,
+    a single serving worker without Redis). Calls and finished episodes are forgotten
+    `retention_s` after (wall clock), as their Redis keys expire."""
 
-    def __init__(self, policy: PendingPolicy) -> None:
+    def __init__(self, policy: PendingPolicy, clock: Callable[[], float] = time.time) -> None:
         self.policy = policy
+        self.clock = clock
         self._eps: dict[str, _Ep] = {}
-        self._calls: dict[str, str] = {}
-        self._last: dict[str, str] = {}
+        # Insertion order is time order: the oldest entries are pruned from the front.
+        self._calls: dict[str, tuple[str, float]] = {}  # call -> (episode, noted at)
+        self._last: dict[str, tuple[str, float]] = {}  # session -> (latest call, noted at)
+        self._done: deque[tuple[float, str]] = deque()  # (released or masked at, episode)
         self._numbers: Counter[str] = Counter()
         self._groups = 0
         self._counts: Counter[str] = Counter()
+
+    def _prune(self) -> None:
+        cutoff = self.clock() - self.policy.retention_s
+        for table in (self._calls, self._last):
+            while table and next(iter(table.values()))[1] < cutoff:
+                del table[next(iter(table))]
+        while self._done and self._done[0][0] < cutoff:
+            _, eid = self._done.popleft()
+            ep = self._eps.get(eid)
+            if ep is not None and ep.state in ("released", "masked"):
+                del self._eps[eid]
+
+    def _finish(self, eid: str, ep: _Ep, state: str) -> None:
+        ep.state = state
+        self._counts[state] += 1
+        self._done.append((self.clock(), eid))
 
     async def next_episode(self, session_id: str) -> int:
         n = self._numbers[session_id]
@@ -159,15 +189,20 @@ class MemoryPending:
         return n
 
     async def note_call(self, call_id: str, session_id: str, episode_id: str) -> None:
+        self._prune()
+        now = self.clock()
         self._eps.setdefault(episode_id, _Ep())
-        self._calls[call_id] = episode_id
-        self._last[session_id] = call_id
+        self._calls[call_id] = (episode_id, now)
+        self._last.pop(session_id, None)  # re-inserted at the end: the table stays in time order
+        self._last[session_id] = (call_id, now)
 
     async def last_call(self, session_id: str) -> str | None:
-        return self._last.get(session_id)
+        got = self._last.get(session_id)
+        return None if got is None else got[0]
 
     async def episode_of_call(self, call_id: str) -> str | None:
-        return self._calls.get(call_id)
+        got = self._calls.get(call_id)
+        return None if got is None else got[0]
 
     async def state(self, episode_id: str) -> str | None:
         ep = self._eps.get(episode_id)
@@ -199,15 +234,15 @@ class MemoryPending:
         return ep.state
 
     async def expire(self, now: float) -> list[str]:
+        self._prune()
         masked = []
         for eid, ep in self._eps.items():
             if ep.state != "pending" or ep.deadline > now:
                 continue
-            if ep.signals or self.policy.publish_unrated:
+            if counts({s.key for s in ep.signals.values()}, self.policy) or self.policy.publish_unrated:
                 ep.state, ep.ready_at = "ready", now
             else:
-                ep.state = "masked"
-                self._counts["masked"] += 1
+                self._finish(eid, ep, "masked")
                 masked.append(eid)
         return masked
 
@@ -246,9 +281,8 @@ class MemoryPending:
 
     async def released(self, episode_id: str) -> None:
         ep = self._eps.get(episode_id)
-        if ep is not None and ep.state != "released":
-            ep.state = "released"
-            self._counts["released"] += 1
+        if ep is not None and ep.state == "releasing":
+            self._finish(episode_id, ep, "released")
 
     async def counts(self) -> dict[str, int]:
         states = Counter(ep.state for ep in self._eps.values())

@@ -28,13 +28,24 @@ from slipstream.control.keyspace import Keyspace
 from slipstream.schemas import FeedbackSignal
 from slipstream.serve.pending import Member, PendingPolicy, Verdict, ordered
 
+# Keys as ARGV runs: ARGV[first] = n, then n keys. `counting`: a signal of one of the reward keys
+# (none given: any signal); `releasable`: that, and every release key (ARGV[at] = n_release,
+# the release keys, then n_reward and the reward keys).
 _RELEASABLE = """
-local function releasable(ep, fb, first, n)
-  if redis.call('HLEN', fb) == 0 then return false end
-  for i = first, first + n - 1 do
+local function counting(ep, fb, first)
+  local n = tonumber(ARGV[first])
+  if n == 0 then return redis.call('HLEN', fb) > 0 end
+  for i = first + 1, first + n do
+    if redis.call('HEXISTS', ep, 'k:' .. ARGV[i]) == 1 then return true end
+  end
+  return false
+end
+local function releasable(ep, fb, at)
+  local n = tonumber(ARGV[at])
+  for i = at + 1, at + n do
     if redis.call('HEXISTS', ep, 'k:' .. ARGV[i]) == 0 then return false end
   end
-  return true
+  return counting(ep, fb, at + n + 1)
 end
 """
 
@@ -46,7 +57,7 @@ redis.call('SET', KEYS[2], ARGV[1], 'PX', ARGV[3])
 redis.call('SET', KEYS[3], ARGV[2], 'PX', ARGV[3])
 """
 
-# KEYS: ep, fb, ready, deadlines, counts. ARGV: fid, json, key, now, eid, n_release_keys, keys...
+# KEYS: ep, fb, ready, deadlines, counts. ARGV: fid, json, key, now, eid, release keys, reward keys
 _ADD = (
     _RELEASABLE
     + """
@@ -59,7 +70,7 @@ redis.call('HSET', KEYS[1], 'k:' .. ARGV[3], '1')
 local ttl = redis.call('PTTL', KEYS[1])
 if ttl > 0 then redis.call('PEXPIRE', KEYS[2], ttl) end
 redis.call('HINCRBY', KEYS[5], 'feedback', 1)
-if st == 'pending' and releasable(KEYS[1], KEYS[2], 7, tonumber(ARGV[6])) then
+if st == 'pending' and releasable(KEYS[1], KEYS[2], 6) then
   redis.call('HSET', KEYS[1], 'state', 'ready', 'ready_at', ARGV[4])
   redis.call('ZREM', KEYS[4], ARGV[5])
   redis.call('ZADD', KEYS[3], ARGV[4], ARGV[5])
@@ -68,7 +79,7 @@ return 'recorded'
 """
 )
 
-# KEYS: ep, fb, ready, deadlines, counts. ARGV: eid, body_key, deadline, now, ttl_ms, n_release_keys, keys...
+# KEYS: ep, fb, ready, deadlines, counts. ARGV: eid, body_key, deadline, now, ttl_ms, release keys, reward keys
 _FLUSHED = (
     _RELEASABLE
     + """
@@ -78,7 +89,7 @@ redis.call('HSET', KEYS[1], 'state', 'pending', 'body_key', ARGV[2], 'deadline',
 redis.call('PEXPIRE', KEYS[1], ARGV[5])
 if redis.call('EXISTS', KEYS[2]) == 1 then redis.call('PEXPIRE', KEYS[2], ARGV[5]) end
 redis.call('HINCRBY', KEYS[5], 'flushed', 1)
-if releasable(KEYS[1], KEYS[2], 7, tonumber(ARGV[6])) then
+if releasable(KEYS[1], KEYS[2], 6) then
   redis.call('HSET', KEYS[1], 'state', 'ready', 'ready_at', ARGV[4])
   redis.call('ZADD', KEYS[3], ARGV[4], ARGV[1])
   return 'ready'
@@ -88,15 +99,17 @@ return 'pending'
 """
 )
 
-# KEYS: deadlines, ready, counts. ARGV: now, publish_unrated, ep prefix, fb prefix, retention_ms
-_EXPIRE = """
+# KEYS: deadlines, ready, counts. ARGV: now, publish_unrated, ep prefix, fb prefix, retention_ms, reward keys
+_EXPIRE = (
+    _RELEASABLE
+    + """
 local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1], 'LIMIT', 0, 256)
 local masked = {}
 for _, eid in ipairs(due) do
   redis.call('ZREM', KEYS[1], eid)
   local ep = ARGV[3] .. eid
   if redis.call('HGET', ep, 'state') == 'pending' then
-    if redis.call('HLEN', ARGV[4] .. eid) > 0 or ARGV[2] == '1' then
+    if counting(ep, ARGV[4] .. eid, 6) or ARGV[2] == '1' then
       redis.call('HSET', ep, 'state', 'ready', 'ready_at', ARGV[1])
       redis.call('ZADD', KEYS[2], ARGV[1], eid)
     else
@@ -109,6 +122,7 @@ for _, eid in ipairs(due) do
 end
 return masked
 """
+)
 
 # KEYS: ready, groups, releasing. ARGV: size, now, wait_s, ep prefix, group id prefix
 _FORM = """
@@ -179,6 +193,10 @@ class RedisPending:
     def _set(self, name: str) -> str:
         return self._k("serve", self._env, name)
 
+    def _key_runs(self) -> list[str | int]:
+        p = self.policy
+        return [len(p.release_keys), *p.release_keys, len(p.reward_keys), *p.reward_keys]
+
     def _episode_keys(self, eid: str) -> list[str]:
         return [self._ep(eid), self._fb(eid), self._set("ready"), self._set("deadlines"), self._set("counts")]
 
@@ -206,18 +224,17 @@ class RedisPending:
 
     # ------------------------------------------------------------------ feedback
     async def add_feedback(self, episode_id: str, signal: FeedbackSignal, now: float) -> Verdict:
-        rk = list(self.policy.release_keys)
-        args = [signal.feedback_id, msgspec.json.encode(signal).decode(), signal.key, repr(now), episode_id, len(rk)]
+        args: list[str | int] = [signal.feedback_id, msgspec.json.encode(signal).decode(), signal.key, repr(now)]
+        args += [episode_id, *self._key_runs()]
         keys = self._episode_keys(episode_id)
-        got = await self.client.call("serve.feedback", lambda r: self._add(keys=keys, args=[*args, *rk], client=r))
+        got = await self.client.call("serve.feedback", lambda r: self._add(keys=keys, args=args, client=r))
         verdict = str(got)
         assert verdict in ("recorded", "duplicate", "too_late", "unknown"), verdict
         return verdict  # type: ignore[return-value]
 
     async def flushed(self, episode_id: str, body_key: str, deadline: float, now: float) -> str:
-        rk = list(self.policy.release_keys)
         ttl = int((max(deadline - now, 0.0) + self.policy.retention_s) * 1000)
-        args = [episode_id, body_key, repr(deadline), repr(now), ttl, len(rk), *rk]
+        args = [episode_id, body_key, repr(deadline), repr(now), ttl, *self._key_runs()]
         keys = self._episode_keys(episode_id)
         got = await self.client.call("serve.flushed", lambda r: self._flushed(keys=keys, args=args, client=r))
         return str(got)
@@ -230,6 +247,7 @@ class RedisPending:
     async def expire(self, now: float) -> list[str]:
         keys = [self._set("deadlines"), self._set("ready"), self._set("counts")]
         args = [repr(now), "1" if self.policy.publish_unrated else "0", self._ep(""), self._fb(""), self._retention_ms]
+        args += [len(self.policy.reward_keys), *self.policy.reward_keys]
         got = await self.client.call("serve.expire", lambda r: self._expire(keys=keys, args=args, client=r))
         return [str(e) for e in got]
 

@@ -36,6 +36,9 @@ from slipstream.serve.episodes import assemble
 from slipstream.serve.pending import MemoryPending, PendingPolicy, PendingStore
 from slipstream.store import ObjectStore
 from slipstream.store.episodes import episode_key
+from slipstream.telemetry.logs import get_logger
+
+log = get_logger(__name__)
 
 
 class CallRecord(msgspec.Struct, kw_only=True):
@@ -131,6 +134,9 @@ class Recorder:
         self._open: dict[str, str] = {}  # session -> the id of its open episode
         self._keys: OrderedDict[str, asyncio.Future[CallRecord]] = OrderedDict()
         self.recorded = 0
+        self.unmapped = 0  # calls recorded while the pending store was away (feedback cannot target them)
+        self.flush_failures = 0
+        self._retry: list[tuple[Episode, str | None]] = []  # flushed episodes not yet stored / pending
         self.coalesced = 0
         self.episodes = 0
 
@@ -175,7 +181,11 @@ class Recorder:
         self._sessions.setdefault(sid, []).append(call)
         self._last_seen[sid] = self.clock()
         self.recorded += 1
-        await self.pending.note_call(call.call_id, sid, episode_id)
+        try:
+            await self.pending.note_call(call.call_id, sid, episode_id)
+        except Exception as exc:  # the pending store away: the call is kept, only feedback cannot find it
+            self.unmapped += 1
+            log.warning("serve: call not noted in the pending store", call_id=call.call_id, error=repr(exc))
         return episode_id
 
     def session_calls(self, session_id: str) -> list[CallRecord]:
@@ -189,17 +199,37 @@ class Recorder:
         if not calls or episode_id is None:
             return None
         episode = assemble(episode_id, calls, env=self.env, run_id=self.run_id, worker_id=self.worker_id)
-        body_key = await self.sink.put(episode)
-        now = self.clock()
-        # Stored first, then pending: a crash in between leaves a stored body that is never
-        # published (its episode stays open and expires from the pending store), never a
-        # pending episode without a body.
-        await self.pending.flushed(episode_id, body_key, now + self.feedback_deadline_s, now)
         self.episodes += 1
+        await self._store(episode, None)
         return episode
+
+    async def _store(self, episode: Episode, body_key: str | None) -> bool:
+        """Body to the sink, then the episode to the pending stage; a failed step is retried on the
+        next sweep (`body_key` set: the body is already stored). Stored first, then pending: a
+        crash in between leaves a stored body that is never published (its episode stays open in
+        the pending store until it expires), never a pending episode without a body."""
+        try:
+            if body_key is None:
+                body_key = await self.sink.put(episode)
+            now = self.clock()
+            await self.pending.flushed(episode.episode_id, body_key, now + self.feedback_deadline_s, now)
+        except Exception as exc:  # the store or the pending store away: kept here and retried
+            self.flush_failures += 1
+            self._retry.append((episode, body_key))
+            log.warning("serve: episode not stored yet; retried", episode_id=episode.episode_id, error=repr(exc))
+            return False
+        return True
+
+    async def retry_failed(self) -> int:
+        """Store what earlier flushes could not; returns how many are still waiting."""
+        waiting, self._retry = self._retry, []
+        for episode, body_key in waiting:
+            await self._store(episode, body_key)
+        return len(self._retry)
 
     async def flush_idle(self) -> int:
         """Flush every session idle for `session_idle_s`; returns how many."""
+        await self.retry_failed()
         now = self.clock()
         idle = [s for s, t in self._last_seen.items() if now - t >= self.session_idle_s]
         for s in idle:
@@ -210,6 +240,8 @@ class Recorder:
         sessions = list(self._sessions)
         for s in sessions:
             await self.flush(s)
+        if await self.retry_failed():
+            log.error("serve: episodes could not be stored at shutdown", lost=len(self._retry))
         return len(sessions)
 
     async def sweep(self, stop: asyncio.Event, every_s: float = 1.0) -> None:
@@ -228,4 +260,6 @@ class Recorder:
             "retries_coalesced": self.coalesced,
             "sessions_open": len(self._sessions),
             "episodes_flushed": self.episodes,
+            "calls_unmapped": self.unmapped,
+            "flush_failures": self.flush_failures,
         }

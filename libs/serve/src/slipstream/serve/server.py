@@ -28,6 +28,9 @@ from slipstream.serve.pending import MemoryPending, PendingPolicy, PendingStore
 from slipstream.serve.record import EpisodeSink, Recorder
 from slipstream.serve.release import Publisher, Releaser
 from slipstream.store import ObjectStore
+from slipstream.telemetry.logs import get_logger
+
+log = get_logger(__name__)
 
 
 def pending_policy(cfg: ServeConfig, run_id: str) -> PendingPolicy:
@@ -36,6 +39,7 @@ def pending_policy(cfg: ServeConfig, run_id: str) -> PendingPolicy:
         env=cfg.env,
         run_id=run_id,
         release_keys=tuple(cfg.release_keys),
+        reward_keys=tuple(cfg.reward_keys),
         publish_unrated=cfg.publish_unrated,
         group_size=cfg.group_size,
         group_wait_s=cfg.group_wait_s,
@@ -127,8 +131,10 @@ class ServeEndpoint:
                 await self._release
             self._release = None
             assert self.releaser is not None
-            with contextlib.suppress(Exception):  # counted and logged by the releaser; the state stays in the store
+            try:
                 await self.releaser.step()  # what the last flush made ready goes out now
+            except Exception as exc:  # the state stays in the pending store: the next releaser publishes it
+                log.warning("serve: last release pass failed", error=repr(exc))
         await self.pending.close()
 
     def status(self) -> dict[str, Any]:

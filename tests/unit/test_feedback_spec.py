@@ -1,8 +1,9 @@
 """Feedback posts, implicit signals, the reward spec and the in-memory pending stage (issue 16, item 2).
 
-The pending stage's full contract (both stores, Redis included) is tests/contract/test_pending.py;
-here: parsing and idempotency keys, the spec's components on hand-computed numbers, and the
-releaser over the in-memory bus and a local object store.
+The pending stage's full contract (both stores, Redis included) is tests/contract/test_pending.py,
+the endpoint's tests/integration/test_serve_feedback.py. Here: parsing and idempotency keys, the
+spec's components on hand-computed numbers, the releaser over the in-memory bus and a local
+object store, and a flush the store refused being retried.
 """
 
 from __future__ import annotations
@@ -170,7 +171,7 @@ async def test_the_releaser_publishes_groups_with_their_signals(tmp_path: Path) 
     pending = MemoryPending(PendingPolicy(env="serve", run_id="r", group_size=2))
     rel = Releaser(pending, store, bus, clock=lambda: now[0])
     for i in range(3):
-        eid = f"serve/s{i}/0"
+        eid = f"serve/unit-s{i}/0"  # ids of their own: in-process memory buses share one dedup window
         await pending.note_call(f"c{i}", f"s{i}", eid)
         if i < 2:
             await pending.add_feedback(eid, sig("accepted", True, fid=f"f{i}"), now[0])
@@ -179,9 +180,53 @@ async def test_the_releaser_publishes_groups_with_their_signals(tmp_path: Path) 
     now[0] = 111.0
     assert await rel.step() == 0 and rel.masked == 1  # the third reached its deadline unrated
     got = [d.msg for d in await consumer.fetch(10, timeout=0.5)]
-    assert sorted(e.episode_id for e in got) == ["serve/s0/0", "serve/s1/0"]
+    assert sorted(e.episode_id for e in got) == ["serve/unit-s0/0", "serve/unit-s1/0"]
     assert {e.group_id for e in got} == {"serve-r-1"} and sorted(e.group_index for e in got) == [0, 1]
     assert all(e.is_stub() and e.group_size == 2 for e in got)
     full = load(store, got[0])
     assert [s.key for s in full.feedback] == ["accepted"] and full.group_id == "serve-r-1"
     await bus.close()
+
+
+class FlakySink:
+    """A sink whose store is away for the first `fail` puts (fault injection)."""
+
+    def __init__(self, fail: int) -> None:
+        self.fail = fail
+        self.episodes: list[Episode] = []
+
+    async def put(self, episode: Episode) -> str:
+        if self.fail > 0:
+            self.fail -= 1
+            raise OSError("store away")
+        self.episodes.append(episode)
+        return f"k/{episode.episode_id}"
+
+
+async def test_an_episode_the_store_refused_is_kept_and_stored_on_the_next_sweep() -> None:
+    from slipstream.engine.interface import SamplingParams
+    from slipstream.serve import CallRecord, Recorder
+
+    pending = MemoryPending(PendingPolicy())
+    sink = FlakySink(fail=1)
+    rec = Recorder(sink, session_idle_s=1, clock=lambda: 0.0, pending=pending)
+    call = CallRecord(
+        call_id="c1",
+        session_id="s",
+        endpoint="chat",
+        model="m",
+        created=0.0,
+        finished_at=0.0,
+        prompt_ids=[1],
+        completion_ids=[2],
+        logprobs=[-0.1],
+        segments=[(0, 1)],
+        finish_reason="stop",
+        params=SamplingParams(),
+        template_hash="",
+    )
+    assert await rec.record(call) == "serve/s/0"
+    await rec.flush("s")
+    assert sink.episodes == [] and rec.flush_failures == 1 and await pending.state("serve/s/0") == "open"
+    assert await rec.retry_failed() == 0
+    assert [e.episode_id for e in sink.episodes] == ["serve/s/0"] and await pending.state("serve/s/0") == "pending"
