@@ -72,7 +72,7 @@ class RealtimePlan(msgspec.Struct, kw_only=True):
     next_question: float = 0.25
     gate_suite_size: int = 64
     gate_margin: float = 0.1
-    session_idle_s: float = 0.5
+    session_idle_s: float = 1.0
     feedback_deadline_s: float = 10.0
     timeout_s: float = 900.0
 
@@ -135,6 +135,8 @@ def stack_env(rt: RealtimePlan, endpoint_port: int) -> dict[str, dict[str, str]]
             "SLIPSTREAM_ENDPOINT__MODEL_NAME": MODEL_NAME,
             "SLIPSTREAM_ENDPOINT__SESSION_IDLE_S": str(rt.session_idle_s),
             "SLIPSTREAM_ENDPOINT__FEEDBACK_DEADLINE_S": str(rt.feedback_deadline_s),
+            # Only the users' verdict makes an episode releasable (implicit follow-up signals alone do not).
+            "SLIPSTREAM_ENDPOINT__REWARD_KEYS": json.dumps([FEEDBACK_KEY]),
             "SLIPSTREAM_ENDPOINT__GROUP_SIZE": str(rt.group_size),
             "SLIPSTREAM_ENDPOINT__MAX_VERSION_LAG": lag,
             "SLIPSTREAM_ENDPOINT__RETRY_AFTER_S": "0.5",
