@@ -91,6 +91,14 @@ def register(sub: Any) -> None:
         help="the users' hidden preference (default word_letters)",
     )
     rt.add_argument(
+        "--judge",
+        default=None,
+        metavar="URL|self",
+        help="a rubric judge (OpenAI-compatible base URL, or self: the served model) scores a sample of each "
+        "cycle's answers; its agreement with the users is reported",
+    )
+    rt.add_argument("--judge-model", default=None, help="model name sent to the --judge endpoint")
+    rt.add_argument(
         "--plot", type=Path, metavar="FILE", help="acceptance per cycle as PNG (default RUN_DIR/acceptance.png)"
     )
     p.set_defaults(func=run, parser=p)
@@ -342,6 +350,8 @@ def realtime_plan_from_args(args: argparse.Namespace) -> Any:
         ("max_staleness", args.max_staleness),
         ("sft_steps", args.sft_steps),
         ("sft_target", args.sft_target),
+        ("judge", args.judge),
+        ("judge_model", args.judge_model),
     ):
         if value is not None:
             given[field] = value

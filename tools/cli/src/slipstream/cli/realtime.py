@@ -72,6 +72,12 @@ class RealtimePlan(msgspec.Struct, kw_only=True):
     next_question: float = 0.25
     gate_suite_size: int = 64
     gate_margin: float = 0.1
+    judge: str = ""
+    """A rubric judge scores `judge_samples` answers of each cycle beside the loop (agreement with the
+    users): an OpenAI-compatible base URL, or "self" (the serving endpoint's own model); "" = none."""
+    judge_model: str = ""
+    """The model name sent to the judge ("self": the served model's)."""
+    judge_samples: int = 16
     session_idle_s: float = 1.0
     feedback_deadline_s: float = 10.0
     timeout_s: float = 900.0
@@ -187,11 +193,29 @@ class ServingProbe:
 
 
 class Observed(msgspec.Struct, kw_only=True):
-    """What the bus said during the run."""
+    """What the bus said during the run (and the side judge's report, when one ran)."""
 
     steps: list[dict[str, Any]] = []
     evals: list[dict[str, Any]] = []
     promotions: list[dict[str, Any]] = []
+    judge: dict[str, Any] = {}
+
+
+async def _judge(rt: RealtimePlan, stats: SimStats, seen: Observed, port: int, emit: Emit) -> dict[str, Any]:
+    """The side judge's per-version and overall agreement with the users (errors reported, not raised)."""
+    from slipstream.cli.realtime_judge import judge_cycles
+
+    url, model = rt.judge, rt.judge_model
+    if url == "self":
+        url, model = f"http://127.0.0.1:{port}/v1", model or MODEL_NAME
+    versions = sorted({int(p["policy_version"]) for p in seen.promotions} | {0})
+    emit(f"judging {rt.judge_samples} answers of each of {len(versions)} versions with {model} at {url}")
+    try:
+        per_version, overall = await judge_cycles(stats, versions, url, model, per_cycle=rt.judge_samples, seed=rt.seed)
+    except Exception as exc:  # the loop's figures stand without the judge's
+        emit(f"judge failed: {exc!r}")
+        return {"error": repr(exc)}
+    return {"by_version": {str(v): r for v, r in per_version.items()}, **overall}
 
 
 def session_of(episode_id: str) -> str:
@@ -238,6 +262,10 @@ def cycle_rows(
             "promoted_at": at.get(v),
             "serving_at": serving_at.get(v),
         }
+        judged = (seen.judge.get("by_version") or {}).get(str(v))
+        if judged is not None:
+            row["agreement"] = judged.get("agreement")
+            row["judge"] = judged
         e = evals.get(v)
         if e is not None:
             row["gate"] = {
@@ -421,6 +449,8 @@ async def drive(
             except Exception as exc:  # the run's own error is what matters; keep this one in the log
                 emit(f"simulator: {exc!r}")
         await sim.close()
+        if rt.judge and sim.stats.turns:
+            seen.judge = await _judge(rt, sim.stats, seen, endpoint_port, emit)
         for job in jobs:
             job.cancel()
         await asyncio.gather(*jobs, return_exceptions=True)
@@ -488,6 +518,8 @@ def run_realtime(rt: RealtimePlan, run_dir: Path, emit: Emit | None = None) -> d
             if o.get("outcome") != "trained":
                 dropped[o.get("reason") or "dropped"] = dropped.get(o.get("reason") or "dropped", 0) + 1
         summary["dropped_episodes"] = dropped
+        if seen.judge:
+            summary["judge"] = {k: v for k, v in seen.judge.items() if k != "by_version"}
         summary["learner_steps"] = seen.steps
         summary["evals"] = seen.evals
         if rows and len(rows) < rt.cycles + 1 and not summary["error"]:
