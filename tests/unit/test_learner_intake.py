@@ -7,7 +7,7 @@ import pytest
 
 from slipstream.learner.intake import HELDOUT, Intake, inspect
 from slipstream.learner.ledger import TrainedLedger
-from slipstream.rl import DropReason
+from slipstream.rl import DropReason, agent_advantages
 from slipstream.schemas import (
     EpisodeRef,
     PolicySegment,
@@ -199,6 +199,23 @@ def test_a_member_with_another_group_size_is_malformed() -> None:
     assert [d.reason for d in drops[:1]] == ["malformed"] and "group_size 3" in drops[0].detail
     # The group is complete with one survivor, whose reward has nothing to be compared with.
     assert [(d.episode_id, d.reason) for d in drops[1:]] == [("a", "uniform_group")]
+
+
+def test_an_unscorable_member_is_dropped_and_left_out_of_its_groups_baseline() -> None:
+    intake = make()
+    rewards = {"a": 1.0, "b": 0.0, "c": 0.5, "x": 0.0}
+    arrivals = {tid: scored(tid, "t/g", size=4, reward=r) for tid, r in rewards.items()}
+    # The judge could not score x: its reward 0.0 is the verifier's alone, not a score to train on.
+    arrivals["x"] = msgspec.structs.replace(arrivals["x"], unscorable="judge h: 0 of 3 rubrics scored: ...")
+    drops = [d for tid, s in arrivals.items() for d in intake.offer(s, f"h-{tid}", version=0, now=0.0)]
+    assert [(d.episode_id, d.reason, d.handles) for d in drops] == [("x", DropReason.UNSCORABLE, ("h-x",))]
+    assert drops[0].detail.startswith("judge h:") and intake.dropped == {"unscorable": 1}
+    (group,), _ = intake.take(1, version=0)  # x still counted as an arrival: the group completed
+    survivors = [m.scored for m in group.members]
+    assert [s.episode.episode_id for s in survivors] == ["a", "b", "c"]
+    # Advantages against the survivors' mean (0.5), not the four-member mean (0.375) a 0 for x would give.
+    advantages = [next(iter(a.values())) for a in agent_advantages(survivors)]  # one agent per episode
+    assert advantages == pytest.approx([0.5, -0.5, 0.0])
 
 
 def test_untrained_hands_back_pending_and_queued_members() -> None:

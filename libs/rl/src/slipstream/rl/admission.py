@@ -31,6 +31,9 @@ class DropReason(StrEnum):
     """Its loss mask is all zeros: nothing the policy generated is trainable."""
     INFRA_ERROR = "infra_error"
     """An infrastructure failure (tool backend down, timeout) spoiled the episode: never the model's fault."""
+    UNSCORABLE = "unscorable"
+    """Part of its reward could not be computed (a judge gave no usable verdict): never a silent 0, and
+    left out of its group's baseline."""
     INCOMPLETE_GROUP = "incomplete_group"
     """Its group never filled up within the learner's wait budget, so no baseline can be formed."""
 

@@ -242,6 +242,29 @@ class Episode(msgspec.Struct, kw_only=True):
         raise KeyError(f"episode {self.episode_id!r} has no sample {sample_id!r}")
 
 
+class Judgement(msgspec.Struct, kw_only=True):
+    """One generative judge's verdict on an episode: its provenance and every rubric's score.
+
+    Scores are normalised to [0, 1]. A rubric the judge could not score (malformed verdicts past
+    the retry budget, timeouts, rate limits) has no entry in `scores` and one in `failures`.
+    """
+
+    judge: Annotated[str, Doc(description="Name of the judge in the reward-model's config.")]
+    model: Annotated[str, Doc(description="Judge model, as sent to its OpenAI-compatible endpoint.")]
+    rubric_set: Annotated[str, Doc(description="Rubric set that was sampled from, as 'context@version'.")]
+    rubric_ids: Annotated[list[str], Doc(description="The rubrics sampled for this episode, in sampling order.")] = []
+    scores: Annotated[dict[str, float], Doc(description="Rubric id -> score in [0, 1], for each rubric scored.")] = {}
+    failures: Annotated[
+        dict[str, str], Doc(description="Rubric id -> why it could not be scored ('malformed', 'timeout', ...).")
+    ] = {}
+    aggregate: Annotated[
+        float, Doc(description="The rubrics' scores aggregated (mean, median or majority), in [0, 1].")
+    ] = 0.0
+    aggregation: Annotated[str, Doc(description="How `aggregate` was formed: 'mean', 'median' or 'majority'.")] = ""
+    cached: Annotated[int, Doc(description="Rubric verdicts that came from the cache instead of a call.")] = 0
+    unscorable: Annotated[str, Doc(description="Non-empty: too few rubrics were scored; the reason.")] = ""
+
+
 class ScoredEpisode(msgspec.Struct, kw_only=True):
     """An episode with its reward: what `traj.scored.<env>` carries and the learner consumes."""
 
@@ -254,6 +277,16 @@ class ScoredEpisode(msgspec.Struct, kw_only=True):
     correct: Annotated[bool, Doc(description="Whether the verifier judged the answer correct.")] = False
     scorer_version: Annotated[str, Doc(description="Scorer name and version that produced the reward.")] = ""
     scored_at: Annotated[float, Doc(description="Unix time of scoring.")] = 0.0
+    unscorable: Annotated[
+        str,
+        Doc(
+            description="Non-empty: a part of the reward could not be computed (e.g. 'judge: ...'); the reason. "
+            "The learner drops the episode (never a silent 0) and leaves it out of its group's baseline."
+        ),
+    ] = ""
+    judgements: Annotated[
+        list[Judgement], Doc(description="Provenance and per-rubric scores of every judge that scored it.")
+    ] = []
 
 
 # -- v1 compatibility ------------------------------------------------------------------------------

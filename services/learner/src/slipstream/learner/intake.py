@@ -13,6 +13,9 @@ handed back to the caller to ack:
   prompt, a branch from no earlier sample, trainable token ids outside the vocabulary, a
   non-finite reward, a policy version ahead of the learner;
 - infra_error: an infrastructure failure spoiled the episode (never the model's fault);
+- unscorable: the reward-model could not compute part of its reward (`ScoredEpisode.unscorable`,
+  e.g. a judge that gave no usable verdict): its reward is not a score, so it is not trained on
+  and its group's baseline is formed by the others;
 - no_trained_tokens, heldout, stale (the oldest version over trainable samples, checked at
   arrival and again when the trainer takes the group);
 - uniform_group: every remaining member got the same reward (no advantage signal);
@@ -245,6 +248,8 @@ class Intake(Generic[H]):
             return DropReason.MALFORMED, found.problem
         if scored.episode.infra_error:
             return DropReason.INFRA_ERROR, scored.episode.infra_error
+        if scored.unscorable:
+            return DropReason.UNSCORABLE, scored.unscorable
         if found.oldest_version > version:
             return DropReason.MALFORMED, f"sampled by version {found.oldest_version}, ahead of the learner's {version}"
         split = scored.episode.split

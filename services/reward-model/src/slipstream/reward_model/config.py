@@ -11,6 +11,7 @@ from typing import Annotated, Any
 import msgspec
 
 from slipstream.bus.config import BusConfig
+from slipstream.judge.config import JudgeConfig
 from slipstream.runtime.section import ServiceSection
 from slipstream.store.config import StoreConfig
 from slipstream.telemetry.config import TelemetryConfig
@@ -19,7 +20,7 @@ Doc = msgspec.Meta
 
 
 class RewardSection(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    """`[reward]`: how many trajectories are scored at once, and the environments' scoring options."""
+    """`[reward]`: how many trajectories are scored at once, the environments' options, and rubric judges."""
 
     concurrency: Annotated[
         int, Doc(description="Trajectories scored and published at once by this replica.", ge=1, le=4096)
@@ -33,6 +34,25 @@ class RewardSection(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             )
         ),
     ] = {}
+    judges: Annotated[
+        dict[str, JudgeConfig],
+        Doc(
+            description=(
+                "Rubric judges by name, {name: {url, model, envs, rubric_file, context, k, ...}} (libs/judge README): "
+                "each adds a weighted `judge` component to the episodes of its envs. One judge per env."
+            )
+        ),
+    ] = {}
+
+    def check_judges(self) -> None:
+        """Raise ValueError naming the judge when one is misconfigured or two claim one env."""
+        owner: dict[str, str] = {}
+        for name, judge in self.judges.items():
+            judge.check(name)
+            for env in judge.envs:
+                if env in owner:
+                    raise ValueError(f"[reward.judges] env {env!r} is claimed by both {owner[env]!r} and {name!r}")
+                owner[env] = name
 
 
 class RewardModelConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -48,6 +68,6 @@ class RewardModelConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True
     telemetry: Annotated[TelemetryConfig, Doc(description="Logs and traces.")] = msgspec.field(
         default_factory=TelemetryConfig
     )
-    reward: Annotated[RewardSection, Doc(description="Scoring: concurrency and per-environment options.")] = (
-        msgspec.field(default_factory=RewardSection)
-    )
+    reward: Annotated[
+        RewardSection, Doc(description="Scoring: concurrency, per-environment options, rubric judges.")
+    ] = msgspec.field(default_factory=RewardSection)

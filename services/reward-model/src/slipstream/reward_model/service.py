@@ -13,6 +13,11 @@ dlq.TRAJ_RAW with its reason and counted; an unparsable answer is not an error: 
 failure (reward 0) and counted as a parse failure. An episode with `infra_error` is passed on
 unjudged (reward 0, counted) for the learner to drop: never the model's fault.
 
+Rubric judges (`[reward.judges]`, `judging.py`) add a weighted `judge` component to the episodes
+of their envs after the verifier; their calls are awaited on this loop (network I/O, bounded by
+each judge's limits), so up to `concurrency` episodes are judged at once. An episode the judge
+could not score is published marked `unscorable` (counted) for the learner to drop.
+
 Tracing: `consume` runs each episode in a CONSUMER span, child of the worker's publish, so the
 scored copy published inside it continues the task's trace; the span carries the reward.
 """
@@ -28,6 +33,7 @@ import msgspec
 from slipstream.bus import PayloadTooLarge, connect_bus, consume
 from slipstream.bus.tracing import annotate
 from slipstream.reward_model.config import RewardModelConfig
+from slipstream.reward_model.judging import Judges
 from slipstream.reward_model.rejection import reject
 from slipstream.reward_model.scorer import Scorer, Unscorable
 from slipstream.runtime.service import BaseService
@@ -56,6 +62,9 @@ DEAD_LETTERED = counter("reward/score/dead_lettered", "Trajectories sent to dlq.
 INFRA_ERRORS = counter(
     "reward/score/infra_errors", "Episodes passed on unjudged: an infrastructure failure (label env)."
 )
+UNSCORABLE = counter(
+    "reward/score/unscorable", "Episodes published marked unscorable: a judge gave no usable verdict (label env)."
+)
 
 
 class RewardModelService(BaseService):
@@ -67,12 +76,17 @@ class RewardModelService(BaseService):
         self.consumer: Consumer[Episode] | None = None
         self.scorer: Scorer | None = None
         self.store: ObjectStore | None = None
+        self.judges: Judges | None = None
         self._inflight = 0
-        self.counts = {"scored": 0, "parse_failures": 0, "dead_lettered": 0, "infra_errors": 0}
+        self.counts = {"scored": 0, "parse_failures": 0, "dead_lettered": 0, "infra_errors": 0, "unscorable": 0}
 
     async def setup(self) -> None:
         # Options first: a bad [reward] env_options fails setup before anything is consumed.
         self.scorer = Scorer(self.cfg.reward.env_options)
+        # Judges next: a missing rubric file, an unset API key variable or two judges for one env
+        # fail setup (exit 1) naming the judge, before anything is consumed.
+        self.cfg.reward.check_judges()
+        self.judges = Judges.from_config(self.cfg.reward.judges, redis_url=self.cfg.service.redis_url)
         self.bus = await connect_bus(self.cfg.bus, name=f"{self.name}/{self.cfg.service.replica}")
         await self.bus.ensure_streams()
         self.store = await asyncio.to_thread(setup_store, self.cfg.store)
@@ -94,6 +108,8 @@ class RewardModelService(BaseService):
                 # In a thread: a grader may run tests in a sandbox for seconds (`code`), and the
                 # loop must keep answering probes, heartbeats and the other deliveries meanwhile.
                 scored, score = await asyncio.to_thread(self.scorer.score, full, now=time.time())
+                if self.judges is not None:
+                    scored = await self.judges.apply(scored, full)
                 # The scored copy carries what came in (a stub stays a stub); a body that grew past
                 # the limit with its score goes to the store now.
                 small = await asyncio.to_thread(episode_bodies.offload, self.store, sent, self.bus.max_payload)
@@ -117,6 +133,11 @@ class RewardModelService(BaseService):
             INFRA_ERRORS.add(1, env=env)
             self.counts["infra_errors"] += 1
             return
+        if scored.unscorable:
+            UNSCORABLE.add(1, env=env)
+            self.counts["unscorable"] += 1
+            log.info("published unscorable", episode_id=sent.episode_id, reason=scored.unscorable[:300])
+            return
         REWARD.observe(scored.reward, env=env)
         SCORED.add(1, env=env)
         self.counts["scored"] += 1
@@ -135,6 +156,8 @@ class RewardModelService(BaseService):
         log.warning("dead-lettered", episode_id=d.msg.episode_id, kind=kind, detail=detail)
 
     async def close(self) -> None:
+        if self.judges is not None:
+            await self.judges.close()
         if self.bus is not None:
             await self.bus.close()
         if self.store is not None:
@@ -151,4 +174,6 @@ class RewardModelService(BaseService):
             "bus": {"type": self.cfg.bus.type, "connected": self.bus is not None and self.bus.connected},
             "inflight": self._inflight,
             **self.counts,
+            **({"judges": self.judges.status()} if self.judges is not None and self.judges.judges else {}),
+            **({"judge_cache": cache} if self.judges is not None and (cache := self.judges.cache_status()) else {}),
         }
