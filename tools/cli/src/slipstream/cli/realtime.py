@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import itertools
 import statistics
 import time
@@ -508,6 +509,10 @@ def run_realtime(rt: RealtimePlan, run_dir: Path, emit: Emit | None = None) -> d
             stack.write_state()
     outcomes = read_outcomes(run_dir / "learner-outcomes.jsonl")
     if stats is not None:
+        # Every answer as the users saw it (one JSON line each), for later analysis or judging.
+        with (run_dir / "sim_turns.jsonl").open("wb") as f:
+            for t in stats.turns:
+                f.write(msgspec.json.encode(dataclasses.asdict(t)) + b"\n")
         rows = cycle_rows(stats, seen, serving_at, outcomes)
         summary["cycles"] = rows
         summary.update(summarize(rt, stats, rows))
