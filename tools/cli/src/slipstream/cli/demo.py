@@ -369,6 +369,7 @@ def run_realtime(args: argparse.Namespace) -> int:
     """`slipstream demo --realtime`: the loop, its per-cycle table, --json and the acceptance plot."""
     import msgspec
     from rich.console import Console
+    from rich.markup import escape
 
     from slipstream.cli.realtime import plot_acceptance, run_realtime, summary_table
 
@@ -380,7 +381,9 @@ def run_realtime(args: argparse.Namespace) -> int:
         f"{rt.users} simulated users ({rt.concurrency} at once), hidden preference {rt.preference}; run dir {run_dir}"
     )
     t0 = time.monotonic()
-    summary = run_realtime(rt, run_dir, emit=lambda m: console.print(f"[dim]{time.monotonic() - t0:6.1f}s[/dim] {m}"))
+    summary = run_realtime(
+        rt, run_dir, emit=lambda m: console.print(f"[dim]{time.monotonic() - t0:6.1f}s[/dim] {escape(m)}")
+    )
     console.print(summary_table(summary))
     if summary.get("cycles"):
         plot = plot_acceptance([summary], args.plot or Path(summary["run_dir"]) / "acceptance.png")

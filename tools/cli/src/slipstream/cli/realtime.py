@@ -376,11 +376,28 @@ async def drive(
     bus = await connect_bus(stack.admin_bus(), name="realtime-demo")
     probe = ServingProbe(stack.services["rollout-worker"].port)
 
-    async def tap(subject: str, cls: type[Any], into: list[dict[str, Any]], what: Callable[[Any], str]) -> None:
-        async for d in bus.subscribe(subject, cls, deliver="all"):
-            if d.msg.run_id == run_id:
-                into.append(msgspec.to_builtins(d.msg))
-                emit(what(d.msg))
+    async def tap(
+        subject: str,
+        cls: type[Any],
+        into: list[dict[str, Any]],
+        what: Callable[[Any], str],
+        key: Callable[[Any], Any],
+    ) -> None:
+        # A subscription that fails (the server busy, a reconnect) is made again from the start of
+        # the stream; what was already seen is skipped by key, so nothing is counted twice.
+        seen_keys: set[Any] = set()
+        while True:
+            try:
+                async for d in bus.subscribe(subject, cls, deliver="all"):
+                    if d.msg.run_id == run_id and key(d.msg) not in seen_keys:
+                        seen_keys.add(key(d.msg))
+                        into.append(msgspec.to_builtins(d.msg))
+                        emit(what(d.msg))
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                emit(f"bus subscription to {subject} failed ({exc!r}); subscribing again")
+                await asyncio.sleep(1.0)
 
     def step_line(s: LearnerStep) -> str:
         return f"learner step {s.step} -> v{s.policy_version}: reward {s.reward_mean:.3f}, {s.n_trajectories} episodes"
@@ -392,9 +409,17 @@ async def drive(
         return f"promoted v{p.policy_version} (was v{p.previous_version})"
 
     jobs = [
-        asyncio.create_task(tap(LEARNER_STEP, LearnerStep, seen.steps, step_line)),
-        asyncio.create_task(tap(EVAL_RESULT, EvalResult, seen.evals, eval_line)),
-        asyncio.create_task(tap(WEIGHTS_PROMOTED, WeightsPromoted, seen.promotions, promo_line)),
+        asyncio.create_task(tap(LEARNER_STEP, LearnerStep, seen.steps, step_line, lambda s: s.step)),
+        asyncio.create_task(tap(EVAL_RESULT, EvalResult, seen.evals, eval_line, lambda e: e.policy_version)),
+        asyncio.create_task(
+            tap(
+                WEIGHTS_PROMOTED,
+                WeightsPromoted,
+                seen.promotions,
+                promo_line,
+                lambda p: (p.policy_version, p.promoted_at),
+            )
+        ),
         asyncio.create_task(probe.run()),
     ]
     sim = Simulator(rt.sim_config(f"http://127.0.0.1:{endpoint_port}/v1"))
@@ -428,6 +453,10 @@ async def drive(
             current = trained[-1] if trained else 0
             # Done once the last promoted version has served the users for a few seconds.
             if reached and probe.version == current and time.time() - probe.first_seen[current] > SETTLE_S:
+                break
+            if learner_done and time.time() - max(probe.first_seen.values(), default=time.time()) > 60.0:
+                # Nothing new reached serving for a minute after the learner's last step: the gate is done.
+                emit("no new version reached serving within 60 s of the learner's last step")
                 break
             if time.monotonic() - t0 > rt.timeout_s:
                 emit(f"timed out after {rt.timeout_s:.0f} s")
