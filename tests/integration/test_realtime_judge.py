@@ -1,0 +1,83 @@
+"""The realtime demo's side judge against a scripted judge server: per-rubric agreement with the users.
+
+The judge (libs/judge, through the real `openai` client over loopback) scores answers the
+simulated users judged; the scripted server stands in for the judge model: the `word-letters`
+rubric agrees with the users exactly, `reverses` answers malformed once (re-asked) and then a
+score unrelated to the verdicts, and `one-word` never answers in the format (unscorable).
+"""
+
+from __future__ import annotations
+
+import pytest
+from scripted_judge import Call, Reply, ScriptedJudge, score
+
+from slipstream.cli.realtime_judge import judge_cycles
+from slipstream.cli.sim import PREFERENCES, SimStats, Turn
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
+
+ACCEPTS = PREFERENCES["word_letters"][1]
+WORD_LETTERS = "The response uses only letters that appear in the word from the request."
+REVERSES = "The response is the word from the request spelled backwards, exactly."
+
+
+def _turn(i: int, version: int, word: str, answer: str) -> Turn:
+    return Turn(
+        session_id=f"s{i}",
+        user=0,
+        turn=0,
+        word=word,
+        answer=answer,
+        accepted=ACCEPTS(word, answer),
+        version=version,
+        segments=[[version, 4]],
+        call_id=f"call-{i}",
+        sent_at=0.0,
+        answered_at=0.0,
+    )
+
+
+def _script(words: dict[str, str]) -> object:
+    def reply(call: Call) -> Reply:
+        word = words[call.response]
+        if call.rubric == WORD_LETTERS:
+            return score(10 if ACCEPTS(word, call.response) else 0)
+        if call.rubric == REVERSES:
+            if call.attempt == 0:
+                return Reply(text="It looks fine to me.")  # no SCORE line: re-asked
+            return score(7)
+        return Reply(text="one word, I think")  # never in the format: unscorable
+
+    return reply
+
+
+async def test_agreement_per_rubric_and_version() -> None:
+    words = ["abc", "dog", "sun", "map", "kit", "red"]
+    stats = SimStats()
+    for i in range(24):
+        word = words[i % len(words)]
+        # Every third answer the exact reversal (accepted), the rest unique strings the users judge
+        # by their preference (the scripted judge sees only the response: one word per response).
+        answer = word[::-1] if i % 3 == 0 else "zq" + "abcdefghijklmnopqrstuvwx"[i]
+        stats.turns.append(_turn(i, 0 if i < 12 else 3, word, answer))
+    words_of = {t.answer: t.word for t in stats.turns}
+    server = await ScriptedJudge(_script(words_of)).start()  # type: ignore[arg-type]
+    try:
+        per_version, overall = await judge_cycles(stats, [0, 3], server.url, "scripted", per_cycle=12, seed=0)
+    finally:
+        await server.close()
+    assert set(per_version) == {0, 3}
+    rubrics = overall["rubrics"]
+    # The rubric the users' preference matches agrees with every verdict.
+    assert rubrics["word-letters"]["accuracy"] == 1.0 and rubrics["word-letters"]["correlation"] == 1.0
+    # A constant score says nothing about the users: no correlation (NaN, or ~0 after rounding).
+    if "reverses" in rubrics:
+        assert abs(rubrics["reverses"]["correlation"] or 0.0) < 0.01
+    # `one-word` never answered in the format: no scores at all, so no row.
+    assert "one-word" not in rubrics
+    assert overall["judge"]["rubric_set"] == "realtime-sim@v1" and overall["answers_judged"] == 24
+    for v in (0, 3):
+        assert per_version[v]["answers_judged"] == 12
+        assert per_version[v]["agreement"] is not None
+    # Malformed verdicts were re-asked (attempt 1 exists for `reverses`).
+    assert any(c.attempt == 1 for c in server.calls if c.rubric == REVERSES)
