@@ -446,4 +446,5 @@ def test_up_with_all_services(tmp_path: Path) -> None:
     assert "reward-model crashed (killed by SIGKILL); restarting in 1.0 s" in out
     assert "restarts: reward-model 1" in out
     assert not any(pid_alive(p) for p in pids), out
-    assert all(code == 0 for code in json.loads((tmp_path / "run" / "stack.json").read_text())["exit_codes"].values())
+    exit_codes = json.loads((tmp_path / "run" / "stack.json").read_text())["exit_codes"]
+    assert all(code == 0 for code in exit_codes.values()), (exit_codes, out[-4000:])

@@ -34,7 +34,6 @@ import msgspec
 from slipstream.bus import PayloadTooLarge, connect_bus, consume
 from slipstream.bus.tracing import annotate
 from slipstream.reward_model.config import RewardModelConfig
-from slipstream.reward_model.judging import Judges
 from slipstream.reward_model.rejection import reject
 from slipstream.reward_model.scorer import Scorer, Unscorable
 from slipstream.runtime.service import BaseService
@@ -47,6 +46,7 @@ from slipstream.telemetry.metrics import counter, histogram
 
 if TYPE_CHECKING:
     from slipstream.bus import Bus, Consumer, Delivery
+    from slipstream.reward_model.judging import Judges
 
 DURABLE = "reward-model"
 log = get_logger(__name__)
@@ -88,7 +88,12 @@ class RewardModelService(BaseService):
         # Judges next: a missing rubric file, an unset API key variable or two judges for one env
         # fail setup (exit 1) naming the judge, before anything is consumed.
         self.cfg.reward.check_judges()
-        self.judges = Judges.from_config(self.cfg.reward.judges, redis_url=self.cfg.service.redis_url)
+        if self.cfg.reward.judges:
+            # Imported only when configured: the judge client (openai) doubles this service's start
+            # time, and a service still importing when SIGTERM comes dies by the signal (exit -15).
+            from slipstream.reward_model.judging import Judges
+
+            self.judges = Judges.from_config(self.cfg.reward.judges, redis_url=self.cfg.service.redis_url)
         self.bus = await connect_bus(self.cfg.bus, name=f"{self.name}/{self.cfg.service.replica}")
         await self.bus.ensure_streams()
         self.store = await asyncio.to_thread(setup_store, self.cfg.store)
