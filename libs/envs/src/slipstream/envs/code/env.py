@@ -207,7 +207,10 @@ class Code(Environment[CodeOptions]):
                     ToolEvent(sample_id=thread.sample_id, name=service.CREATE, status="infra_error", error=str(exc))
                 )
                 return Outcome(final_text="{}", finish_reason="infra_error")
-            registry = ToolRegistry(sandbox_tools(sandbox, code, self.options.limits))
+            # A remote sandbox's call may wait out a dead replica and retry: the transport's budget
+            # (attempts of the call's timeout plus a margin) must end before the tool's own.
+            budget = 4 * (self.options.wall_s + 20.0) if isinstance(sandbox, RemoteSandbox) else 0.0
+            registry = ToolRegistry(sandbox_tools(sandbox, code, self.options.limits, timeout_s=budget))
             transport = LocalTransport(registry)
             stops = [*self.renderer.stop_strings, self.terminator]
             for _ in range(self.options.max_turns):

@@ -27,8 +27,9 @@ def _path_arg(description: str) -> dict[str, Any]:
     return {"type": "string", "minLength": 1, "maxLength": 200, "description": description}
 
 
-def sandbox_tools(sandbox: Sandbox, task: CodeTask, limits: Limits) -> list[Tool]:
-    """The six tools for one episode in `sandbox`."""
+def sandbox_tools(sandbox: Sandbox, task: CodeTask, limits: Limits, *, timeout_s: float = 0.0) -> list[Tool]:
+    """The six tools for one episode in `sandbox`; each times out after `timeout_s` (0: the command's
+    wall-clock limit plus 5 s; a remote sandbox needs room for its transport's retries)."""
 
     async def read_file(path: str) -> str:
         try:
@@ -73,7 +74,7 @@ def sandbox_tools(sandbox: Sandbox, task: CodeTask, limits: Limits) -> list[Tool
         lines = result.stdout.strip().splitlines()
         return lines[-1] if result.reason in ("ok", "exit") and lines else f"tests did not finish: {result.detail}"
 
-    timeout = limits.wall_s + 5
+    timeout = timeout_s or limits.wall_s + 5
     no_args: dict[str, Any] = {"type": "object", "properties": {}, "additionalProperties": False}
 
     def schema(**props: dict[str, Any]) -> dict[str, Any]:
