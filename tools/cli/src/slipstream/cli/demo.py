@@ -192,9 +192,9 @@ ENV_PLANS: dict[str, dict[str, Any]] = {
         "env_options": SEARCH_OPTIONS,
         "preset": "micro",
         "loss": "cispo",
-        # The document-id copy forms at ~450-550 steps, the decade's digits from ~800 (seed 0,
-        # README): a cosine over 800 steps, then settle steps at its final lr until greedy
-        # replays half the expert's episodes and sampling at T=1 15% of them.
+        # The copies form on a cliff whose onset varies by seed (325-375 steps for seed 0, from
+        # ~700 for seed 1; README): a cosine over 800 steps, then settle steps at its final lr,
+        # until greedy replays half the expert's episodes and sampling at T=1 15% of them.
         "sft_steps": 800,
         "sft_batch": 8,
         "sft_lr": 3e-3,
