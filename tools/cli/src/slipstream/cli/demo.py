@@ -192,8 +192,8 @@ ENV_PLANS: dict[str, dict[str, Any]] = {
         "env_options": SEARCH_OPTIONS,
         "preset": "micro",
         "loss": "cispo",
-        # The copies form on a cliff whose onset varies by seed (325-375 steps for seed 0, from
-        # ~700 for seed 1; README): a cosine over 800 steps, then settle steps at its final lr,
+        # The copies form on a cliff whose onset varies by seed (325-375 steps for seed 0, 700-825
+        # for seed 1, ~1300 for seed 2; README): a cosine over 800 steps, then settle steps at its final lr,
         # until greedy replays half the expert's episodes and sampling at T=1 15% of them.
         "sft_steps": 800,
         "sft_batch": 8,
