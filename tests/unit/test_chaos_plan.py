@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from slipstream.cli.chaos import CHAOS_PLANS, SCHEDULES, chaos_plan, env_tools
-from slipstream.cli.demo import demo_plan
+from slipstream.cli.demo import SEARCH_GREP_OPTIONS, demo_plan
 from slipstream.envs import get_env
 from slipstream.rollout_worker.config import RolloutWorkerConfig
 from slipstream.run import service_env
@@ -51,8 +51,12 @@ def test_the_search_chaos_plan_is_sized_for_two_loaded_cores() -> None:
     plan, demo = chaos_plan("search", 30, None, None), demo_plan("search")
     for name, value in CHAOS_PLANS["search"].items():
         assert getattr(plan, name) == value, name
-    # The same env (corpus, tools, expert) as the demo: only the run around it is smaller.
-    assert plan.env_options == demo.env_options and plan.loss == demo.loss == "cispo"
+    # The demo's env, tools and expert on the first plan's corpus (whose 500-step warm-start gives
+    # varied groups; the demo's fixed_offsets corpus needs more): only the run around it is smaller.
+    assert plan.env_options == SEARCH_GREP_OPTIONS and plan.loss == demo.loss == "cispo"
+    same = {k for k, v in demo.env_options.items() if SEARCH_GREP_OPTIONS.get(k) == v}
+    assert {"backend", "expert_grep", "budget_tokens", "reserve_tokens", "max_turns"} <= same
+    assert plan.sft_settle_steps == 0 and plan.sft_target_sampled == 0
     # The warm-start runs its fixed length (no probe: the demo's greedy probe never reaches its target).
     assert plan.sft_target_accuracy == 0 and plan.sft_steps >= 400
     # A step's rollouts are a fraction of the demo's, and the learner moves the policy less.

@@ -7,6 +7,7 @@ corpus, an expert that finds the hop with grep_corpus on the clues, and the held
 from __future__ import annotations
 
 import asyncio
+import re
 
 import pytest
 
@@ -66,6 +67,48 @@ def test_grep_pattern_from_the_planned_query_and_its_slip() -> None:
     assert grep_pattern("town north 1870s") == "north. It dates from 187"
     assert grep_pattern("town north 1870s", slip=True) == "north. It dates from 188"
     assert grep_pattern("thread valley 1990s", slip=True) == "valley. It dates from 198"
+    # The fixed_offsets corpus opens documents with the year: the decade's digits come first.
+    assert grep_pattern("town north 1870s", fixed=True) == "from 187.*north"
+    assert grep_pattern("town north 1870s", slip=True, fixed=True) == "from 188.*north"
+
+
+def test_fixed_offsets_put_each_copy_a_fixed_distance_before_it_is_made() -> None:
+    options = {**SMALL, "tasks_per_domain": 40, "distractors": 0, "min_year": 1000, "regions": 12}
+    env = get_env(
+        "search",
+        backend="bm25",
+        expert_grep=True,
+        expert_slip_rate=0.3,
+        unique_clues=True,
+        short_ids=True,
+        fixed_offsets=True,
+        **options,
+    )
+    tasks = env.generate("train", 24, 3) + env.generate("heldout", 8, 3)
+    eps = asyncio.run(expert_episodes(env, ByteTokenizer(), tasks))
+    metrics = env.eval_metrics(tasks, eps)
+    assert metrics["final_answer_found"] == 1.0 and metrics["precision"] == 1.0
+    # The decade ends the question and opens the grep: "...dates from the 1870s?\n<tool>...from 187".
+    call_gap = '0s?\n<tool>{"name": "grep_corpus", "args": {"pattern": "from '
+    # The id ends the document and so the result, right before the usage line and the output.
+    out_gap = re.compile(r"Id (\d{3})\.</chunk></result>\n\[Token usage: \d{3}/2,048\]\n<docs>(\d{3})</docs>")
+    slipped = 0
+    for t, e in zip(tasks, eps, strict=True):
+        text = ByteTokenizer().decode(e.samples[-1].ids())
+        decade = re.search(r"dates from the (\d{3})0s\?\n$", t.prompt)
+        assert decade is not None and t.prompt.index("lies in") < decade.start()
+        assert text.startswith(t.prompt + '<tool>{"name": "grep_corpus", "args": {"pattern": "from ')
+        assert call_gap in text
+        first = text[len(t.prompt) :].split('"pattern": "from ')[1][:3]
+        slipped += first != decade.group(1)
+        m = out_gap.search(text)
+        assert m is not None and m.group(1) == m.group(2) == t.metadata["targets"]
+    assert 0 < slipped < len(tasks)
+    # Same seed, same corpus; every document opens with its year and ends with its id.
+    again = get_env("search", backend="bm25", unique_clues=True, short_ids=True, fixed_offsets=True, **options)
+    assert again.corpus == env.corpus
+    for d in env.corpus.documents:
+        assert re.fullmatch(r"[A-Z][a-z]+ dates from \d{4}\. It is an? .*\. Id " + d.doc_id + r"\.", d.text), d.text
 
 
 def test_the_grep_expert_finds_every_train_target_through_bm25_and_slips_as_asked() -> None:

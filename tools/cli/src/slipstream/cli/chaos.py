@@ -47,6 +47,7 @@ from typing import Any
 
 from slipstream.cli.chaos_audit import audit
 from slipstream.cli.chaos_faults import FAULTS, Chaos, env_tools
+from slipstream.cli.demo import SEARCH_GREP_OPTIONS
 from slipstream.cli.spec import default_run_dir
 
 NOT_COVERED = (
@@ -65,11 +66,16 @@ NOT_COVERED = (
 # 0.30, malformed 0.06). So 500 steps, and T 0.7 rather than the demo's 1.0 (fewer malformed).
 # Two groups of 8 per step, and lr 3e-5 so the policy stays where its groups vary for the whole
 # run (at the demo's 3e-4 from a 200-step warm-start the batch reward fell 0.14 -> 0.05 in five
-# steps); the suite checks the plumbing, not learning.
+# steps); the suite checks the plumbing, not learning. Those figures are the first demo plan's
+# corpus (SEARCH_GREP_OPTIONS), which the suite keeps; the demo's fixed_offsets corpus has no
+# varied groups after 500 steps (its decade copy forms from ~800).
 CHAOS_PLANS: dict[str, dict[str, Any]] = {
     "search": {
+        "env_options": SEARCH_GREP_OPTIONS,
         "sft_steps": 500,
         "sft_target_accuracy": 0.0,
+        "sft_settle_steps": 0,
+        "sft_target_sampled": 0.0,
         "temperature": 0.7,
         "group_size": 8,
         "groups_per_step": 2,

@@ -82,6 +82,13 @@ class SearchOptions(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fi
     ] = False
     short_ids: Annotated[bool, Doc(description="Three-digit document ids drawn at random (417), not w0007.")] = False
     regions: Annotated[int, Doc(description="How many regions entities lie in (6..12).")] = 6
+    fixed_offsets: Annotated[
+        bool,
+        Doc(
+            description="Copies at fixed distances: the decade last in the question, a document's year first "
+            "and its id last (`Id 417.`); with expert_grep the expert greps `from 187.*north`."
+        ),
+    ] = False
     backend: Annotated[str, Doc(description="Search backend name (tools.register_backend).")] = "hybrid"
     budget_tokens: Annotated[int, Doc(description="Token budget of the model's context.")] = 2048
     search_tokens: Annotated[int, Doc(description="Most tokens one search/grep/read result may cost.")] = 512
@@ -154,6 +161,7 @@ class SearchOptions(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fi
             unique_clues=self.unique_clues,
             short_ids=self.short_ids,
             regions=self.regions,
+            fixed_offsets=self.fixed_offsets,
         )
 
     def reward_config(self) -> rw.RewardConfig:

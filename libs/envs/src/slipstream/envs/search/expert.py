@@ -81,9 +81,10 @@ def next_turn(task: TaskSpec, context: str, options: SearchOptions) -> str:
         searched = {str(a.get("query")) for n, a in calls if n == SEARCH}
         grepped = [str(a.get("pattern")) for n, a in calls if n == GREP]
         read = {str(a.get("doc_id")) for n, a in calls if n == READ}
-        pattern = grep_pattern(queries[0]) if hop == 0 and options.expert_grep else ""
+        fixed = options.fixed_offsets
+        pattern = grep_pattern(queries[0], fixed=fixed) if hop == 0 and options.expert_grep else ""
         if pattern and not grepped and _draw(key, "slip") < options.expert_slip_rate:
-            action = call(GREP, pattern=grep_pattern(queries[0], slip=True))
+            action = call(GREP, pattern=grep_pattern(queries[0], slip=True, fixed=fixed))
         elif pattern and pattern not in grepped:
             action = call(GREP, pattern=pattern)
         elif not pattern and queries[hop] not in searched:
@@ -108,8 +109,10 @@ def next_turn(task: TaskSpec, context: str, options: SearchOptions) -> str:
     return answer(output)
 
 
-def grep_pattern(query: str, *, slip: bool = False) -> str:
-    """The first hop's grep from its planned query (`town north 1870s`): `north. It dates from 187`.
+def grep_pattern(query: str, *, slip: bool = False, fixed: bool = False) -> str:
+    """The first hop's grep from its planned query (`town north 1870s`): `north. It dates from 187`,
+    or with `fixed` (the `fixed_offsets` corpus, whose documents open with their year) `from 187.*north`:
+    the decade's digits first, so they sit a fixed distance after the question's last words.
 
     `slip`: the neighbouring decade instead (the imperfect teacher's wrong first try)."""
     words = query.split()
@@ -117,7 +120,7 @@ def grep_pattern(query: str, *, slip: bool = False) -> str:
     prefix = int(decade[:3])
     if slip:
         prefix = prefix + 1 if prefix < 199 else prefix - 1
-    return f"{region}. It dates from {prefix}"
+    return f"from {prefix}.*{region}" if fixed else f"{region}. It dates from {prefix}"
 
 
 def _draw(key: str, what: str) -> float:

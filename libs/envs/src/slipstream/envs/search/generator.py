@@ -106,6 +106,13 @@ class GeneratorOptions(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown
         bool, Doc(description="Three-digit document ids drawn at random (417), not per-domain ones (w0007).")
     ] = False
     regions: Annotated[int, Doc(description="How many regions entities lie in (6..12).")] = 6
+    fixed_offsets: Annotated[
+        bool,
+        Doc(
+            description="Copies at fixed distances: the question names the decade last, a document opens with "
+            "its year and ends with its id (`Id 417.`)."
+        ),
+    ] = False
 
     def region_map(self) -> dict[str, str]:
         """The regions in use (name -> the clue's description): the first `regions` of the list."""
@@ -218,10 +225,11 @@ def _a(word: str) -> str:
     return ("an " if word[0] in "aeiou" else "a ") + word
 
 
-def _sentences(domain: Domain, e: _Entity) -> list[str]:
+def _sentences(domain: Domain, e: _Entity, *, year_first: bool = False) -> list[str]:
+    place = f"{domain.kind} {domain.place} {e.region}."
+    head = [f"{e.name} dates from {e.year}.", f"It is a {place}"]
     s = [
-        f"{e.name} is a {domain.kind} {domain.place} {e.region}.",
-        f"It dates from {e.year}.",
+        *(head if year_first else [f"{e.name} is a {place}", f"It dates from {e.year}."]),
         f"Its {domain.mark} is {_a(e.color)} {e.animal}.",
     ]
     if e.link:
@@ -249,9 +257,10 @@ def _new_entity(
     return _Entity(**values)  # type: ignore[arg-type]
 
 
-def _question(domain: Domain, hops: int, clues: list[str]) -> str:
+def _question(domain: Domain, hops: int, clues: list[str], *, decade_last: bool = False) -> str:
     chain = "".join(f"the {domain.link} of " for _ in range(hops - 1))
-    return f"What is the {domain.answer_attr} of {chain}the {domain.kind} that {clues[0]} and {clues[1]}?"
+    first, second = (clues[1], clues[0]) if decade_last else (clues[0], clues[1])
+    return f"What is the {domain.answer_attr} of {chain}the {domain.kind} that {first} and {second}?"
 
 
 class _Builder:
@@ -290,7 +299,15 @@ class _Builder:
             doc_id = f"{self.rng.randrange(1000):03d}"
         self.ids.add(doc_id)
         self.counts[domain.name] += 1
-        facts = _sentences(domain, entity) + _filler_facts(self.rng, self.names, self.o.doc_facts) + (extra or [])
+        facts = (
+            _sentences(domain, entity, year_first=self.o.fixed_offsets)
+            + _filler_facts(self.rng, self.names, self.o.doc_facts)
+            + (extra or [])
+        )
+        if self.o.fixed_offsets:
+            # The last words of every result block: the id a final output copies, at a fixed
+            # distance before the model's next turn whatever the document says.
+            facts.append(f"Id {doc_id}.")
         self.docs.append(Document(doc_id=doc_id, title=entity.name, text=" ".join(facts)))
         return doc_id
 
@@ -315,7 +332,9 @@ class _Builder:
                 else [f"Its {domain.answer_attr} is {entity.answer}"]
             )
             doc_quotes = [
-                f"{entity.name} is a {domain.kind}",
+                f"{entity.name} dates from {entity.year}"
+                if self.o.fixed_offsets
+                else f"{entity.name} is a {domain.kind}",
                 f"Its {domain.mark} is {_a(entity.color)} {entity.animal}",
             ]
             if slip_kind == "paraphrase" and i == hops - 1:
@@ -352,7 +371,7 @@ class _Builder:
             key=f"{domain.name}/{index}",
             domain=domain.name,
             hops=hops,
-            question=_question(domain, hops, clues),
+            question=_question(domain, hops, clues, decade_last=self.o.fixed_offsets),
             answer=answer,
             clues=clues,
             supporting=supporting,
