@@ -56,6 +56,8 @@ class Call:
     arrived: float
     in_flight: int
     """Calls being handled when this one arrived, itself included."""
+    body: dict[str, Any] = field(default_factory=dict)
+    """The whole request body (sampling settings, extras such as `continue_final_message`)."""
 
 
 Script = Callable[[Call], Reply]
@@ -110,6 +112,7 @@ class ScriptedJudge:
             model=body.get("model", ""),
             arrived=time.monotonic(),
             in_flight=self._in_flight,
+            body=body,
         )
         self.calls.append(call)
         try:

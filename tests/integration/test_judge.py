@@ -173,6 +173,52 @@ async def test_malformed_forever_is_unscorable_after_the_retry_budget_never_a_ze
     assert judge.stats.rubric_failures == {"malformed": 1} and judge.stats.unscorable == 1
 
 
+# -- prefilled verdicts -----------------------------------------------------------------------------
+
+PREFILLED = {"role": "assistant", "content": "SCORE:"}
+
+
+async def test_a_prefilled_verdict_continues_the_open_assistant_message(server: ScriptedJudge, tmp_path: Path) -> None:
+    """With `prefill` the request ends with the open assistant message and vLLM's continuation
+    extras; the judge writes only the number, and prefill + number is parsed (strictly: a first
+    answer that is not a number is re-asked, the prefill opened again)."""
+
+    def number(call: Call) -> Reply:
+        if call.messages[-1] != PREFILLED:
+            return Reply(text="prose, no verdict")  # the prefill is missing: never parses
+        if BY_TEXT[call.rubric] == "polite" and call.attempt == 0:
+            return Reply(text=" seven")
+        return Reply(text=f" {SCORES[BY_TEXT[call.rubric]]}")
+
+    server.script = number
+    judge = make_judge(server, tmp_path, prefill="SCORE:", max_tokens=4, parse_retries=1)
+    try:
+        j = await judge.judge(item())
+    finally:
+        await judge.close()
+    assert j.unscorable == "" and j.scores == pytest.approx({rid: s / 10 for rid, s in SCORES.items()})
+    assert len(server.calls) == 6 and judge.stats.malformed == 1
+    for call in server.calls:
+        assert call.body["continue_final_message"] is True and call.body["add_generation_prompt"] is False
+        assert call.body["max_tokens"] == 4 and call.body["stop"] == ["\n"]
+    first, reask = server.calls_about(TEXT["polite"])
+    assert [m["role"] for m in first.messages] == ["system", "user", "assistant"]
+    # The re-ask shows the whole malformed verdict (prefill included), then opens the prefill again.
+    assert [m["role"] for m in reask.messages] == ["system", "user", "assistant", "user", "assistant"]
+    assert reask.messages[2]["content"] == "SCORE: seven" and reask.messages[-1] == PREFILLED
+
+
+async def test_without_prefill_no_continuation_extras_are_sent(server: ScriptedJudge, tmp_path: Path) -> None:
+    judge = make_judge(server, tmp_path, k=1)
+    try:
+        await judge.judge(item())
+    finally:
+        await judge.close()
+    (call,) = server.calls
+    assert call.messages[-1]["role"] == "user"
+    assert not {"continue_final_message", "add_generation_prompt", "stop"} & set(call.body)
+
+
 async def test_min_scored_lets_the_other_rubrics_carry_the_verdict(server: ScriptedJudge, tmp_path: Path) -> None:
     server.script = scripted({"cites": lambda c: Reply(text="no idea")})
     judge = make_judge(server, tmp_path, parse_retries=0, min_scored=4)
@@ -355,3 +401,36 @@ async def test_slipstreams_own_endpoint_can_be_the_judge(tmp_path: Path) -> None
     assert j.unscorable == ""
     assert j.scores == pytest.approx({"direct": 0.4, "correct": 0.4, "polite": 0.4, "brief": 0.9, "cites": 0.4})
     assert engine.requests == 5 and len(ep.recorder.calls) == 5
+
+
+async def test_slipstreams_own_endpoint_continues_a_prefilled_verdict(tmp_path: Path) -> None:
+    """A ChatML-rendered endpoint: the model is shown the assistant turn opened with the prefill
+    (no end of turn after it) and writes only the number."""
+    tok = ByteTokenizer()
+    prompts: list[str] = []
+
+    def reply(request: object, prompt: str) -> str:
+        prompts.append(prompt)
+        return " 8" if prompt.endswith("<|im_start|>assistant\nSCORE:") else "no verdict"
+
+    engine = ScriptedEngine(tok, reply)
+    ep = ServeEndpoint(engine, tok, ServeConfig(enabled=True, port=0, renderer="smollm2"), MemorySink(), model_name="m")
+    await ep.start()
+    config = JudgeConfig(
+        url=ep.base_url,
+        model="m",
+        envs=["serve"],
+        rubric_file=str(rubric_file(tmp_path)),
+        context="serve",
+        k=2,
+        prefill="SCORE:",
+        max_tokens=4,
+    )
+    judge = Judge.from_config("own", config, api_key="sk-judge")
+    try:
+        j = await judge.judge(item())
+    finally:
+        await judge.close()
+        await ep.close()
+    assert j.unscorable == "" and list(j.scores.values()) == pytest.approx([0.8, 0.8])
+    assert len(prompts) == 2 and all(p.count("<|im_end|>") == 2 for p in prompts)  # system and user turns closed

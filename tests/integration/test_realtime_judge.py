@@ -1,15 +1,16 @@
 """The realtime demo's side judge against a scripted judge server: per-rubric agreement with the users.
 
 The judge (libs/judge, through the real `openai` client over loopback) scores answers the
-simulated users judged; the scripted server stands in for the judge model: the `word-letters`
-rubric agrees with the users exactly, `reverses` answers malformed once (re-asked) and then a
-score unrelated to the verdicts, and `one-word` never answers in the format (unscorable).
+simulated users judged; the scripted server stands in for the judge model, continuing the
+prefilled `SCORE:` verdict: the `word-letters` rubric agrees with the users exactly, `reverses`
+answers malformed once (re-asked) and then a score unrelated to the verdicts, and `one-word`
+never answers in the format (unscorable).
 """
 
 from __future__ import annotations
 
 import pytest
-from scripted_judge import Call, Reply, ScriptedJudge, score
+from scripted_judge import Call, Reply, ScriptedJudge
 
 from slipstream.cli.realtime_judge import judge_cycles
 from slipstream.cli.sim import PREFERENCES, SimStats, Turn
@@ -39,14 +40,17 @@ def _turn(i: int, version: int, word: str, answer: str) -> Turn:
 
 def _script(words: dict[str, str]) -> object:
     def reply(call: Call) -> Reply:
+        # The judge prefills its verdicts: the scripted model only continues "SCORE:".
+        if call.messages[-1] != {"role": "assistant", "content": "SCORE:"} or not call.body["continue_final_message"]:
+            return Reply(text="no prefill, no verdict")
         word = words[call.response]
         if call.rubric == WORD_LETTERS:
-            return score(10 if ACCEPTS(word, call.response) else 0)
+            return Reply(text=" 10" if ACCEPTS(word, call.response) else " 0")
         if call.rubric == REVERSES:
             if call.attempt == 0:
-                return Reply(text="It looks fine to me.")  # no SCORE line: re-asked
-            return score(7)
-        return Reply(text="one word, I think")  # never in the format: unscorable
+                return Reply(text=" fine")  # "SCORE: fine": re-asked
+            return Reply(text=" 7")
+        return Reply(text=" one word, I think")  # never a number: unscorable
 
     return reply
 
@@ -81,3 +85,25 @@ async def test_agreement_per_rubric_and_version() -> None:
         assert per_version[v]["agreement"] is not None
     # Malformed verdicts were re-asked (attempt 1 exists for `reverses`).
     assert any(c.attempt == 1 for c in server.calls if c.rubric == REVERSES)
+    # Every rubric verdict is counted: scored, or unscorable with its reason (not logged line by line).
+    verdicts = overall["verdicts"]
+    assert verdicts["scored"] + verdicts["unscorable"] == 24 * 2
+    assert verdicts["unscorable"] > 0 and set(verdicts["unscorable_by_reason"]) == {"malformed"}
+    assert overall["judge"]["prefill"] == "SCORE:"
+
+
+@pytest.mark.timeout(240)
+async def test_smollm2_judge_verdicts_parse_with_the_prefill() -> None:
+    """`--judge smollm2`: SmolLM2-135M-Instruct served in-process (its ChatML renderer) continues the
+    prefilled `SCORE:` with a number; without the prefill its prose never parsed (README)."""
+    from slipstream.cli.realtime_judge import local_judge
+
+    stats = SimStats()
+    for i, (word, answer) in enumerate([("abc", "cba"), ("dog", "ggg"), ("sun", "nus"), ("map", "xyz")]):
+        stats.turns.append(_turn(i, 0, word, answer))
+    async with local_judge("smollm2") as (url, model):
+        _, overall = await judge_cycles(stats, [0], url, model, per_cycle=4, seed=0)
+    verdicts = overall["verdicts"]
+    assert overall["judge"]["model"] == "smollm2-135m" and verdicts["calls"] >= 8
+    # Greedy (temperature 0): every verdict parsed on this machine; a few numeric flips elsewhere are tolerated.
+    assert verdicts["scored"] >= 6, verdicts

@@ -308,6 +308,49 @@ async def test_bad_requests_get_openai_errors_naming_the_field(
     assert served["ep"].recorder.recorded == 0
 
 
+async def test_continue_final_message_leaves_the_assistant_prefix_open() -> None:
+    """vLLM's `continue_final_message`: the ChatML prompt ends with the assistant turn opened and
+    its text (a verdict prefill), no end of turn; the completion continues it."""
+    engine = RecordingEngine(ScriptedEngine(TOK, lambda req, prompt: " 7"))
+    await engine.start()
+    cfg = ServeConfig(enabled=True, port=0, renderer="smollm2", default_max_tokens=4)
+    ep = ServeEndpoint(engine, TOK, cfg, MemorySink(), model_name=MODEL)
+    await ep.start()
+    client = openai.AsyncOpenAI(base_url=ep.base_url, api_key="sk-judge", max_retries=0)
+    convo = [{"role": "user", "content": "Score it."}, {"role": "assistant", "content": "SCORE:"}]
+    try:
+        resp = await client.chat.completions.create(
+            model=MODEL, messages=convo, extra_body={"continue_final_message": True, "return_token_ids": True}
+        )
+        ids = (resp.model_extra or {})["prompt_token_ids"]
+        opened = TOK.encode("<|im_start|>user\nScore it.<|im_end|>\n<|im_start|>assistant\nSCORE:")
+        assert ids[-len(opened) :] == opened  # the prompt ends with the prefix: no end of turn after it
+        assert TOK.decode(ids).count("<|im_end|>") == 2  # the system and user turns only
+        assert resp.choices[0].message.content == " 7" and ep.recorder.calls[-1].prompt_ids == ids
+        # Without the extra the assistant message is a closed turn and a new one is opened.
+        plain = await client.chat.completions.create(model=MODEL, messages=convo, extra_body={"return_token_ids": True})
+        assert TOK.decode((plain.model_extra or {})["prompt_token_ids"]).endswith(
+            "SCORE:<|im_end|>\n<|im_start|>assistant\n"
+        )
+        # vLLM's explicit form (what libs/judge sends) renders the same prompt.
+        both = {"continue_final_message": True, "add_generation_prompt": False, "return_token_ids": True}
+        again = await client.chat.completions.create(model=MODEL, messages=convo, extra_body=both)
+        assert (again.model_extra or {})["prompt_token_ids"] == ids
+        # Refused, naming the field: nothing to continue, or a generation prompt asked for too.
+        for messages, extra, why in (
+            (convo[:1], {"continue_final_message": True}, "messages[0] has role 'user'"),
+            (convo, {"continue_final_message": True, "add_generation_prompt": True}, "cannot both be true"),
+        ):
+            with pytest.raises(openai.BadRequestError) as info:
+                await client.chat.completions.create(model=MODEL, messages=messages, extra_body=extra)
+            assert info.value.param == "continue_final_message" and why in str(info.value)  # type: ignore[attr-defined]
+        assert ep.recorder.recorded == 3
+    finally:
+        await client.close()
+        await ep.close()
+        await engine.stop()
+
+
 async def test_concurrent_sessions_share_the_engine(served: dict[str, Any]) -> None:
     client, ep = served["client"], served["ep"]
     results = await asyncio.gather(

@@ -56,6 +56,14 @@ class JudgeConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     weight: Annotated[float, Doc(description="The `judge` reward component is weight x aggregate.")] = 1.0
     temperature: Annotated[float, Doc(description="Sampling temperature of the judge's calls.", ge=0)] = 0.0
     max_tokens: Annotated[int, Doc(description="Longest verdict the judge may write.", ge=1)] = 512
+    prefill: Annotated[
+        str,
+        Doc(
+            description="Start of the judge's answer, written for it (e.g. 'SCORE:'): the request ends with an "
+            "assistant message holding it, sent with continue_final_message (vLLM's extra, Slipstream's "
+            "endpoint's too) and stop at a newline, and the verdict parsed is prefill + completion. Empty = none."
+        ),
+    ] = ""
     concurrency: Annotated[int, Doc(description="Calls in flight to this judge at once.", ge=1, le=4096)] = 8
     rate_per_s: Annotated[
         float, Doc(description="Calls per second to this judge (token bucket); 0 = no rate limit.", ge=0)

@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 import openai
 
@@ -64,6 +65,9 @@ RUBRIC_SCORE = histogram(
 )
 RUBRIC_FAILED = counter("judge/rubric/unscorable", "Rubrics that could not be scored (labels judge, reason).")
 EPISODES = counter("judge/episode/judged", "Episodes judged (labels judge, outcome: scored | unscorable).")
+
+PREFILL_EXTRAS = {"continue_final_message": True, "add_generation_prompt": False}
+"""With a prefill: continue the last (assistant) message instead of opening a new turn (vLLM's extras)."""
 
 RETRYABLE = ("timeout", "connection", "rate_limited", "server_error")
 
@@ -114,6 +118,7 @@ class Judge:
         api_key: str,
         cache: VerdictCache | None = None,
         client: openai.AsyncOpenAI | None = None,
+        quiet: bool = False,
     ) -> None:
         if not cfg.url or not cfg.model:
             raise ValueError(f"judge {name!r}: url and model must be set")
@@ -128,6 +133,9 @@ class Judge:
         self._sem = asyncio.Semaphore(cfg.concurrency)
         self._bucket = TokenBucket(cfg.rate_per_s, cfg.burst)
         self.stats = JudgeStats()
+        # Quiet: a rubric given up on is only counted (`stats.rubric_failures`, the Judgement's
+        # `failures`), not logged: for a caller that reports the counts itself (the realtime demo's console).
+        self.quiet = quiet
 
     @classmethod
     def from_config(
@@ -189,7 +197,10 @@ class Judge:
     # -- a rubric ---------------------------------------------------------------------------------
     async def score_rubric(self, rubric: Rubric, item: JudgeInput) -> RubricResult:
         """One rubric's verdict: from the cache, or asked (re-asked while malformed, within the budget)."""
-        messages = judge_messages(rubric.text, item)
+        base = judge_messages(rubric.text, item)
+        # A prefill is the start of the judge's own answer, left open for it to continue.
+        opened = [{"role": "assistant", "content": self.cfg.prefill}] if self.cfg.prefill else []
+        messages = [*base, *opened]
         digest = prompt_digest(
             messages, model=self.cfg.model, temperature=self.cfg.temperature, max_tokens=self.cfg.max_tokens
         )
@@ -206,7 +217,7 @@ class Judge:
         problem = ""
         for _ in range(self.cfg.parse_retries + 1):
             try:
-                text = await self.ask(convo)
+                text = self.cfg.prefill + await self.ask(convo)
             except CallFailed as exc:
                 return self._failed(rubric.id, exc.kind, exc.detail)
             try:
@@ -216,7 +227,7 @@ class Judge:
                 self.stats.malformed += 1
                 MALFORMED.add(1, judge=self.name)
                 # The re-ask shows the judge its own answer and what was wrong with it.
-                convo = [*messages, {"role": "assistant", "content": text}, reask_message(problem)]
+                convo = [*base, {"role": "assistant", "content": text}, reask_message(problem), *opened]
                 continue
             RUBRIC_SCORE.observe(score, judge=self.name, rubric=rubric.id)
             if self.cache is not None:
@@ -227,7 +238,8 @@ class Judge:
     def _failed(self, rubric_id: str, reason: str, detail: str) -> RubricResult:
         self.stats.rubric_failures[reason] = self.stats.rubric_failures.get(reason, 0) + 1
         RUBRIC_FAILED.add(1, judge=self.name, reason=reason)
-        log.warning("rubric unscorable", judge=self.name, rubric=rubric_id, reason=reason, detail=detail[:300])
+        if not self.quiet:
+            log.warning("rubric unscorable", judge=self.name, rubric=rubric_id, reason=reason, detail=detail[:300])
         return RubricResult(rubric_id, None, failure=reason, detail=detail[:300])
 
     # -- a call -----------------------------------------------------------------------------------
@@ -249,6 +261,8 @@ class Judge:
     async def _attempt(self, messages: list[dict[str, str]]) -> tuple[str, str, float | None]:
         """One call under the limits: ('ok', text, None) or (failure kind, detail, Retry-After or None)."""
         cfg = self.cfg
+        # A prefilled verdict is its one line: the completion continues it and ends at the newline.
+        prefill_args: dict[str, Any] = {"stop": ["\n"], "extra_body": PREFILL_EXTRAS} if cfg.prefill else {}
         async with self._sem:
             await self._bucket.acquire()
             self.stats.calls += 1
@@ -260,6 +274,7 @@ class Judge:
                         messages=messages,  # type: ignore[arg-type]
                         temperature=cfg.temperature,
                         max_tokens=cfg.max_tokens,
+                        **prefill_args,
                     )
                 kind, detail, wait = "ok", (resp.choices[0].message.content or "") if resp.choices else "", None
             except openai.RateLimitError as exc:

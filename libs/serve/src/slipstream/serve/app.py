@@ -172,7 +172,13 @@ class ServeApp:
         self._check_model(call)
         tools = self.fmt.registry(call.tools) if call.tool_choice != "none" else None
         messages = self.fmt.messages(call.messages)
-        prompt_ids = self.fmt.encode(self.fmt.prompt_text(messages, tools))
+        text = self.fmt.prompt_text(
+            messages,
+            tools,
+            add_generation_prompt=call.add_generation_prompt,
+            continue_final_message=call.continue_final_message,
+        )
+        prompt_ids = self.fmt.encode(text)
         call.params.stop = [*call.params.stop, *(s for s in self.fmt.stop_strings if s not in call.params.stop)]
         user_text = last_user_text(body["messages"])
         record, replayed = await self._serve(request, call, raw, key, prompt_ids, "messages", user_text)

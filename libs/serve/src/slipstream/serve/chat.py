@@ -103,8 +103,23 @@ class ChatFormat:
             )
         return out
 
-    def prompt_text(self, messages: Sequence[ChatMessage], tools: ToolRegistry | None) -> str:
-        return self.renderer.render(messages, tools=tools, add_generation_prompt=True)
+    def prompt_text(
+        self,
+        messages: Sequence[ChatMessage],
+        tools: ToolRegistry | None,
+        *,
+        add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
+    ) -> str:
+        """The prompt for `messages`. With `continue_final_message` the last (assistant) message is
+        left open: the conversation before it with the generation prompt, then its text as the
+        model would write it, no end of turn, so the completion continues it (vLLM's extra of
+        that name; a verdict prefill such as "SCORE:")."""
+        if continue_final_message:
+            *before, last = messages
+            opened = self.renderer.render(before, tools=tools, add_generation_prompt=True)
+            return opened + self.renderer.render_calls(last.content, last.tool_calls)
+        return self.renderer.render(messages, tools=tools, add_generation_prompt=add_generation_prompt)
 
     def encode(self, text: str) -> list[int]:
         """Prompt ids as the harness builds them: bos (when the tokenizer has one), then the text."""

@@ -59,6 +59,8 @@ class Call:
     messages: list[dict[str, Any]] = field(default_factory=list)
     tools: list[dict[str, Any]] = field(default_factory=list)
     tool_choice: Any = None
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
     prompt_text: str | None = None
     prompt_ids: list[int] | None = None
     body_hash: str = ""
@@ -179,6 +181,7 @@ def parse_chat(body: Any, **limits: int) -> Call:
     call.tool_choice = body.get("tool_choice")
     if call.tool_choice not in (None, "auto", "none"):
         raise RequestError("'tool_choice' must be 'auto' or 'none' (forced calls are not served)", param="tool_choice")
+    _prompt_end(body, messages, call)
     call.logprobs = bool(_get(body, "logprobs", bool, False))
     if _get(body, "top_logprobs", int, 0):
         raise RequestError("'top_logprobs' is not supported (only the sampled token's log-prob)", param="top_logprobs")
@@ -186,6 +189,35 @@ def parse_chat(body: Any, **limits: int) -> Call:
     if fmt and fmt.get("type") != "text":
         raise RequestError("'response_format' other than 'text' is not supported", param="response_format")
     return call
+
+
+def _prompt_end(body: dict[str, Any], messages: list[Any], call: Call) -> None:
+    """vLLM's `continue_final_message` / `add_generation_prompt` extras: how the rendered prompt ends.
+
+    `continue_final_message: true` leaves the last message (an assistant one: the prefill) open,
+    without its end of turn, so the model continues it; `add_generation_prompt` then defaults to
+    false (vLLM requires it false; here an explicit true is the only conflict refused).
+    `add_generation_prompt: false` alone renders the conversation without the assistant opener.
+    """
+    cont = bool(_get(body, "continue_final_message", bool, False))
+    gen = _get(body, "add_generation_prompt", bool)
+    if cont and gen:
+        raise RequestError(
+            "'continue_final_message' and 'add_generation_prompt' cannot both be true: a continued assistant "
+            "message already is where the model writes",
+            param="continue_final_message",
+        )
+    if cont:
+        last = messages[-1]
+        role = last.get("role") if isinstance(last, dict) else None
+        if role != "assistant":
+            raise RequestError(
+                f"'continue_final_message' needs the last message to be an assistant message (the text to "
+                f"continue); messages[{len(messages) - 1}] has role {role!r}",
+                param="continue_final_message",
+            )
+    call.continue_final_message = cont
+    call.add_generation_prompt = (not cont) if gen is None else bool(gen)
 
 
 def parse_completion(body: Any, **limits: int) -> Call:

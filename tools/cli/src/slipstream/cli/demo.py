@@ -100,9 +100,10 @@ def register(sub: Any) -> None:
     rt.add_argument(
         "--judge",
         default=None,
-        metavar="URL|self",
-        help="a rubric judge (OpenAI-compatible base URL, or self: the served model) scores a sample of each "
-        "cycle's answers; its agreement with the users is reported",
+        metavar="URL|self|smollm2",
+        help="a rubric judge (OpenAI-compatible base URL, self: the served model, or smollm2: SmolLM2-135M-Instruct "
+        "served in-process after the loop) scores a sample of each cycle's answers, its verdicts prefilled "
+        "with 'SCORE:'; its agreement with the users is reported",
     )
     rt.add_argument("--judge-model", default=None, help="model name sent to the --judge endpoint")
     rt.add_argument(

@@ -75,7 +75,8 @@ class RealtimePlan(msgspec.Struct, kw_only=True):
     gate_margin: float = 0.1
     judge: str = ""
     """A rubric judge scores `judge_samples` answers of each cycle beside the loop (agreement with the
-    users): an OpenAI-compatible base URL, or "self" (the serving endpoint's own model); "" = none."""
+    users): an OpenAI-compatible base URL, "self" (the serving endpoint's own model) or "smollm2"
+    (SmolLM2-135M-Instruct served in-process after the loop); "" = none. Verdicts are prefilled."""
     judge_model: str = ""
     """The model name sent to the judge ("self": the served model's)."""
     judge_samples: int = 16
@@ -204,18 +205,31 @@ class Observed(msgspec.Struct, kw_only=True):
 
 async def _judge(rt: RealtimePlan, stats: SimStats, seen: Observed, port: int, emit: Emit) -> dict[str, Any]:
     """The side judge's per-version and overall agreement with the users (errors reported, not raised)."""
-    from slipstream.cli.realtime_judge import judge_cycles
+    from slipstream.cli.realtime_judge import LOCAL_JUDGES, judge_cycles, local_judge
 
-    url, model = rt.judge, rt.judge_model
-    if url == "self":
-        url, model = f"http://127.0.0.1:{port}/v1", model or MODEL_NAME
     versions = sorted({int(p["policy_version"]) for p in seen.promotions} | {0})
-    emit(f"judging {rt.judge_samples} answers of each of {len(versions)} versions with {model} at {url}")
+
+    async def judged(url: str, model: str) -> tuple[dict[int, dict[str, Any]], dict[str, Any]]:
+        emit(f"judging {rt.judge_samples} answers of each of {len(versions)} versions with {model} at {url}")
+        return await judge_cycles(stats, versions, url, model, per_cycle=rt.judge_samples, seed=rt.seed)
+
     try:
-        per_version, overall = await judge_cycles(stats, versions, url, model, per_cycle=rt.judge_samples, seed=rt.seed)
+        if rt.judge in LOCAL_JUDGES:
+            emit(f"starting the {rt.judge} judge in-process")
+            async with local_judge(rt.judge) as (url, model):
+                per_version, overall = await judged(url, rt.judge_model or model)
+        elif rt.judge == "self":
+            per_version, overall = await judged(f"http://127.0.0.1:{port}/v1", rt.judge_model or MODEL_NAME)
+        else:
+            per_version, overall = await judged(rt.judge, rt.judge_model)
     except Exception as exc:  # the loop's figures stand without the judge's
         emit(f"judge failed: {exc!r}")
         return {"error": repr(exc)}
+    counts = overall.get("verdicts") or {}
+    emit(
+        f"judge: {counts.get('scored', 0)} rubric verdicts scored, {counts.get('unscorable', 0)} unscorable "
+        f"{counts.get('unscorable_by_reason') or ''}; agreement with the users {overall.get('agreement')}"
+    )
     return {"by_version": {str(v): r for v, r in per_version.items()}, **overall}
 
 
