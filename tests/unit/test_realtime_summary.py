@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from slipstream.cli.realtime import Observed, RealtimePlan, cycle_rows, session_of, summarize
+from slipstream.cli.realtime import Observed, RealtimePlan
+from slipstream.cli.realtime_report import cycle_rows, session_of, summarize
 from slipstream.cli.sim import SimStats, Turn
 
 pytestmark = pytest.mark.unit

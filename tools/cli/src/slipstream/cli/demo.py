@@ -395,7 +395,8 @@ def run_realtime(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.markup import escape
 
-    from slipstream.cli.realtime import plot_acceptance, run_realtime, summary_table
+    from slipstream.cli.realtime import run_realtime
+    from slipstream.cli.realtime_report import plot_acceptance, summary_table
 
     console = Console(highlight=False, soft_wrap=True)
     rt = realtime_plan_from_args(args)
