@@ -163,14 +163,20 @@ class EpisodeRows:
 def episode_rows(
     episode: Episode, advantages: Mapping[str, float], weighting: SampleWeighting = "token"
 ) -> EpisodeRows:
-    """One TrainItem per trainable sample with at least one sampled token (frozen ones skipped)."""
+    """One TrainItem per trainable sample with at least one sampled token (frozen ones skipped).
+
+    Turn indices count the trainable samples' policy turns only, so nothing a frozen sample holds
+    (its length, its turns) reaches a row.
+    """
     weights = sample_weights(episode, weighting)
     items: list[TrainItem] = []
     ids: list[str] = []
     next_turn = 0
     for s in episode.samples:
+        if not s.trainable:
+            continue  # a frozen agent's turns are not the policy's: they neither train nor renumber its turns
         turns, next_turn = turn_indices(s, next_turn)
-        if not s.trainable or s.n_sampled() == 0:
+        if s.n_sampled() == 0:
             continue
         if s.agent_id not in advantages:
             raise KeyError(f"no advantage for agent {s.agent_id!r} of sample {s.sample_id!r}")
@@ -231,3 +237,25 @@ def episode_figures(episodes: Sequence[Episode]) -> dict[str, float]:
         "summaries_per_episode": summaries / n,
         "tokens_per_episode": tokens / n,
     }
+
+
+def episode_means(scored: Sequence[ScoredEpisode], counts: Sequence[str]) -> dict[str, float]:
+    """Per-step means over the episodes trained on: the named `counts` and every score component.
+
+    A count is left out when no episode has it (an env that does not keep it); where some have it,
+    the others count 0 (a count is only recorded once its event happened, e.g. `subagents`). Every
+    component named on any score appears as "component.<name>", 0 for a score without it. Used for
+    the swarm's curves (critical vs total steps, sub-agents per episode) on `LearnerStep`.
+    """
+    if not scored:
+        return {}
+    n = len(scored)
+    out: dict[str, float] = {}
+    for name in counts:
+        found = [s.episode.counts[name] for s in scored if name in s.episode.counts]
+        if found:
+            out[name] = sum(found) / n
+    names = sorted({c for s in scored for c in s.components})
+    for name in names:
+        out[f"component.{name}"] = sum(s.components.get(name, 0.0) for s in scored) / n
+    return out

@@ -49,3 +49,18 @@ class LearnerStep(msgspec.Struct, kw_only=True):
     tokens_per_episode: Annotated[
         float, Doc(description="Mean tokens per trained episode, every sample's prompt and completion counted.")
     ] = 0.0
+    reward_weights: Annotated[
+        dict[str, float],
+        Doc(
+            description="λ of each scheduled reward component at this step ([learner] reward_schedule; the schedule "
+            "counts steps already taken, so message `step` = k carries λ(k - 1)); empty without a schedule."
+        ),
+    ] = {}
+    episode_means: Annotated[
+        dict[str, float],
+        Doc(
+            description="Means over the step's trained episodes: each count named in [learner] step_means that any "
+            "episode has (critical_steps, total_steps, subagents, subagents_finished by default; 0 where absent), "
+            "and every score component as 'component.<name>'."
+        ),
+    ] = {}

@@ -15,11 +15,14 @@ import msgspec
 from slipstream.bus.config import BusConfig
 from slipstream.engine.source import ModelSource
 from slipstream.rl import LossConfig
+from slipstream.rl.schedule import ComponentSchedule, check_schedule
 from slipstream.runtime.section import ServiceSection
 from slipstream.store.config import StoreConfig
 from slipstream.telemetry.config import TelemetryConfig
 
 Doc = msgspec.Meta
+DEFAULT_STEP_MEANS = ("critical_steps", "total_steps", "subagents", "subagents_finished")
+"""Episode counts averaged per step into `LearnerStep.episode_means` (the swarm env's, issue 15)."""
 WeightsDtype = Literal["", "float32", "bfloat16", "float16"]
 AutocastDtype = Literal["", "bfloat16"]
 
@@ -58,6 +61,22 @@ class LearnerSection(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     uniform_tol: Annotated[
         float, Doc(description="A group whose reward spread (max - min) is at most this is dropped as uniform_group.")
     ] = 0.0
+    reward_schedule: Annotated[
+        dict[str, ComponentSchedule],
+        Doc(
+            description="Component name -> its weight λ by learner step ([learner.reward_schedule.<name>] with init, "
+            "final, anneal_steps, shape, start_step): the reward trained on is reward + sum_c (λ_c - 1)·component_c "
+            "(slipstream.rl.schedule). Unscheduled components keep weight 1; empty = the scored reward as is."
+        ),
+    ] = {}
+    step_means: Annotated[
+        list[str],
+        Doc(
+            description="Episode counts (Episode.counts) averaged over each step's trained episodes into "
+            "LearnerStep.episode_means (a count no episode of the step has is left out; where some have it, "
+            "the others count 0); every score component is averaged too, as 'component.<name>'."
+        ),
+    ] = msgspec.field(default_factory=lambda: list(DEFAULT_STEP_MEANS))
     micro_batch: Annotated[
         int, Doc(description="Trajectories per forward pass; gradients accumulate over a step's micro-batches.")
     ] = 16
@@ -225,6 +244,10 @@ class LearnerSection(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         for ok, message in checks:
             if not ok:
                 raise ValueError(message)
+        check_schedule(self.reward_schedule)
+        blank = [name for name in self.step_means if not name.strip()]
+        if blank or len(set(self.step_means)) != len(self.step_means):
+            raise ValueError(f"step_means must name distinct, non-empty counts, got {self.step_means}")
         if self.rank_resource:
             try:
                 self.rank_resource.format(rank=0)

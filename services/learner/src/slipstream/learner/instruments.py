@@ -16,6 +16,10 @@ STEP_VERSION = gauge("learner/step/policy_version", "Version produced by the las
 STALENESS = histogram(
     "learner/step/staleness", "Versions behind of each trained trajectory.", buckets=(0, 1, 2, 3, 4, 8, 16, 32)
 )
+MISSING_COMPONENTS = counter(
+    "learner/reward/missing_component",
+    "Trained episodes whose score lacks a scheduled reward component, counted as 0 (label component).",
+)
 HELD = gauge("learner/ack/held", "Trained trajectories waiting for their checkpoint before the ack.")
 CHECKPOINT_S = gauge("learner/checkpoint/seconds", "Seconds the last checkpoint took to write.")
 CHECKPOINTS = counter("learner/checkpoint/committed", "Checkpoints committed.")

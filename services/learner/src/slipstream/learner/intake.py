@@ -18,7 +18,9 @@ handed back to the caller to ack:
   and its group's baseline is formed by the others;
 - no_trained_tokens, heldout, stale (the oldest version over trainable samples, checked at
   arrival and again when the trainer takes the group);
-- uniform_group: every remaining member got the same reward (no advantage signal);
+- uniform_group: every remaining member got the same reward (no advantage signal) — the reward
+  the step would train on, re-weighted by `[learner] reward_schedule` at the learner step (a group
+  whose members differ only in a component annealed to 0 carries no signal any more);
 - incomplete_group: the group was not full `group_timeout_s` after its first member (late
   members of such a group are dropped the same way).
 
@@ -31,11 +33,12 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict, deque
-from collections.abc import Container, Iterator, Sequence
+from collections.abc import Container, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
 from slipstream.rl import DropReason, is_stale, is_uniform_group
+from slipstream.rl.schedule import ComponentSchedule, reweighted, weights_at
 from slipstream.schemas import Sample, ScoredEpisode
 
 H = TypeVar("H")
@@ -134,7 +137,12 @@ class Member(Generic[H]):
 
     @property
     def reward(self) -> float:
+        """The reward as scored (see `trained_reward` for what a step trains on)."""
         return self.scored.reward
+
+    def trained_reward(self, weights: Mapping[str, float]) -> float:
+        """The reward re-weighted by the schedule's λ at a step (`slipstream.rl.schedule.reweighted`)."""
+        return reweighted(self.scored.reward, self.scored.components, weights)
 
 
 @dataclass
@@ -171,6 +179,7 @@ class Intake(Generic[H]):
         vocab_size: int,
         ledger: Container[str],
         uniform_tol: float = 0.0,
+        reward_schedule: Mapping[str, ComponentSchedule] | None = None,
     ) -> None:
         if max_staleness < 0:
             raise ValueError(f"max_staleness must be >= 0, got {max_staleness}")
@@ -178,6 +187,7 @@ class Intake(Generic[H]):
         self.group_timeout_s = group_timeout_s
         self.vocab_size = vocab_size
         self.uniform_tol = uniform_tol
+        self.reward_schedule = dict(reward_schedule or {})
         self._ledger = ledger
         self._pending: dict[str, Group[H]] = {}
         self._ready: deque[Group[H]] = deque()
@@ -207,8 +217,12 @@ class Intake(Generic[H]):
             yield from member.handles
 
     # -- arrival ----------------------------------------------------------------------------------
-    def offer(self, scored: ScoredEpisode, handle: H, version: int, now: float) -> list[Drop[H]]:
-        """Take one delivery; returns the drops it caused (possibly a whole uniform group)."""
+    def offer(self, scored: ScoredEpisode, handle: H, version: int, now: float, *, step: int = 0) -> list[Drop[H]]:
+        """Take one delivery; returns the drops it caused (possibly a whole uniform group).
+
+        `step` is the learner's step count (the step the group would train at if taken now): the
+        rewards of a group it completes are screened as that step would weigh them.
+        """
         self.received += 1
         t = scored.episode
         held = self._inflight.get(t.episode_id) if t.episode_id else None
@@ -240,7 +254,7 @@ class Intake(Generic[H]):
         if group is not None:
             group.arrived += 1
             if group.arrived >= group.size:
-                drops.extend(self._complete(group, version))
+                drops.extend(self._complete(group, version, step))
         return drops
 
     def _admission(self, scored: ScoredEpisode, found: Inspection, version: int) -> tuple[str, str]:
@@ -261,9 +275,9 @@ class Intake(Generic[H]):
             return DropReason.STALE, f"{version - found.oldest_version} versions behind, max {self.max_staleness}"
         return "", ""
 
-    def _complete(self, group: Group[H], version: int) -> list[Drop[H]]:
+    def _complete(self, group: Group[H], version: int, step: int) -> list[Drop[H]]:
         del self._pending[group.key]
-        drops = self._screen(group, version)
+        drops = self._screen(group, version, step)
         if group.members:
             self._ready.append(group)
         return drops
@@ -281,29 +295,29 @@ class Intake(Generic[H]):
             drops.extend(self._drop_member(m, DropReason.INCOMPLETE_GROUP, detail) for m in group.members)
         return drops
 
-    def take(self, n: int, version: int) -> tuple[list[Group[H]], list[Drop[H]]]:
-        """`n` complete groups to train on at `version`, oldest first, or none if fewer are valid.
+    def take(self, n: int, version: int, *, step: int = 0) -> tuple[list[Group[H]], list[Drop[H]]]:
+        """`n` complete groups to train on at `version` and learner `step`, oldest first, or none if fewer are valid.
 
         Every queued group is re-checked first: members that went stale since they arrived are
-        dropped, and a group left with uniform rewards (or no members) goes with them.
+        dropped, and a group left with uniform rewards at `step`'s weights (or no members) goes with them.
         """
-        drops = self.screen_ready(version)
+        drops = self.screen_ready(version, step=step)
         if len(self._ready) < n:
             return [], drops
         return [self._ready.popleft() for _ in range(n)], drops
 
-    def screen_ready(self, version: int) -> list[Drop[H]]:
-        """Drop what is no longer trainable at `version` from the queue, taking nothing."""
+    def screen_ready(self, version: int, *, step: int = 0) -> list[Drop[H]]:
+        """Drop what is no longer trainable at `version` and learner `step` from the queue, taking nothing."""
         drops: list[Drop[H]] = []
         kept: deque[Group[H]] = deque()
         for group in self._ready:
-            drops.extend(self._screen(group, version))
+            drops.extend(self._screen(group, version, step))
             if group.members:
                 kept.append(group)
         self._ready = kept
         return drops
 
-    def _screen(self, group: Group[H], version: int) -> list[Drop[H]]:
+    def _screen(self, group: Group[H], version: int, step: int) -> list[Drop[H]]:
         drops: list[Drop[H]] = []
         keep: list[Member[H]] = []
         for m in group.members:
@@ -312,7 +326,8 @@ class Intake(Generic[H]):
                 drops.append(self._drop_member(m, DropReason.STALE, f"{lag} versions behind, max {self.max_staleness}"))
             else:
                 keep.append(m)
-        if keep and is_uniform_group(group_rewards(keep), self.uniform_tol):
+        weights = weights_at(self.reward_schedule, step)
+        if keep and is_uniform_group(group_rewards(keep, weights), self.uniform_tol):
             drops.extend(self._drop_member(m, DropReason.UNIFORM_GROUP, "equal rewards") for m in keep)
             keep = []
         group.members = keep
@@ -372,5 +387,6 @@ class Intake(Generic[H]):
         return Drop(member.episode_id, str(reason), tuple(member.handles), detail, member.scored)
 
 
-def group_rewards(members: Sequence[Member[H]]) -> list[float]:
-    return [m.reward for m in members]
+def group_rewards(members: Sequence[Member[H]], weights: Mapping[str, float] | None = None) -> list[float]:
+    """The rewards the members would train with under `weights` (λ per component; none = as scored)."""
+    return [m.trained_reward(weights or {}) for m in members]

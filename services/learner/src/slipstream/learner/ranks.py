@@ -59,6 +59,7 @@ from slipstream.learner.trainer import (
     trained_tokens,
 )
 from slipstream.rl import LossConfig, TrainItem
+from slipstream.rl.schedule import weights_at
 from slipstream.schemas import ScoredEpisode
 
 RankResult = tuple[dict[str, float], dict[int, tuple[float, int]], float, bool]
@@ -343,10 +344,10 @@ class RankGroup:
         pids = getattr(self, "rank_pids", None)
         return f"rank {rank} (pid {pids[rank]})" if pids else f"rank {rank}"
 
-    def step(self, groups: Sequence[Sequence[ScoredEpisode]], version: int) -> StepStats:
-        """One optimizer step over `groups` across the ranks (see the module docstring)."""
+    def step(self, groups: Sequence[Sequence[ScoredEpisode]], version: int, *, step: int = 0) -> StepStats:
+        """One optimizer step over `groups` across the ranks at learner `step` (see the module docstring)."""
         start = time.perf_counter()
-        items = step_items(groups, self.section)
+        items = step_items(groups, self.section, step=step)
         total = trained_tokens(items)
         split = pack(items, self.world, attention_weight=self.attention_weight)
         chunks = rank_chunks(items, split, self.section.micro_batch)
@@ -366,6 +367,8 @@ class RankGroup:
             grad_norm=grad_norm,
             applied=applied,
             time_s=time.perf_counter() - start,
+            weights=weights_at(self.section.reward_schedule, step),
+            step_means=self.section.step_means,
         )
 
     def full_state(self) -> dict[str, torch.Tensor]:

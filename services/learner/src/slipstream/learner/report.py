@@ -10,6 +10,7 @@ from __future__ import annotations
 from slipstream.bus import Bus, PublishError
 from slipstream.learner.instruments import (
     HELD,
+    MISSING_COMPONENTS,
     PUBLISH_ERRORS,
     STALENESS,
     STEP_LOSS,
@@ -24,6 +25,8 @@ from slipstream.schemas.subjects import LEARNER_STEP
 from slipstream.telemetry.logs import get_logger
 
 log = get_logger(__name__)
+_warned_missing: set[str] = set()
+"""Scheduled components already warned about as missing from a score (one warning each per process)."""
 
 
 def observe(stats: StepStats, progress: Progress, *, held: int) -> None:
@@ -36,6 +39,17 @@ def observe(stats: StepStats, progress: Progress, *, held: int) -> None:
     for lag, n in stats.staleness.items():
         for _ in range(n):
             STALENESS.observe(float(lag))
+    for name, n in stats.missing_components.items():
+        MISSING_COMPONENTS.add(n, component=name)
+        if name not in _warned_missing:
+            _warned_missing.add(name)
+            log.warning(
+                "a scheduled reward component is missing from episodes' scores; it counts as 0 there "
+                "(counted in learner/reward/missing_component)",
+                component=name,
+                episodes=n,
+                step=progress.step,
+            )
     log.info(
         "step",
         step=progress.step,
@@ -49,9 +63,15 @@ def observe(stats: StepStats, progress: Progress, *, held: int) -> None:
         time_s=round(stats.time_s, 3),
         staleness=stats.staleness,
         n_samples=stats.n_samples,
+        **({"reward_weights": _rounded(stats.reward_weights, 6)} if stats.reward_weights else {}),
         **{k: round(v, 4) for k, v in stats.episodes.items()},
+        **{k: round(v, 4) for k, v in stats.episode_means.items()},
         **{k: round(v, 4) for k, v in stats.figures.items() if k in ("ratio_mean", "clip_fraction")},
     )
+
+
+def _rounded(values: dict[str, float], digits: int) -> dict[str, float]:
+    return {k: round(v, digits) for k, v in values.items()}
 
 
 async def publish_step(
@@ -82,6 +102,8 @@ async def publish_step(
         summaries_per_episode=stats.episodes.get("summaries_per_episode", 0.0),
         tokens_per_episode=stats.episodes.get("tokens_per_episode", 0.0),
         logprob_mismatch_by_turn=stats.mismatch_by_turn,
+        reward_weights=stats.reward_weights,
+        episode_means=stats.episode_means,
     )
     # The version is in the id: after a crash a step number is redone, but never a version.
     try:

@@ -168,6 +168,7 @@ class LearnerService(BaseService):
             vocab_size=model.config.vocab_size,
             ledger=self.ledger,
             uniform_tol=self.section.uniform_tol,
+            reward_schedule=self.section.reward_schedule,
         )
         self.committer = Committer(
             progress=self.progress,
@@ -305,8 +306,8 @@ class LearnerService(BaseService):
         assert self.intake is not None
         n = self.section.groups_per_step
         if self.control is None:
-            return self.intake.take(n, self.progress.version)
-        drops = self.intake.screen_ready(self.progress.version)
+            return self.intake.take(n, self.progress.version, step=self.progress.step)
+        drops = self.intake.screen_ready(self.progress.version, step=self.progress.step)
         if self.intake.ready_groups < n or not await confirmed(self.lead, stop):
             return [], drops
         try:
@@ -317,7 +318,7 @@ class LearnerService(BaseService):
         seen = {tid for tid, c in zip(ids, counted, strict=True) if c}
         if seen:
             drops += self.intake.evict(seen, DropReason.DUPLICATE, "counted in the shared ledger")
-        groups, more = self.intake.take(n, self.progress.version)
+        groups, more = self.intake.take(n, self.progress.version, step=self.progress.step)
         return groups, drops + more
 
     async def _train(self, groups: Sequence[Group[Delivery[ScoredEpisode]]], stop: asyncio.Event) -> None:
@@ -342,7 +343,8 @@ class LearnerService(BaseService):
         committer, p = self.committer, self.progress
         batch = [[m.scored for m in g.members] for g in groups]
         committer.training = members
-        stats = await asyncio.to_thread(self.trainer.step, batch, p.version)
+        # λ of the reward schedule at the steps already taken (the intake screened the groups at the same step).
+        stats = await asyncio.to_thread(self.trainer.step, batch, p.version, step=p.step)
         if not stats.applied:
             committer.training = []
             annotate({"slipstream.outcome": NONFINITE})
@@ -393,7 +395,7 @@ class LearnerService(BaseService):
                 # The stub is offered as it is: the intake drops it as malformed, naming the stub.
                 log.warning("episode body unusable", episode_id=scored.episode.episode_id, error=str(exc))
         before = self.intake.redelivered
-        drops = self.intake.offer(scored, d, self.progress.version, time.monotonic())
+        drops = self.intake.offer(scored, d, self.progress.version, time.monotonic(), step=self.progress.step)
         if self.intake.redelivered > before:
             REDELIVERED.add(1)
         if self.intake.ready_groups:

@@ -1,6 +1,9 @@
 """The optimizer step: groups of scored episodes in, one AdamW update of the policy out.
 
-Per group, `slipstream.rl.credit.group_rows` gives every trainable sample of every episode its
+The reward each episode trains with is its scored reward re-weighted by `[learner]
+reward_schedule` at the step being trained (`slipstream.rl.schedule`; the step is the count of
+steps already taken, so λ needs no state of its own). Per group,
+`slipstream.rl.credit.group_rows` gives every trainable sample of every episode its
 agent's advantage (reward − the agent's group mean) and its loss weight, as a `TrainItem`
 (frozen samples produce none); items are packed into micro-batches (`micro_batch`
 trajectories per forward, sorted by length so padding stays small), log-probs are recomputed
@@ -20,10 +23,11 @@ import contextlib
 import math
 import time
 import typing
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import msgspec
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -32,7 +36,8 @@ from slipstream.engine.kernels import upcast_bf16_default
 from slipstream.engine.model import CausalLM
 from slipstream.learner.config import AutocastDtype, LearnerSection
 from slipstream.rl import LossConfig, TrainItem, compute_loss, pack_batch, staleness, token_logprobs, turn_mismatch
-from slipstream.rl.credit import SampleWeighting, episode_figures, group_rows
+from slipstream.rl.credit import SampleWeighting, episode_figures, episode_means, group_rows
+from slipstream.rl.schedule import missing_components, reweighted, weights_at
 from slipstream.schemas import ScoredEpisode
 
 # Loss figures averaged over trained tokens across micro-batches (the rest are summed or min/max'ed).
@@ -63,6 +68,12 @@ class StepStats:
     """Episode shape: turns_per_episode, tool_calls_per_turn, invalid_call_rate, samples_per_episode."""
     mismatch_by_turn: dict[str, float] = field(default_factory=dict)
     """Policy-turn index -> mean (behaviour − current) log-prob of its trained tokens."""
+    reward_weights: dict[str, float] = field(default_factory=dict)
+    """λ of each scheduled reward component at this step (empty without a schedule)."""
+    episode_means: dict[str, float] = field(default_factory=dict)
+    """Means over the step's episodes: the `step_means` counts and 'component.<name>' of every score component."""
+    missing_components: dict[str, int] = field(default_factory=dict)
+    """Scheduled component -> episodes of the step whose score does not name it (counted as 0)."""
 
 
 def train_items(
@@ -95,12 +106,26 @@ def effective_autocast(requested: AutocastDtype, device: torch.device) -> Autoca
     return requested
 
 
-def step_items(groups: Sequence[Sequence[ScoredEpisode]], section: LearnerSection) -> list[TrainItem]:
-    """Every training row of a step's groups (advantages are per group, so they are computed here, whole)."""
+def trained_groups(
+    groups: Sequence[Sequence[ScoredEpisode]], weights: Mapping[str, float]
+) -> list[list[ScoredEpisode]]:
+    """The groups with each episode's reward replaced by the one it trains with under `weights` (λ per component).
+
+    Shallow copies (the episodes are shared); without weights, the groups as they are.
+    """
+    if not weights:
+        return [list(g) for g in groups]
+    return [[msgspec.structs.replace(s, reward=reweighted(s.reward, s.components, weights)) for s in g] for g in groups]
+
+
+def step_items(groups: Sequence[Sequence[ScoredEpisode]], section: LearnerSection, *, step: int = 0) -> list[TrainItem]:
+    """Every training row of a step's groups (advantages are per group, so they are computed here, whole),
+    from the rewards re-weighted by `section.reward_schedule` at learner `step` (steps already taken)."""
     if not groups or any(not g for g in groups):
         raise ValueError("a step needs at least one group, and no group may be empty")
     weighting = section.sample_weighting
-    return [item for g in groups for item in train_items(g, normalize_std=section.normalize_std, weighting=weighting)]
+    trained = trained_groups(groups, weights_at(section.reward_schedule, step))
+    return [item for g in trained for item in train_items(g, normalize_std=section.normalize_std, weighting=weighting)]
 
 
 def trained_tokens(items: Sequence[TrainItem]) -> int:
@@ -136,9 +161,20 @@ def step_stats(
     grad_norm: float,
     applied: bool,
     time_s: float,
+    weights: Mapping[str, float] | None = None,
+    step_means: Sequence[str] = (),
 ) -> StepStats:
-    """The StepStats of a step from its loss sums (see `merge_sums`) and per-turn mismatch sums."""
+    """The StepStats of a step from its loss sums (see `merge_sums`) and per-turn mismatch sums.
+
+    `groups` are as scored (reward_mean is the scored reward's mean); `weights` are the λ the step
+    trained with, `step_means` the episode counts to average.
+    """
     trajectories = [s for g in groups for s in g]
+    weights = dict(weights or {})
+    missing: dict[str, int] = {}
+    for s in trajectories:
+        for name in missing_components(s.components, weights):
+            missing[name] = missing.get(name, 0) + 1
     return StepStats(
         applied=applied,
         loss=sums.get("loss", 0.0),
@@ -154,6 +190,9 @@ def step_stats(
         n_samples=len(items),
         episodes=episode_figures([s.episode for s in trajectories]),
         mismatch_by_turn={str(t): total / n for t, (total, n) in sorted(by_turn.items()) if n},
+        reward_weights=weights,
+        episode_means=episode_means(trajectories, step_means),
+        missing_components=missing,
     )
 
 
@@ -200,10 +239,11 @@ class Trainer:
             weight_decay=section.weight_decay,
         )
 
-    def step(self, groups: Sequence[Sequence[ScoredEpisode]], version: int) -> StepStats:
-        """One optimizer step over `groups`, trained at policy `version` (the weights before the step)."""
+    def step(self, groups: Sequence[Sequence[ScoredEpisode]], version: int, *, step: int = 0) -> StepStats:
+        """One optimizer step over `groups`, trained at policy `version` (the weights before the step) and
+        learner `step` (steps already taken: it picks the reward schedule's λ)."""
         start = time.perf_counter()
-        items = step_items(groups, self.section)
+        items = step_items(groups, self.section, step=step)
         total_tokens = trained_tokens(items)
         sums, by_turn = self.accumulate(micro_batches(items, self.section.micro_batch), total_tokens)
         grad_norm, applied = self.apply()
@@ -216,6 +256,8 @@ class Trainer:
             grad_norm=grad_norm,
             applied=applied,
             time_s=time.perf_counter() - start,
+            weights=weights_at(self.section.reward_schedule, step),
+            step_means=self.section.step_means,
         )
 
     def accumulate(
