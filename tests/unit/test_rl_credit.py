@@ -96,6 +96,17 @@ def test_turn_indices_count_policy_runs_across_samples() -> None:
     assert turn_indices(s, 5) == ([5, 5], 6)
 
 
+def test_a_frozen_sample_between_policy_samples_does_not_renumber_the_policy_turns() -> None:
+    root = sample("e/0", [1, 2], [10, 11, 90, 12], [1, 1, 0, 1])
+    helper = sample("e/1", [1], [70, 0, 71, 0, 72], [1, 0, 1, 0, 1], agent_id="helper", trainable=False)
+    last = sample("e/2", [1, 2], [13], [1])
+    ep = Episode(episode_id="e", task_id="t", env="swarm", samples=[root, helper, last])
+    rows = episode_rows(ep, {"policy": 1.0})
+    assert rows.sample_ids == ["e/0", "e/2"]
+    # The helper's three turns are not the policy's: the last sample holds the policy's third turn.
+    assert [list(i.turn_index) for i in rows.items] == [[0, 0, -1, 1], [2]]
+
+
 def test_cutting_an_episode_into_samples_does_not_change_the_loss() -> None:
     """Token weighting: the same sampled tokens, uncut or cut in two, give the same loss and gradient."""
     torch.manual_seed(0)
