@@ -219,3 +219,22 @@ def test_the_episode_shape_of_the_learner_log_reaches_the_summary() -> None:
     )
     (line,) = [v for k, v in _summary_rows(run) if k.startswith("episodes")]
     assert "invalid call rate 0.500 / 0.250" in line and "turns per episode 0.500 / 0.250" in line
+
+
+def test_the_reward_weights_and_episode_means_of_the_learner_log_reach_the_steps() -> None:
+    from slipstream.cli.report import steps_from_logs
+
+    rows = [
+        {
+            "event": "step",
+            "step": i,
+            "timestamp": stamp(T0 + i),
+            "reward_weights": {"parallel": lam},
+            "episode_means": {"critical_steps": 3.0 + i, "component.perf": 0.5},
+        }
+        for i, lam in ((1, 0.1), (2, 0.05))
+    ]
+    rows.append({"event": "step", "step": 3, "timestamp": stamp(T0 + 3)})  # a run without a schedule
+    steps = steps_from_logs(rows)
+    assert [s.get("reward_weights") for s in steps] == [{"parallel": 0.1}, {"parallel": 0.05}, None]
+    assert steps[1]["episode_means"] == {"critical_steps": 5.0, "component.perf": 0.5}

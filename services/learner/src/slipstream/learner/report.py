@@ -65,7 +65,7 @@ def observe(stats: StepStats, progress: Progress, *, held: int) -> None:
         n_samples=stats.n_samples,
         **({"reward_weights": _rounded(stats.reward_weights, 6)} if stats.reward_weights else {}),
         **{k: round(v, 4) for k, v in stats.episodes.items()},
-        **{k: round(v, 4) for k, v in stats.episode_means.items()},
+        **({"episode_means": _rounded(stats.episode_means, 4)} if stats.episode_means else {}),
         **{k: round(v, 4) for k, v in stats.figures.items() if k in ("ratio_mean", "clip_fraction")},
     )
 

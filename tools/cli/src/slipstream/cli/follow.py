@@ -108,6 +108,8 @@ async def _follow(
                     "turns_per_episode": s.turns_per_episode,
                     "tool_calls_per_turn": s.tool_calls_per_turn,
                     "invalid_call_rate": s.invalid_call_rate,
+                    "reward_weights": dict(s.reward_weights),
+                    "episode_means": dict(s.episode_means),
                     "t": time.monotonic() - t_train,
                 }
                 summary.steps_log.append(row)

@@ -127,6 +127,7 @@ def _ts(row: dict[str, Any]) -> float | None:
 
 # Episode shape the learner logs with each step (slipstream.rl.credit.episode_figures).
 EPISODE_FIGURES = ("turns_per_episode", "tool_calls_per_turn", "invalid_call_rate", "samples_per_episode")
+STEP_MAPS = ("reward_weights", "episode_means")
 
 
 def steps_from_logs(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -144,6 +145,8 @@ def steps_from_logs(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
             "step_time_s": float(r.get("time_s", 0.0)),
             "t": (_ts(r) or t0) - t0,
             **{k: float(r[k]) for k in EPISODE_FIGURES if k in r},
+            # λ of the reward schedule and the per-step swarm means (learner.step's reward_weights, episode_means).
+            **{k: {str(n): float(v) for n, v in r[k].items()} for k in STEP_MAPS if isinstance(r.get(k), dict)},
         }
         for r in steps
     ]
