@@ -13,15 +13,17 @@ import math
 from collections.abc import Iterator
 
 import pytest
+import structlog
 import torch
 
 from slipstream.bus import BusConfig, connect_bus, reset_memory_brokers
 from slipstream.engine import build_tiny
+from slipstream.learner import report
 from slipstream.learner.config import LearnerSection
 from slipstream.learner.intake import Intake
 from slipstream.learner.ledger import TrainedLedger
 from slipstream.learner.progress import Progress
-from slipstream.learner.report import publish_step
+from slipstream.learner.report import observe, publish_step
 from slipstream.learner.trainer import Trainer, step_items
 from slipstream.rl import DropReason, LossConfig
 from slipstream.rl.schedule import ComponentSchedule
@@ -143,11 +145,20 @@ async def test_a_step_reports_lambda_and_the_episode_means_on_learner_step() -> 
         "component.perf": 0.5,
     }
     assert stats.missing_components == {"finish": 1}
+    progress = Progress(step=3, version=3)
+    report._warned_missing.discard("finish")  # warned once per process: start from "not yet"
+    with structlog.testing.capture_logs() as logs:
+        observe(stats, progress, held=0)
+        observe(stats, progress, held=0)
+    line, _ = [r for r in logs if r["event"] == "step"]
+    assert line["reward_weights"] == {"finish": 0.05, "parallel": 0.25}
+    assert line["episode_means"]["critical_steps"] == 3.5
+    warnings = [r for r in logs if r["log_level"] == "warning"]
+    assert [(w["component"], w["episodes"]) for w in warnings] == [("finish", 1)]  # once, not per step
     reset_memory_brokers()
     bus = await connect_bus(BusConfig(type="memory", url="memory://reward-schedule"), name="t")
     try:
         await bus.ensure_streams()
-        progress = Progress(step=3, version=3)
         await publish_step(bus, stats, progress, run_id="r", dropped={}, finished_at=0.0)
         reader = bus.subscribe(LEARNER_STEP, LearnerStep, deliver="all")
         try:
