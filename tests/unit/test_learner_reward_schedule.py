@@ -118,9 +118,11 @@ def test_a_group_that_differs_only_in_an_annealed_component_is_dropped_as_unifor
         ("b", DropReason.UNIFORM_GROUP),
     ]
     late = intake(SCHEDULE)  # the same group completing after the anneal is dropped at once
-    late.offer(swarm("c", "g2", perf=1.0, parallel=0.2), "c", version=0, now=0.0, step=4)
-    drops = late.offer(swarm("d", "g2", perf=1.0, parallel=0.0), "d", version=0, now=0.0, step=4)
+    # 0.3 + 0.6 − 0.6 is 0.29999999999999993 in floats: the re-weighted rewards are exact all the same.
+    late.offer(swarm("c", "g2", perf=0.3, parallel=0.6), "c", version=0, now=0.0, step=4)
+    drops = late.offer(swarm("d", "g2", perf=0.3, parallel=0.0), "d", version=0, now=0.0, step=4)
     assert [d.reason for d in drops] == [DropReason.UNIFORM_GROUP] * 2 and late.ready_groups == 0
+    assert drops[0].detail == "equal rewards at step 4's reward weights {'parallel': 0.0}"
 
 
 async def test_a_step_reports_lambda_and_the_episode_means_on_learner_step() -> None:

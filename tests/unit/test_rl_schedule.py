@@ -141,6 +141,16 @@ def test_the_reward_trained_on_re_weights_the_named_components_by_step() -> None
     assert reweighted(s.reward, s.components, {"parallel": 3.0}) == pytest.approx(1.0 + 1.5 + 0.25)
 
 
+def test_an_annealed_component_leaves_exactly_the_other_components() -> None:
+    s = swarm_score(0.3, 0.6, 0.0)  # scored 0.3 + 0.6 = 0.8999999999999999
+    assert s.reward - 0.6 != 0.3  # the literal formula drifts: 0.29999999999999993
+    assert reweighted(s.reward, s.components, {"parallel": 0.0}) == 0.3
+    assert reweighted(s.reward, s.components, {"parallel": 0.0, "perf": 0.0}) == 0.0
+    assert reweighted(s.reward, s.components, {"parallel": 0.5}) == pytest.approx(0.6)
+    # Components that do not sum to the reward (a scorer with an unnamed remainder): the formula itself.
+    assert reweighted(2.0, {"perf": 1.0, "parallel": 0.5}, {"parallel": 0.0}) == 1.5
+
+
 def test_a_scheduled_component_missing_from_a_score_counts_zero() -> None:
     ep = Episode(episode_id="e", task_id="t", env="search")
     s = ScoredEpisode(episode=ep, reward=0.8, components={"perf": 0.8})

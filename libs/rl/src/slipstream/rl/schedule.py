@@ -93,8 +93,17 @@ def weights_at(schedule: RewardSchedule, step: int) -> dict[str, float]:
 def reweighted(reward: float, components: Mapping[str, float], weights: Mapping[str, float]) -> float:
     """reward + Σ_c (λ_c − 1)·components[c] over the weighted components (a missing one counts 0).
 
-    With no weights, or every λ exactly 1, this is `reward` itself.
+    With no weights, or every λ exactly 1, this is `reward` itself. When the components sum to the
+    reward (as a Score's do), the same value is rebuilt from the parts, Σ_c λ_c·components[c] with
+    λ = 1 for unweighted ones, correctly rounded (`math.fsum`): an annealed component then leaves
+    exactly the others' sum. The literal formula would not (0.3 + 0.6 − 0.6 is 0.29999999999999993),
+    and a group differing only in that component would escape the uniform-group screen by 1e-17.
     """
+    if all(lam == 1.0 for lam in weights.values()):
+        return reward
+    parts = math.fsum(components.values())
+    if components and math.isclose(parts, reward, rel_tol=1e-9, abs_tol=1e-12):
+        return math.fsum(weights.get(name, 1.0) * value for name, value in components.items())
     out = reward
     for name, lam in weights.items():
         value = components.get(name)

@@ -328,7 +328,8 @@ class Intake(Generic[H]):
                 keep.append(m)
         weights = weights_at(self.reward_schedule, step)
         if keep and is_uniform_group(group_rewards(keep, weights), self.uniform_tol):
-            drops.extend(self._drop_member(m, DropReason.UNIFORM_GROUP, "equal rewards") for m in keep)
+            detail = f"equal rewards at step {step}'s reward weights {weights}" if weights else "equal rewards"
+            drops.extend(self._drop_member(m, DropReason.UNIFORM_GROUP, detail) for m in keep)
             keep = []
         group.members = keep
         return drops
