@@ -284,5 +284,31 @@ def test_learner_ranks_in_a_run_file_reach_the_learner_and_the_stack(tmp_path: P
     with pytest.raises(ValueError, match=r"\[learner\] ranks must be >= 1, got 0"):
         load(path).plan()
     path.write_text("[learner]\nrank = 2\n")
-    with pytest.raises(RunFileError, match=r"ranks.toml:2: unknown key \[learner\] 'rank' \(known: ranks\)"):
+    with pytest.raises(
+        RunFileError, match=r"ranks.toml:2: unknown key \[learner\] 'rank' \(known: ranks, reward_schedule\)"
+    ):
         load(path)
+
+
+def test_a_reward_schedule_in_the_run_file_reaches_the_learner(tmp_path: Path) -> None:
+    from slipstream.learner.config import LearnerConfig
+    from slipstream.rl.schedule import ComponentSchedule
+
+    path = tmp_path / "swarm.toml"
+    path.write_text(
+        '[env]\nname = "arith"\n'
+        "[learner.reward_schedule.parallel]\ninit = 0.1\nanneal_steps = 40\n"
+        '[learner.reward_schedule.finish]\ninit = 0.1\nanneal_steps = 40\nshape = "cosine"\n'
+    )
+    plan = load(path).plan()
+    assert plan.reward_schedule == {
+        "parallel": {"init": 0.1, "anneal_steps": 40},
+        "finish": {"init": 0.1, "anneal_steps": 40, "shape": "cosine"},
+    }
+    environ = service_env(plan, Path("/m"), Path("/staging"), Path("/outcomes.jsonl"))
+    learner = resolve(LearnerConfig, environ=environ)
+    assert learner.learner.reward_schedule == {
+        "parallel": ComponentSchedule(init=0.1, anneal_steps=40),
+        "finish": ComponentSchedule(init=0.1, anneal_steps=40, shape="cosine"),
+    }
+    assert "SLIPSTREAM_LEARNER__REWARD_SCHEDULE" not in run_env(load(DEV_RUN).plan())  # none: nothing set

@@ -83,6 +83,9 @@ class TrainingPlan(msgspec.Struct, kw_only=True):
     max_tokens, summary_tokens, max_summaries, request, stop, restart_template); {}: none."""
     sample_weighting: str = "token"
     """[learner] sample_weighting: "token" (each link of a chain weight 1) or "episode" (each link 1/N)."""
+    reward_schedule: dict[str, dict[str, Any]] = {}
+    """[learner] reward_schedule: component name -> {init, final, anneal_steps, shape, start_step}, the
+    learner's weight λ of that score component by step (slipstream.rl.schedule); {}: every component at 1."""
     learner_ranks: int = 1
     """[learner] ranks: > 1 trains on that many Ray rank actors, each publishing its part of every version
     through its own weight-publisher (the local stack starts one per rank)."""
@@ -215,6 +218,8 @@ def run_env(plan: TrainingPlan) -> dict[str, str]:
         # promotion decision rests on the run's own env.
         env["SLIPSTREAM_GATE__SUITE_SIZES"] = json.dumps(plan.eval_suites)
         env["SLIPSTREAM_GATE__REPORT_ONLY"] = json.dumps(list(plan.eval_suites))
+    if plan.reward_schedule:
+        env["SLIPSTREAM_LEARNER__REWARD_SCHEDULE"] = json.dumps(plan.reward_schedule, sort_keys=True)
     if plan.learner_ranks > 1:
         # The publishers' rank and ranks are per process: the local stack sets them (a cluster runs
         # one publisher sidecar per rank, each with its own SLIPSTREAM_PUBLISHER__RANK).

@@ -26,6 +26,9 @@ Sections (every key optional; what is left out keeps `TrainingPlan`'s default):
                  sample_weighting, and the local run's held-out evals and warm-start.
     [learner]    ranks (> 1: the learner trains on that many Ray rank actors, FSDP2, and the local stack
                  starts one weight-publisher per rank, each publishing its rank's part of every version)
+    [learner.reward_schedule.<component>]  init, final, anneal_steps, shape, start_step: the learner's
+                 weight λ of a named reward component by step (services/learner README, "Reward
+                 schedule"); checked by the learner's config when its config is resolved
     [replicas]   rollout-worker, reward-model, eval-gate (the cluster's replica counts); tool-service
                  (> 0: the env's tools run in that many tool-service replicas, locally too)
     [infra]      nats_url, redis_url, store: reuse running servers / an S3 store ("" = start locally)
@@ -127,6 +130,7 @@ class RolloutSection(_Section):
 
 class LearnerSection(_Section):
     ranks: int | None = None
+    reward_schedule: dict[str, dict[str, Any]] | None = None
 
 
 class ReplicasSection(_Section, rename="kebab"):
