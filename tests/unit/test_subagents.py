@@ -64,9 +64,7 @@ class _Orchestrator(Environment[msgspec.Struct]):
     async def run(self, ctx: EpisodeContext) -> Outcome:
         root = ctx.open(ctx.task.prompt)
         await ctx.generate(root, max_tokens=8)
-        outcomes = await asyncio.gather(
-            *(ctx.spawn(LOOKUP, t, agent_id=f"sub{i}") for i, t in enumerate(CHILD_TASKS))
-        )
+        outcomes = await asyncio.gather(*(ctx.spawn(LOOKUP, t, agent_id=f"sub{i}") for i, t in enumerate(CHILD_TASKS)))
         ctx.observe(root, "".join(f"[{o.final_text.strip()}|{o.steps}|{o.finish_reason}]" for o in outcomes))
         last = await ctx.generate(root, max_tokens=8)
         self.outcomes = list(outcomes)
