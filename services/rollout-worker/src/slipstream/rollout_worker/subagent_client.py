@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections import Counter
 from typing import TYPE_CHECKING
 
 import msgspec
@@ -66,6 +67,9 @@ class NatsSubagents:
         self.retry_backoff_s = retry_backoff_s
         self.caller = caller
         self.stats = {"requests": 0, "retries": 0, "unavailable": 0, "errors": 0}
+        # Which pool worker served how many of this worker's sub-agents, and at which versions.
+        self.served_by: Counter[str] = Counter()
+        self.versions: Counter[int] = Counter()
 
     async def run(self, request: SubagentRequest) -> SubagentReply:
         self.stats["requests"] += 1
@@ -106,6 +110,9 @@ class NatsSubagents:
                     continue
                 if reply.error:
                     self.stats["errors"] += 1
+                else:
+                    self.served_by[reply.worker_id] += 1
+                    self.versions[reply.policy_version] += 1
                 SUBAGENT_REQUESTS.add(outcome="ok")
                 return reply
         finally:
