@@ -121,7 +121,7 @@ SUBJECTS: tuple[SubjectSpec, ...] = (
         stream="WEIGHTS",
         description="a version is stored",
         publishers=("weight-publisher",),
-        readers=("rollout-worker", "learner", "task-source"),
+        readers=("rollout-worker", "learner", "task-source", "subagent-pool"),
     ),
     SubjectSpec(
         pattern="weights.promoted",
@@ -169,7 +169,7 @@ REQUESTS: tuple[RequestSpec, ...] = (
         queue_group=TOOL_QUEUE_GROUP,
         service="tool-service",
         description="tools.call.<tool>: one tool call, answered by one tool-service replica",
-        callers=("rollout-worker",),
+        callers=("rollout-worker", "subagent-pool"),
     ),
 )
 
@@ -222,7 +222,8 @@ STREAMS: tuple[StreamSpec, ...] = (
             ConsumerSpec(
                 durable=SUBAGENT_POOL_DURABLE,
                 filter_subject="subagents.>",
-                service="rollout-worker",
+                # The rollout-worker image run as the pool (its own NATS user: it answers inboxes).
+                service="subagent-pool",
                 ack_wait_s=10.0,
                 max_deliver=3,
                 replies_to=("rollout-worker",),
