@@ -8,6 +8,8 @@ real runtime (as test_rollout_worker.py drives workers):
   version 1 with the same weight bytes (sha256 over every parameter);
 - idempotent: the same request id sent twice (two messages) is played once; the second answer is
   the first one, replayed from the worker's memory;
+- local: a task worker's frozen copy ([subagents] transport = "local") stays at version 0, bytes
+  and all, while the live engine applies version 1; its engine is built by the first call;
 - spread: 2 replicas (2 requests in flight each) and an orchestrator-side harness whose episode
   spawns 8 frozen `lookup` sub-agents concurrently through `NatsSubagents`: both replicas serve
   some (worker ids in the replies), every child sample in the parent episode is trainable=False,
@@ -28,6 +30,7 @@ import torch
 
 from slipstream.bus import Bus, BusConfig, connect_bus
 from slipstream.engine import ByteTokenizer, SamplingParams
+from slipstream.engine.interface import GenerationRequest
 from slipstream.engine.presets import build_tiny
 from slipstream.engine.source import ModelSource
 from slipstream.envs import EpisodeContext, Outcome, Score, TaskSpec, get_env
@@ -283,7 +286,15 @@ async def test_a_task_worker_keeps_a_frozen_local_copy_that_announces_never_touc
         assert frozen.policy_version == 0
         assert await asyncio.to_thread(engine_digest, frozen) == before
         assert await asyncio.to_thread(engine_digest, engine) != before
-        assert service.status()["subagents"] == {"transport": "local", "frozen_version": 0}
+        # Its engine (and KV cache) exist only once a sub-agent runs; it samples at version 0.
+        assert service.status()["subagents"] == {"transport": "local", "frozen_version": 0, "frozen_started": False}
+        request = GenerationRequest(
+            request_id="sub/0", prompt_ids=[1, 2, 3], params=SamplingParams(max_tokens=4, ignore_eos=True)
+        )
+        result = await frozen.generate(request)
+        assert [tuple(s) for s in result.segments] == [(0, 4)]
+        assert service.status()["subagents"]["frozen_started"] is True
+        assert await asyncio.to_thread(engine_digest, frozen) == before
     finally:
         runtime.request_stop("test done")
         assert await asyncio.wait_for(job, 30.0) == 0

@@ -21,8 +21,8 @@ announced versions, and the endpoint answers 429 while the served version lags t
 
 Frozen sub-agents (`spawn(..., trainable=False)`) run, with `[subagents] transport = "local"`
 (default), on a second engine in this process over a deep copy of the weights taken before any
-announcement (or version `[subagents] pin_version` from the store), which the follower never
-touches; with `"nats"` they are requests to the sub-agent pool (subagent_client.py). With
+announcement, built on first use (frozen.py), or version `[subagents] pin_version` from the
+store; the follower never touches it; with `"nats"` they are requests to the sub-agent pool (subagent_client.py). With
 `[pool] subagents = true` the worker *is* a pool replica: it binds the `subagent-pool` durable
 instead of `rollout-worker`, loads exactly `[pool] pin_version`, notes but never applies
 announcements, and answers each request's inbox (subagent_pool.py).
@@ -47,6 +47,7 @@ from slipstream.engine.source import load_model, load_tokenizer_only, resolve_de
 from slipstream.engine.tokenizer import Tokenizer
 from slipstream.rollout_worker.config import RolloutWorkerConfig
 from slipstream.rollout_worker.follower import WeightFollower
+from slipstream.rollout_worker.frozen import FrozenEngine
 from slipstream.rollout_worker.instruments import sample_gauges
 from slipstream.rollout_worker.intake import TaskIntake
 from slipstream.rollout_worker.outbox import Outbox
@@ -176,32 +177,39 @@ class RolloutWorkerService(BaseService):
         )
 
     async def _build_frozen(self, tokenizer: Tokenizer) -> None:
-        """`[subagents] transport = "local"`: the second engine, on the weights copied at load time."""
-        if self._model is None:
+        """`[subagents] transport = "local"`: the engine over the weights copied at load time.
+
+        At its first version (pin_version -1) the engine is built by the first sub-agent call
+        (frozen.py: no second KV cache for envs that never spawn); pinned to a stored version it
+        is built now and that version loaded into it, once.
+        """
+        model, self._model = self._model, None
+        if model is None:
             log.warning(
                 "no frozen copy with [engine] type = 'http': frozen sub-agents run on the served (live) weights",
                 url=self.cfg.engine.url,
             )
             return
-        frozen = self._torch_engine(self._model, tokenizer)
-        self._model = None
+        pin = self.cfg.subagents.pin_version
+        if pin <= 0:
+            self.frozen_engine = FrozenEngine(model, lambda m: self._torch_engine(m, tokenizer))
+            return
+        frozen = self._torch_engine(model, tokenizer)
         await frozen.start()
         self.frozen_engine = frozen
-        pin = self.cfg.subagents.pin_version
-        if pin > 0:
-            assert self.bus is not None and self.store is not None
-            loader = WeightFollower(
-                self.bus,
-                self.store,
-                frozen,
-                run_id=self.cfg.service.run_id,
-                retries=self.cfg.worker.weight_fetch_retries,
-                backoff_s=self.cfg.worker.weight_fetch_backoff_s,
-                worker_id=f"{self.worker_id}/frozen",
-                verifier=self.verifier,
-                pinned=True,
-            )
-            await loader.load_pinned(pin, wait_s=self.cfg.pool.pin_wait_s)
+        assert self.bus is not None and self.store is not None
+        loader = WeightFollower(
+            self.bus,
+            self.store,
+            frozen,
+            run_id=self.cfg.service.run_id,
+            retries=self.cfg.worker.weight_fetch_retries,
+            backoff_s=self.cfg.worker.weight_fetch_backoff_s,
+            worker_id=f"{self.worker_id}/frozen",
+            verifier=self.verifier,
+            pinned=True,
+        )
+        await loader.load_pinned(pin, wait_s=self.cfg.pool.pin_wait_s)
         log.info("frozen sub-agent engine ready", policy_version=frozen.policy_version)
 
     async def setup(self) -> None:
@@ -520,6 +528,7 @@ class RolloutWorkerService(BaseService):
             sub: dict[str, Any] = {"transport": self.cfg.subagents.transport}
             if self.frozen_engine is not None:
                 sub["frozen_version"] = self.frozen_engine.policy_version
+                sub["frozen_started"] = getattr(self.frozen_engine, "started", True)
             if self.subagents is not None:
                 sub.update(self.subagents.stats)
             out["subagents"] = sub
