@@ -112,6 +112,7 @@ async def test_local_and_pooled_subagents_give_the_same_episode() -> None:
     assert len(pool.requests) == len(CHILD_TASKS)
     assert sorted(r.request_id for r in pool.requests) == [f"g/0/sub{i}" for i in range(len(CHILD_TASKS))]
     assert {r.env for r in pool.requests} == {"lookup"}
+    assert len({r.seed for r in pool.requests}) == len(CHILD_TASKS)  # spawned in one turn, seeded apart
     for e in (local, pooled):
         assert [s.sample_id for s in e.samples] == ["g/0"] + [f"g/0/s{i}" for i in range(1, len(e.samples))]
         root, *children = e.samples

@@ -447,7 +447,8 @@ class Recorder:
                 agent_id=agent_id,
                 role=role,
                 params=run.params,
-                seed=call_seed(run.group_id, run.index, self._state.calls, run.params.seed),
+                # Per child, not per turn: children spawned together in one turn get distinct seeds.
+                seed=completion_seed(f"{run.params.seed}/{self._state.episode_id}/{agent_id}", 0),
                 run_id=run.run_id,
                 caller=run.worker_id,
             )
