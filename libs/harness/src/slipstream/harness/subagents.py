@@ -139,15 +139,23 @@ async def play_subagent(
     worker_id: str = "",
     tools: Any = None,
     max_seq_len: int | None = None,
+    envs: dict[str, Environment[Any]] | None = None,
 ) -> SubagentReply:
     """The pool's side: rebuild the child env and task from `request` and play it on `engine`.
 
-    Raises `EnvError` (unknown env, bad options) or ValueError (bad split) for a request that can
-    never be served; the caller turns those into an error reply.
+    `envs` caches the built environments by name and options (building one may be costly: a
+    corpus, an index), so a pool builds each once. Raises `EnvError` (unknown env, bad options)
+    or ValueError (bad split) for a request that can never be served; the caller turns those
+    into an error reply.
     """
     from slipstream.harness.episode import EpisodeRun, EpisodeState, Recorder
 
-    env = get_env(request.env, **request.env_options)
+    key = f"{request.env}:{msgspec.json.encode(request.env_options, order='sorted').decode()}"
+    env = envs.get(key) if envs is not None else None
+    if env is None:
+        env = get_env(request.env, **request.env_options)
+        if envs is not None:
+            envs[key] = env
     spec = task_of(request)
     run = EpisodeRun(
         engine=engine,

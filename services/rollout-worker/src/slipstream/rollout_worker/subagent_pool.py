@@ -70,6 +70,7 @@ class SubagentServer:
         self.replay_cache = replay_cache
         self._done: OrderedDict[str, SubagentReply] = OrderedDict()
         self._playing: dict[str, asyncio.Future[SubagentReply]] = {}
+        self._envs: dict[str, Any] = {}  # child environments by name + options, built once
         self.outcomes: Counter[str] = Counter()
         self.failed = asyncio.Event()
         self.fatal: BaseException | None = None
@@ -133,6 +134,7 @@ class SubagentServer:
                 worker_id=self.worker_id,
                 tools=self.tools,
                 max_seq_len=_max_seq_len(self.engine),
+                envs=self._envs,
             )
         except (EnvError, TaskRejected, ValueError) as exc:
             log.warning("sub-agent request cannot be served", request_id=request.request_id, error=str(exc))
