@@ -10,6 +10,8 @@ real runtime (as test_rollout_worker.py drives workers):
   the first one, replayed from the worker's memory;
 - local: a task worker's frozen copy ([subagents] transport = "local") stays at version 0, bytes
   and all, while the live engine applies version 1; its engine is built by the first call;
+- service path: a task worker with `[subagents] transport = "nats"` takes a task for the
+  orchestrator env and publishes its episodes with every child merged in, frozen at the pin;
 - spread: 2 replicas (2 requests in flight each) and an orchestrator-side harness whose episode
   spawns 8 frozen `lookup` sub-agents concurrently through `NatsSubagents`: both replicas serve
   some (worker ids in the replies), every child sample in the parent episode is trainable=False,
@@ -33,18 +35,26 @@ from slipstream.engine import ByteTokenizer, SamplingParams
 from slipstream.engine.interface import GenerationRequest
 from slipstream.engine.presets import build_tiny
 from slipstream.engine.source import ModelSource
-from slipstream.envs import EpisodeContext, Outcome, Score, TaskSpec, get_env
+from slipstream.envs import EpisodeContext, Outcome, Score, TaskSpec, get_env, registry
 from slipstream.envs.base import Environment, Problem
 from slipstream.harness import ScriptedEngine, rollout_episodes
-from slipstream.rollout_worker.config import PoolSection, RolloutWorkerConfig, WorkerSection
+from slipstream.rollout_worker.config import PoolSection, RolloutWorkerConfig, SubagentsSection, WorkerSection
 from slipstream.rollout_worker.follower import engine_digest
 from slipstream.rollout_worker.service import RolloutWorkerService
 from slipstream.rollout_worker.subagent_client import NatsSubagents
 from slipstream.runtime.lifecycle import Runtime
 from slipstream.runtime.section import ServiceSection
-from slipstream.schemas import SubagentReply, SubagentRequest, SubagentSampling, WeightAnnounce, decode
+from slipstream.schemas import (
+    Episode,
+    SubagentReply,
+    SubagentRequest,
+    SubagentSampling,
+    Task,
+    WeightAnnounce,
+    decode,
+)
 from slipstream.schemas.subagents import REPLY_TO_HEADER
-from slipstream.schemas.subjects import WEIGHTS_ANNOUNCE, subagent_subject
+from slipstream.schemas.subjects import WEIGHTS_ANNOUNCE, subagent_subject, tasks_subject
 from slipstream.stack import Server
 from slipstream.store import LocalObjectStore, StoreConfig
 from slipstream.weights import publish_snapshot
@@ -201,7 +211,9 @@ async def test_the_same_request_id_is_played_once(pool: list[RolloutWorkerServic
 
 
 class _Orchestrator(Environment[msgspec.Struct]):
-    """One turn, then N_CHILDREN `lookup` sub-agents at once; their answers come back as one observation."""
+    """One turn, then N_CHILDREN `lookup` sub-agents at once; their answers come back as one observation.
+
+    Registered only inside the test that runs a worker on it (other tests list the registry)."""
 
     name: ClassVar[str] = "t-pool-orchestrator"
 
@@ -295,6 +307,49 @@ async def test_a_task_worker_keeps_a_frozen_local_copy_that_announces_never_touc
         assert [tuple(s) for s in result.segments] == [(0, 4)]
         assert service.status()["subagents"]["frozen_started"] is True
         assert await asyncio.to_thread(engine_digest, frozen) == before
+    finally:
+        runtime.request_stop("test done")
+        assert await asyncio.wait_for(job, 30.0) == 0
+
+
+@pytest.mark.parametrize("pool", [(2, 4)], indirect=True)
+async def test_a_task_worker_with_nats_transport_sends_its_episodes_subagents_to_the_pool(
+    pool: list[RolloutWorkerService], bus: Bus, nats_server: Server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The whole service path: a task on tasks.<env> -> a worker with [subagents] transport = "nats"
+    -> the pool -> one Episode on traj.raw.<env> with the children merged in, frozen at the pin."""
+    cfg = msgspec.structs.replace(
+        _config(nats_server.url, tmp_path / "store", "w0", max_in_flight=1),
+        pool=PoolSection(),
+        subagents=SubagentsSection(transport="nats", timeout_s=60.0),
+    )
+    monkeypatch.setitem(registry.ENVIRONMENTS, _Orchestrator.name, _Orchestrator)
+    worker = RolloutWorkerService(cfg)
+    runtime = Runtime(worker, cfg.service)
+    job = asyncio.create_task(runtime.run(handle_signals=False))
+    reader = await bus.consumer("reward-model", Episode)
+    try:
+        await _until(lambda: runtime.readiness()[0], 60.0, "the orchestrator's worker to become ready")
+        assert worker.frozen_engine is None and worker.subagents is not None
+        task = Task(task_id="orch-0", env="t-pool-orchestrator", prompt="plan:", reference="", run_id=RUN, group_size=2)
+        await bus.publish(tasks_subject(task.env), task, msg_id=task.task_id)
+        episodes: list[Episode] = []
+        deadline = time.monotonic() + 60.0
+        while len(episodes) < 2:
+            assert time.monotonic() < deadline, f"got {len(episodes)} of 2 episodes"
+            for d in await reader.fetch(2, 0.5):
+                episodes.append(d.msg)
+                await d.ack()
+        for e in episodes:
+            assert e.infra_error == "" and e.worker_id == "rollout-worker/w0"
+            root, *children = e.samples
+            assert root.trainable and root.versions() == [0]
+            assert len(children) == N_CHILDREN
+            assert all((s.role, s.trainable, s.versions()) == ("subagent", False, [PIN]) for s in children)
+            assert e.counts["subagents"] == N_CHILDREN
+        status = worker.status()["subagents"]
+        assert status["transport"] == "nats" and status["requests"] == 2 * N_CHILDREN and status["unavailable"] == 0
+        assert sum(s.pool.outcomes["ok"] for s in pool if s.pool is not None) == 2 * N_CHILDREN
     finally:
         runtime.request_stop("test done")
         assert await asyncio.wait_for(job, 30.0) == 0
