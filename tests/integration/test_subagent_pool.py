@@ -12,6 +12,8 @@ real runtime (as test_rollout_worker.py drives workers):
   and all, while the live engine applies version 1; its engine is built by the first call;
 - service path: a task worker with `[subagents] transport = "nats"` takes a task for the
   orchestrator env and publishes its episodes with every child merged in, frozen at the pin;
+- unavailable: with no replica, a request is sent again after its timeout, then answered with an
+  error (the parent masks the episode);
 - spread: 2 replicas (2 requests in flight each) and an orchestrator-side harness whose episode
   spawns 8 frozen `lookup` sub-agents concurrently through `NatsSubagents`: both replicas serve
   some (worker ids in the replies), every child sample in the parent episode is trainable=False,
@@ -353,3 +355,20 @@ async def test_a_task_worker_with_nats_transport_sends_its_episodes_subagents_to
     finally:
         runtime.request_stop("test done")
         assert await asyncio.wait_for(job, 30.0) == 0
+
+
+async def test_no_pool_replica_means_retries_then_an_infra_error(bus: Bus) -> None:
+    """No replica takes the request: sent again once after the timeout, then an error reply (never raised)."""
+    client = NatsSubagents(bus, timeout_s=0.3, retries=1, retry_backoff_s=0.05, caller="orchestrator")
+    request = SubagentRequest(request_id="ep/0/sub0", agent_id="sub0", env="lookup", prompt="key 1?\n")
+    t0 = time.monotonic()
+    reply = await client.run(request)
+    assert time.monotonic() - t0 >= 0.6
+    assert reply.request_id == request.request_id and reply.samples == []
+    assert (
+        reply.error.startswith("sub-agent pool unavailable after 2 attempt(s)")
+        and "no reply within 0.3 s" in reply.error
+    )
+    assert client.stats == {"requests": 1, "retries": 1, "unavailable": 1, "errors": 0}
+    # Both attempts are in the work queue (distinct message ids), for a pool to skip once past their deadline.
+    assert (await bus.stream_info("SUBAGENTS"))["messages"] == 2
