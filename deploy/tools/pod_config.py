@@ -225,7 +225,8 @@ def _holds_options(p: PodConfig, env: str) -> bool:
         return env in p.get("gate", "envs")
     if p.service == "tool-service":
         return env in p.get("serve", "sets")
-    return True
+    # A sub-agent pool replica plays the options each request carries, none of its own.
+    return not (p.service == "rollout-worker" and p.get("pool", "subagents"))
 
 
 def _rank_mismatches(learner: PodConfig, publishers: list[PodConfig]) -> list[str]:

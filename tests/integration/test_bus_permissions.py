@@ -48,7 +48,16 @@ from slipstream.stack import Server, start_nats
 
 pytestmark = pytest.mark.integration
 
-SERVICES = ("eval-gate", "learner", "reward-model", "rollout-worker", "task-source", "tool-service", "weight-publisher")
+SERVICES = (
+    "eval-gate",
+    "learner",
+    "reward-model",
+    "rollout-worker",
+    "subagent-pool",
+    "task-source",
+    "tool-service",
+    "weight-publisher",
+)
 SUBJECTS = (
     "tasks.arith",
     "traj.raw.arith",
@@ -57,20 +66,28 @@ SUBJECTS = (
     "weights.promoted",
     "eval.result",
     "learner.step",
+    "subagents.lookup",
     *(dlq_subject(s.name) for s in STREAMS if s.name != "DLQ"),
 )
 MAY_PUBLISH = {
     "task-source": {"tasks.arith"},
-    "rollout-worker": {"traj.raw.arith", "dlq.TASKS"},
+    "rollout-worker": {"traj.raw.arith", "dlq.TASKS", "subagents.lookup"},
+    "subagent-pool": {"dlq.SUBAGENTS"},  # and replies into the rollout workers' inboxes (below)
     "reward-model": {"traj.scored.arith", "dlq.TRAJ_RAW"},
     "learner": {"learner.step", "dlq.TRAJ_SCORED"},
     "weight-publisher": {"weights.announce"},
     "eval-gate": {"weights.promoted", "eval.result", "dlq.WEIGHTS"},
     "tool-service": set(),  # replies to the tool calls it receives, nothing else (below)
 }
-DURABLES = {"rollout-worker": "TASKS", "reward-model": "TRAJ_RAW", "learner": "TRAJ_SCORED", "eval-gate": "WEIGHTS"}
+DURABLES = {
+    "rollout-worker": "TASKS",
+    "reward-model": "TRAJ_RAW",
+    "learner": "TRAJ_SCORED",
+    "eval-gate": "WEIGHTS",
+    "subagent-pool": "SUBAGENTS",
+}
 MAY_READ = {  # fan-out (ordered consumer) views, per subject
-    "weights.announce": {"rollout-worker", "learner", "task-source"},
+    "weights.announce": {"rollout-worker", "learner", "task-source", "subagent-pool"},
     "weights.promoted": {"rollout-worker", "eval-gate"},
     "learner.step": {"task-source"},
     "eval.result": set(),
@@ -295,6 +312,25 @@ async def test_a_service_cannot_listen_on_another_services_inbox(secured: Secure
         assert len(denied) == 2, errors
     finally:
         await nc.close()
+
+
+async def test_the_pool_answers_into_rollout_worker_inboxes_only(secured: Secured, admin: Bus) -> None:
+    worker, _ = await secured.raw("rollout-worker")
+    pool, errors = await secured.raw("subagent-pool")
+    try:
+        inbox = worker.new_inbox()  # what a worker names in Slipstream-Reply-To
+        sub = await worker.subscribe(inbox)
+        await worker.flush()
+        await pool.publish(inbox, b"reply")
+        await pool.publish(inbox_prefix("learner") + ".x", b"not for the learner")
+        await pool.flush()
+        assert (await sub.next_msg(timeout=2.0)).data == b"reply"
+        await asyncio.sleep(0.2)
+        denied = [e for e in errors if "permissions violation for publish" in e.lower()]
+        assert len(denied) == 1 and "_inbox.learner" in denied[0].lower(), errors
+    finally:
+        await worker.close()
+        await pool.close()
 
 
 async def test_no_credentials_no_connection(secured: Secured) -> None:

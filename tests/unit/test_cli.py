@@ -321,3 +321,28 @@ def test_learner_ranks_start_one_weight_publisher_per_rank(tmp_path: Path) -> No
     assert "SLIPSTREAM_PUBLISHER__RANK" not in one.service_env("weight-publisher", 1)
     with pytest.raises(ValueError, match="SLIPSTREAM_LEARNER__RANKS='two' is not a whole number"):
         _stack_with_fake_servers(tmp_path / "bad", env={"SLIPSTREAM_LEARNER__RANKS": "two"})
+
+
+def test_pool_replicas_run_the_rollout_worker_pinned_as_their_own_user(tmp_path: Path) -> None:
+    from slipstream.cli.spec import module_of, pool_replica_names
+    from slipstream.rollout_worker.config import RolloutWorkerConfig
+    from slipstream.runtime.config import resolve
+
+    stack = _stack_with_fake_servers(
+        tmp_path,
+        services=("rollout-worker",),
+        subagent_pool=2,
+        pin_version=3,
+        service_env={"rollout-worker": {"SLIPSTREAM_MODEL__PRESET": "25m"}},
+    )
+    assert pool_replica_names(2) == ("subagent-pool", "subagent-pool-2")
+    assert module_of("subagent-pool") == "slipstream.rollout_worker"
+    pool = resolve(RolloutWorkerConfig, environ=stack.service_env("subagent-pool-2", 1))
+    worker = resolve(RolloutWorkerConfig, environ=stack.service_env("rollout-worker", 2))
+    assert pool.pool.subagents and pool.pool.pin_version == 3 and pool.service.replica == "subagent-pool-2"
+    assert pool.bus.user == "subagent-pool" and pool.model.preset == "25m" == worker.model.preset
+    assert worker.subagents.transport == "nats" and not worker.pool.subagents
+    assert worker.bus.user == "rollout-worker"
+    # Without a pool the workers keep their sub-agents local.
+    alone = _stack_with_fake_servers(tmp_path / "alone", services=("rollout-worker",))
+    assert resolve(RolloutWorkerConfig, environ=alone.service_env("rollout-worker", 2)).subagents.transport == "local"

@@ -86,7 +86,8 @@ def test_the_services_of_an_overlay_resolve_to_one_consistent_run(overlay: str) 
     assert services == expected
     assert podcfg.mismatches(pods) == []
     if overlay != "prod/learner-ray":
-        by = {p.service: p.config for p in pods}
+        # The sub-agent pool runs the rollout-worker service too; `by` holds the task workers.
+        by = {p.service: p.config for p in pods if not _is_pool(p)}
         # The shared endpoints come from slipstream-env and the Secret, not from six TOML files.
         assert {p.get("service", "run_id") for p in pods} == {overlay}
         assert by["learner"].service.redis_url and by["learner"].learner.staging_dir.startswith("/var/run/")
@@ -171,6 +172,20 @@ def test_the_consistency_check_names_a_missing_rank_publisher(rank: int, ranks: 
 
 def test_rollout_worker_keda_target_is_the_tasks_one_replica_holds() -> None:
     objs = render("prod")
-    (worker,) = [p for p in podcfg.resolve(objs) if p.service == "rollout-worker"]
+    (worker,) = [p for p in podcfg.resolve(objs) if p.service == "rollout-worker" and not _is_pool(p)]
     meta = find(objs, "ScaledObject", "rollout-worker")["spec"]["triggers"][0]["metadata"]
     assert int(meta["lagThreshold"]) == worker.get("worker", "max_tasks_in_flight")
+
+
+def test_subagent_pool_is_a_pinned_rollout_worker_scaled_on_the_requests_one_replica_plays() -> None:
+    objs = render("prod")
+    (pool,) = [p for p in podcfg.resolve(objs) if _is_pool(p)]
+    assert pool.service == "rollout-worker" and pool.owner == "Deployment/subagent-pool"
+    assert pool.get("pool", "pin_version") >= 0
+    meta = find(objs, "ScaledObject", "subagent-pool")["spec"]["triggers"][0]["metadata"]
+    assert (meta["stream"], meta["consumer"]) == ("SUBAGENTS", "subagent-pool")
+    assert int(meta["lagThreshold"]) == pool.get("pool", "max_in_flight")
+
+
+def _is_pool(p: podcfg.PodConfig) -> bool:
+    return p.service == "rollout-worker" and bool(p.get("pool", "subagents"))

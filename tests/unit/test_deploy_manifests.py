@@ -68,7 +68,7 @@ def test_every_rendered_object_validates_strictly(obj: dict[str, Any]) -> None:
 
 def test_overlays_cover_dev_prod_and_every_prod_service() -> None:
     assert {"dev", "prod", "prod/common", "prod/learner-ray"} <= set(OVERLAYS)
-    prod = ("rollout-worker", "reward-model", "learner", "eval-gate", "task-source", "tool-service")
+    prod = ("rollout-worker", "subagent-pool", "reward-model", "learner", "eval-gate", "task-source", "tool-service")
     assert {f"prod/{s}" for s in prod} <= set(OVERLAYS)
 
 
@@ -238,7 +238,7 @@ def _assert_publisher_sidecar(objs: list[Any], spec: dict[str, Any], main: str, 
 
 def test_prod_gpu_services_request_gpus_in_limits_on_gpu_nodes() -> None:
     objs = render("prod")
-    for name in ("rollout-worker", "learner"):
+    for name in ("rollout-worker", "subagent-pool", "learner"):
         spec = find(objs, "Deployment", name)["spec"]["template"]["spec"]
         c = next(c for c in spec["containers"] if c["name"] == name)
         assert c["resources"]["limits"]["nvidia.com/gpu"] == 1
@@ -266,7 +266,7 @@ def test_keda_scales_each_horizontal_service_on_its_own_jetstream_consumer() -> 
     objs = render("prod")
     helm = yaml.safe_load((DEPLOY / "helm" / "nats" / "values.yaml").read_text())
     scaled = {o["metadata"]["name"]: o for o in objs if o["kind"] == "ScaledObject"}
-    assert set(scaled) == {"rollout-worker", "reward-model", "eval-gate", "tool-service"}
+    assert set(scaled) == {"rollout-worker", "subagent-pool", "reward-model", "eval-gate", "tool-service"}
     for name, so in scaled.items():
         if name == "tool-service":
             continue  # request/reply: no consumer backlog; see the next test
@@ -282,6 +282,7 @@ def test_keda_scales_each_horizontal_service_on_its_own_jetstream_consumer() -> 
         assert int(meta["lagThreshold"]) >= 1
     # Floors of one where a cold start costs minutes (GPU model load, policy load for evals).
     assert scaled["rollout-worker"]["spec"]["minReplicaCount"] == 1
+    assert scaled["subagent-pool"]["spec"]["minReplicaCount"] == 1
     assert scaled["eval-gate"]["spec"]["minReplicaCount"] == 1
     assert find(objs, "Deployment", "learner")["spec"]["replicas"] == 1
 
@@ -410,6 +411,8 @@ def test_a_kustomization_kustomize_refuses_fails_with_its_message_and_directory(
 
 bus_users = _tool("bus_users")
 _BUS_USER_OF_IMAGE = {"learner-ray": "learner", "provision": "admin"}
+# The rollout-worker image run as the sub-agent pool connects as the pool's own user.
+_BUS_USER_OF_CONTAINER = {"subagent-pool": "subagent-pool"}
 
 
 def test_generated_nats_users_are_current_with_the_subject_table() -> None:
@@ -436,7 +439,7 @@ def test_every_slipstream_container_connects_as_its_own_nats_user(overlay: str) 
             m = re.search(r"(?:^|/)slipstream/([a-z-]+)", str(c["image"]))
             if not m:
                 continue
-            user = _BUS_USER_OF_IMAGE.get(m.group(1), m.group(1))
+            user = _BUS_USER_OF_CONTAINER.get(c["name"]) or _BUS_USER_OF_IMAGE.get(m.group(1), m.group(1))
             env = {e["name"]: e for e in c.get("env", [])}
             assert env["SLIPSTREAM_BUS__USER"].get("value") == user, f"{owner}/{c['name']}"
             ref = env["SLIPSTREAM_BUS__PASSWORD"]["valueFrom"]["secretKeyRef"]

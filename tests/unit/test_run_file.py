@@ -156,6 +156,19 @@ def test_a_run_asking_for_tool_service_replicas_points_the_workers_at_them(tmp_p
     assert local.tools.transport == "local"
 
 
+def test_a_run_asking_for_a_subagent_pool_sends_the_workers_sub_agents_there(tmp_path: Path) -> None:
+    from slipstream.rollout_worker.config import RolloutWorkerConfig
+
+    path = tmp_path / "pool.toml"
+    path.write_text('[env]\nname = "lookup"\n[replicas]\nsubagent-pool = 3\n')
+    plan = load(path).plan()
+    assert plan.subagent_pool_replicas == 3 and plan.subagent_pin_version == 0
+    worker = resolve(RolloutWorkerConfig, environ=service_env(plan, Path("/m"), Path("/s"), Path("/o")))
+    assert worker.subagents.transport == "nats" and not worker.pool.subagents
+    local = resolve(RolloutWorkerConfig, environ=service_env(load(DEV_RUN).plan(), Path("/m"), Path("/s"), Path("/o")))
+    assert local.subagents.transport == "local"
+
+
 def test_the_lookup_example_is_the_lookup_demo() -> None:
     """examples/lookup.toml and `slipstream demo --env lookup` train the same thing."""
     from slipstream.cli.demo import demo_plan

@@ -34,7 +34,9 @@ A new service row needs no edits here: a name in `publishers`, `readers`, a cons
 row's `callers` may send requests on its pattern (the replies come back to their own inbox); its
 `service` subscribes to the pattern in the row's queue group only, and may publish nothing but
 the reply to a request it received (NATS `allow_responses`). A service with no JetStream role
-(the tool-service) gets no JetStream API rights at all.
+(the tool-service) gets no JetStream API rights at all. A durable's `replies_to` (the sub-agent
+pool: requests through the SUBAGENTS work queue, replies on core NATS) lets its service publish
+into those services' inboxes `_INBOX.<caller>.>`, nothing else outside its rows.
 """
 
 from __future__ import annotations
@@ -139,6 +141,8 @@ def service_permissions(
                     f"$JS.ACK.{st.name}.{c.durable}.>",
                     table.dlq_subject(st.name),
                 ]
+                # A work-queue request answered on core NATS: the reply goes to the requester's inbox.
+                jetstream += [inbox_prefix(caller) + ".>" for caller in c.replies_to]
     publish = [*METADATA_SUBJECTS, *jetstream] if jetstream else []
     subscribe = [inbox_prefix(service) + ".>"]
     responds = False

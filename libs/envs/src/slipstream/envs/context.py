@@ -76,6 +76,9 @@ class Outcome(msgspec.Struct, kw_only=True):
 
     final_text: Annotated[str, Doc(description="The answer a scorer reads (Episode.final_text).")] = ""
     finish_reason: Annotated[str, Doc(description="Why the episode ended: 'stop', 'length', 'max_turns', ...")] = ""
+    steps: Annotated[
+        int, Doc(description="Steps the agent took: tool invocations, plus 1 for each turn without a call.")
+    ] = 0
 
 
 @runtime_checkable

@@ -5,6 +5,7 @@
 - `RecordingEngine`, `token_problems`: proof that an episode's ids came from the engine and the
   tokenizer only (the invariant suite runs it on every environment).
 - `evaluate`: held-out accuracy and reward of an engine's current weights, via the same loop.
+- `play_subagent`, `merge_reply`: frozen sub-agents played by a pinned pool, merged back (subagents.py).
 - `sft_warmstart`: a short supervised phase so RL starts from a policy that sometimes succeeds.
 """
 
@@ -27,6 +28,7 @@ from slipstream.harness.rollout import (
     trajectory_of,
 )
 from slipstream.harness.scripted import ScriptedEngine
+from slipstream.harness.subagents import SubagentTransport, build_request, merge_reply, play_subagent
 from slipstream.harness.summary import SummarisingContext, SummaryConfig, group_threshold
 
 # The warm-start trains with torch; it loads on first use so that importing the harness (a
@@ -61,11 +63,13 @@ __all__ = [
     "RolloutError",
     "SampleBuilder",
     "ScriptedEngine",
+    "SubagentTransport",
     "SummarisingContext",
     "SummaryConfig",
     "TaskEval",
     "TaskRejected",
     "as_spec",
+    "build_request",
     "completion_seed",
     "episode_examples",
     "evaluate",
@@ -73,8 +77,10 @@ __all__ = [
     "expert_examples",
     "greedy_params",
     "group_threshold",
+    "merge_reply",
     "new_group_id",
     "play_episode",
+    "play_subagent",
     "prompt_ids",
     "rollout_episodes",
     "rollout_group",

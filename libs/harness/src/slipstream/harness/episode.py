@@ -14,7 +14,10 @@ A context edit (`branch`) closes the parent and opens a new sample whose prompt 
 from slices of the parent's ids and newly tokenised text; `branch_pos` is the length of the
 prefix it shares with the parent. Nested agents (`spawn`) write their samples into the same
 episode under their own agent id, role and trainable flag; a frozen agent's calls go to the
-frozen engine when one is given (a pool pinned to one version).
+frozen engine when one is given (a copy pinned to one version); with a `SubagentTransport`
+(`EpisodeRun.subagents`) a frozen agent is played by the pinned pool instead and merged back
+(subagents.py). `spawn` returns the child's `Outcome` with `steps` (tool invocations + 1 per
+turn without a call) filled in when the child's env left it 0.
 """
 
 from __future__ import annotations
@@ -46,6 +49,7 @@ from slipstream.tools import LocalTransport, ToolRegistry, ToolTransport
 
 if TYPE_CHECKING:
     from slipstream.envs.base import Environment
+    from slipstream.harness.subagents import SubagentTransport
     from slipstream.harness.summary import SummaryConfig
 
 _SEED_SPACE = 2**62
@@ -192,6 +196,13 @@ class EpisodeRun:
     """Where tool calls run (e.g. a tool-service over NATS); None: in this process."""
     summary: SummaryConfig | None = None
     """Self-summarising chains (summary.py); None or disabled: contexts just grow."""
+    subagents: SubagentTransport | None = None
+    """Where frozen sub-agents (spawn with trainable=False) run: None = in this process, on
+    `frozen_engine` (or `engine` when there is none); else the pinned pool (subagents.py)."""
+    run_id: str = ""
+    """The training run, told to the sub-agent pool."""
+    worker_id: str = ""
+    """Who plays this episode, told to the sub-agent pool (logs)."""
 
 
 class Recorder:
@@ -206,6 +217,7 @@ class Recorder:
         agent_id: str = "policy",
         role: str = "policy",
         trainable: bool = True,
+        nested: bool = False,
     ) -> None:
         self._run = run
         self._state = state
@@ -213,6 +225,16 @@ class Recorder:
         self.agent_id = agent_id
         self.role = role
         self.trainable = trainable
+        self.nested = nested
+        """A spawned agent: its tool events are stamped with its agent_id."""
+        self._turns: list[int] = []
+        self._events: list[ToolEvent] = []
+
+    def steps(self) -> int:
+        """This agent's steps so far: its tool invocations, plus 1 for each turn without a call."""
+        from slipstream.harness.subagents import child_steps
+
+        return child_steps(self._turns, self._events)
 
     @property
     def run(self) -> EpisodeRun:
@@ -320,6 +342,7 @@ class Recorder:
         turn = state.calls
         state.calls += 1
         sample.calls += 1
+        self._turns.append(turn)
         result = await engine.generate(request)
         if result.finish_reason == "abort":
             raise RolloutAborted(f"completion {request.request_id} was aborted by the engine")
@@ -412,15 +435,39 @@ class Recorder:
     ) -> Outcome:
         if agent_id == self.agent_id:
             raise ValueError(f"a spawned agent needs its own agent_id, not {agent_id!r}")
-        child = Recorder(self._run, self._state, task, agent_id=agent_id, role=role, trainable=trainable)
         self._state.count("subagents")
-        return await env.run(child)
+        run = self._run
+        if not trainable and run.subagents is not None:
+            from slipstream.harness.subagents import build_request, merge_reply
+
+            request = build_request(
+                env,
+                task,
+                episode_id=self._state.episode_id,
+                agent_id=agent_id,
+                role=role,
+                params=run.params,
+                # Per child, not per turn: children spawned together in one turn get distinct seeds.
+                seed=completion_seed(f"{run.params.seed}/{self._state.episode_id}/{agent_id}", 0),
+                run_id=run.run_id,
+                caller=run.worker_id,
+            )
+            reply = await run.subagents.run(request)
+            return merge_reply(run, self._state, reply, agent_id=agent_id)
+        child = Recorder(run, self._state, task, agent_id=agent_id, role=role, trainable=trainable, nested=True)
+        outcome = await env.run(child)
+        if isinstance(outcome, Outcome) and outcome.steps == 0:
+            outcome = msgspec.structs.replace(outcome, steps=child.steps())
+        return outcome
 
     def tools(self, registry: ToolRegistry) -> ToolTransport:
         factory = self._run.tools
         return LocalTransport(registry) if factory is None else factory(registry)
 
     def log_tool(self, event: ToolEvent) -> None:
+        if self.nested and not event.agent_id:
+            event = msgspec.structs.replace(event, agent_id=self.agent_id)
+        self._events.append(event)
         self._state.tool_log.append(event)
         self._state.count("tool_calls")
         if event.status != "ok":

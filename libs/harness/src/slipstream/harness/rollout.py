@@ -41,6 +41,7 @@ from slipstream.harness.episode import (
     completion_seed,
     prompt_ids,
 )
+from slipstream.harness.subagents import SubagentTransport
 from slipstream.harness.summary import SummarisingContext, SummaryConfig, group_threshold
 from slipstream.schemas import Episode, Task, Trajectory
 from slipstream.tools import ToolRegistry, ToolTransport
@@ -121,6 +122,7 @@ async def rollout_episodes(
     frozen_engine: Engine | None = None,
     tools: Callable[[ToolRegistry], ToolTransport] | None = None,
     summary: SummaryConfig | None = None,
+    subagents: SubagentTransport | None = None,
 ) -> list[Episode]:
     """Play `task` `group_size` times (default: the wire task's group_size, else 1), concurrently.
 
@@ -129,7 +131,8 @@ async def rollout_episodes(
     the wire task's. Seeds: engine call k of episode i uses `params.seed + i` for k = 0 when
     params carry a seed, else a hash of (group id, i, k). `frozen_engine` serves the calls of
     frozen (non-trainable) agents; `tools` says where tool calls run (None: in this process);
-    `summary` makes long contexts summarise and restart (summary.py; one threshold per group).
+    `summary` makes long contexts summarise and restart (summary.py; one threshold per group);
+    `subagents` plays frozen spawned agents in the pinned pool instead (subagents.py).
     Raises TaskRejected for a task this env/engine can never run, RolloutAborted when the engine
     aborts a call; on any failure the other episodes are cancelled.
     """
@@ -155,6 +158,9 @@ async def rollout_episodes(
             chat=env.chat_messages,
             tools=tools,
             summary=summary,
+            subagents=subagents,
+            run_id=run_id,
+            worker_id=worker_id,
         )
         for i in range(size)
     ]

@@ -77,6 +77,11 @@ class TrainingPlan(msgspec.Struct, kw_only=True):
     """KV-cache length of the workers' and the evaluator's engines; 0 = the engine's default (<= 2048)."""
     tool_service_replicas: int = 0
     """tool-service replicas serving the env's tools (`[replicas] tool-service`); 0: tools run in the workers."""
+    subagent_pool_replicas: int = 0
+    """Replicas of the frozen sub-agent pool (`[replicas] subagent-pool`), pinned to `subagent_pin_version`;
+    the workers then send frozen sub-agents there over NATS. 0: they run in the workers on a frozen copy."""
+    subagent_pin_version: int = 0
+    """The weight version the pool serves (0: the weights the services start from, a demo's warm-started model)."""
     summary: dict[str, Any] = {}
     """Context restarts of the workers' episodes (and of the held-out evals and the warm-start's expert):
     the fields of libs/harness `SummaryConfig` (enabled, mode "summary" | "truncate", min_tokens,
@@ -230,6 +235,8 @@ def run_env(plan: TrainingPlan) -> dict[str, str]:
         env["SLIPSTREAM_REWARD__ENV_OPTIONS"] = env_options
         env["SLIPSTREAM_WORKER__ENV_OPTIONS"] = env_options
         env["SLIPSTREAM_GATE__ENV_OPTIONS"] = env_options
+    if plan.subagent_pool_replicas > 0:
+        env["SLIPSTREAM_SUBAGENTS__TRANSPORT"] = "nats"
     if plan.tool_service_replicas > 0:
         # The workers call the env's tools over NATS; the tool-service serves them, built like the workers' env.
         env["SLIPSTREAM_TOOLS__TRANSPORT"] = "nats"

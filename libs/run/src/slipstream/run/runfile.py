@@ -138,6 +138,7 @@ class ReplicasSection(_Section, rename="kebab"):
     reward_model: int = 1
     eval_gate: int = 1
     tool_service: int = 0
+    subagent_pool: int = 0
 
 
 class InfraSection(_Section):
@@ -177,6 +178,8 @@ class RunFile(_Section):
         }
         if self.replicas.tool_service:
             fields["tool_service_replicas"] = self.replicas.tool_service
+        if self.replicas.subagent_pool:
+            fields["subagent_pool_replicas"] = self.replicas.subagent_pool
         for top in ("seed", "timeout_s"):
             if getattr(self, top) is not None:
                 fields[top] = getattr(self, top)

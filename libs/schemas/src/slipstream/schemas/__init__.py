@@ -32,6 +32,7 @@ from slipstream.schemas.evaluation import EvalResult
 from slipstream.schemas.learner import LearnerStep
 from slipstream.schemas.packing import pack_floats, pack_ids, pack_mask, unpack_floats, unpack_ids, unpack_mask
 from slipstream.schemas.rollout import PolicySegment, ScoredTrajectory, Task, Timings, Trajectory, Turn
+from slipstream.schemas.subagents import SubagentReply, SubagentRequest, SubagentSampling
 from slipstream.schemas.tools import ToolReply, ToolRequest
 from slipstream.schemas.weights import (
     AbandonedVersion,
@@ -62,6 +63,9 @@ __all__ = [
     "ScoredEpisode",
     "ScoredTrajectory",
     "ShardRef",
+    "SubagentReply",
+    "SubagentRequest",
+    "SubagentSampling",
     "Task",
     "TensorEntry",
     "Timings",

@@ -18,6 +18,7 @@ from slipstream.schemas.episode import Episode, ScoredEpisode, episode_from_traj
 from slipstream.schemas.evaluation import EvalResult
 from slipstream.schemas.learner import LearnerStep
 from slipstream.schemas.rollout import ScoredTrajectory, Task, Trajectory
+from slipstream.schemas.subagents import SubagentReply, SubagentRequest
 from slipstream.schemas.tools import ToolReply, ToolRequest
 from slipstream.schemas.weights import WeightAnnounce, WeightManifest, WeightsPromoted
 
@@ -39,6 +40,8 @@ MESSAGE_TYPES: dict[str, type[msgspec.Struct]] = {
         DeadLetter,
         ToolRequest,
         ToolReply,
+        SubagentRequest,
+        SubagentReply,
     )
 }
 

@@ -140,6 +140,9 @@ class ToolEvent(msgspec.Struct, kw_only=True):
     info: Annotated[
         dict[str, str], Doc(description="Tool-specific extras for scorers (e.g. retrieved chunk ids).")
     ] = {}
+    agent_id: Annotated[
+        str, Doc(description="The nested agent that made the call (a spawned sub-agent's id); '' = the episode's own.")
+    ] = ""
 
 
 class EpisodeRef(msgspec.Struct, kw_only=True):

@@ -36,6 +36,13 @@ class ConsumerSpec(msgspec.Struct, kw_only=True, frozen=True):
     ] = 10.0
     max_deliver: Annotated[int, Doc(description="Deliveries before the message goes to the DLQ.")] = 5
     max_ack_pending: int = 1024
+    replies_to: Annotated[
+        tuple[str, ...],
+        Doc(
+            description="Services whose reply inboxes (`_INBOX.<service>.>`) this consumer's service may publish "
+            "to: a request carried by a work queue, answered on core NATS (the sub-agent pool)."
+        ),
+    ] = ()
 
 
 class SubjectSpec(msgspec.Struct, kw_only=True, frozen=True):
@@ -114,7 +121,7 @@ SUBJECTS: tuple[SubjectSpec, ...] = (
         stream="WEIGHTS",
         description="a version is stored",
         publishers=("weight-publisher",),
-        readers=("rollout-worker", "learner", "task-source"),
+        readers=("rollout-worker", "learner", "task-source", "subagent-pool"),
     ),
     SubjectSpec(
         pattern="weights.promoted",
@@ -139,12 +146,20 @@ SUBJECTS: tuple[SubjectSpec, ...] = (
         publishers=("learner",),
         readers=("task-source",),
     ),
+    SubjectSpec(
+        pattern="subagents.>",
+        message="SubagentRequest",
+        stream="SUBAGENTS",
+        description="subagents.<env>: frozen sub-agent episodes for the pinned pool (reply to the Reply-To inbox)",
+        publishers=("rollout-worker",),
+    ),
     # Publishers of dlq.<STREAM> are not listed: the consumers of STREAM's durables may dead-letter
     # into it (slipstream.bus.permissions derives that), nobody else.
     SubjectSpec(pattern="dlq.>", message="DeadLetter", stream="DLQ", description="dlq.<stream>: dead letters"),
 )
 
 TOOL_QUEUE_GROUP = "tool-service"
+SUBAGENT_POOL_DURABLE = "subagent-pool"
 
 REQUESTS: tuple[RequestSpec, ...] = (
     RequestSpec(
@@ -154,7 +169,7 @@ REQUESTS: tuple[RequestSpec, ...] = (
         queue_group=TOOL_QUEUE_GROUP,
         service="tool-service",
         description="tools.call.<tool>: one tool call, answered by one tool-service replica",
-        callers=("rollout-worker",),
+        callers=("rollout-worker", "subagent-pool"),
     ),
 )
 
@@ -197,6 +212,24 @@ STREAMS: tuple[StreamSpec, ...] = (
             ConsumerSpec(durable="eval-gate", filter_subject="weights.announce", service="eval-gate", ack_wait_s=30.0),
         ),
         description="Weight announcements and promotions: a replayable log.",
+    ),
+    StreamSpec(
+        name="SUBAGENTS",
+        retention="workqueue",
+        # A request lives as long as its requester waits (it retries with a new message after that).
+        max_age_s=600.0,
+        consumers=(
+            ConsumerSpec(
+                durable=SUBAGENT_POOL_DURABLE,
+                filter_subject="subagents.>",
+                # The rollout-worker image run as the pool (its own NATS user: it answers inboxes).
+                service="subagent-pool",
+                ack_wait_s=10.0,
+                max_deliver=3,
+                replies_to=("rollout-worker",),
+            ),
+        ),
+        description="Sub-agent requests; each is played by exactly one worker of the pinned pool.",
     ),
     StreamSpec(name="EVAL", retention="limits", max_age_s=30 * DAY, description="Eval results log."),
     StreamSpec(name="LEARNER", retention="limits", max_age_s=7 * DAY, description="Learner step metrics log."),
@@ -262,6 +295,13 @@ def tool_subject(tool: str) -> str:
     if not tool or any(c in tool for c in ".*> \t\r\n"):
         raise ValueError(f"tool name {tool!r} is not a single NATS subject token")
     return f"tools.call.{tool}"
+
+
+def subagent_subject(env: str) -> str:
+    """Where sub-agent requests for env `env` go (`subagents.<env>`, stream SUBAGENTS)."""
+    if not env or any(c in env for c in ".*> \t\r\n"):
+        raise ValueError(f"env name {env!r} is not a single NATS subject token")
+    return f"subagents.{env}"
 
 
 WEIGHTS_ANNOUNCE = "weights.announce"

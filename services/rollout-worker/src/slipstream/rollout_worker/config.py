@@ -7,6 +7,8 @@ is the shared `slipstream.engine.source.ModelSource`; `[worker]` is this service
 server at `url` (then `[model]` only names the tokenizer, and the server holds the weights).
 `[summary]` is the harness's `SummaryConfig`: self-summarising context restarts (or the
 truncation baseline) for every episode this worker plays (a run file's `[rollout.summary]`).
+`[subagents]` says where frozen sub-agents run (a local frozen copy of the weights, or the pool);
+`[pool] subagents = true` turns the worker into a replica of that pool, pinned to `pin_version`.
 """
 
 from __future__ import annotations
@@ -95,6 +97,61 @@ class WorkerSection(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     ] = {}
 
 
+class PoolSection(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """`[pool]`: this worker is a replica of the sub-agent pool, pinned to one weight version."""
+
+    subagents: Annotated[
+        bool,
+        Doc(
+            description="Serve frozen sub-agent requests (stream SUBAGENTS, durable `subagent-pool`) instead of "
+            "tasks; the engine loads exactly `pin_version` and never applies an announcement."
+        ),
+    ] = False
+    pin_version: Annotated[
+        int,
+        Doc(description="The version the pool serves: 0 = [model]'s initial weights, N = version N of this run.", ge=0),
+    ] = 0
+    max_in_flight: Annotated[
+        int, Doc(description="Sub-agent requests played at once (each is one child episode).", ge=1)
+    ] = 16
+    replay_cache: Annotated[
+        int, Doc(description="Finished replies remembered by request id, answered again without replaying.", ge=0)
+    ] = 1024
+    pin_wait_s: Annotated[
+        float,
+        Doc(description="How long start-up waits for `pin_version` to appear in the store before failing.", ge=0),
+    ] = 60.0
+
+
+class SubagentsSection(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """`[subagents]`: where this worker's frozen sub-agents (spawn with trainable=False) run."""
+
+    transport: Annotated[
+        Literal["local", "nats"],
+        Doc(
+            description="'local': in this worker, on a second engine holding a frozen copy of the weights "
+            "(`pin_version`) that announcements never touch; 'nats': the pinned sub-agent pool over NATS."
+        ),
+    ] = "local"
+    pin_version: Annotated[
+        int,
+        Doc(
+            description="local: the frozen copy's version: -1 = the first version this worker loads ([model]), "
+            "N = version N of this run from the store.",
+            ge=-1,
+        ),
+    ] = -1
+    timeout_s: Annotated[
+        float, Doc(description="nats: longest wait for one sub-agent's reply before the request is sent again.", gt=0)
+    ] = 120.0
+    retries: Annotated[
+        int, Doc(description="nats: re-sends after a timeout; then the episode gets an infra error (masked).", ge=0)
+    ] = 1
+    retry_backoff_s: Annotated[
+        float, Doc(description="nats: pause before the first re-send (doubles each time).", ge=0)
+    ] = 0.5
+
+
 class RolloutWorkerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     service: Annotated[ServiceSection, Doc(description="Process: run id, replica, probe port, drain budget.")] = (
         msgspec.field(default_factory=ServiceSection)
@@ -132,3 +189,10 @@ class RolloutWorkerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=Tr
         ServeConfig,
         Doc(description="The OpenAI-compatible endpoint of a serving worker (off unless enabled); calls are recorded."),
     ] = msgspec.field(default_factory=ServeConfig)
+    subagents: Annotated[
+        SubagentsSection,
+        Doc(description="Where frozen sub-agents run: a frozen local copy of the weights, or the pinned pool."),
+    ] = msgspec.field(default_factory=SubagentsSection)
+    pool: Annotated[
+        PoolSection, Doc(description="Run as a sub-agent pool replica pinned to one version (off unless subagents).")
+    ] = msgspec.field(default_factory=PoolSection)

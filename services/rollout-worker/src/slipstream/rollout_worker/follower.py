@@ -36,6 +36,10 @@ and dropped before it touches the slot, so a forged version far ahead never hide
 versions below it; every manifest on the chain a load reads is checked again. A version that
 passes but then cannot be fetched is dropped from the slot too, so the next announce is taken.
 
+A pinned follower (`pinned=True`, the sub-agent pool) loads exactly one version once
+(`load_pinned`) and then only reads: every announce is noted (`announced`, counted as
+`pinned_ignored`) and never becomes the version to apply, so the engine and its bytes stay put.
+
 Time-to-policy is the optimizer step's end (`step_finished_at`, from the announcement) to the
 first token sampled under the version: the moment the engine switched if a rollout was running
 then, else the start of the first rollout after it. Rollouts report back through `note_rollout`.
@@ -61,6 +65,7 @@ from slipstream.rollout_worker.instruments import (
     FETCH_FAILURES,
     FETCH_S,
     PAUSE_MS,
+    PINNED_IGNORED,
     TIME_TO_POLICY_S,
 )
 from slipstream.schemas import Episode, WeightAnnounce, WeightsPromoted
@@ -70,6 +75,7 @@ from slipstream.telemetry.logs import get_logger
 from slipstream.trust import AnnounceVerifier
 from slipstream.weights import read_manifest
 from slipstream.weights.chain import load_version
+from slipstream.weights.layout import manifest_key
 from slipstream.weights.tensors import shares_memory
 
 log = get_logger(__name__)
@@ -106,10 +112,15 @@ class WeightFollower:
         worker_id: str = "",
         verifier: AnnounceVerifier | None = None,
         track_announced: bool = False,
+        pinned: bool = False,
     ) -> None:
         if mode not in ("latest", "promoted"):
             raise ValueError(f"follow mode must be 'latest' or 'promoted', got {mode!r}")
+        if pinned and mode != "latest":
+            raise ValueError("a pinned follower reads weights.announce only (mode 'latest')")
         self.mode = mode
+        self.pinned = pinned
+        self.pinned_ignored = 0
         self.verifier = verifier
         self.track_announced = track_announced and mode == "promoted"
         self.bus = bus
@@ -212,7 +223,7 @@ class WeightFollower:
         versions and other runs are skipped for free. A refused one is counted by the verifier and
         dropped.
         """
-        if not self._admissible(announce):
+        if self.pinned or not self._admissible(announce):
             return self.offer(announce)  # counts why it is skipped
         if self.verifier is not None and not (await self.verifier.verify(announce)).ok:
             return False
@@ -285,6 +296,12 @@ class WeightFollower:
             return False
         self.fence_token = max(self.fence_token, announce.fence_token)
         self.announced = max(self.announced, announce.policy_version)
+        if self.pinned:
+            # Seen, never applied: the pool serves the one version it was pinned to.
+            self.pinned_ignored += 1
+            PINNED_IGNORED.add()
+            ANNOUNCES_SKIPPED.add(reason="pinned")
+            return False
         floor = max(self.engine.policy_version, self._newest.policy_version if self._newest else -1)
         if announce.policy_version <= floor:
             ANNOUNCES_SKIPPED.add(reason="not_newer")
@@ -292,6 +309,26 @@ class WeightFollower:
         self._newest = announce
         self._wake.set()
         return True
+
+    async def load_pinned(self, version: int, *, wait_s: float = 0.0) -> None:
+        """Load exactly `version` of this run into the engine (a pool's start-up); ValueError if it cannot.
+
+        The version the engine already holds (0: [model]'s initial weights) is kept as it is. A
+        version not in the store yet is waited for up to `wait_s` (the pool may start before the
+        learner has published it).
+        """
+        if version == self.engine.policy_version:
+            return
+        key = manifest_key(self.run_id, version)
+        announce = WeightAnnounce(policy_version=version, manifest_key=key, run_id=self.run_id)
+        deadline = time.monotonic() + wait_s
+        while not await self._apply(announce):
+            if time.monotonic() >= deadline:
+                raise ValueError(
+                    f"pinned version {version} of run {self.run_id!r} could not be loaded from the store "
+                    f"({announce.manifest_key}); see the log for why"
+                )
+            await asyncio.sleep(min(2.0, max(0.1, wait_s / 10)))
 
     async def _apply_loop(self) -> None:
         while True:
@@ -466,6 +503,8 @@ class WeightFollower:
                 self._newest.policy_version if self._newest is not None and self._wanted(self._newest) else None
             ),
             "fetch_failures": self.failures,
+            "pinned": self.pinned,
+            "pinned_ignored": self.pinned_ignored,
             "announces": self.verifier.status() if self.verifier is not None else {"signatures": "unchecked"},
             "last_pause_ms": round(self.last_pause_ms, 3),
             "last_time_to_policy_s": self.last_time_to_policy_s,

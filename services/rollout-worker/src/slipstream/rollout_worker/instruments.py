@@ -46,7 +46,19 @@ FETCH_FAILURES = REGISTRY.counter(
 ANNOUNCES_SKIPPED = REGISTRY.counter(
     "worker/weights/announces_skipped",
     "Announcements ignored, by reason: other_run, fenced (its learner no longer leads), not_newer, superseded, "
-    "current (serving worker already on it).",
+    "current (serving worker already on it), pinned (a pool worker keeps its pinned version).",
+)
+PINNED_IGNORED = REGISTRY.counter(
+    "worker/weights/pinned_ignored", "Announcements seen by a pinned (sub-agent pool) worker and not applied."
+)
+SUBAGENTS = REGISTRY.counter(
+    "worker/subagents/served",
+    "Sub-agent requests settled by a pool worker, by outcome: ok, replayed, error, expired, no_reply_to, released.",
+)
+SUBAGENT_S = REGISTRY.histogram("worker/subagents/play_s", "Seconds a pool worker spent playing one sub-agent.")
+SUBAGENT_REQUESTS = REGISTRY.counter(
+    "worker/subagents/requests",
+    "Sub-agent requests an orchestrator's worker sent to the pool, by outcome: ok, retried, unavailable.",
 )
 
 

@@ -8,6 +8,7 @@ not hoard tasks that an idle one could run. Each held task gets an in-progress s
 The handler settles each delivery itself (ack, nak, release, or dead-letter); intake only
 guarantees that a delivery whose handler crashed is nak'd rather than left to time out. With
 tracing on, each handler runs in a CONSUMER span, child of the task's publish (from its headers).
+A pool worker runs the same intake over the `subagent-pool` durable (subagent_pool.py).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 from slipstream.bus import BusError, Consumer, Delivery
 from slipstream.bus.tracing import consumer_span, tracing_active
@@ -22,7 +24,7 @@ from slipstream.rollout_worker.instruments import FETCH_ERRORS, HEARTBEAT_ERRORS
 from slipstream.schemas import Task
 from slipstream.telemetry.logs import get_logger
 
-Handler = Callable[[Delivery[Task]], Awaitable[None]]
+Handler = Callable[[Delivery[Any]], Awaitable[None]]
 log = get_logger(__name__)
 _MAX_BACKOFF_S = 5.0
 
@@ -32,7 +34,7 @@ class TaskIntake:
 
     def __init__(
         self,
-        consumer: Consumer[Task],
+        consumer: Consumer[Task] | Consumer[Any],
         *,
         max_in_flight: int,
         heartbeat_s: float,
@@ -81,7 +83,7 @@ class TaskIntake:
                         TASKS.add(outcome="released")
                     break
                 self.taken += 1
-                job = asyncio.create_task(self._hold(delivery, handle), name=f"task {delivery.msg.task_id}")
+                job = asyncio.create_task(self._hold(delivery, handle), name=f"task {_name(delivery.msg)}")
                 self._running.add(job)
                 job.add_done_callback(self._done)
             INFLIGHT.set(float(len(self._running)))
@@ -91,7 +93,7 @@ class TaskIntake:
         self._slot_freed.set()
         INFLIGHT.set(float(len(self._running)))
 
-    async def _hold(self, delivery: Delivery[Task], handle: Handler) -> None:
+    async def _hold(self, delivery: Delivery[Any], handle: Handler) -> None:
         beat = asyncio.create_task(self._heartbeat(delivery))
         try:
             if tracing_active():
@@ -111,7 +113,7 @@ class TaskIntake:
             with contextlib.suppress(asyncio.CancelledError):
                 await beat
 
-    async def _heartbeat(self, delivery: Delivery[Task]) -> None:
+    async def _heartbeat(self, delivery: Delivery[Any]) -> None:
         while delivery.settled is None:
             await asyncio.sleep(self.heartbeat_s)
             try:
@@ -125,6 +127,11 @@ class TaskIntake:
         if self._running:
             await asyncio.wait(set(self._running), timeout=max(0.0, timeout))
         return not self._running
+
+
+def _name(msg: Any) -> str:
+    """A held message's id for its asyncio task's name: a task id, or a sub-agent request id."""
+    return str(getattr(msg, "task_id", "") or getattr(msg, "request_id", ""))
 
 
 async def _first(*aws: Awaitable[object]) -> None:

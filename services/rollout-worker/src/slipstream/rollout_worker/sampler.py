@@ -6,7 +6,8 @@ synchronous baseline sample with fresh weights). Environments are built once per
 options from `[worker] env_options`; sampling parameters come from `[worker]`, plus the env's
 answer terminator as a stop string; `[summary]` restarts long contexts (summary.py in libs/harness).
 Tool calls run in-process, or in the tool-service when
-`[tools] transport = "nats"` (the factory the service passes in).
+`[tools] transport = "nats"` (the factory the service passes in). Frozen sub-agents run on the
+frozen engine (`[subagents] transport = "local"`) or in the pinned pool (`"nats"`).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from slipstream.engine.interface import Engine, SamplingParams
 from slipstream.engine.tokenizer import Tokenizer
 from slipstream.envs import EnvError, Environment, get_env
 from slipstream.harness import TaskRejected, rollout_episodes
+from slipstream.harness.subagents import SubagentTransport
 from slipstream.harness.summary import SummaryConfig
 from slipstream.rollout_worker.config import WorkerSection
 from slipstream.rollout_worker.instruments import ROLLOUT_S
@@ -44,8 +46,12 @@ class Sampler:
         run_id: str,
         tools: ToolsFactory | None = None,
         summary: SummaryConfig | None = None,
+        frozen_engine: Engine | None = None,
+        subagents: SubagentTransport | None = None,
     ) -> None:
         self.engine = engine
+        self.frozen_engine = frozen_engine
+        self.subagents = subagents
         self.summary = summary if summary is not None and summary.enabled else None
         self.tools = tools
         self.tokenizer = tokenizer
@@ -107,6 +113,8 @@ class Sampler:
             run_id=task.run_id or self.run_id,
             tools=self.tools,
             summary=self.summary,
+            frozen_engine=self.frozen_engine,
+            subagents=self.subagents,
         )
         ROLLOUT_S.observe(time.perf_counter() - t0)
         return episodes

@@ -19,6 +19,14 @@ feedback posted to any replica reaches it; else in this process) and is publishe
 groups, to `traj.raw.<[endpoint] env>`. With `[endpoint] max_version_lag` the follower also notes
 announced versions, and the endpoint answers 429 while the served version lags them too far.
 
+Frozen sub-agents (`spawn(..., trainable=False)`) run, with `[subagents] transport = "local"`
+(default), on a second engine in this process over a deep copy of the weights taken before any
+announcement, built on first use (frozen.py), or version `[subagents] pin_version` from the
+store; the follower never touches it; with `"nats"` they are requests to the sub-agent pool (subagent_client.py). With
+`[pool] subagents = true` the worker *is* a pool replica: it binds the `subagent-pool` durable
+instead of `rollout-worker`, loads exactly `[pool] pin_version`, notes but never applies
+announcements, and answers each request's inbox (subagent_pool.py).
+
 Every announce is verified first (`[trust]`, and with `[service] redis_url` the granted fencing
 token). `/readyz` fails, with the reason in its status, when tasks are held or a newer version is
 known and neither a rollout nor a version has gone through for `[service] stall_after_s`.
@@ -28,6 +36,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 from typing import TYPE_CHECKING, Any
 
 from slipstream.bus import connect_bus
@@ -38,14 +47,18 @@ from slipstream.engine.source import load_model, load_tokenizer_only, resolve_de
 from slipstream.engine.tokenizer import Tokenizer
 from slipstream.rollout_worker.config import RolloutWorkerConfig
 from slipstream.rollout_worker.follower import WeightFollower
+from slipstream.rollout_worker.frozen import FrozenEngine
 from slipstream.rollout_worker.instruments import sample_gauges
 from slipstream.rollout_worker.intake import TaskIntake
 from slipstream.rollout_worker.outbox import Outbox
 from slipstream.rollout_worker.pipeline import TaskPipeline
 from slipstream.rollout_worker.sampler import Sampler, check_env_options, check_summary
+from slipstream.rollout_worker.subagent_client import NatsSubagents
+from slipstream.rollout_worker.subagent_pool import SubagentServer
 from slipstream.runtime.progress import ProgressWatch
 from slipstream.runtime.service import BaseService
-from slipstream.schemas import Task
+from slipstream.schemas import SubagentRequest, Task
+from slipstream.schemas.subjects import SUBAGENT_POOL_DURABLE
 from slipstream.schemas.subjects import consumer as durable_spec
 from slipstream.serve import MemoryPending, RedisPending, ServeEndpoint, StoreSink, pending_policy
 from slipstream.store import setup_store
@@ -83,6 +96,15 @@ class RolloutWorkerService(BaseService):
         self.verifier: AnnounceVerifier | None = None
         self.progress = ProgressWatch(cfg.service.stall_after_s)
         self.endpoint: ServeEndpoint | None = None
+        self.frozen_engine: Engine | None = None
+        self.subagents: NatsSubagents | None = None
+        self.pool: SubagentServer | None = None
+        self._model: Any = None  # the torch model as loaded, before any version (the frozen copy's source)
+
+    @property
+    def pooled(self) -> bool:
+        """A sub-agent pool replica (`[pool] subagents`), not a task worker."""
+        return self.cfg.pool.subagents
 
     def tools_url(self) -> str:
         """Where the tool-service is: `[tools] url`, else the bus's NATS."""
@@ -114,7 +136,7 @@ class RolloutWorkerService(BaseService):
 
     async def _build_engine(self) -> tuple[Engine, Tokenizer]:
         """The `[engine]` engine, started: TorchEngine over `[model]`, or HttpEngine to a server."""
-        cfg, w = self.cfg, self.cfg.worker
+        cfg = self.cfg
         if cfg.engine.type == "http":
             from slipstream.serve.http_engine import HttpEngine
 
@@ -131,7 +153,16 @@ class RolloutWorkerService(BaseService):
             log.info("driving a remote inference server", url=cfg.engine.url, policy_version=remote.policy_version)
             return remote, tokenizer
         model, tokenizer = await asyncio.to_thread(load_model, cfg.model)
-        engine = TorchEngine(
+        if cfg.subagents.transport == "local" and not self.pooled:
+            # Copied before the engine holds it: the frozen engine's weights are never the live ones.
+            self._model = await asyncio.to_thread(copy.deepcopy, model)
+        engine = self._torch_engine(model, tokenizer)
+        await engine.start()
+        return engine, tokenizer
+
+    def _torch_engine(self, model: Any, tokenizer: Tokenizer) -> TorchEngine:
+        cfg, w = self.cfg, self.cfg.worker
+        return TorchEngine(
             model,
             tokenizer,
             max_batch=w.max_batch,
@@ -144,8 +175,42 @@ class RolloutWorkerService(BaseService):
             # A LoRA run's versions are its adapters only; the frozen base stays as loaded.
             allow_partial_updates=cfg.model.lora_rank > 0,
         )
-        await engine.start()
-        return engine, tokenizer
+
+    async def _build_frozen(self, tokenizer: Tokenizer) -> None:
+        """`[subagents] transport = "local"`: the engine over the weights copied at load time.
+
+        At its first version (pin_version -1) the engine is built by the first sub-agent call
+        (frozen.py: no second KV cache for envs that never spawn); pinned to a stored version it
+        is built now and that version loaded into it, once.
+        """
+        model, self._model = self._model, None
+        if model is None:
+            log.warning(
+                "no frozen copy with [engine] type = 'http': frozen sub-agents run on the served (live) weights",
+                url=self.cfg.engine.url,
+            )
+            return
+        pin = self.cfg.subagents.pin_version
+        if pin <= 0:
+            self.frozen_engine = FrozenEngine(model, lambda m: self._torch_engine(m, tokenizer))
+            return
+        frozen = self._torch_engine(model, tokenizer)
+        await frozen.start()
+        self.frozen_engine = frozen
+        assert self.bus is not None and self.store is not None
+        loader = WeightFollower(
+            self.bus,
+            self.store,
+            frozen,
+            run_id=self.cfg.service.run_id,
+            retries=self.cfg.worker.weight_fetch_retries,
+            backoff_s=self.cfg.worker.weight_fetch_backoff_s,
+            worker_id=f"{self.worker_id}/frozen",
+            verifier=self.verifier,
+            pinned=True,
+        )
+        await loader.load_pinned(pin, wait_s=self.cfg.pool.pin_wait_s)
+        log.info("frozen sub-agent engine ready", policy_version=frozen.policy_version)
 
     async def setup(self) -> None:
         cfg, w = self.cfg, self.cfg.worker
@@ -167,6 +232,9 @@ class RolloutWorkerService(BaseService):
         self.store = await asyncio.to_thread(setup_store, cfg.store)
         self.bus = await connect_bus(cfg.bus, name=f"{self.name}/{cfg.service.replica}")
         await self.bus.ensure_streams()
+        if self.pooled:
+            await self._setup_pool(keyring, tokenizer)
+            return
         self.consumer = await self.bus.consumer(DURABLE, Task)
         run_id = cfg.service.run_id
         if cfg.service.redis_url:
@@ -192,8 +260,27 @@ class RolloutWorkerService(BaseService):
         if cfg.tools.transport == "nats":
             await self._connect_tools()
             tools = self._remote_tools
+        if cfg.subagents.transport == "nats":
+            sc = cfg.subagents
+            self.subagents = NatsSubagents(
+                self.bus,
+                timeout_s=sc.timeout_s,
+                retries=sc.retries,
+                retry_backoff_s=sc.retry_backoff_s,
+                caller=self.worker_id,
+            )
+        else:
+            await self._build_frozen(tokenizer)
         sampler = Sampler(
-            self.engine, tokenizer, w, worker_id=self.worker_id, run_id=run_id, tools=tools, summary=cfg.summary
+            self.engine,
+            tokenizer,
+            w,
+            worker_id=self.worker_id,
+            run_id=run_id,
+            tools=tools,
+            summary=cfg.summary,
+            frozen_engine=self.frozen_engine,
+            subagents=self.subagents,
         )
         self.outbox = Outbox(self.bus, self.store)
         self.pipeline = TaskPipeline(
@@ -213,6 +300,58 @@ class RolloutWorkerService(BaseService):
         )
         if cfg.endpoint.enabled:
             await self._open_endpoint(tokenizer)
+
+    async def _setup_pool(self, keyring: Keyring, tokenizer: Tokenizer) -> None:
+        """A pool replica: the `subagent-pool` durable, the pinned version, the request handler."""
+        cfg = self.cfg
+        assert self.bus is not None and self.store is not None and self.engine is not None
+        nc = getattr(self.bus, "nc", None)
+        if nc is None:
+            raise ValueError("[pool] subagents = true needs [bus] type = 'nats' (replies go to requesters' inboxes)")
+        run_id = cfg.service.run_id
+        if cfg.service.redis_url:
+            self.control = Control(ControlClient(cfg.service.redis_url), run_id)
+        self.verifier = AnnounceVerifier(
+            self.store, run_id=run_id, keyring=keyring, control=self.control, timeout_s=cfg.trust.verify_timeout_s
+        )
+        self.follower = WeightFollower(
+            self.bus,
+            self.store,
+            self.engine,
+            run_id=run_id,
+            retries=cfg.worker.weight_fetch_retries,
+            backoff_s=cfg.worker.weight_fetch_backoff_s,
+            digest=cfg.worker.weights_digest,
+            worker_id=self.worker_id,
+            verifier=self.verifier,
+            pinned=True,
+        )
+        await self.follower.load_pinned(cfg.pool.pin_version, wait_s=cfg.pool.pin_wait_s)
+        if cfg.worker.weights_digest and not self.follower.weights_digest:
+            from slipstream.rollout_worker.follower import engine_digest
+
+            self.follower.weights_digest = await asyncio.to_thread(engine_digest, self.engine)
+        tools = None
+        if cfg.tools.transport == "nats":
+            await self._connect_tools()
+            tools = self._remote_tools
+        self.pool = SubagentServer(
+            nc,
+            self.engine,
+            tokenizer,
+            worker_id=self.worker_id,
+            tools=tools,
+            replay_cache=cfg.pool.replay_cache,
+        )
+        self.consumer = await self.bus.consumer(SUBAGENT_POOL_DURABLE, SubagentRequest)  # type: ignore[arg-type]
+        self.intake = TaskIntake(
+            self.consumer,
+            max_in_flight=cfg.pool.max_in_flight,
+            heartbeat_s=cfg.worker.heartbeat_s,
+            fetch_timeout_s=cfg.bus.fetch_timeout_s,
+            error_delay_s=cfg.worker.retry_delay_s,
+        )
+        log.info("sub-agent pool replica ready", policy_version=self.engine.policy_version, worker_id=self.worker_id)
 
     def served_model_name(self) -> str:
         m = self.cfg.model
@@ -243,6 +382,9 @@ class RolloutWorkerService(BaseService):
         log.info("serving endpoint open", url=self.endpoint.base_url, model=self.endpoint.model_name, port=port)
 
     async def run(self, stop: asyncio.Event) -> None:
+        if self.pool is not None:
+            await self._run_pool(stop)
+            return
         assert self.engine and self.intake and self.follower and self.pipeline
         intake, pipeline = self.intake, self.pipeline
         quit_follow = asyncio.Event()
@@ -273,12 +415,42 @@ class RolloutWorkerService(BaseService):
                 job.cancel()
             await asyncio.gather(fetch, follow, gauges, stopped, failed, return_exceptions=True)
 
+    async def _run_pool(self, stop: asyncio.Event) -> None:
+        """A pool replica's loop: requests in, replies out; the pinned follower only notes announces."""
+        assert self.engine and self.intake and self.follower and self.pool
+        intake, pool = self.intake, self.pool
+        quit_follow = asyncio.Event()
+        follow = asyncio.create_task(self.follower.run(quit_follow), name="pool.follow")
+        gauges = asyncio.create_task(sample_gauges(self.engine, lambda: intake.in_flight, quit_follow))
+        fetch_stop = asyncio.Event()
+        fetch = asyncio.create_task(intake.run(pool.handle, fetch_stop), name="pool.intake")
+        stopped = asyncio.create_task(stop.wait())
+        failed = asyncio.create_task(pool.failed.wait())
+        try:
+            done, _ = await asyncio.wait({stopped, failed, follow, fetch}, return_when=asyncio.FIRST_COMPLETED)
+            fetch_stop.set()
+            await fetch
+            if follow in done:
+                follow.result()
+            if not await intake.wait_idle(self.cfg.service.drain_timeout_s):
+                log.warning("drain budget spent with sub-agents still playing", in_flight=intake.in_flight)
+            if pool.fatal is not None:
+                raise pool.fatal
+        finally:
+            fetch_stop.set()
+            quit_follow.set()
+            for job in (stopped, failed):
+                job.cancel()
+            await asyncio.gather(fetch, follow, gauges, stopped, failed, return_exceptions=True)
+
     async def close(self) -> None:
         if self.endpoint is not None:
             # Before the engine stops (in-flight calls finish) and the store closes (sessions flush into it).
             await self.endpoint.close()
         if self.engine is not None:
             await self.engine.stop()
+        if self.frozen_engine is not None:
+            await self.frozen_engine.stop()
         if self.consumer is not None:
             with contextlib.suppress(Exception):
                 await self.consumer.close()
@@ -292,6 +464,8 @@ class RolloutWorkerService(BaseService):
             await asyncio.to_thread(self.store.close)
 
     def ready(self) -> bool:
+        if self.pool is not None:
+            return self.bus is not None and self.bus.connected and self.engine is not None and self.pool.fatal is None
         return (
             self.bus is not None
             and self.bus.connected
@@ -346,6 +520,18 @@ class RolloutWorkerService(BaseService):
             }
         if self.endpoint is not None:
             out["serve"] = self.endpoint.status()
+        if self.pool is not None:
+            out["pool"] = self.pool.status()
+            if self.intake is not None:
+                out["inflight"] = self.intake.in_flight
+        else:
+            sub: dict[str, Any] = {"transport": self.cfg.subagents.transport}
+            if self.frozen_engine is not None:
+                sub["frozen_version"] = self.frozen_engine.policy_version
+                sub["frozen_started"] = getattr(self.frozen_engine, "started", True)
+            if self.subagents is not None:
+                sub.update(self.subagents.stats)
+            out["subagents"] = sub
         self._stall()
         out["progress"] = self.progress.status()
         return out

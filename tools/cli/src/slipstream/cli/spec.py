@@ -33,6 +33,10 @@ SERVICES: tuple[str, ...] = (
 TOOL_SERVICE = "tool-service"
 """Started only when a run asks for replicas of it (`StackSpec.tool_services`), never by --services."""
 
+SUBAGENT_POOL = "subagent-pool"
+"""Replicas of the frozen sub-agent pool: the rollout-worker service with `[pool] subagents = true`,
+connecting as its own bus user; started only when asked for (`StackSpec.subagent_pool`)."""
+
 HOME = Path(".slipstream")
 """Per-checkout state: runs/<timestamp>/ and the `current` pointer to the latest run."""
 
@@ -42,7 +46,14 @@ _ENV_KEY = re.compile(r"^SLIPSTREAM_[A-Z0-9_]+__[A-Z0-9_]+$")
 
 def module_of(service: str) -> str:
     """The Python module a service runs as: `reward-model` -> `slipstream.reward_model`."""
+    if service == SUBAGENT_POOL:
+        service = "rollout-worker"  # the pool is the rollout-worker service in its [pool] mode
     return "slipstream." + service.replace("-", "_")
+
+
+def pool_replica_names(n: int) -> tuple[str, ...]:
+    """Process names of `n` sub-agent pool replicas: `subagent-pool`, `subagent-pool-2`, ..."""
+    return tuple(SUBAGENT_POOL if i == 0 else f"{SUBAGENT_POOL}-{i + 1}" for i in range(n))
 
 
 def tool_replica_names(n: int) -> tuple[str, ...]:
@@ -79,6 +90,8 @@ def kind_of(name: str) -> str:
     """The service a process name runs (`tool-service-2` -> `tool-service`, `weight-publisher-1` -> its kind)."""
     if name.startswith(TOOL_SERVICE):
         return TOOL_SERVICE
+    if name.startswith(SUBAGENT_POOL):
+        return SUBAGENT_POOL
     return PUBLISHER if name.startswith(PUBLISHER) else name
 
 
@@ -134,6 +147,12 @@ class StackSpec:
     learner_ranks: int = 1
     """The learner's ranks ([learner] ranks): with N > 1, one weight-publisher per rank is started
     (`weight-publisher`, `weight-publisher-1`, ...), each told its rank and the learner's."""
+    subagent_pool: int = 0
+    """Sub-agent pool replicas (`subagent-pool`, `subagent-pool-2`, ...) started before the services,
+    each pinned to `pin_version`; with any, the rollout workers send frozen sub-agents to them
+    (`[subagents] transport = "nats"`). 0: sub-agents run in the workers, on a frozen local copy."""
+    pin_version: int = 0
+    """The weight version every pool replica loads and keeps ([pool] pin_version; 0: [model] itself)."""
 
     def process_names(self) -> tuple[str, ...]:
         """Every service process, in start order: a weight-publisher per learner rank in place of one."""
@@ -174,6 +193,8 @@ class StackSpec:
             tool_services=self.tool_services,
             restart=self.restart,
             secure=self.secure,
+            subagent_pool=self.subagent_pool,
+            pin_version=self.pin_version,
         )
 
     def traces_file(self, service: str) -> Path | None:

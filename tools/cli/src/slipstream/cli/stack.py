@@ -48,7 +48,16 @@ from slipstream.bus.permissions import ADMIN
 from slipstream.cli.credentials import FILE as CREDENTIALS_FILE
 from slipstream.cli.credentials import Credentials
 from slipstream.cli.probe import HOST, probe_http, probe_tcp, url_endpoint
-from slipstream.cli.spec import TOOL_SERVICE, StackSpec, kind_of, module_of, publisher_rank, tool_replica_names
+from slipstream.cli.spec import (
+    SUBAGENT_POOL,
+    TOOL_SERVICE,
+    StackSpec,
+    kind_of,
+    module_of,
+    pool_replica_names,
+    publisher_rank,
+    tool_replica_names,
+)
 from slipstream.cli.stop_signals import StopFlag
 from slipstream.cli.supervisor import Supervisor, SupervisorEvent, describe_exit
 from slipstream.stack import ManagedProcess, ProcessGroup, Server, free_port, start_nats, start_redis
@@ -178,7 +187,8 @@ class Stack:
         self.credentials: Credentials | None = None
         if self.spec.secure and self.spec.nats_url is None and self.spec.redis_url is None:
             tools = (TOOL_SERVICE,) if self.spec.tool_services else ()
-            self.credentials = Credentials.generate((*self.spec.services, *tools))
+            pool = (SUBAGENT_POOL,) if self.spec.subagent_pool else ()
+            self.credentials = Credentials.generate((*self.spec.services, *tools, *pool))
 
     # ---- start ----
 
@@ -210,8 +220,10 @@ class Stack:
             if spec.store.type == "local":
                 Path(spec.store.root).mkdir(parents=True, exist_ok=True)
             self._trust = self._run_key()
-            # Tool-service replicas first: a worker's first tool call finds them subscribed.
-            for name in (*tool_replica_names(spec.tool_services), *spec.process_names()):
+            # Tool-service replicas first: a worker's first tool call finds them subscribed; then the
+            # sub-agent pool, whose children call the tools and whose requests the workers send.
+            names = (*tool_replica_names(spec.tool_services), *pool_replica_names(spec.subagent_pool))
+            for name in (*names, *spec.process_names()):
                 self._check_interrupt()
                 port = free_port()
                 proc = self._spawn(name, port)
@@ -330,7 +342,11 @@ class Stack:
             if kind_of(name) == "weight-publisher":
                 env[SIGNING_KEY_ENV] = self._trust[SIGNING_KEY_ENV]
         env.update(spec.env)
-        env.update(spec.service_env.get(kind_of(name), {}))
+        kind = kind_of(name)
+        if kind == SUBAGENT_POOL:
+            # The rollout-worker service: the workers' own settings ([model] above all), then its mode.
+            env.update(spec.service_env.get("rollout-worker", {}))
+        env.update(spec.service_env.get(kind, {}))
         env.update(spec.store.env())
         env.update(
             {
@@ -352,8 +368,14 @@ class Stack:
             if kind_of(name) == "weight-publisher":
                 env["SLIPSTREAM_PUBLISHER__RANKS"] = str(spec.learner_ranks)
                 env["SLIPSTREAM_PUBLISHER__RANK"] = str(publisher_rank(name))
+        if kind == SUBAGENT_POOL:
+            env["SLIPSTREAM_POOL__SUBAGENTS"] = "true"
+            env["SLIPSTREAM_POOL__PIN_VERSION"] = str(spec.pin_version)
+            env["SLIPSTREAM_SERVICE__REPLICA"] = name
+        elif kind == "rollout-worker" and spec.subagent_pool > 0:
+            env["SLIPSTREAM_SUBAGENTS__TRANSPORT"] = "nats"
         if self.credentials is not None:
-            env.update(self.credentials.service_env(kind_of(name), self.servers["redis"].url))
+            env.update(self.credentials.service_env(kind, self.servers["redis"].url))
         traces = spec.traces_file(name)
         if traces is not None:
             env["SLIPSTREAM_TELEMETRY__TRACES"] = "file"

@@ -336,6 +336,8 @@ def run_training(
         drain_timeout_s=10.0,
         traces=run_dir / "traces.jsonl" if traces else None,
         tool_services=plan.tool_service_replicas,
+        subagent_pool=plan.subagent_pool_replicas,
+        pin_version=plan.subagent_pin_version,
         restart=restart or RestartPolicy(),
     )
     stack = Stack(

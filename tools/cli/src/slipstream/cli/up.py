@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from slipstream.cli.spec import (
     StackSpec,
     add_stack_arguments,
+    non_negative_int,
     parse_nats_url,
     parse_redis_url,
     parse_store,
@@ -42,7 +43,8 @@ def register(sub: Any) -> None:
             "Start an embedded nats-server (JetStream), redis-server, a local object store and the six "
             "services as processes on free loopback ports; wait for every /readyz; write RUN_DIR/stack.json "
             "and .slipstream/current; supervise until SIGINT/SIGTERM (a crashed service is restarted with "
-            "backoff, as a cluster would), then stop services, Redis and NATS."
+            "backoff, as a cluster would), then stop services, Redis and NATS. With --subagent-pool N, N replicas "
+            "of the frozen sub-agent pool start first, pinned to --pin-version."
         ),
     )
     add_stack_arguments(p)
@@ -51,6 +53,21 @@ def register(sub: Any) -> None:
         type=Path,
         metavar="RUN.toml",
         help="configure the services from a run file (its knobs, and [infra] servers unless flags give them)",
+    )
+    p.add_argument(
+        "--subagent-pool",
+        type=non_negative_int,
+        default=None,
+        metavar="N",
+        help="start N replicas of the frozen sub-agent pool (rollout workers pinned to --pin-version); the workers "
+        "then send frozen sub-agents to them over NATS (default: the run file's [replicas] subagent-pool, else 0)",
+    )
+    p.add_argument(
+        "--pin-version",
+        type=non_negative_int,
+        default=0,
+        metavar="V",
+        help="the weight version every pool replica loads and keeps (default 0: [model]'s initial weights)",
     )
     p.add_argument(
         "--keep-going", action="store_true", help="report a process that dies but keep the rest running (exit 0)"
@@ -62,6 +79,9 @@ def run(args: argparse.Namespace) -> int:
     spec = spec_from_args(args, args.parser)
     if args.run is not None:
         spec = with_run_file(spec, args.run, args.parser)
+    if args.subagent_pool is not None:
+        spec = dataclasses.replace(spec, subagent_pool=args.subagent_pool)
+    spec = dataclasses.replace(spec, pin_version=args.pin_version)
 
     from rich.console import Console
 
@@ -143,4 +163,5 @@ def with_run_file(spec: StackSpec, path: Path, parser: argparse.ArgumentParser) 
         redis_url=redis,
         store=store,
         tool_services=run_file.replicas.tool_service,
+        subagent_pool=run_file.replicas.subagent_pool,
     )
