@@ -218,3 +218,37 @@ async def test_the_expert_is_serial_or_parallel_and_warm_starts_the_sub_agents_t
     examples = await asyncio.to_thread(expert_examples, e, TOK, tasks[:6])
     episodes = [await play(e, t, None) for t in tasks[:6]]
     assert len(examples) == sum(len(ep.samples) for ep in episodes) > len(episodes)
+
+
+async def test_deep_tasks_chain_hops_per_branch_and_parallel_beats_serial() -> None:
+    e = env({"max_hops": 2, "expert_grep": True}, deep_rate=1.0, deep_branches=3, max_critical_steps=20)
+    seen = set()
+    for t in e.generate("train", 6, seed=0):
+        assert t.metadata["kind"] == "deep" and len(items_of(t.metadata)) == 3
+        ep = await play(e, t, None)
+        assert e.score(t, ep).correct
+        parallel = ep.counts["subagents"] > 0
+        seen.add(parallel)
+        # a 2-hop branch: grep, search the bridge, answer (3 steps in a sub-agent, 2 calls serially)
+        want = 1 + 3 + 1 if parallel else 3 * 2 + 1
+        assert ep.counts["critical_steps"] == want
+    assert seen == {True, False}
+
+
+async def test_evaluation_plays_sub_agents_on_the_frozen_engine() -> None:
+    from slipstream.harness.evaluate import evaluate
+
+    e = env({"expert_grep": True}, max_critical_steps=4, wide_min=4, wide_max=4, expert_parallel_rate=1.0)
+    tasks = e.generate("heldout", 3, seed=0)
+
+    def reply(_req: Any, context: str) -> str:
+        t = next(t for t in tasks if any(it.question in context for it in items_of(t.metadata)))
+        return e.expert(t, context)
+
+    policy = ScriptedEngine(TOK, reply, max_seq_len=1 << 16)
+    frozen = ScriptedEngine(TOK, reply, max_seq_len=1 << 16)
+    report = await evaluate(policy, TOK, e, tasks, frozen_engine=frozen)
+    assert report.accuracy == 1.0 and report.metrics["subagents"] == 4.0
+    assert report.metrics["critical_steps"] == 4.0 and report.metrics["finish_rate"] == 1.0
+    assert policy.requests == 3 * 2  # the orchestrator's two turns per task
+    assert frozen.requests == 3 * 4 * 2  # four sub-agents a task, a grep and an answer each

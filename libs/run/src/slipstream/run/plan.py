@@ -86,6 +86,12 @@ class TrainingPlan(msgspec.Struct, kw_only=True):
     learner_ranks: int = 1
     """[learner] ranks: > 1 trains on that many Ray rank actors, each publishing its part of every version
     through its own weight-publisher (the local stack starts one per rank)."""
+    reward_schedule: dict[str, dict[str, Any]] = {}
+    """[learner] reward_schedule: score component -> its λ schedule by learner step (init, final,
+    anneal_steps, shape, start_step; the swarm's `parallel` and `finish`); {}: the scored reward as is."""
+    subagents: dict[str, Any] = {}
+    """The rollout workers' [subagents] section (transport "local" | "nats", pin_version): where frozen
+    sub-agents (spawned with trainable=False, e.g. the swarm's) run; {}: the worker's defaults."""
 
 
 class RunSummary(msgspec.Struct, kw_only=True):
@@ -220,6 +226,11 @@ def run_env(plan: TrainingPlan) -> dict[str, str]:
         # one publisher sidecar per rank, each with its own SLIPSTREAM_PUBLISHER__RANK).
         env["SLIPSTREAM_LEARNER__RANKS"] = str(plan.learner_ranks)
     env.update(summary_env(plan.summary))
+    if plan.reward_schedule:
+        env["SLIPSTREAM_LEARNER__REWARD_SCHEDULE"] = json.dumps(plan.reward_schedule)
+    for key, value in plan.subagents.items():
+        text = json.dumps(value) if isinstance(value, (bool, list, dict)) else str(value)
+        env[f"SLIPSTREAM_SUBAGENTS__{key.upper()}"] = text
     if env_options:
         env["SLIPSTREAM_TASKS__ENV_OPTIONS"] = env_options
         env["SLIPSTREAM_REWARD__ENV_OPTIONS"] = env_options

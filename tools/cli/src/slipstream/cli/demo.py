@@ -32,6 +32,7 @@ from typing import Any
 
 from slipstream.cli.sim import PREFERENCES
 from slipstream.cli.spec import add_restart_arguments, default_run_dir, restart_policy
+from slipstream.cli.swarm_demo import swarm_plan
 
 
 def register(sub: Any) -> None:
@@ -46,7 +47,11 @@ def register(sub: Any) -> None:
     )
     p.add_argument("--summary-json", "--json", type=Path, metavar="FILE", help="also write the run summary here")
     p.add_argument("--steps", type=int, default=None, help="learner steps (default 60)")
-    p.add_argument("--env", default=None, help="environment (default reverse; lookup: multi-turn tool use)")
+    p.add_argument(
+        "--env",
+        default=None,
+        help="environment (default reverse; lookup: multi-turn tool use; swarm: an orchestrator over sub-agents)",
+    )
     p.add_argument("--max-staleness", type=int, default=None, help="versions a trajectory may lag (default 2)")
     p.add_argument("--loss", choices=("grpo", "cispo"), default=None, help="policy loss (default grpo)")
     p.add_argument("--lr", type=float, default=None, help="learner AdamW learning rate")
@@ -270,6 +275,9 @@ ENV_PLANS: dict[str, dict[str, Any]] = {
         "heldout_tasks": 128,
         "train_eval_tasks": 128,
     },
+    # `swarm` (issue 15): an orchestrator over frozen search sub-agents on the search plan's corpus
+    # (slipstream.cli.swarm_demo: the plan, then swarm vs single on the held-out split).
+    "swarm": swarm_plan(SEARCH_OPTIONS),
 }
 
 
@@ -361,7 +369,12 @@ def plan_from_args(args: argparse.Namespace) -> Any:
 def run(args: argparse.Namespace) -> int:
     if getattr(args, "realtime", False):
         return run_realtime(args)
-    return execute(plan_from_args(args), args, title="slipstream demo")
+    plan = plan_from_args(args)
+    if plan.env == "swarm" and not plan.model:
+        from slipstream.cli import swarm_demo
+
+        return swarm_demo.run(plan, args)
+    return execute(plan, args, title="slipstream demo")
 
 
 def realtime_plan_from_args(args: argparse.Namespace) -> Any:

@@ -83,7 +83,7 @@ class SwarmOptions(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fie
     wide_max: Annotated[int, Doc(description="Most items of a wide task.")] = 5
     wide_hops: Annotated[int, Doc(description="Hops of a wide task's items.")] = 1
     deep_rate: Annotated[float, Doc(description="Share of deep tasks (branches of several hops).")] = 0.0
-    deep_branches: Annotated[int, Doc(description="Branches of a deep task.")] = 2
+    deep_branches: Annotated[int, Doc(description="Branches of a deep task.")] = 3
     deep_hops: Annotated[int, Doc(description="Hops of each deep branch (needs the corpus's max_hops).")] = 2
     max_turns: Annotated[int, Doc(description="Orchestrator turns per episode.")] = 8
     turn_tokens: Annotated[int, Doc(description="Most tokens one orchestrator turn may sample.")] = 1024
