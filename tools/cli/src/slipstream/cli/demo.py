@@ -83,6 +83,13 @@ def register(sub: Any) -> None:
     )
     p.add_argument("--lora-rank", type=int, default=None, help="train LoRA adapters of this rank only (0: full)")
     p.add_argument("--heldout-tasks", type=int, default=None, help="held-out tasks evaluated before and after")
+    p.add_argument(
+        "--init-model",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="start RL from this saved model (e.g. an earlier run's RUN_DIR/model-init) instead of a warm-start",
+    )
     p.add_argument("--no-live", action="store_true", help="plain log lines instead of the live view")
     p.add_argument("--traces", action="store_true", help="write each service's spans to RUN_DIR/traces.<service>.jsonl")
     add_restart_arguments(p)
@@ -374,6 +381,9 @@ def run(args: argparse.Namespace) -> int:
         from slipstream.cli import swarm_demo
 
         return swarm_demo.run(plan, args)
+    init = getattr(args, "init_model", None)
+    if init is not None:
+        return execute(plan, args, title="slipstream demo", init_model=(init, {"init_model": str(init)}))
     return execute(plan, args, title="slipstream demo")
 
 
