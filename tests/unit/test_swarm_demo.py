@@ -37,7 +37,6 @@ def test_the_plan_puts_every_serial_episode_over_the_budget_and_a_parallel_one_i
         schedule = plan.reward_schedule[name]
         assert schedule["init"] == 0.1 and schedule["final"] == 0.0
         assert schedule["anneal_steps"] == plan.max_steps // 2
-    assert plan.subagents == {"transport": "local", "pin_version": -1}
 
 
 def test_the_plan_reaches_the_services_on_this_build() -> None:
@@ -52,10 +51,8 @@ def test_the_plan_reaches_the_services_on_this_build() -> None:
         assert set(learner.learner.reward_schedule) == {"parallel", "finish"}
     worker = resolve(RolloutWorkerConfig, environ=environ)
     assert json.loads(environ["SLIPSTREAM_WORKER__ENV_OPTIONS"])["swarm"]["max_critical_steps"] == 4
-    if "subagents" in RolloutWorkerConfig.__struct_fields__:
-        assert worker.subagents.transport == "local"
-    assert environ["SLIPSTREAM_SUBAGENTS__TRANSPORT"] == "local"
-    assert environ["SLIPSTREAM_SUBAGENTS__PIN_VERSION"] == "-1"
+    if "subagents" in RolloutWorkerConfig.__struct_fields__:  # frozen at the first version the worker loads
+        assert (worker.subagents.transport, worker.subagents.pin_version) == ("local", -1)
 
 
 def _summary(tmp_path: Path) -> RunSummary:

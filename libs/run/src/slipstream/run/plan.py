@@ -89,9 +89,6 @@ class TrainingPlan(msgspec.Struct, kw_only=True):
     reward_schedule: dict[str, dict[str, Any]] = {}
     """[learner] reward_schedule: score component -> its λ schedule by learner step (init, final,
     anneal_steps, shape, start_step; the swarm's `parallel` and `finish`); {}: the scored reward as is."""
-    subagents: dict[str, Any] = {}
-    """The rollout workers' [subagents] section (transport "local" | "nats", pin_version): where frozen
-    sub-agents (spawned with trainable=False, e.g. the swarm's) run; {}: the worker's defaults."""
 
 
 class RunSummary(msgspec.Struct, kw_only=True):
@@ -228,9 +225,6 @@ def run_env(plan: TrainingPlan) -> dict[str, str]:
     env.update(summary_env(plan.summary))
     if plan.reward_schedule:
         env["SLIPSTREAM_LEARNER__REWARD_SCHEDULE"] = json.dumps(plan.reward_schedule)
-    for key, value in plan.subagents.items():
-        text = json.dumps(value) if isinstance(value, (bool, list, dict)) else str(value)
-        env[f"SLIPSTREAM_SUBAGENTS__{key.upper()}"] = text
     if env_options:
         env["SLIPSTREAM_TASKS__ENV_OPTIONS"] = env_options
         env["SLIPSTREAM_REWARD__ENV_OPTIONS"] = env_options

@@ -8,8 +8,8 @@ The run itself is the demo's (warm-start, the five-process stack, RL); the swarm
   1 + 2 + 1 = 4, a serial one N + 1 = 5-6, so only a swarm finds every document in budget; the
   search demo's micro preset and warm-start style; the learner's schedule
   `[learner.reward_schedule.parallel]` / `.finish` (λ 0.1 -> 0 over half the steps); the
-  workers' `[subagents] transport = "local"` (a frozen copy of the first version they load: the
-  warm-start);
+  workers' default `[subagents] transport = "local"`, `pin_version = -1` (a frozen copy of the
+  first version they load: the warm-start);
 - `prepare`: what this build supports. A learner without `reward_schedule` would reject the
   variable, so the schedule is dropped (and noted: the components then count at weight 1); a
   worker without `[subagents]` plays sub-agents on its policy engine (noted: their samples are
@@ -76,7 +76,6 @@ def swarm_plan(search_options: dict[str, Any]) -> dict[str, Any]:
         "heldout_samples": 1,
         "train_eval_tasks": 0,
         "reward_schedule": {"parallel": dict(anneal), "finish": dict(anneal)},
-        "subagents": {"transport": "local", "pin_version": -1},
         "worker_tasks_in_flight": 8,
         "timeout_s": 1800.0,
     }
@@ -282,7 +281,6 @@ def run(plan: Any, args: argparse.Namespace) -> int:
         "budget": o.get("max_critical_steps"),
         "notes": notes,
         "reward_schedule": plan.reward_schedule,
-        "subagents": plan.subagents,
     }
     if summary.ok:
         console.print("comparing swarm and single mode on the warm-start and the last version")
