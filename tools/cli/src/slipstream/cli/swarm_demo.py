@@ -7,7 +7,7 @@ The run itself is the demo's (warm-start, the five-process stack, RL); the swarm
   critical-step budget of 4: a parallel episode (create + assign all, then answer) costs
   1 + 2 + 1 = 4, a serial one N + 1 = 5-6, so only a swarm finds every document in budget; the
   search demo's micro preset and warm-start style; the learner's schedule
-  `[learner.reward_schedule.parallel]` / `.finish` (λ 0.1 -> 0 over half the steps); the
+  `[learner.reward_schedule.parallel]` / `.finish` (λ 0.1 -> 0 over the run's steps); the
   workers' default `[subagents] transport = "local"`, `pin_version = -1` (a frozen copy of the
   first version they load: the warm-start);
 - `prepare`: what this build supports. A learner without `reward_schedule` would reject the
@@ -44,7 +44,10 @@ FIGURES = ("accuracy", "perf", "critical_steps", "total_steps", "subagents", "fi
 def swarm_plan(search_options: dict[str, Any]) -> dict[str, Any]:
     """ENV_PLANS["swarm"]: see the module docstring."""
     steps = 12
-    anneal = {"init": 0.1, "final": 0.0, "anneal_steps": steps // 2, "shape": "linear"}
+    # λ 0.1 -> 0 over the whole run (exactly 0 from step `steps`, after the last update): over half
+    # the steps, seed 1's run stalled at step 6, when λ reached 0, its warm-start never found a
+    # document (perf 0 everywhere), and the learner drops groups whose rewards are all equal.
+    anneal = {"init": 0.1, "final": 0.0, "anneal_steps": steps, "shape": "linear"}
     return {
         "env_options": {
             "search": dict(search_options),
