@@ -57,7 +57,12 @@ async def random_engine(model: CausalLM) -> AsyncIterator[RecordingEngine]:
 # `swarm` (whose sub-agents search) gets two items a task, so its prompt fits the random engine's 512 tokens.
 ENV_OPTIONS: dict[str, dict[str, Any]] = {
     "search": {"backend": "terms"},
-    "swarm": {"search": {"backend": "terms", "tools_line": False}, "wide_min": 2, "wide_max": 2},
+    # (its sub-agents grep the clues: 2 steps each, so the expert's episodes fit the budget)
+    "swarm": {
+        "search": {"backend": "terms", "tools_line": False, "expert_grep": True},
+        "wide_min": 2,
+        "wide_max": 2,
+    },
 }
 
 

@@ -86,6 +86,7 @@ def test_the_plot_and_the_table_show_swarm_beside_single(tmp_path: Path) -> None
     console = Console(record=True, width=200)
     console.print(swarm_demo.table(report))
     text = console.export_text()
-    assert "swarm accuracy" in text and "single accuracy" in text
-    line = next(x for x in text.splitlines() if "after" in x and "heldout" in x)
-    assert "0.500" in line and "0.000" in line and "4.200" in line
+    swarm = next(x for x in text.splitlines() if "after" in x and "heldout" in x and "swarm" in x)
+    single = next(x for x in text.splitlines() if "after" in x and "heldout" in x and "single" in x)
+    assert "0.500" in swarm and "4.200" in swarm and "0.000" in single
+    assert next(x for x in text.splitlines() if "before" in x).count("-") >= len(swarm_demo.FIGURES)

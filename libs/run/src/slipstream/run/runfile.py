@@ -25,7 +25,9 @@ Sections (every key optional; what is left out keeps `TrainingPlan`'s default):
                  a chain's links). Read by the rollout workers as [summary], the learner's
                  sample_weighting, and the local run's held-out evals and warm-start.
     [learner]    ranks (> 1: the learner trains on that many Ray rank actors, FSDP2, and the local stack
-                 starts one weight-publisher per rank, each publishing its rank's part of every version)
+                 starts one weight-publisher per rank, each publishing its rank's part of every version);
+                 [learner.reward_schedule.<component>] init, final, anneal_steps, shape, start_step
+                 (a score component's weight λ by learner step: the swarm's parallel and finish)
     [replicas]   rollout-worker, reward-model, eval-gate (the cluster's replica counts); tool-service
                  (> 0: the env's tools run in that many tool-service replicas, locally too)
     [infra]      nats_url, redis_url, store: reuse running servers / an S3 store ("" = start locally)
@@ -127,6 +129,7 @@ class RolloutSection(_Section):
 
 class LearnerSection(_Section):
     ranks: int | None = None
+    reward_schedule: dict[str, dict[str, Any]] | None = None
 
 
 class ReplicasSection(_Section, rename="kebab"):

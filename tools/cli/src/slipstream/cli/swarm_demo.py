@@ -33,8 +33,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import msgspec
-
 # The comparison: tasks per split and sampled episodes per task (the same tasks for every mode).
 COMPARE_TASKS = 24
 COMPARE_SAMPLES = 2
@@ -222,29 +220,24 @@ def plot(report: dict[str, Any], path: Path) -> Path:
 
 
 def table(report: dict[str, Any]) -> Any:
-    """Swarm vs single, train and held-out, before and after RL, side by side."""
+    """Swarm vs single, train and held-out, before and after RL: one row per (model, split, mode)."""
     from rich.table import Table
 
     t = Table(title="swarm vs single (same tasks, same critical-step budget)", title_justify="left")
-    t.add_column("model")
-    t.add_column("split")
-    for mode in ("swarm", "single"):
-        for k in ("accuracy", "perf", "critical_steps", "subagents"):
-            t.add_column(f"{mode} {k}")
+    short = {"critical_steps": "crit", "total_steps": "total", "subagents": "subs", "finish_rate": "finish"}
+    for col in ("model", "split", "mode", *(short.get(k, k) for k in FIGURES)):
+        t.add_column(col)
     for stage in ("before", "after"):
         for split in ("train", "heldout"):
-            cells = [stage, split]
             for mode in ("swarm", "single"):
                 row = report.get(f"{stage}/{mode}/{split}") or {}
-                cells += [
-                    f"{row[k]:.3f}" if k in row else "-" for k in ("accuracy", "perf", "critical_steps", "subagents")
-                ]
-            t.add_row(*cells)
+                t.add_row(stage, split, mode, *(f"{row[k]:.3f}" if k in row else "-" for k in FIGURES))
     return t
 
 
 def run(plan: Any, args: argparse.Namespace) -> int:
     """The swarm demo: the run (with the live view), then the comparison, the table and the plot."""
+    import msgspec
     from rich.console import Console
 
     from slipstream.cli.progress import ProgressView, summary_table
