@@ -54,7 +54,16 @@ async def random_engine(model: CausalLM) -> AsyncIterator[RecordingEngine]:
 
 # Options an environment needs to play here: `search` needs a search backend, and until
 # libs/retrieval registers its in-process hybrid one, the suite uses the deterministic test one.
-ENV_OPTIONS: dict[str, dict[str, Any]] = {"search": {"backend": "terms"}}
+# `swarm` (whose sub-agents search) gets two items a task, so its prompt fits the random engine's 512 tokens.
+ENV_OPTIONS: dict[str, dict[str, Any]] = {
+    "search": {"backend": "terms"},
+    # (its sub-agents grep the clues: 2 steps each, so the expert's episodes fit the budget)
+    "swarm": {
+        "search": {"backend": "terms", "tools_line": False, "expert_grep": True},
+        "wide_min": 2,
+        "wide_max": 2,
+    },
+}
 
 
 def _env(name: str) -> Environment[Any]:

@@ -1,7 +1,7 @@
 """Slipstream environments: the interface, the registry and the built-in verifiable tasks.
 
 Importing the package registers the built-ins (`arith`, `reverse`, `search_call`, `lookup`, `search`, `recall`,
-`serve`), so
+`serve`, `swarm`), so
 `get_env(name)` finds them.
 """
 
@@ -30,6 +30,7 @@ from slipstream.envs.search import Search, SearchOptions
 from slipstream.envs.searchcall import SearchCall, SearchCallOptions
 from slipstream.envs.serve import RewardComponent, Serve, ServeOptions
 from slipstream.envs.strings import Reverse, ReverseOptions
+from slipstream.envs.swarm import Swarm, SwarmOptions
 
 __all__ = [
     "ENVIRONMENTS",
@@ -65,6 +66,8 @@ __all__ = [
     "Span",
     "Split",
     "StepResult",
+    "Swarm",
+    "SwarmOptions",
     "TaskSpec",
     "Thread",
     "get_env",

@@ -183,6 +183,9 @@ class Environment(abc.ABC, Generic[OptionsT]):
     max_turns: ClassVar[int] = 1  # multi-turn environments raise it
     # Warm-start from the scripted expert's episodes (`expert`) instead of prompt + `sft_example`.
     warmstart_from_expert: ClassVar[bool] = False
+    # With `warmstart_from_expert`: also train on the expert episodes' untrainable samples (frozen
+    # sub-agents'), so one warm-start teaches the orchestrator and the sub-agents it will spawn (`swarm`).
+    warmstart_frozen_samples: ClassVar[bool] = False
     # False for an environment that only scores recorded traffic (`serve`): it has no tasks to
     # generate, play or plan a run with (`registry.task_envs` leaves it out).
     has_tasks: ClassVar[bool] = True

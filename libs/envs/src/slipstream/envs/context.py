@@ -77,7 +77,12 @@ class Outcome(msgspec.Struct, kw_only=True):
     final_text: Annotated[str, Doc(description="The answer a scorer reads (Episode.final_text).")] = ""
     finish_reason: Annotated[str, Doc(description="Why the episode ended: 'stop', 'length', 'max_turns', ...")] = ""
     steps: Annotated[
-        int, Doc(description="Steps the agent took: tool invocations, plus 1 for each turn without a call.")
+        int,
+        Doc(
+            description="Steps the agent took: tool invocations, plus 1 for each turn without a call (its final "
+            "message); 0 when the environment does not count them. A parent reads a spawned agent's cost here "
+            "(the swarm's critical steps), wherever the child ran."
+        ),
     ] = 0
 
 

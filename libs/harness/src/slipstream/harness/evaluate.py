@@ -95,12 +95,15 @@ async def evaluate(
     params: SamplingParams | None = None,
     concurrency: int = 16,
     summary: SummaryConfig | None = None,
+    frozen_engine: Engine | None = None,
 ) -> EvalReport:
     """Roll out every task `samples_per_task` times (greedy unless `params`) and score each sample.
 
     At most `concurrency` tasks are in the engine at once. The report lists every policy version
     that produced a scored token (more than one if weights changed during the evaluation).
     `summary` restarts long contexts as training does (a summary, or the truncation baseline).
+    `frozen_engine` plays the frozen (non-trainable) agents, as in training: e.g. the swarm's
+    sub-agents on the warm-start weights while `engine` holds the version under evaluation.
     """
     if not tasks:
         raise ValueError("evaluate needs at least one task")
@@ -132,6 +135,7 @@ async def evaluate(
                 worker_id="eval",
                 group_id=f"{run}/{i}",
                 summary=summary,
+                frozen_engine=frozen_engine,
             )
         scores = [env.score(spec, e) for e in episodes]
         played.extend((i, j, spec, e) for j, e in enumerate(episodes))

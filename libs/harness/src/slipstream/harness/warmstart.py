@@ -69,11 +69,14 @@ def sft_sequence(tokenizer: Tokenizer, env: Environment[msgspec.Struct], task: T
     return [*prompt, *completion], len(prompt)
 
 
-def episode_examples(episode: Episode) -> list[Example]:
-    """(ids, trained) of each trainable sample: the sample's ids, True where its loss mask is 1."""
+def episode_examples(episode: Episode, *, frozen: bool = False) -> list[Example]:
+    """(ids, trained) of each trainable sample: the sample's ids, True where its loss mask is 1.
+
+    `frozen`: untrainable samples too (an env's `warmstart_frozen_samples`: the swarm's sub-agents,
+    frozen in RL, learn their search skill from the expert's sub-agent episodes here)."""
     out: list[Example] = []
     for s in episode.samples:
-        if s.trainable:
+        if s.trainable or frozen:
             out.append((s.ids(), [False] * s.prompt_len + [bool(m) for m in s.mask()]))
     return out
 
@@ -125,7 +128,10 @@ def expert_examples(
     played = asyncio.run(expert_episodes(env, tokenizer, list(unique.values()), summary=summary))
     # The env may filter its teacher's episodes (e.g. Context-1's SFT rules); a dropped one adds nothing.
     keep = env.curate_expert_episodes(list(unique.values()), played)
-    by_key = {key: episode_examples(e) if k else [] for key, e, k in zip(unique, played, keep, strict=True)}
+    frozen = env.warmstart_frozen_samples
+    by_key = {
+        key: episode_examples(e, frozen=frozen) if k else [] for key, e, k in zip(unique, played, keep, strict=True)
+    }
     return [ex for t in tasks for ex in by_key[t.metadata.get("key", t.task_id)]]
 
 
@@ -329,7 +335,7 @@ def probe_items(
         return [[ex] for ex in _examples(env, tokenizer, tasks)]
     episodes = asyncio.run(expert_episodes(env, tokenizer, tasks, summary=summary))
     items = [
-        episode_examples(e)
+        episode_examples(e, frozen=env.warmstart_frozen_samples)
         for t, e in zip(tasks, episodes, strict=True)
         if env.score(t, e).correct and not e.counts.get("invalid_tool_call", 0)
     ]

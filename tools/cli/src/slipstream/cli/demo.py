@@ -32,6 +32,7 @@ from typing import Any
 
 from slipstream.cli.sim import PREFERENCES
 from slipstream.cli.spec import add_restart_arguments, default_run_dir, restart_policy
+from slipstream.cli.swarm_demo import swarm_plan
 
 
 def register(sub: Any) -> None:
@@ -46,7 +47,11 @@ def register(sub: Any) -> None:
     )
     p.add_argument("--summary-json", "--json", type=Path, metavar="FILE", help="also write the run summary here")
     p.add_argument("--steps", type=int, default=None, help="learner steps (default 60)")
-    p.add_argument("--env", default=None, help="environment (default reverse; lookup: multi-turn tool use)")
+    p.add_argument(
+        "--env",
+        default=None,
+        help="environment (default reverse; lookup: multi-turn tool use; swarm: an orchestrator over sub-agents)",
+    )
     p.add_argument("--max-staleness", type=int, default=None, help="versions a trajectory may lag (default 2)")
     p.add_argument("--loss", choices=("grpo", "cispo"), default=None, help="policy loss (default grpo)")
     p.add_argument("--lr", type=float, default=None, help="learner AdamW learning rate")
@@ -78,6 +83,13 @@ def register(sub: Any) -> None:
     )
     p.add_argument("--lora-rank", type=int, default=None, help="train LoRA adapters of this rank only (0: full)")
     p.add_argument("--heldout-tasks", type=int, default=None, help="held-out tasks evaluated before and after")
+    p.add_argument(
+        "--init-model",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="start RL from this saved model (e.g. an earlier run's RUN_DIR/model-init) instead of a warm-start",
+    )
     p.add_argument("--no-live", action="store_true", help="plain log lines instead of the live view")
     p.add_argument("--traces", action="store_true", help="write each service's spans to RUN_DIR/traces.<service>.jsonl")
     add_restart_arguments(p)
@@ -270,6 +282,9 @@ ENV_PLANS: dict[str, dict[str, Any]] = {
         "heldout_tasks": 128,
         "train_eval_tasks": 128,
     },
+    # `swarm` (issue 15): an orchestrator over frozen search sub-agents on the search plan's corpus
+    # (slipstream.cli.swarm_demo: the plan, then swarm vs single on the held-out split).
+    "swarm": swarm_plan(SEARCH_OPTIONS),
 }
 
 
@@ -361,7 +376,15 @@ def plan_from_args(args: argparse.Namespace) -> Any:
 def run(args: argparse.Namespace) -> int:
     if getattr(args, "realtime", False):
         return run_realtime(args)
-    return execute(plan_from_args(args), args, title="slipstream demo")
+    plan = plan_from_args(args)
+    if plan.env == "swarm" and not plan.model:
+        from slipstream.cli import swarm_demo
+
+        return swarm_demo.run(plan, args)
+    init = getattr(args, "init_model", None)
+    if init is not None:
+        return execute(plan, args, title="slipstream demo", init_model=(init, {"init_model": str(init)}))
+    return execute(plan, args, title="slipstream demo")
 
 
 def realtime_plan_from_args(args: argparse.Namespace) -> Any:

@@ -188,7 +188,12 @@ SYSTEM_PROMPT = (
 
 
 def prompt_of(task: SearchTask, *, tools_line: bool = True) -> str:
-    question = f"Find the documents that answer: {task.question}\n"
+    return question_prompt(task.question, tools_line=tools_line)
+
+
+def question_prompt(question_text: str, *, tools_line: bool = True) -> str:
+    """The task prompt for a question (also what a swarm sub-agent is shown for its assignment)."""
+    question = f"Find the documents that answer: {question_text}\n"
     if not tools_line:
         return question
     return (
@@ -333,11 +338,12 @@ class Search(Environment[SearchOptions]):
             self.backend()
         runner = TurnRunner(self, ctx, transport)
         soft = self.training(ctx.task)
+        steps = 0  # tool invocations + 1 for the final turn (Outcome.steps: a parent's critical steps)
         for _ in range(o.max_turns):
             room = o.budget_tokens - len(thread)
             if room < 8:
                 ctx.count("budget_exhausted")
-                return Outcome(final_text="", finish_reason="budget")
+                return Outcome(final_text="", finish_reason="budget", steps=steps)
             start = len(thread)
             gen = await ctx.generate(thread, max_tokens=min(o.reserve_tokens, room), stop=["\n"])
             view.add("policy", gen.text, start)
@@ -345,7 +351,8 @@ class Search(Environment[SearchOptions]):
                 gen.text, self.model_registry, call_id_prefix=f"{thread.sample_id}-t{gen.turn}"
             )
             if not parsed.items:
-                return Outcome(final_text=gen.text, finish_reason=gen.finish_reason)
+                return Outcome(final_text=gen.text, finish_reason=gen.finish_reason, steps=steps + 1)
+            steps += len(parsed.items)
             text, thread = await runner.turn(parsed.items, thread, view, gen.turn)
             start = len(thread)
             ctx.observe(thread, text)
@@ -358,7 +365,7 @@ class Search(Environment[SearchOptions]):
             start = len(thread)
             ctx.observe(thread, status)
             view.add("observation", status, start)
-        return Outcome(final_text="", finish_reason="max_turns")
+        return Outcome(final_text="", finish_reason="max_turns", steps=steps)
 
     # -- scoring ------------------------------------------------------------------------------------
 
@@ -396,4 +403,4 @@ def _chunks(info: dict[str, Any]) -> list[str]:
     return [c for c in str(info.get("chunks", "")).split(",") if c]
 
 
-__all__ = ["Search", "SearchOptions", "parse_output", "prompt_of"]
+__all__ = ["Search", "SearchOptions", "parse_output", "prompt_of", "question_prompt"]

@@ -1,0 +1,15 @@
+"""`swarm`: K2.5's Agent Swarm (PARL) on the search corpus (issue 15).
+
+| module | what |
+|---|---|
+| `tasks` | wide and deep tasks from the search corpus's items, prompts, the split by task key |
+| `tools` | create_subagent / assign_task and the direct search tools, by mode |
+| `steps` | critical and total steps (stages, cohorts) |
+| `expert` | the scripted orchestrator (serial or parallel) and its sub-agents' search expert |
+| `env` | the registered environment `swarm` (episode loop, reward components, metrics) |
+"""
+
+from slipstream.envs.swarm.env import COMPONENTS, Swarm, SwarmOptions
+from slipstream.envs.swarm.steps import Ledger, Stage, critical_steps, total_steps
+
+__all__ = ["COMPONENTS", "Ledger", "Stage", "Swarm", "SwarmOptions", "critical_steps", "total_steps"]

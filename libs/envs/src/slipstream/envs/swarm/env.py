@@ -1,0 +1,450 @@
+"""`swarm`: a trainable orchestrator over frozen search sub-agents (K2.5 Agent Swarm / PARL, issue 15).
+
+The orchestrator gets a prompt listing several search questions (tasks.py) and must end with
+one line `<docs>id id ...</docs>` holding every document that answers them. Its tools
+(tools.py): the direct search tools of the `search` env (search_corpus, grep_corpus,
+read_document) and, in `swarm` mode, `create_subagent(name, system_prompt)` and
+`assign_task(agent, prompt)`. One turn is one line (generation stops at "\\n"); a turn without
+a call is the final answer.
+
+Sub-agents. Each assign_task runs one `search` episode (Context-1's retrieval sub-agent: its own
+context, token budget and turn limit, the search tools, ending with `<docs>ids</docs>`) through
+`EpisodeContext.spawn(..., role="subagent", trainable=False)`: its samples join the episode
+untrainable, and it runs wherever the harness puts frozen agents (the frozen engine in this
+process, or a sub-agent pool). The child is the registered `search` env with the plain options
+in `SwarmOptions.search`, and its task's prompt is the search prompt of the assigned text, so a
+pool can rebuild both. The assign_task calls of one turn run concurrently (`asyncio.gather`);
+the orchestrator sees only each sub-agent's final message, as that call's result. The
+sub-agent's system prompt (create_subagent) reaches chat models through `chat_messages`; a
+byte-level model without a chat template sees the task prompt only.
+
+Each turn's observation is the calls' results, in call order (creates run first, so one turn may
+create and assign), then the step line `[Steps: X/B]` (critical steps used / the budget).
+
+Critical steps (steps.py): a turn costs max(1, direct calls) plus the longest sub-agent of its
+cohort (its tool calls + 1 for its final message, `Outcome.steps`). Past `max_critical_steps`
+the episode ends with finish reason "critical_steps" and no answer: the run stops as soon as the
+steps used leave no step for the answer. `max_turns` bounds the orchestrator's turns, the search
+options' `max_turns` each sub-agent's.
+
+Reward (named components, raw; the learner weights them, `[learner.reward_schedule.<name>]`):
+- `perf` = fraction of the required documents in the answer (the first required + `extra_docs`
+  ids are read); correct = all of them;
+- `parallel` = min(1, sub-agents / `parallel_cap`) (PARL rebuild's form, a small cap);
+- `finish` = finished / max(1, assigned), a sub-agent finished when its final message parses as
+  `<docs>`.
+A missing answer scores perf 0 (parse_ok False) and keeps the auxiliary terms. Counts on the
+episode: critical_steps, total_steps, subagents (one per assignment, counted by spawn),
+subagents_created, subagents_finished, serial_collapse (swarm mode, 2+ items, no sub-agent) and
+spurious_parallel (a created sub-agent that finished no task).
+
+`single` mode: the same prompt and budget, the direct tools only: the baseline.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import random
+from typing import Annotated, Any, ClassVar, Literal
+
+import msgspec
+
+from slipstream.envs.base import SPLITS, Environment, Problem, Score, Split, TaskSpec
+from slipstream.envs.context import ContextFull, EpisodeContext, Outcome
+from slipstream.envs.registry import parse_options, register
+from slipstream.envs.search.env import SYSTEM_PROMPT as SEARCH_SYSTEM_PROMPT
+from slipstream.envs.search.env import Search, question_prompt
+from slipstream.envs.search.generator import SearchTask
+from slipstream.envs.search.tools import READ, chunk_blocks, parse_output
+from slipstream.envs.swarm import expert as expert_policy
+from slipstream.envs.swarm import tasks as tk
+from slipstream.envs.swarm.steps import Ledger
+from slipstream.envs.swarm.tools import ASSIGN, CREATE, orchestrator_tools
+from slipstream.schemas import Episode as EpisodeRecord
+from slipstream.tools import LocalTransport, MalformedCall, ToolCall, ToolResult, execute, renderer_for, tool_event
+
+Doc = msgspec.Meta
+COMPONENTS: tuple[str, ...] = ("perf", "parallel", "finish")
+Mode = Literal["swarm", "single"]
+
+
+class SwarmOptions(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
+    """Options of `swarm`: the corpus and sub-agents (`search`), the tasks, the limits, the reward."""
+
+    search: Annotated[
+        dict[str, Any],
+        Doc(description="Options of the `search` env: the corpus, the direct tools and the sub-agents' harness."),
+    ] = {}
+    mode: Annotated[
+        Mode, Doc(description="'swarm': with create_subagent/assign_task; 'single': direct tools only.")
+    ] = "swarm"
+    wide_min: Annotated[int, Doc(description="Fewest items of a wide task.")] = 4
+    wide_max: Annotated[int, Doc(description="Most items of a wide task.")] = 5
+    wide_hops: Annotated[int, Doc(description="Hops of a wide task's items.")] = 1
+    deep_rate: Annotated[float, Doc(description="Share of deep tasks (branches of several hops).")] = 0.0
+    deep_branches: Annotated[int, Doc(description="Branches of a deep task.")] = 3
+    deep_hops: Annotated[int, Doc(description="Hops of each deep branch (needs the corpus's max_hops).")] = 2
+    max_turns: Annotated[int, Doc(description="Orchestrator turns per episode.")] = 8
+    turn_tokens: Annotated[int, Doc(description="Most tokens one orchestrator turn may sample.")] = 1024
+    max_critical_steps: Annotated[
+        int, Doc(description="Critical-step budget: past it the episode ends unanswered ('critical_steps').")
+    ] = 4
+    parallel_cap: Annotated[int, Doc(description="Sub-agents at which r_parallel = min(1, n / cap) saturates.")] = 4
+    max_subagents: Annotated[int, Doc(description="Sub-agents one episode may create.")] = 4
+    max_assign_per_turn: Annotated[int, Doc(description="assign_task calls one turn may make.")] = 8
+    extra_docs: Annotated[int, Doc(description="Ids read from the answer beyond the required count.")] = 2
+    expert_parallel_rate: Annotated[
+        float, Doc(description="Share of tasks the scripted orchestrator solves in parallel (else serially).")
+    ] = 0.5
+    heldout_one_in: Annotated[int, Doc(description="One task key in this many is held out.")] = 8
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.wide_min <= self.wide_max <= 32:
+            raise ValueError(f"need 1 <= wide_min <= wide_max <= 32, got {self.wide_min}, {self.wide_max}")
+        if not 1 <= self.wide_hops <= 6 or not 1 <= self.deep_hops <= 6 or not 1 <= self.deep_branches <= 16:
+            raise ValueError("need wide_hops and deep_hops in 1..6 and deep_branches in 1..16")
+        for name, rate in (("deep_rate", self.deep_rate), ("expert_parallel_rate", self.expert_parallel_rate)):
+            if not 0.0 <= rate <= 1.0:
+                raise ValueError(f"{name} must be in [0, 1], got {rate}")
+        for name, value in (
+            ("max_turns", self.max_turns),
+            ("max_critical_steps", self.max_critical_steps),
+            ("parallel_cap", self.parallel_cap),
+            ("max_subagents", self.max_subagents),
+            ("max_assign_per_turn", self.max_assign_per_turn),
+        ):
+            if not 1 <= value <= 1024:
+                raise ValueError(f"{name} must be in 1..1024, got {value}")
+        if not 16 <= self.turn_tokens <= 65_536:
+            raise ValueError(f"turn_tokens must be in 16..65536, got {self.turn_tokens}")
+        if not 0 <= self.extra_docs <= 100 or not 2 <= self.heldout_one_in <= 1000:
+            raise ValueError("need 0 <= extra_docs <= 100 and 2 <= heldout_one_in <= 1000")
+        parse_options("search", self.search)  # names the bad search option, if any
+
+
+@functools.lru_cache(maxsize=8)
+def _search_env(options: bytes) -> Search:
+    """The sub-agents' env (one per option set, so its corpus and backend are built once)."""
+    env = Search(parse_options("search", msgspec.json.decode(options)))  # type: ignore[arg-type]
+    return env
+
+
+def _system_prompt(mode: str) -> str:
+    swarm = (
+        " create_subagent(name, system_prompt) defines a sub-agent; assign_task(agent, prompt) gives it a task, "
+        "several may run at once and each returns the sub-agent's final message."
+        if mode == "swarm"
+        else ""
+    )
+    return (
+        "Find every document that answers each listed question; do NOT answer the questions. Tools: "
+        "search_corpus(query), grep_corpus(pattern), read_document(doc_id)." + swarm + " Each tool call is one "
+        '<tool>{"name": ..., "args": {...}}</tool> on a single line. The step line [Steps: X/B] counts the '
+        "critical steps used; past B the episode ends unanswered. End with one line <docs>doc ids</docs>."
+    )
+
+
+@register("swarm")
+class Swarm(Environment[SwarmOptions]):
+    """Orchestrate search sub-agents (or search directly) to find every listed question's documents."""
+
+    version: ClassVar[str] = "1"
+    Options: ClassVar[type[msgspec.Struct]] = SwarmOptions
+    components: ClassVar[tuple[str, ...]] = COMPONENTS
+    warmstart_from_expert: ClassVar[bool] = True
+    warmstart_frozen_samples: ClassVar[bool] = True
+    max_turns: ClassVar[int] = 1024  # the option `max_turns` is the real bound
+
+    def __init__(self, options: SwarmOptions | None = None) -> None:
+        super().__init__(options)
+        self.search: Search = _search_env(msgspec.json.encode(self.options.search))
+        self.renderer = renderer_for("tags")
+        self.model_registry = orchestrator_tools(self.options.mode)
+
+    @property
+    def max_completion_chars(self) -> int:
+        return self.options.turn_tokens
+
+    # -- tasks ----------------------------------------------------------------------------------
+
+    @functools.cached_property
+    def pools(self) -> dict[str, list[SearchTask]]:
+        """The corpus's train-split search tasks that serve as wide items and deep branches."""
+        train = [t for t in self.search.corpus.tasks if self.search.split_of(t.key) == "train"]
+        return {
+            "wide": [t for t in train if t.hops == self.options.wide_hops],
+            "deep": [t for t in train if t.hops == self.options.deep_hops] if self.options.deep_rate > 0 else [],
+        }
+
+    def split_of(self, key: str) -> Split:
+        return "heldout" if tk.split_of(key, self.options.heldout_one_in) == "heldout" else "train"
+
+    def _draw(self, rng: random.Random) -> tuple[str, list[tk.Item]]:
+        o = self.options
+        return tk.draw(rng, self.pools, deep_rate=o.deep_rate, wide=(o.wide_min, o.wide_max), branches=o.deep_branches)
+
+    def sample(self, rng: random.Random) -> Problem:
+        kind, items = self._draw(rng)
+        return Problem(key=tk.task_key(kind, items), prompt=tk.prompt(items), reference=" ".join(tk.required(items)))
+
+    def generate(self, split: Split, n: int, seed: int) -> list[TaskSpec]:
+        """`n` tasks of `split`: a pure function of (options, split, n, seed); the first k are the
+        same for every n >= k."""
+        if split not in SPLITS:
+            raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+            raise ValueError(f"n must be a non-negative int, got {n!r}")
+        if isinstance(seed, bool) or not isinstance(seed, int):
+            raise ValueError(f"seed must be an int, got {seed!r}")
+        rng = random.Random(f"{self.name}|{split}|{seed}")
+        out: list[TaskSpec] = []
+        draws = 0
+        while len(out) < n:
+            if draws >= 1000 + 64 * n:
+                raise ValueError(f"swarm: drew {draws} tasks and found only {len(out)} of split {split!r}")
+            kind, items = self._draw(rng)
+            draws += 1
+            meta = tk.metadata_of(kind, items)
+            if self.split_of(meta["key"]) != split:
+                continue
+            out.append(
+                TaskSpec(
+                    task_id=f"{self.name}-{split}-{seed}-{len(out)}",
+                    env=self.name,
+                    prompt=tk.prompt(items),
+                    reference=" ".join(tk.required(items)),
+                    seed=seed,
+                    split=split,
+                    metadata=meta,
+                )
+            )
+        return out
+
+    def chat_messages(self, task: TaskSpec, prompt: str) -> list[dict[str, str]]:
+        """For chat models: the orchestrator's system prompt for its mode, or a sub-agent's own
+        (create_subagent's), falling back to the search env's."""
+        if task.env == self.search.name:
+            system = task.metadata.get("system_prompt") or SEARCH_SYSTEM_PROMPT
+        else:
+            system = _system_prompt(self.options.mode)
+        return [{"role": "system", "content": system}, {"role": "user", "content": prompt}]
+
+    def sft_example(self, task: TaskSpec) -> str:
+        return f"<docs>{task.reference}</docs>\n"
+
+    def expert(self, task: TaskSpec, context: str) -> str:
+        return expert_policy.next_turn(self, task, context)
+
+    # -- the episode ------------------------------------------------------------------------------
+
+    async def run(self, ctx: EpisodeContext) -> Outcome:
+        return await _Episode(self, ctx).play()
+
+    # -- scoring ------------------------------------------------------------------------------------
+
+    def _perf(self, task: TaskSpec, final: str) -> tuple[float, bool, str]:
+        need = task.reference.split()
+        output = parse_output(final, max(1, len(need) + self.options.extra_docs))
+        if output is None:
+            return 0.0, False, "no final output: expected <docs>ids</docs>"
+        found = len(set(output) & set(need))
+        return found / max(1, len(need)), True, f"found {found}/{len(need)}"
+
+    def grade_episode(self, task: TaskSpec, episode: EpisodeRecord) -> Score:
+        perf, parsed, reason = self._perf(task, episode.final_text)
+        c = episode.counts
+        spawned, finished = c.get("subagents", 0), c.get("subagents_finished", 0)
+        components = {
+            "perf": perf,
+            "parallel": min(1.0, spawned / self.options.parallel_cap),
+            "finish": finished / max(1, spawned),
+        }
+        reason += f"; {spawned} sub-agent(s), {finished} finished; {c.get('critical_steps', 0)} critical steps"
+        if episode.finish_reason == "critical_steps":
+            reason += " (over the budget)"
+        return Score.of(components, correct=perf == 1.0, parse_ok=parsed, reason=reason)
+
+    def grade(self, task: TaskSpec, completion: str) -> Score:
+        perf, parsed, reason = self._perf(task, completion)
+        return Score.of(
+            {"perf": perf, "parallel": 0.0, "finish": 0.0}, correct=perf == 1.0, parse_ok=parsed, reason=reason
+        )
+
+    def eval_metrics(self, tasks: list[TaskSpec], episodes: list[EpisodeRecord]) -> dict[str, float]:
+        """accuracy, perf, critical/total steps and sub-agents (means), finish rate, and the
+        serial-collapse, spurious-parallelism and over-budget episode counts."""
+        n = max(1, len(episodes))
+        scores = [self.score(t, e) for t, e in zip(tasks, episodes, strict=True)]
+
+        def total(name: str) -> float:
+            return float(sum(e.counts.get(name, 0) for e in episodes))
+
+        return {
+            "accuracy": sum(s.correct for s in scores) / n,
+            "perf": sum(s.components.get("perf", 0.0) for s in scores) / n,
+            "critical_steps": total("critical_steps") / n,
+            "total_steps": total("total_steps") / n,
+            "subagents": total("subagents") / n,
+            "finish_rate": total("subagents_finished") / max(1.0, total("subagents")),
+            "serial_collapse": total("serial_collapse"),
+            "spurious_parallel": total("spurious_parallel"),
+            "over_budget": float(sum(e.finish_reason == "critical_steps" for e in episodes)),
+        }
+
+
+class _Episode:
+    """One orchestrator episode's state: the ledger, the sub-agents, the chunks seen directly."""
+
+    def __init__(self, env: Swarm, ctx: EpisodeContext) -> None:
+        self.env = env
+        self.ctx = ctx
+        self.o = env.options
+        self.ledger = Ledger()
+        self.created: dict[str, str] = {}  # name -> system prompt
+        self.finished_by: dict[str, int] = {}  # name -> tasks it finished
+        self.spawned = 0
+        self.finished = 0
+        self.own_steps = 0
+        self.seen: dict[str, None] = {}  # chunk ids the orchestrator's direct calls returned
+        self.items = tk.items_of(ctx.task.metadata) if "items" in ctx.task.metadata else []
+
+    async def play(self) -> Outcome:
+        ctx, o, env = self.ctx, self.o, self.env
+        thread = ctx.open(ctx.task.prompt)
+        transport = ctx.tools(env.search.registry)
+        if isinstance(transport, LocalTransport):
+            env.search.backend()  # fail loudly now rather than on every call
+        for _ in range(o.max_turns):
+            try:
+                gen = await ctx.generate(thread, max_tokens=o.turn_tokens, stop=["\n"])
+            except ContextFull:
+                return self.end("", "length")
+            parsed = env.renderer.parse(gen.text, env.model_registry, call_id_prefix=f"{thread.sample_id}-t{gen.turn}")
+            if not parsed.items:
+                self.ledger.add(0)
+                self.own_steps += 1
+                if self.ledger.critical > o.max_critical_steps:
+                    return self.end("", "critical_steps")
+                return self.end(gen.text, gen.finish_reason)
+            self.own_steps += len(parsed.items)
+            results, direct, subs = await self.turn(list(parsed.items), thread.sample_id, gen.turn, transport)
+            self.ledger.add(direct, subs)
+            text = env.renderer.render(env.renderer.result_messages(results))
+            try:
+                ctx.observe(thread, text + f"[Steps: {self.ledger.critical}/{o.max_critical_steps}]\n")
+            except ContextFull:
+                return self.end("", "length")
+            if self.ledger.critical + 1 > o.max_critical_steps:
+                return self.end("", "critical_steps")  # no step left for the answer
+        return self.end("", "max_turns")
+
+    async def turn(
+        self, items: list[ToolCall | MalformedCall], sample_id: str, turn: int, transport: Any
+    ) -> tuple[list[ToolResult], int, list[int]]:
+        """Run one turn's calls: creates first, then the direct calls and the assignments at once.
+        Returns the results in call order, the direct-call count and each sub-agent's steps."""
+        results: dict[int, ToolResult] = {}
+        for n, item in enumerate(items):
+            if isinstance(item, ToolCall) and item.name == CREATE:
+                results[n] = self.create(item)
+        direct = [(n, i) for n, i in enumerate(items) if not (isinstance(i, ToolCall) and i.name in (CREATE, ASSIGN))]
+        assigns = [(n, i) for n, i in enumerate(items) if isinstance(i, ToolCall) and i.name == ASSIGN]
+        runnable: list[tuple[int, ToolCall]] = []
+        for n, call in assigns:
+            refusal = self.refusal(call, len(runnable))
+            if refusal:
+                results[n] = ToolResult(call_id=call.id, name=ASSIGN, outcome="invalid_tool_call", text=refusal)
+            else:
+                runnable.append((n, call))
+        calls = [self.with_hidden(i) if isinstance(i, ToolCall) else i for _, i in direct]
+        done, spawned = await asyncio.gather(
+            execute(calls, transport), asyncio.gather(*(self.assign(c) for _, c in runnable))
+        )
+        for (n, _), result in zip(direct, done, strict=True):
+            results[n] = result
+        steps: list[int] = []
+        for (n, _), (result, s) in zip(runnable, spawned, strict=True):
+            results[n] = result
+            steps.append(s)
+        for n, item in enumerate(items):
+            event = tool_event(item, results[n], sample_id=sample_id, turn=turn)
+            ids = [c for c, _ in chunk_blocks(results[n].text)] if results[n].outcome == "ok" else []
+            if ids and n in dict(direct):
+                event.info["chunks"] = ",".join(ids)
+                self.seen.update(dict.fromkeys(ids))
+            self.ctx.log_tool(event)
+        return [results[n] for n in range(len(items))], len(direct), steps
+
+    def with_hidden(self, call: ToolCall) -> ToolCall:
+        args: dict[str, Any] = dict(call.arguments)
+        args["_exclude"] = [] if call.name == READ else list(self.seen)
+        args["_budget"] = self.env.search.options.search_tokens
+        return ToolCall(id=call.id, name=call.name, arguments=args, raw=call.raw)
+
+    def create(self, call: ToolCall) -> ToolResult:
+        name = str(call.arguments["name"])
+        if name in self.created:
+            text, ok = f"error: a sub-agent named {name} exists already", False
+        elif len(self.created) >= self.o.max_subagents:
+            text, ok = f"error: at most {self.o.max_subagents} sub-agents per episode", False
+        else:
+            self.created[name] = str(call.arguments["system_prompt"])
+            self.finished_by[name] = 0
+            text, ok = f"created {name}", True
+        return ToolResult(call_id=call.id, name=CREATE, outcome="ok" if ok else "invalid_tool_call", text=text)
+
+    def refusal(self, call: ToolCall, queued: int) -> str:
+        agent = str(call.arguments["agent"])
+        if agent not in self.created:
+            return f"error: no sub-agent named {agent}; create it first with {CREATE}"
+        if queued >= self.o.max_assign_per_turn:
+            return f"error: at most {self.o.max_assign_per_turn} {ASSIGN} calls per turn"
+        return ""
+
+    async def assign(self, call: ToolCall) -> tuple[ToolResult, int]:
+        """One sub-agent episode on the assigned prompt; its final message is the result."""
+        ctx, search = self.ctx, self.env.search
+        agent = str(call.arguments["agent"])
+        question = str(call.arguments["prompt"])
+        k = self.spawned
+        self.spawned += 1
+        parent = ctx.task
+        child = TaskSpec(
+            task_id=f"{parent.task_id}/{agent}-{k}",
+            env=search.name,
+            prompt=question_prompt(question, tools_line=search.options.tools_line),
+            reference="",
+            seed=parent.seed,
+            split=parent.split,
+            metadata={
+                "key": f"{parent.metadata.get('key', parent.task_id)}/{agent}-{k}",
+                "question": question,
+                "agent": agent,
+                "system_prompt": self.created[agent],
+            },
+        )
+        try:
+            outcome = await ctx.spawn(search, child, agent_id=f"{agent}.{k}", role="subagent", trainable=False)
+        except ContextFull:
+            outcome = Outcome(final_text="", finish_reason="length", steps=0)
+        final = outcome.final_text.strip()
+        finished = parse_output(final, search.options.max_output_docs) is not None
+        if finished:
+            self.finished += 1
+            self.finished_by[agent] += 1
+        text = final or f"error: {agent} ended without a final message ({outcome.finish_reason or 'unknown'})"
+        # A child that does not count its steps (Outcome.steps 0) is charged one: it ran at least a turn.
+        return ToolResult(call_id=call.id, name=ASSIGN, outcome="ok", text=text), max(1, outcome.steps)
+
+    def end(self, final: str, reason: str) -> Outcome:
+        ctx = self.ctx
+        ctx.count("critical_steps", self.ledger.critical)
+        ctx.count("total_steps", self.ledger.total)
+        ctx.count("subagents", 0)  # spawn counts one per assignment; the key exists either way
+        ctx.count("subagents_created", len(self.created))
+        ctx.count("subagents_finished", self.finished)
+        collapse = self.o.mode == "swarm" and len(self.items) >= 2 and self.spawned == 0
+        ctx.count("serial_collapse", int(collapse))
+        ctx.count("spurious_parallel", int(any(n == 0 for n in self.finished_by.values())))
+        return Outcome(final_text=final, finish_reason=reason, steps=self.own_steps)

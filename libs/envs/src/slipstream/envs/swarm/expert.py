@@ -1,0 +1,105 @@
+"""The scripted orchestrator: the teacher whose episodes warm-start the swarm model.
+
+It reads only the decoded context of the sample it continues (as a model would) plus the task's
+items (metadata). One engine plays every agent of an expert episode, so it first tells whose
+context it is continuing:
+
+- a sub-agent's (no swarm header; the search prompt `Find the documents that answer: <q>`): the
+  `search` env's expert on the item whose question `<q>` is (search/expert.py), so the swarm
+  warm-start also teaches the sub-agents' search skill;
+- the orchestrator's: on a fixed share of tasks (`expert_parallel_rate`, a function of the task
+  key; always 0 in `single` mode) it is **parallel**: one turn creating a sub-agent and assigning
+  every item's question to it, then the final answer, the ids the sub-agents returned. Otherwise
+  it is **serial**: the search expert's calls made directly, one per turn, item after item, and
+  the final answer, the targets it saw. It watches the step line `[Steps: X/B]` and answers
+  with what it has when one more call would leave no step for the answer, so a serial episode on
+  a task too wide for the budget ends with a partial answer, not cut off.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from typing import TYPE_CHECKING
+
+from slipstream.envs.base import TaskSpec
+from slipstream.envs.search.tools import doc_of
+from slipstream.envs.swarm.tasks import HEADER, Item, items_of
+from slipstream.envs.swarm.tools import ASSIGN, CREATE
+
+if TYPE_CHECKING:
+    from slipstream.envs.swarm.env import Swarm
+
+SUBAGENT_NAME = "s"
+SUBAGENT_PROMPT = "Find the documents that answer the question; end with <docs>ids</docs>."
+_QUESTION = re.compile(r"Find the documents that answer: (.*)\n")
+_STEPS = re.compile(r"\[Steps: (\d+)/(\d+)\]")
+_RETURNED = re.compile(r"<result>\s*<docs>(.*?)</docs>", re.DOTALL)  # a sub-agent's final message
+_CHUNK = re.compile(r'<chunk id="([^"]+)">')
+
+
+def draw(key: str, what: str) -> float:
+    """A fixed number in [0, 1) per (task key, what)."""
+    digest = hashlib.blake2b(f"swarm-expert:{what}:{key}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") / 2**64
+
+
+def parallel(env: Swarm, task: TaskSpec) -> bool:
+    """Whether the expert orchestrates this task in parallel."""
+    if env.options.mode != "swarm":
+        return False
+    return draw(task.metadata.get("key", task.task_id), "parallel") < env.options.expert_parallel_rate
+
+
+def item_task(env: Swarm, parent: TaskSpec, item: Item) -> TaskSpec:
+    """The search env's view of one item (targets and plan: what its expert reads)."""
+    return TaskSpec(
+        task_id=f"{parent.task_id}/{item.key}",
+        env="search",
+        prompt="",
+        reference=" ".join(item.targets),
+        seed=parent.seed,
+        split=parent.split,
+        metadata={
+            "key": item.key,
+            "question": item.question,
+            "targets": " ".join(item.targets),
+            "answer_docs": item.targets[-1],
+            "queries": "|".join(item.queries),
+        },
+    )
+
+
+def _call(name: str, args: dict[str, str]) -> str:
+    return "<tool>" + json.dumps({"name": name, "args": args}, ensure_ascii=False) + "</tool>"
+
+
+def answer(ids: list[str]) -> str:
+    return f"<docs>{' '.join(dict.fromkeys(ids))}</docs>\n"
+
+
+def next_turn(env: Swarm, task: TaskSpec, context: str) -> str:
+    items = items_of(task.metadata)
+    if HEADER not in context:
+        m = _QUESTION.search(context)
+        item = next((it for it in items if m is not None and it.question == m.group(1)), None)
+        if item is None:
+            return answer([])
+        return env.search.expert(item_task(env, task, item), context)
+    if parallel(env, task):
+        if f'"name": "{ASSIGN}"' not in context:
+            line = _call(CREATE, {"name": SUBAGENT_NAME, "system_prompt": SUBAGENT_PROMPT})
+            line += "".join(_call(ASSIGN, {"agent": SUBAGENT_NAME, "prompt": it.question}) for it in items)
+            return line + "\n"
+        returned = [d for body in _RETURNED.findall(context) for d in body.split()]
+        return answer(returned)
+    steps = _STEPS.findall(context)
+    used, budget = (int(steps[-1][0]), int(steps[-1][1])) if steps else (0, env.options.max_critical_steps)
+    if used + 2 <= budget:
+        for item in items:
+            line = env.search.expert(item_task(env, task, item), context)
+            if not line.startswith("<docs>"):
+                return line
+    seen = {doc_of(c) for c in _CHUNK.findall(context)}
+    return answer([d for it in items for d in it.targets if d in seen])

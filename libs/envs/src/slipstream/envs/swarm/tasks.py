@@ -1,0 +1,104 @@
+"""Swarm tasks: several search items in one prompt, drawn from the `search` corpus.
+
+- wide: N independent items (N in [wide_min, wide_max]), each a search task of `wide_hops`
+  hops (1 in the CPU demo): find every item's documents.
+- deep: `deep_branches` branches, each a `deep_hops`-hop chain (find the entity the clues
+  describe, then follow its links): every branch's documents must all be found before the one
+  final answer (delayed aggregation). A branch is sequential, so a sub-agent takes several steps
+  on it and a serial orchestrator pays every branch's steps one after the other.
+
+The prompt lists the items' questions, one per line, under a fixed header; it never says how
+to work (no "in parallel"). The reference is every required document id, item by item; the
+final answer is `<docs>id id ...</docs>`. Items are the search corpus's train-split tasks (the
+domains the sub-agents' search skill was warm-started on); a task's key is its kind and its
+items' keys, and the split is a hash of that key (one in `heldout_one_in` held out): the
+held-out split is new combinations of items, never a combination seen in training. The items
+themselves may also occur in training tasks: what held-out measures is the orchestration of an
+unseen set, not new retrieval.
+
+Each item travels in `metadata["items"]` (JSON: key, question, targets, queries) so the scripted
+orchestrator and the metrics can read it; the policy never sees metadata.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+
+import msgspec
+
+from slipstream.envs.search.generator import SearchTask
+
+HEADER = "Find the documents that answer all of:\n"
+
+
+class Item(msgspec.Struct, frozen=True, kw_only=True):
+    """One item of a swarm task: a search task's question and the documents that answer it."""
+
+    key: str
+    question: str
+    targets: list[str]
+    queries: list[str]
+
+    @classmethod
+    def of(cls, t: SearchTask) -> Item:
+        return cls(key=t.key, question=t.question, targets=list(t.targets), queries=list(t.queries))
+
+
+def prompt(items: list[Item]) -> str:
+    """The orchestrator's prompt: the header, then one question per line."""
+    return HEADER + "".join(f"{it.question}\n" for it in items)
+
+
+def task_key(kind: str, items: list[Item]) -> str:
+    """The canonical key: the kind and the items' keys (in prompt order)."""
+    return f"{kind}:" + "+".join(it.key for it in items)
+
+
+def split_of(key: str, heldout_one_in: int) -> str:
+    digest = hashlib.blake2b(f"swarm:{key}".encode(), digest_size=8).digest()
+    return "heldout" if int.from_bytes(digest, "little") % heldout_one_in == 0 else "train"
+
+
+def items_of(metadata: dict[str, str]) -> list[Item]:
+    """The items of a task, from its metadata."""
+    return msgspec.json.decode(metadata["items"], type=list[Item])
+
+
+def metadata_of(kind: str, items: list[Item]) -> dict[str, str]:
+    return {
+        "key": task_key(kind, items),
+        "kind": kind,
+        "n_items": str(len(items)),
+        "items": msgspec.json.encode(items).decode(),
+    }
+
+
+def draw(
+    rng: random.Random, pools: dict[str, list[SearchTask]], *, deep_rate: float, wide: tuple[int, int], branches: int
+) -> tuple[str, list[Item]]:
+    """One task's kind and items (distinct items, in a random order)."""
+    kind = "deep" if pools.get("deep") and rng.random() < deep_rate else "wide"
+    n = branches if kind == "deep" else rng.randint(*wide)
+    pool = pools[kind]
+    if len(pool) < n:
+        raise ValueError(f"swarm: {kind} tasks need {n} items, the corpus has {len(pool)} of the right hops")
+    return kind, [Item.of(t) for t in rng.sample(pool, n)]
+
+
+def required(items: list[Item]) -> list[str]:
+    """Every document the final answer must hold, item by item, without repeats."""
+    return list(dict.fromkeys(d for it in items for d in it.targets))
+
+
+__all__ = [
+    "HEADER",
+    "Item",
+    "draw",
+    "items_of",
+    "metadata_of",
+    "prompt",
+    "required",
+    "split_of",
+    "task_key",
+]

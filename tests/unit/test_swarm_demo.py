@@ -1,0 +1,92 @@
+"""`slipstream demo --env swarm`: the plan, what reaches the services, the parallelism curve and its plot.
+
+The run itself is the demo's (covered by the e2e runs); here: the plan's budget arithmetic, its
+config reaching the learner and the workers on this build (a learner without a reward schedule
+must not be handed one), the curve read from the learner's step rows, and the PNG and table.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from slipstream.cli import swarm_demo
+from slipstream.cli.demo import demo_plan
+from slipstream.cli.training import RunSummary
+from slipstream.envs import get_env
+from slipstream.learner.config import LearnerConfig, LearnerSection
+from slipstream.rollout_worker.config import RolloutWorkerConfig
+from slipstream.run import service_env
+from slipstream.runtime.config import resolve
+
+pytestmark = pytest.mark.unit
+
+
+def test_the_plan_puts_every_serial_episode_over_the_budget_and_a_parallel_one_in_it() -> None:
+    plan = demo_plan("swarm")
+    env = get_env("swarm", **plan.env_options)
+    o = env.options
+    # a sub-agent: one grep and the answer (the search demo's corpus); serial: N calls + the answer
+    assert o.search["expert_grep"] and o.search["fixed_offsets"] and o.search["max_hops"] == 1
+    assert 1 + 2 + 1 == o.max_critical_steps < o.wide_min + 1
+    assert plan.max_tokens >= o.turn_tokens // 2 and plan.preset == "micro"
+    for name in ("parallel", "finish"):
+        schedule = plan.reward_schedule[name]
+        assert schedule["init"] == 0.1 and schedule["final"] == 0.0
+        assert schedule["anneal_steps"] == plan.max_steps  # positive until the last update: see swarm_plan
+
+
+def test_the_plan_reaches_the_services_on_this_build() -> None:
+    plan = demo_plan("swarm")
+    notes = swarm_demo.prepare(plan)
+    supported = "reward_schedule" in LearnerSection.__struct_fields__
+    assert bool(plan.reward_schedule) == supported
+    assert any("reward_schedule" in n for n in notes) == (not supported)
+    environ = service_env(plan, Path("/m"), Path("/s"), Path("/o"))
+    learner = resolve(LearnerConfig, environ=environ)  # a schedule this learner lacks would be an error
+    if supported:
+        assert set(learner.learner.reward_schedule) == {"parallel", "finish"}
+    worker = resolve(RolloutWorkerConfig, environ=environ)
+    assert json.loads(environ["SLIPSTREAM_WORKER__ENV_OPTIONS"])["swarm"]["max_critical_steps"] == 4
+    if "subagents" in RolloutWorkerConfig.__struct_fields__:  # frozen at the first version the worker loads
+        assert (worker.subagents.transport, worker.subagents.pin_version) == ("local", -1)
+
+
+def _summary(tmp_path: Path) -> RunSummary:
+    plan = demo_plan("swarm")
+    rows = [
+        {
+            "step": s,
+            "version": s,
+            "episode_means": {"subagents": 1.0 + s, "critical_steps": 4.5 - 0.1 * s, "component.perf": 0.5},
+            "reward_weights": {"parallel": 0.1 * (1 - s / 5)},
+        }
+        for s in range(1, 6)
+    ]
+    return RunSummary(ok=True, plan=plan, run_dir=str(tmp_path), steps=5, steps_log=[{"step": 0}, *rows])
+
+
+def test_the_parallelism_curve_comes_from_the_learner_steps(tmp_path: Path) -> None:
+    curve = swarm_demo.parallelism_curve(_summary(tmp_path))
+    assert [c["step"] for c in curve] == [1, 2, 3, 4, 5]  # a row without means is not a point
+    assert [c["subagents"] for c in curve] == [2.0, 3.0, 4.0, 5.0, 6.0]
+    assert curve[-1]["lambda_parallel"] == pytest.approx(0.0)
+
+
+def test_the_plot_and_the_table_show_swarm_beside_single(tmp_path: Path) -> None:
+    row = {"accuracy": 0.5, "perf": 0.8, "critical_steps": 4.0, "subagents": 4.2}
+    report = {"seed": 0, "steps": 5, "budget": 4, "curve": swarm_demo.parallelism_curve(_summary(tmp_path))}
+    report["after/swarm/heldout"] = row
+    report["after/single/heldout"] = {**row, "accuracy": 0.0, "subagents": 0.0}
+    png = swarm_demo.plot(report, tmp_path / "swarm.png")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    console = Console(record=True, width=200)
+    console.print(swarm_demo.table(report))
+    text = console.export_text()
+    swarm = next(x for x in text.splitlines() if "after" in x and "heldout" in x and "swarm" in x)
+    single = next(x for x in text.splitlines() if "after" in x and "heldout" in x and "single" in x)
+    assert "0.500" in swarm and "4.200" in swarm and "0.000" in single
+    assert next(x for x in text.splitlines() if "before" in x).count("-") >= len(swarm_demo.FIGURES)
