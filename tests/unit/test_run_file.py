@@ -37,10 +37,6 @@ def test_every_shipped_environment_has_an_example_run_file() -> None:
 def test_one_run_file_resolves_into_every_services_config(path: Path) -> None:
     run = load(path)
     plan = run.plan()
-    from slipstream.learner.config import LearnerSection
-
-    if plan.reward_schedule and "reward_schedule" not in LearnerSection.__struct_fields__:
-        pytest.skip("this learner has no [learner] reward_schedule yet (the schedule is issue 15's learner part)")
     environ = service_env(plan, Path("/m"), Path("/staging"), Path("/outcomes.jsonl"))
     overrides = service_overrides(plan)
     configs = {}

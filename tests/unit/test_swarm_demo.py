@@ -1,8 +1,9 @@
 """`slipstream demo --env swarm`: the plan, what reaches the services, the parallelism curve and its plot.
 
-The run itself is the demo's (covered by the e2e runs); here: the plan's budget arithmetic, its
-config reaching the learner and the workers on this build (a learner without a reward schedule
-must not be handed one), the curve read from the learner's step rows, and the PNG and table.
+The run itself is the demo's (its shrunk run does not train yet: tests/e2e/test_run_files.py says
+why); here: the plan's budget arithmetic, its config reaching the learner (the λ schedule) and the
+workers (sub-agents frozen at the first version), the curve read from the learner's step rows,
+and the PNG and table.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from slipstream.cli import swarm_demo
 from slipstream.cli.demo import demo_plan
 from slipstream.cli.training import RunSummary
 from slipstream.envs import get_env
-from slipstream.learner.config import LearnerConfig, LearnerSection
+from slipstream.learner.config import LearnerConfig
 from slipstream.rollout_worker.config import RolloutWorkerConfig
 from slipstream.run import service_env
 from slipstream.runtime.config import resolve
@@ -39,20 +40,15 @@ def test_the_plan_puts_every_serial_episode_over_the_budget_and_a_parallel_one_i
         assert schedule["anneal_steps"] == plan.max_steps  # positive until the last update: see swarm_plan
 
 
-def test_the_plan_reaches_the_services_on_this_build() -> None:
+def test_the_plan_reaches_the_services() -> None:
     plan = demo_plan("swarm")
-    notes = swarm_demo.prepare(plan)
-    supported = "reward_schedule" in LearnerSection.__struct_fields__
-    assert bool(plan.reward_schedule) == supported
-    assert any("reward_schedule" in n for n in notes) == (not supported)
     environ = service_env(plan, Path("/m"), Path("/s"), Path("/o"))
-    learner = resolve(LearnerConfig, environ=environ)  # a schedule this learner lacks would be an error
-    if supported:
-        assert set(learner.learner.reward_schedule) == {"parallel", "finish"}
+    learner = resolve(LearnerConfig, environ=environ)
+    assert set(learner.learner.reward_schedule) == {"parallel", "finish"}
     worker = resolve(RolloutWorkerConfig, environ=environ)
     assert json.loads(environ["SLIPSTREAM_WORKER__ENV_OPTIONS"])["swarm"]["max_critical_steps"] == 4
-    if "subagents" in RolloutWorkerConfig.__struct_fields__:  # frozen at the first version the worker loads
-        assert (worker.subagents.transport, worker.subagents.pin_version) == ("local", -1)
+    # the sub-agents: frozen at the first version the worker loads (the warm-start)
+    assert (worker.subagents.transport, worker.subagents.pin_version) == ("local", -1)
 
 
 def _summary(tmp_path: Path) -> RunSummary:

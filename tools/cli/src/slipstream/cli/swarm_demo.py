@@ -10,10 +10,6 @@ The run itself is the demo's (warm-start, the five-process stack, RL); the swarm
   `[learner.reward_schedule.parallel]` / `.finish` (λ 0.1 -> 0 over the run's steps); the
   workers' default `[subagents] transport = "local"`, `pin_version = -1` (a frozen copy of the
   first version they load: the warm-start);
-- `prepare`: what this build supports. A learner without `reward_schedule` would reject the
-  variable, so the schedule is dropped (and noted: the components then count at weight 1); a
-  worker without `[subagents]` plays sub-agents on its policy engine (noted: their samples are
-  still untrainable, but their weights follow the versions);
 - `compare`: after RL, the last version on the held-out split (and on train tasks), in swarm mode
   and in single mode (the same prompts, the direct tools only), the same critical-step budget,
   sampled at the rollout temperature, with the sub-agents on a frozen engine holding the
@@ -80,26 +76,6 @@ def swarm_plan(search_options: dict[str, Any]) -> dict[str, Any]:
         "worker_tasks_in_flight": 8,
         "timeout_s": 1800.0,
     }
-
-
-def prepare(plan: Any) -> list[str]:
-    """Fit the plan to this build (see the module docstring); returns what was changed or is missing."""
-    notes: list[str] = []
-    from slipstream.learner.config import LearnerSection
-    from slipstream.rollout_worker.config import RolloutWorkerConfig
-
-    if plan.reward_schedule and "reward_schedule" not in LearnerSection.__struct_fields__:
-        notes.append(
-            "the learner has no [learner] reward_schedule on this build: parallel and finish count at weight 1 "
-            f"(planned: {plan.reward_schedule})"
-        )
-        plan.reward_schedule = {}
-    if "subagents" not in RolloutWorkerConfig.__struct_fields__:
-        notes.append(
-            "the rollout worker has no [subagents] section on this build: sub-agents play on the worker's policy "
-            "engine (untrainable samples, but weights that follow the versions); the comparison freezes them"
-        )
-    return notes
 
 
 async def _compare(plan: Any, model_dir: Path, store_root: Path, run_id: str, emit: Any) -> dict[str, Any]:
@@ -246,9 +222,6 @@ def run(plan: Any, args: argparse.Namespace) -> int:
 
     console = Console(highlight=False, soft_wrap=True)
     plan = copy.deepcopy(plan)
-    notes = prepare(plan)
-    for note in notes:
-        console.print(f"[yellow]note:[/yellow] {note}")
     run_dir = args.run_dir or default_run_dir()
     o = plan.env_options
     console.print(
@@ -275,7 +248,6 @@ def run(plan: Any, args: argparse.Namespace) -> int:
         "seed": plan.seed,
         "steps": summary.steps,
         "budget": o.get("max_critical_steps"),
-        "notes": notes,
         "reward_schedule": plan.reward_schedule,
     }
     if summary.ok:
