@@ -45,7 +45,6 @@ import msgspec
 
 from slipstream.bus.config import BusConfig
 from slipstream.bus.permissions import ADMIN
-from slipstream.cli.credentials import FILE as CREDENTIALS_FILE
 from slipstream.cli.credentials import Credentials
 from slipstream.cli.probe import HOST, probe_http, probe_tcp, url_endpoint
 from slipstream.cli.spec import (
@@ -58,14 +57,13 @@ from slipstream.cli.spec import (
     publisher_rank,
     tool_replica_names,
 )
+from slipstream.cli.stack_report import SIGNING_KEY_ENV, TRUSTED_KEYS_ENV, health_rows, state_info
 from slipstream.cli.stop_signals import StopFlag
-from slipstream.cli.supervisor import Supervisor, SupervisorEvent, describe_exit
+from slipstream.cli.supervisor import Supervisor, SupervisorEvent
 from slipstream.stack import ManagedProcess, ProcessGroup, Server, free_port, start_nats, start_redis
 from slipstream.trust import generate_keypair, load_signing_key
 
 STATE_FILE = "stack.json"
-SIGNING_KEY_ENV = "SLIPSTREAM_TRUST__SIGNING_KEY"
-TRUSTED_KEYS_ENV = "SLIPSTREAM_TRUST__TRUSTED_KEYS"
 KILL_GRACE_S = 5.0
 """Extra wait past the services' own drain budget before SIGKILL (their shutdown needs a moment)."""
 
@@ -524,95 +522,13 @@ class Stack:
 
     def health(self) -> list[dict[str, Any]]:
         """One row per process for the table: name, pid, url, health, log (probed now)."""
-        rows: list[dict[str, Any]] = []
-        for h in self.servers.values():
-            if not h.alive():
-                health = f"exited ({h.server.process.proc.poll() if h.server else '?'})"
-            else:
-                health = ("up" if h.reachable() else "unreachable") + ("" if h.managed else " (external)")
-            rows.append({"name": h.name, "pid": h.pid, "url": h.url, "health": health, "log": h.log_path})
-        for s in self.services.values():
-            wait = self.supervisor.restart_in(s.name)
-            if wait is not None:
-                health = f"restarting in {wait:.0f} s ({describe_exit(self.supervisor.last_exit(s.name))})"
-            elif self.supervisor.gave_up(s.name):
-                health = f"gave up ({describe_exit(self.supervisor.last_exit(s.name))})"
-            elif not s.alive():
-                health = f"exited ({s.returncode})"
-            else:
-                status = probe_http(s.port, "/readyz", timeout_s=0.5)
-                health = "ready" if status == 200 else f"not ready ({status or 'no answer'})"
-            rows.append(
-                {
-                    "name": s.name,
-                    "pid": s.pid,
-                    "url": s.url,
-                    "health": health,
-                    "log": s.process.log_path,
-                    "restarts": self.supervisor.restarts(s.name),
-                }
-            )
-        return rows
+        return health_rows(self)
 
     # ---- state file ----
 
     def info(self) -> dict[str, Any]:
         """What stack.json holds: later commands (`slipstream status`, ...) read it."""
-        spec = self.spec
-        assert spec.store is not None
-        return {
-            "version": 1,
-            "state": self.state,
-            "run_id": spec.run_id,
-            "run_dir": str(spec.run_dir),
-            "supervisor_pid": os.getpid(),
-            "started_at": time.time() - (time.monotonic() - self.started_at),
-            "servers": {
-                h.name: {
-                    "url": h.url,
-                    "port": url_endpoint(h.url, 0)[1],
-                    "pid": h.pid,
-                    "managed": h.managed,
-                    "log": str(h.log_path) if h.log_path else None,
-                }
-                for h in self.servers.values()
-            },
-            "store": {
-                "type": spec.store.type,
-                "root": spec.store.root,
-                "url": spec.store.url,
-                "endpoint_url": spec.store.endpoint_url,
-            },
-            "services": {
-                s.name: {
-                    "module": module_of(kind_of(s.name)),
-                    "pid": s.pid,
-                    "port": s.port,
-                    "url": s.url,
-                    "log": str(s.process.log_path),
-                    "traces_file": str(s.traces_file) if s.traces_file else None,
-                    "ready_after_s": s.ready_after_s,
-                    "restarts": self.supervisor.restarts(s.name),
-                    "supervisor": self.supervisor.state(s.name),
-                }
-                for s in self.services.values()
-            },
-            "exit_codes": dict(self.exit_codes),
-            "signing_key_id": self.signing_key_id,
-            # For services started beside the stack (Tilt --local): who signs, and what to trust.
-            "trust": {
-                "signing_key": self._trust.get(SIGNING_KEY_ENV, ""),
-                "trusted_keys": json.loads(self._trust.get(TRUSTED_KEYS_ENV, "[]")),
-            },
-            "restart_policy": {
-                "enabled": self.spec.restart.enabled,
-                "max_restarts": self.spec.restart.max_restarts,
-                "window_s": self.spec.restart.window_s,
-            },
-            "supervisor_events": [e.as_dict() for e in self.supervisor.events[-100:]],
-            # Users per service on the servers; the admin's passwords are in this file (mode 0600).
-            "credentials_file": str(spec.run_dir / CREDENTIALS_FILE) if self.credentials else None,
-        }
+        return state_info(self)
 
     def write_state(self) -> Path:
         """Write run_dir/stack.json (atomically) and point <home>/current at the run dir."""
