@@ -39,6 +39,39 @@ Entry: TypeAlias = Member[Delivery[ScoredEpisode]]
 """A trajectory the intake let go of, with every delivery of it."""
 log = get_logger(__name__)
 
+# A uniform-group streak is reported when it reaches this many trajectories, then at each doubling.
+UNIFORM_WARN_FIRST = 64
+
+
+class UniformStreak:
+    """Trajectories dropped as `uniform_group` since the last learner step, and when to say so.
+
+    A run in which every group's rewards are equal (a warm-start too weak for any reward, or only
+    auxiliary terms varying and their λ annealed to 0) takes no step at all: the learner drops
+    every group and the run waits until its timeout with nothing in the step log. `observe`
+    returns the streak's length when it reaches `first` trajectories and at every doubling after
+    (64, 128, 256, ...), so the learner's log says so early and then ever more rarely.
+    """
+
+    def __init__(self, first: int = UNIFORM_WARN_FIRST) -> None:
+        if first < 1:
+            raise ValueError(f"first must be >= 1, got {first}")
+        self.first = first
+        self.step = -1
+        self.count = 0
+        self._next = first
+
+    def observe(self, step: int, uniform: int) -> int | None:
+        """Add `uniform` drops seen at learner `step` (a new step resets the streak); the streak, when due."""
+        if step != self.step:
+            self.step, self.count, self._next = step, 0, self.first
+        self.count += uniform
+        if uniform and self.count >= self._next:
+            while self._next <= self.count:
+                self._next *= 2
+            return self.count
+        return None
+
 
 async def quietly(op: str, action: Awaitable[bool]) -> None:
     """Run one settlement (ack, release, heartbeat); a failure is counted and logged, not raised."""
@@ -82,6 +115,7 @@ class Committer:
         """A step was trained but could not be confirmed as the leader's: the model no longer matches
         any staged version, so nothing of this process may be committed any more."""
         self._finished = False
+        self._uniform = UniformStreak()
 
     async def commit(self, stop: asyncio.Event | None) -> None:
         """Checkpoint the current state, then ack (after its ledger claim) every trajectory trained since the last one.
@@ -150,6 +184,15 @@ class Committer:
             )
             for d in drops
         )
+        uniform = sum(1 for d in drops if d.reason == DropReason.UNIFORM_GROUP)
+        streak = self._uniform.observe(p.step, uniform)
+        if streak is not None:
+            log.warning(
+                "no learner step: every group's rewards were equal",
+                uniform_group_drops=streak,
+                step=p.step,
+                hint="a warm-start too weak for any reward to differ, or only annealed reward terms varying",
+            )
         for drop in drops:
             DROPPED_METRIC.add(1, reason=drop.reason)
             if drop.reason == DropReason.MALFORMED:
