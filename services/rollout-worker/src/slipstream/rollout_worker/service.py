@@ -383,17 +383,29 @@ class RolloutWorkerService(BaseService):
 
     async def run(self, stop: asyncio.Event) -> None:
         if self.pool is not None:
-            await self._run_pool(stop)
+            # A pool replica: sub-agent requests in, replies out; its pinned follower only notes announces.
+            await self._serve(stop, self.pool, "pool", abort=None)
             return
-        assert self.engine and self.intake and self.follower and self.pipeline
-        intake, pipeline = self.intake, self.pipeline
+        assert self.pipeline
+        await self._serve(stop, self.pipeline, "worker", abort=self.pipeline.abort)
+
+    async def _serve(
+        self, stop: asyncio.Event, handler: TaskPipeline | SubagentServer, name: str, abort: asyncio.Event | None
+    ) -> None:
+        """Follow versions and feed the intake's messages to `handler` until `stop` or a failure, then drain.
+
+        With `abort` (task rollouts) the drain keeps a grace period in which unfinished work is
+        aborted and handed back; a pool replica's sub-agents just get the whole budget.
+        """
+        assert self.engine and self.intake and self.follower
+        intake = self.intake
         quit_follow = asyncio.Event()
-        follow = asyncio.create_task(self.follower.run(quit_follow), name="worker.follow")
+        follow = asyncio.create_task(self.follower.run(quit_follow), name=f"{name}.follow")
         gauges = asyncio.create_task(sample_gauges(self.engine, lambda: intake.in_flight, quit_follow))
         fetch_stop = asyncio.Event()
-        fetch = asyncio.create_task(intake.run(pipeline.handle, fetch_stop), name="worker.intake")
+        fetch = asyncio.create_task(intake.run(handler.handle, fetch_stop), name=f"{name}.intake")
         stopped = asyncio.create_task(stop.wait())
-        failed = asyncio.create_task(pipeline.failed.wait())
+        failed = asyncio.create_task(handler.failed.wait())
         try:
             done, _ = await asyncio.wait({stopped, failed, follow, fetch}, return_when=asyncio.FIRST_COMPLETED)
             fetch_stop.set()
@@ -401,41 +413,17 @@ class RolloutWorkerService(BaseService):
             if follow in done:
                 follow.result()  # the watcher ended on its own: raise why
             budget = self.cfg.service.drain_timeout_s
-            grace = min(3.0, budget / 4)
-            if not await intake.wait_idle(budget - grace):
-                log.warning("drain budget spent; handing back unfinished tasks", in_flight=intake.in_flight)
-                pipeline.abort.set()
-                await intake.wait_idle(grace)
-            if pipeline.fatal is not None:
-                raise pipeline.fatal
-        finally:
-            fetch_stop.set()
-            quit_follow.set()
-            for job in (stopped, failed):
-                job.cancel()
-            await asyncio.gather(fetch, follow, gauges, stopped, failed, return_exceptions=True)
-
-    async def _run_pool(self, stop: asyncio.Event) -> None:
-        """A pool replica's loop: requests in, replies out; the pinned follower only notes announces."""
-        assert self.engine and self.intake and self.follower and self.pool
-        intake, pool = self.intake, self.pool
-        quit_follow = asyncio.Event()
-        follow = asyncio.create_task(self.follower.run(quit_follow), name="pool.follow")
-        gauges = asyncio.create_task(sample_gauges(self.engine, lambda: intake.in_flight, quit_follow))
-        fetch_stop = asyncio.Event()
-        fetch = asyncio.create_task(intake.run(pool.handle, fetch_stop), name="pool.intake")
-        stopped = asyncio.create_task(stop.wait())
-        failed = asyncio.create_task(pool.failed.wait())
-        try:
-            done, _ = await asyncio.wait({stopped, failed, follow, fetch}, return_when=asyncio.FIRST_COMPLETED)
-            fetch_stop.set()
-            await fetch
-            if follow in done:
-                follow.result()
-            if not await intake.wait_idle(self.cfg.service.drain_timeout_s):
-                log.warning("drain budget spent with sub-agents still playing", in_flight=intake.in_flight)
-            if pool.fatal is not None:
-                raise pool.fatal
+            if abort is None:
+                if not await intake.wait_idle(budget):
+                    log.warning("drain budget spent with sub-agents still playing", in_flight=intake.in_flight)
+            else:
+                grace = min(3.0, budget / 4)
+                if not await intake.wait_idle(budget - grace):
+                    log.warning("drain budget spent; handing back unfinished tasks", in_flight=intake.in_flight)
+                    abort.set()
+                    await intake.wait_idle(grace)
+            if handler.fatal is not None:
+                raise handler.fatal
         finally:
             fetch_stop.set()
             quit_follow.set()
