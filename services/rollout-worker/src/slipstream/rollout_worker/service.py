@@ -237,24 +237,8 @@ class RolloutWorkerService(BaseService):
             return
         self.consumer = await self.bus.consumer(DURABLE, Task)
         run_id = cfg.service.run_id
-        if cfg.service.redis_url:
-            # Only to compare announced fencing tokens with the granted ones; no ping: Redis away = unchecked.
-            self.control = Control(ControlClient(cfg.service.redis_url), run_id)
-        self.verifier = AnnounceVerifier(
-            self.store, run_id=run_id, keyring=keyring, control=self.control, timeout_s=cfg.trust.verify_timeout_s
-        )
-        self.follower = WeightFollower(
-            self.bus,
-            self.store,
-            self.engine,
-            run_id=run_id,
-            retries=w.weight_fetch_retries,
-            backoff_s=w.weight_fetch_backoff_s,
-            mode=w.follow,
-            digest=w.weights_digest,
-            worker_id=self.worker_id,
-            verifier=self.verifier,
-            track_announced=cfg.endpoint.enabled and cfg.endpoint.max_version_lag > 0,
+        self.follower = self._follower(
+            keyring, mode=w.follow, track_announced=cfg.endpoint.enabled and cfg.endpoint.max_version_lag > 0
         )
         tools = None
         if cfg.tools.transport == "nats":
@@ -301,6 +285,31 @@ class RolloutWorkerService(BaseService):
         if cfg.endpoint.enabled:
             await self._open_endpoint(tokenizer)
 
+    def _follower(self, keyring: Keyring, **options: Any) -> WeightFollower:
+        """The announce verifier (and its fencing check) and the weight follower; `options`: the follower's
+        mode (task workers) or `pinned` (pool replicas)."""
+        cfg, w = self.cfg, self.cfg.worker
+        assert self.bus is not None and self.store is not None and self.engine is not None
+        run_id = cfg.service.run_id
+        if cfg.service.redis_url:
+            # Only to compare announced fencing tokens with the granted ones; no ping: Redis away = unchecked.
+            self.control = Control(ControlClient(cfg.service.redis_url), run_id)
+        self.verifier = AnnounceVerifier(
+            self.store, run_id=run_id, keyring=keyring, control=self.control, timeout_s=cfg.trust.verify_timeout_s
+        )
+        return WeightFollower(
+            self.bus,
+            self.store,
+            self.engine,
+            run_id=run_id,
+            retries=w.weight_fetch_retries,
+            backoff_s=w.weight_fetch_backoff_s,
+            digest=w.weights_digest,
+            worker_id=self.worker_id,
+            verifier=self.verifier,
+            **options,
+        )
+
     async def _setup_pool(self, keyring: Keyring, tokenizer: Tokenizer) -> None:
         """A pool replica: the `subagent-pool` durable, the pinned version, the request handler."""
         cfg = self.cfg
@@ -308,24 +317,7 @@ class RolloutWorkerService(BaseService):
         nc = getattr(self.bus, "nc", None)
         if nc is None:
             raise ValueError("[pool] subagents = true needs [bus] type = 'nats' (replies go to requesters' inboxes)")
-        run_id = cfg.service.run_id
-        if cfg.service.redis_url:
-            self.control = Control(ControlClient(cfg.service.redis_url), run_id)
-        self.verifier = AnnounceVerifier(
-            self.store, run_id=run_id, keyring=keyring, control=self.control, timeout_s=cfg.trust.verify_timeout_s
-        )
-        self.follower = WeightFollower(
-            self.bus,
-            self.store,
-            self.engine,
-            run_id=run_id,
-            retries=cfg.worker.weight_fetch_retries,
-            backoff_s=cfg.worker.weight_fetch_backoff_s,
-            digest=cfg.worker.weights_digest,
-            worker_id=self.worker_id,
-            verifier=self.verifier,
-            pinned=True,
-        )
+        self.follower = self._follower(keyring, pinned=True)
         await self.follower.load_pinned(cfg.pool.pin_version, wait_s=cfg.pool.pin_wait_s)
         if cfg.worker.weights_digest and not self.follower.weights_digest:
             from slipstream.rollout_worker.follower import engine_digest
