@@ -36,6 +36,11 @@ class TrainingPlan(msgspec.Struct, kw_only=True):
     sft_target_sampled: float = 0.0
     """> 0 (with a target): the stop also needs the probe's expected sampled success at the rollout
     temperature (teacher-forced: how often sampling replays the teacher's clean episodes) to reach this."""
+    sft_copy_steps: int = 0
+    """Steps of the dense copy curriculum before the warm-start (libs/harness copying.py): the
+    induction heads a from-scratch model needs to copy from an arbitrary distance (0: none)."""
+    sft_copy_rows: int = 0
+    """Copy-curriculum rows added to every warm-start batch, so those heads are kept (0: none)."""
     group_size: int = 8
     groups_per_step: int = 8
     max_staleness: int = 2

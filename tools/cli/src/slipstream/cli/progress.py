@@ -60,6 +60,12 @@ class ProgressView:
         elif kind == "warmstart" and "model" in data:
             self._line(f"model: {data['model']} from {data.get('path')} ({data.get('resolve_s', 0):.1f} s)")
         elif kind == "warmstart":
+            if "copy" in data:
+                c = data["copy"]
+                self._line(
+                    f"copy curriculum: {c['steps']} steps in {c['seconds']:.1f} s, exact copies "
+                    f"{c['copy_accuracy']:.3f}" + ("" if c["reached"] else " (target not reached)")
+                )
             self._line(
                 f"warm-start: {data.get('steps')} steps in {data.get('seconds', 0):.1f} s, "
                 f"loss {data.get('loss_first', 0):.2f} -> {data.get('loss_last', 0):.2f}"

@@ -83,6 +83,8 @@ def warm_start(plan: TrainingPlan, model_dir: Path, summary_modes: list[Any] | N
         check_every=plan.sft_check_every,
         settle_steps=plan.sft_settle_steps,
         sampled_target=plan.sft_target_sampled,
+        copy_steps=plan.sft_copy_steps,
+        copy_rows=plan.sft_copy_rows,
         temperature=plan.temperature,
         summary=summary_modes if summary_modes is not None else summary_config(plan),
     )
@@ -300,6 +302,8 @@ def run_training(
         if plan.sft_target_sampled > 0:
             start += f" and expected sampled success {plan.sft_target_sampled:g}"
         start += f" (<= {plan.sft_steps}" + (f" + {plan.sft_settle_steps} settle)" if plan.sft_settle_steps else ")")
+    if not plan.model and plan.sft_copy_steps > 0:
+        start = f"the copy curriculum (<= {plan.sft_copy_steps} steps), then " + start
     emit("phase", {"phase": "warm-start", "detail": start})
     model_dir, summary.warmstart = init_model if init_model is not None else initial_model(plan, run_dir)
     emit("warmstart", summary.warmstart)
