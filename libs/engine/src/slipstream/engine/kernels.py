@@ -15,15 +15,18 @@ Two choices besides torch's own `F.linear`, each a cache of per-weight copies ma
 - `MklPackedWeights` (fp32 models): MKL's packed GEMM (`cblas_sgemm_pack` once per weight, then
   `cblas_sgemm_compute`, exposed by torch as `torch.ops.mkl._mkl_reorder_linear_weight` and
   `_mkl_linear`) skips the per-call repacking of W that a plain GEMM does, which dominates at
-  the few rows of a decode step. Measured here (one thread, load ~3; x [M, K] @ W^T):
-  M=16 K=576 N=576 0.27 → 0.07 ms, N=1536 0.50 → 0.26 ms, lm_head N=49152 21-47 → 14-29 ms;
-  M=64 ~1.2x, lm_head 1.5x; M=2048 (a prefill chunk) within noise (0.9-1.06x), so prefills
-  above `PACKED_MAX_ROWS` rows keep `F.linear`. HF `generate` does not use it. A packed copy
-  costs what the weight does (+1 %). torch's `_mkl_linear` falls back to `F.linear` unless
-  the input's row count equals the `batch_size` argument; that argument only selects the path:
-  MKL's packed layout of W does not depend on it (the same buffer size for any M, and a weight
-  packed for 16 rows gives bit-identical outputs at 1 to 2048 rows to one packed for each;
-  tests/unit/test_engine_kernels.py holds that), so one packed copy serves every batch size.
+  the few rows of a decode step. Measured on a shared 2-core Intel Xeon (AVX-512), one thread,
+  load 3-6, x [M, K] @ W^T alone in a loop: M=16 K=576 N=576 0.27 → 0.07 ms, N=1536 0.50 →
+  0.26 ms, lm_head N=49152 21-47 → 14-29 ms; M=64 ~1.2x, lm_head 1.5x; M=2048 (a prefill
+  chunk) within noise (0.9-1.06x), so calls above `PACKED_MAX_ROWS` rows keep `F.linear`. In
+  a whole SmolLM2 decode step, where each weight is read once per step rather than reused from
+  cache, the gain is smaller: 1.22x at batch 16, 1.10x at 64 (paired steps, same process).
+  HF `generate` does not use it. A packed copy costs what the weight does (+1 %). torch's
+  `_mkl_linear` falls back to `F.linear` unless the input's row count equals its `batch_size`
+  argument; that argument only selects the path: MKL's packed layout of W does not depend on
+  it (the same buffer size for any M; weights packed for 16 and for 64 rows give bit-identical
+  outputs at 1 to 2048 rows; tests/unit/test_engine_mkl_pack.py holds packed = F.linear at
+  several row counts after packing for another), so one packed copy serves every batch size.
 
 Both caches remake a copy when its weight changes in place (the tensor's version counter
 moves), and the engine drops them all whenever it applies new weights (`.data` writes bypass
@@ -57,7 +60,7 @@ def mkl_pack_available(device: torch.device, dtype: torch.dtype) -> bool:
 
 
 def mkl_pack_default(device: torch.device, dtype: torch.dtype) -> bool:
-    """On wherever it can run: every CPU measured (AVX2 and AVX-512 x86) decoded faster with it."""
+    """On wherever it can run (measured faster on the one CPU tried, an AVX-512 Xeon; see above)."""
     return mkl_pack_available(device, dtype)
 
 
