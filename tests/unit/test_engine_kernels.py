@@ -37,11 +37,11 @@ def test_upcast_linear_matches_the_bf16_kernel_to_one_rounding() -> None:
     w = torch.randn(96, 64, generator=gen).bfloat16()
     b = torch.randn(96, generator=gen).bfloat16()
     native = F.linear(x, w, b)
-    up = linear(x, w, b, upcast=Fp32Weights())
+    up = linear(x, w, b, kernel=Fp32Weights())
     assert up.dtype == torch.bfloat16 and up.shape == native.shape
     # Both accumulate in fp32 and round once: at most one bf16 step apart.
     assert _bf16_ulps(up, native) <= 1.0 + 1e-6, f"seed {SEED}"
-    assert torch.equal(linear(x, w, b, upcast=None), native)
+    assert torch.equal(linear(x, w, b, kernel=None), native)
 
 
 def test_upcast_projection_through_a_lora_adapter() -> None:

@@ -43,7 +43,14 @@ import torch
 from torch import Tensor, nn
 
 from slipstream.engine.interface import GenerationRequest, GenerationResult
-from slipstream.engine.kernels import Fp32Weights, upcast_bf16_default
+from slipstream.engine.kernels import (
+    Fp32Weights,
+    MklPackedWeights,
+    WeightCache,
+    mkl_pack_available,
+    mkl_pack_default,
+    upcast_bf16_default,
+)
 from slipstream.engine.model import CausalLM
 from slipstream.engine.sampling import sample
 from slipstream.engine.sequence import SequenceState
@@ -81,10 +88,14 @@ class TorchEngine:
         recompute_kv_on_update: bool = False,
         allow_partial_updates: bool = False,
         bf16_upcast: bool | None = None,
+        mkl_pack: bool | None = None,
     ) -> None:
         """`bf16_upcast`: run a bf16 model's matmuls in fp32 on the same bf16 values (kernels.py),
         keeping an fp32 copy of the weights (4 bytes per parameter); None decides by device (on
-        for CPUs whose torch lacks a fast bf16 GEMM). No effect in fp32."""
+        for CPUs whose torch lacks a fast bf16 GEMM). No effect in fp32.
+        `mkl_pack`: run an fp32 model's decode matmuls with MKL's packed GEMM (kernels.py),
+        keeping an MKL-packed copy of the weights (4 bytes per parameter); None turns it on
+        wherever it can run (CPU, fp32, torch built with MKL). No effect elsewhere."""
         if max_batch < 1:
             raise ValueError(f"TorchEngine max_batch must be >= 1, got {max_batch}")
         if device is None:
@@ -94,7 +105,15 @@ class TorchEngine:
         if bf16_upcast is None:
             bf16_upcast = upcast_bf16_default(self.device)
         self.bf16_upcast = bf16_upcast and dtype == torch.bfloat16
-        self._fp32_weights = Fp32Weights() if self.bf16_upcast else None
+        if mkl_pack is None:
+            mkl_pack = mkl_pack_default(self.device, dtype)
+        self.mkl_pack = mkl_pack and mkl_pack_available(self.device, dtype)
+        # The matmul kernel of the cached forward and its weight copies (None: torch's F.linear).
+        self._kernel: WeightCache | None = None
+        if self.bf16_upcast:
+            self._kernel = Fp32Weights()
+        elif self.mkl_pack:
+            self._kernel = MklPackedWeights()
         self.tokenizer = tokenizer
         cfg = model.config
         self.max_seq_len = max_seq_len or min(cfg.max_position_embeddings, 2048)
@@ -278,8 +297,8 @@ class TorchEngine:
             return
         t0 = time.perf_counter()
         update.copy_into(self.model)
-        if self._fp32_weights is not None:
-            self._fp32_weights.clear()
+        if self._kernel is not None:
+            self._kernel.clear()
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         self._policy_version = update.version
@@ -439,7 +458,7 @@ class TorchEngine:
             self.cache,
             [seq.slot for seq, _ in chunk],
             last=last.to(self.device),
-            upcast=self._fp32_weights,
+            kernel=self._kernel,
         )
 
     def _free_slot(self) -> int | None:
@@ -460,7 +479,7 @@ class TorchEngine:
         ids = torch.tensor([tokens[start:]], dtype=torch.long, device=self.device)
         pos = torch.arange(start, len(tokens), device=self.device)[None]
         last = torch.tensor([len(tokens) - start - 1], device=self.device)
-        self.model.forward_cached(ids, pos, self.cache, [seq.slot], last=last, upcast=self._fp32_weights)
+        self.model.forward_cached(ids, pos, self.cache, [seq.slot], last=last, kernel=self._kernel)
         seq.cache_len = len(tokens)
 
     def _decode(self, done: list[SequenceState]) -> None:
@@ -471,7 +490,7 @@ class TorchEngine:
         pos = torch.tensor([[s.cache_len] for s in rows], dtype=torch.long, device=self.device)
         last = torch.zeros(len(rows), dtype=torch.long, device=self.device)
         slots = [s.slot for s in rows]
-        logits = self.model.forward_cached(ids, pos, self.cache, slots, last=last, upcast=self._fp32_weights)
+        logits = self.model.forward_cached(ids, pos, self.cache, slots, last=last, kernel=self._kernel)
         for s in rows:
             s.cache_len += 1
         self._sample(rows, logits, done)

@@ -24,7 +24,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor, nn
 
-from slipstream.engine.kernels import Fp32Weights, linear
+from slipstream.engine.kernels import WeightCache, linear
 
 DEFAULT_TARGETS: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 ADAPTER_SUFFIXES: tuple[str, ...] = (".lora_A", ".lora_B")
@@ -51,10 +51,10 @@ class LoraLinear(nn.Linear):
         self.lora_A = nn.Parameter(a.to(device=device, dtype=dtype))
         self.lora_B = nn.Parameter(torch.zeros(self.out_features, rank, dtype=dtype, device=device))
 
-    def forward(self, x: Tensor, upcast: Fp32Weights | None = None) -> Tensor:
-        """`upcast`: run the three products in fp32 (see `kernels.py`), rounding each as bf16 would."""
-        low = linear(linear(x, self.lora_A, None, upcast), self.lora_B, None, upcast)
-        return linear(x, self.weight, self.bias, upcast) + low * self.scale
+    def forward(self, x: Tensor, kernel: WeightCache | None = None) -> Tensor:
+        """`kernel`: run the three products with that matmul kernel (see `kernels.py`)."""
+        low = linear(linear(x, self.lora_A, None, kernel), self.lora_B, None, kernel)
+        return linear(x, self.weight, self.bias, kernel) + low * self.scale
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, rank={self.rank}, scale={self.scale:g}"

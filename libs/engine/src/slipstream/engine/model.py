@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from slipstream.engine.config import ModelConfig
-from slipstream.engine.kernels import Fp32Weights, project
+from slipstream.engine.kernels import WeightCache, project
 from slipstream.engine.kv_cache import KVCache, SlotSelection
 
 
@@ -87,12 +87,12 @@ class Attention(nn.Module):
         self.o_proj = nn.Linear(self.n_heads * self.head_dim, h, bias=cfg.o_proj_bias)
 
     def _qkv(
-        self, x: Tensor, cos: Tensor, sin: Tensor, upcast: Fp32Weights | None = None
+        self, x: Tensor, cos: Tensor, sin: Tensor, kernel: WeightCache | None = None
     ) -> tuple[Tensor, Tensor, Tensor]:
         b, t, _ = x.shape
-        q = project(self.q_proj, x, upcast).view(b, t, self.n_heads, self.head_dim).transpose(1, 2)
-        k = project(self.k_proj, x, upcast).view(b, t, self.n_kv, self.head_dim).transpose(1, 2)
-        v = project(self.v_proj, x, upcast).view(b, t, self.n_kv, self.head_dim).transpose(1, 2)
+        q = project(self.q_proj, x, kernel).view(b, t, self.n_heads, self.head_dim).transpose(1, 2)
+        k = project(self.k_proj, x, kernel).view(b, t, self.n_kv, self.head_dim).transpose(1, 2)
+        v = project(self.v_proj, x, kernel).view(b, t, self.n_kv, self.head_dim).transpose(1, 2)
         return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
 
     def forward(self, x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor | None) -> Tensor:
@@ -112,13 +112,13 @@ class Attention(nn.Module):
         mask: Tensor,
         span: int,
         flat: Tensor,
-        upcast: Fp32Weights | None = None,
+        kernel: WeightCache | None = None,
     ) -> Tensor:
         b, t, _ = x.shape
-        q, k, v = self._qkv(x, cos, sin, upcast)
+        q, k, v = self._qkv(x, cos, sin, kernel)
         cache.write(layer, flat, k, v)
         keys, values = cache.read(layer, slots, span)  # [B, kv, span, D]
-        if upcast is not None:
+        if kernel is not None and kernel.upcast:
             # fp32 attention on the bf16 values (see kernels.py), rounded back once.
             out = F.scaled_dot_product_attention(
                 q.float(), keys.float(), values.float(), attn_mask=mask, enable_gqa=True
@@ -127,7 +127,7 @@ class Attention(nn.Module):
             out = self._decode_attention(q, keys, values, mask)
         else:
             out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=True)
-        return project(self.o_proj, out.transpose(1, 2).reshape(b, t, -1), upcast)
+        return project(self.o_proj, out.transpose(1, 2).reshape(b, t, -1), kernel)
 
     def _decode_attention(self, q: Tensor, keys: Tensor, values: Tensor, mask: Tensor) -> Tensor:
         """One query per row as two small matmuls with the query heads grouped per kv head.
@@ -153,9 +153,9 @@ class MLP(nn.Module):
         self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
 
-    def forward(self, x: Tensor, upcast: Fp32Weights | None = None) -> Tensor:
-        gate = project(self.gate_proj, x, upcast)
-        return project(self.down_proj, F.silu(gate) * project(self.up_proj, x, upcast), upcast)
+    def forward(self, x: Tensor, kernel: WeightCache | None = None) -> Tensor:
+        gate = project(self.gate_proj, x, kernel)
+        return project(self.down_proj, F.silu(gate) * project(self.up_proj, x, kernel), kernel)
 
 
 class DecoderLayer(nn.Module):
@@ -183,13 +183,13 @@ class DecoderLayer(nn.Module):
         mask: Tensor,
         span: int,
         flat: Tensor,
-        upcast: Fp32Weights | None = None,
+        kernel: WeightCache | None = None,
     ) -> Tensor:
         attn = self.self_attn.forward_cached(
-            self.input_layernorm(h), cos, sin, index, cache, slots, mask, span, flat, upcast
+            self.input_layernorm(h), cos, sin, index, cache, slots, mask, span, flat, kernel
         )
         h = h + attn
-        return h + self.mlp(self.post_attention_layernorm(h), upcast)
+        return h + self.mlp(self.post_attention_layernorm(h), kernel)
 
 
 class DecoderModel(nn.Module):
@@ -287,7 +287,7 @@ class CausalLM(nn.Module):
         slots: list[int],
         last: Tensor | None = None,
         *,
-        upcast: Fp32Weights | None = None,
+        kernel: WeightCache | None = None,
     ) -> Tensor:
         """Logits [B, T, V] for new tokens [B, T] at `positions` [B, T], row b in cache slot `slots[b]`.
 
@@ -297,9 +297,9 @@ class CausalLM(nn.Module):
         lm_head, and the logits are [B, V]: a prefill needs one row of logits, not T (the lm_head
         is a fifth of a small model's FLOPs). Rows may be right-padded: a padded token's
         position is past its row's real ones, so no real query attends to it, and its cache rows
-        are overwritten by the row's next tokens. `upcast` (fp32 copies of the weights) runs a bf16
-        model's matmuls in fp32 (`kernels.py`: the same products, on CPUs where torch's bf16
-        GEMM is slow).
+        are overwritten by the row's next tokens. `kernel` picks the matmul kernel and holds the
+        weight copies it needs (`kernels.py`): fp32 copies that run a bf16 model's matmuls in fp32
+        (the same products, on CPUs where torch's bf16 GEMM is slow), or MKL-packed fp32 weights.
         """
         sel = cache.select(slots)
         span = int(positions.max()) + 1
@@ -312,10 +312,10 @@ class CausalLM(nn.Module):
         # Built once per forward: every layer attends over the same span.
         mask = torch.arange(span, device=h.device)[None, None, None, :] <= positions[:, None, :, None]
         for i, layer in enumerate(self.decoder_layers):
-            h = layer.forward_cached(h, cos, sin, i, cache, sel, mask, span, flat, upcast)
+            h = layer.forward_cached(h, cos, sin, i, cache, sel, mask, span, flat, kernel)
         if last is not None:
             h = h[torch.arange(h.shape[0], device=h.device), last]
-        return project(self.lm_head, self.model.norm(h), upcast)
+        return project(self.lm_head, self.model.norm(h), kernel)
 
     def new_cache(self, slots: int, max_seq_len: int) -> KVCache:
         """An empty KV cache on this model's device and dtype."""

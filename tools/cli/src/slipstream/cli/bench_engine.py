@@ -14,6 +14,8 @@ workloads:
 On an AVX2 CPU the engine runs bf16 matmuls as fp32 on the upcast bf16 values (torch's own
 bf16 GEMM is ~30x slower there); HF `generate` runs torch's bf16 kernels as shipped.
 `--native-bf16` makes the engine use them too. Each row records `engine_bf16_upcast`.
+In fp32 on CPU the engine decodes with MKL's packed GEMM (weights packed once; HF's path is
+left as shipped); `--no-mkl-pack` turns that off. Each row records `engine_mkl_pack`.
 
 Tokens/s counts generated tokens over the wall time of the whole call (prefill included). Each
 repeat runs both systems back to back, alternating which goes first, and the figure is the
@@ -71,6 +73,11 @@ def register(bench_subparsers: Any) -> None:
         "--native-bf16",
         action="store_true",
         help="engine uses torch's bf16 matmuls even where it would upcast them to fp32 (see engine kernels.py)",
+    )
+    p.add_argument(
+        "--no-mkl-pack",
+        action="store_true",
+        help="engine uses F.linear in fp32 instead of MKL's packed GEMM (see engine kernels.py)",
     )
     p.set_defaults(func=_command)
 
@@ -155,6 +162,7 @@ async def _generation(args: argparse.Namespace, model_dir: Path) -> list[dict[st
                 device=args.device,
                 dtype=dtype,
                 bf16_upcast=False if args.native_bf16 else None,
+                mkl_pack=False if args.no_mkl_pack else None,
             )
             await engine.start()
             try:
@@ -183,6 +191,7 @@ async def _generation(args: argparse.Namespace, model_dir: Path) -> list[dict[st
                         "batch": batch,
                         "workload": workload,
                         "engine_bf16_upcast": engine.bf16_upcast,
+                        "engine_mkl_pack": engine.mkl_pack,
                         "engine_tok_s": statistics.median(p["engine_tok_s"] for p in pairs),
                         "hf_tok_s": statistics.median(p["hf_tok_s"] for p in pairs),
                         "ratio": statistics.median(p["ratio"] for p in pairs),
