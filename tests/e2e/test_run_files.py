@@ -27,9 +27,9 @@ NOT_YET_TRAINABLE = {
     # Session 8: the fixed_offsets plan's warm-start reaches its probe at 375-1450 steps (9-20 min on 2
     # cores), too long for CI, and RL does not yet raise its held-out figures.
     "search": "its warm-start takes 9-20 minutes and RL does not yet raise held-out success (issue 13)",
-    # Session 6: on a loaded 2-core machine 500-600 warm-start steps (7-12 min) did not form the copy
-    # (fact -> summary -> answer) the run needs before any group's rewards differ; not yet run whole here.
-    "recall": "its warm-start did not yet reach the copy its rewards need within CI time (issue 14)",
+    # Session 6: 500-600 warm-start steps did not form the copy (fact -> summary -> answer). Session 10:
+    # with the copy curriculum it forms on one seed of three (libs/harness README, recall table).
+    "recall": "its warm-start forms the copy its rewards need on one seed of three, in 6-10 minutes (issue 14)",
     # Session 9: after a 150-step warm-start no episode created a sub-agent or found a document, so
     # every reward was 0, every group was dropped as uniform and the learner took no step in 10
     # minutes (988 tasks played). A worker spawning frozen sub-agents (on its local frozen copy and

@@ -56,6 +56,10 @@ def swarm_plan(search_options: dict[str, Any]) -> dict[str, Any]:
         # A fixed 800 steps (~0.75 s each at load 3): the probe's whole-episode greedy replay (an
         # orchestrator and 4-5 sub-agents all argmax-right) stayed 0.0 through 800 steps, so a target
         # would only add probe time.
+        # The copy curriculum first (libs/harness copying.py): without induction heads the micro
+        # orchestrator wrote one memorised question into every assignment (the README's table).
+        "sft_copy_steps": 4000,
+        "sft_copy_rows": 4,
         "sft_steps": 800,
         "sft_batch": 8,
         "sft_lr": 3e-3,
