@@ -13,6 +13,7 @@ import copy
 import pytest
 import torch
 import torch.nn.functional as F
+from engine_support import run_engine
 
 from slipstream.engine import ByteTokenizer, GenerationRequest, SamplingParams, TorchEngine, build_tiny
 from slipstream.engine.kernels import Fp32Weights, linear, project, upcast_bf16_default
@@ -71,16 +72,6 @@ def test_fp32_copies_follow_in_place_weight_changes() -> None:
     assert weights.nbytes == 0
 
 
-def _run(engine: TorchEngine, requests: list[GenerationRequest]) -> dict[str, tuple[list[int], list[float]]]:
-    for r in requests:
-        engine.submit(r)
-    out: dict[str, tuple[list[int], list[float]]] = {}
-    while engine.has_work:
-        for res in engine.step():
-            out[res.request_id] = (res.completion_ids, res.logprobs)
-    return out
-
-
 @pytest.mark.parametrize("temperature", [0.0, 0.8])
 def test_bf16_engine_upcast_equals_native_bf16(temperature: float) -> None:
     base, _ = build_tiny("tiny", seed=SEED)
@@ -96,7 +87,7 @@ def test_bf16_engine_upcast_equals_native_bf16(temperature: float) -> None:
             GenerationRequest(request_id=f"r{i}", prompt_ids=TOK.encode(p), params=params)
             for i, p in enumerate(PROMPTS)
         ]
-        runs.append(_run(engine, reqs))
+        runs.append(run_engine(engine, reqs))
     native, up = runs
     for rid in native:
         (tok_up, lp_up), (tok_nat, lp_nat) = up[rid], native[rid]
@@ -128,7 +119,8 @@ def test_new_weights_reach_the_upcast_copies() -> None:
     params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
 
     def greedy(engine: TorchEngine, rid: str) -> list[int]:
-        return _run(engine, [GenerationRequest(request_id=rid, prompt_ids=TOK.encode("9*9="), params=params)])[rid][0]
+        request = GenerationRequest(request_id=rid, prompt_ids=TOK.encode("9*9="), params=params)
+        return run_engine(engine, [request])[rid][0]
 
     kw = {"max_batch": 1, "max_seq_len": 32, "device": "cpu", "dtype": torch.bfloat16, "bf16_upcast": True}
     engine = TorchEngine(old, TOK, **kw)  # type: ignore[arg-type]

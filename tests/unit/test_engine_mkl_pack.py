@@ -13,6 +13,7 @@ import copy
 import pytest
 import torch
 import torch.nn.functional as F
+from engine_support import run_engine
 
 from slipstream.engine import ByteTokenizer, GenerationRequest, SamplingParams, TorchEngine, build_tiny
 from slipstream.engine.kernels import PACKED_MAX_ROWS, MklPackedWeights, linear, mkl_pack_default, project
@@ -86,16 +87,6 @@ def test_packed_projection_through_a_lora_adapter() -> None:
     assert not torch.equal(proj.lora_B, torch.zeros_like(proj.lora_B))  # the adapter contributes
 
 
-def _run(engine: TorchEngine, requests: list[GenerationRequest]) -> dict[str, tuple[list[int], list[float]]]:
-    for r in requests:
-        engine.submit(r)
-    out: dict[str, tuple[list[int], list[float]]] = {}
-    while engine.has_work:
-        for res in engine.step():
-            out[res.request_id] = (res.completion_ids, res.logprobs)
-    return out
-
-
 def _greedy_requests() -> list[GenerationRequest]:
     params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
     return [
@@ -116,7 +107,7 @@ def test_fp32_engine_greedy_tokens_equal_with_and_without_packing(lora: bool) ->
     for pack in (False, True):
         engine = TorchEngine(copy.deepcopy(base), TOK, max_batch=4, max_seq_len=96, device="cpu", mkl_pack=pack)
         assert engine.mkl_pack is pack
-        runs.append(_run(engine, _greedy_requests()))
+        runs.append(run_engine(engine, _greedy_requests()))
         if pack:
             assert engine._kernel is not None and len(engine._kernel) > 0  # the packed path ran
     plain, packed = runs
@@ -145,7 +136,8 @@ def test_new_weights_reach_the_packed_copies() -> None:
     params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
 
     def greedy(engine: TorchEngine, rid: str) -> list[int]:
-        return _run(engine, [GenerationRequest(request_id=rid, prompt_ids=TOK.encode("9*9="), params=params)])[rid][0]
+        request = GenerationRequest(request_id=rid, prompt_ids=TOK.encode("9*9="), params=params)
+        return run_engine(engine, [request])[rid][0]
 
     engine = TorchEngine(old, TOK, max_batch=1, max_seq_len=32, device="cpu", mkl_pack=True)
     before = greedy(engine, "a")

@@ -211,10 +211,11 @@ def sft_warmstart(
     sample; a batch is `batch_size` examples).
 
     `copy_steps` > 0: first up to that many steps of the dense copy curriculum (`copy_pretrain`:
-    batches of 16 at its own lr of 3e-3, until half the held copies are exact), which gives a model trained from scratch the
-    induction heads a copy from an arbitrary distance needs; `copy_rows` > 0 adds that many copy
-    examples to every warm-start batch, so the heads are kept while the env's examples are
-    learned (the loss is the mean over every trained token of the batch).
+    batches of 16 at its own lr of 3e-3, until half the held copies are exact), which gives a
+    model trained from scratch the induction heads a copy from an arbitrary distance needs;
+    `copy_rows` > 0 adds that many copy examples to every warm-start batch, so the heads are kept
+    while the env's examples are learned (the loss is the mean over every trained token of the
+    batch).
 
     Returns figures: steps (run), examples, tokens (trained), seconds, loss_first / loss_last
     (means over the first / last quarter of the steps, at most 10 each), losses (every step) and,
@@ -243,7 +244,6 @@ def sft_warmstart(
         raise ValueError(f"temperature must be > 0 with a sampled_target, got {temperature}")
     if copy_steps < 0 or copy_rows < 0:
         raise ValueError(f"copy_steps and copy_rows must be >= 0, got {copy_steps} and {copy_rows}")
-    device = next(model.parameters()).device
     copy_figures = copy_pretrain(model, tokenizer, steps=copy_steps, seed=seed) if copy_steps else None
     copy_mix = copy_examples(tokenizer, (steps + settle_steps) * copy_rows, seed + 7) if copy_rows else []
     tasks = env.generate("train", (steps + settle_steps) * batch_size, seed)
@@ -289,17 +289,9 @@ def sft_warmstart(
                     break
             rows = examples[step * batch_size : (step + 1) * batch_size]
             rows = rows + copy_mix[step * copy_rows : (step + 1) * copy_rows]
-            inputs, targets, mask = _batch(rows, tokenizer.pad_id, device)
-            logits = model(inputs)
-            loss = F.cross_entropy(logits[mask].float(), targets[mask])
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            if grad_clip > 0:
-                torch.nn.utils.clip_grad_norm_(params, grad_clip)
-            opt.step()
-            sched.step()
-            losses.append(float(loss.detach()))
-            tokens += int(mask.sum())
+            loss, trained = _train_step(model, opt, sched, rows, tokenizer.pad_id, grad_clip)
+            losses.append(loss)
+            tokens += trained
     finally:
         model.eval()
         opt.zero_grad(set_to_none=True)
@@ -358,7 +350,6 @@ def copy_pretrain(
         raise ValueError(f"check_every must be >= 1, got {check_every}")
     if steps < 1 or batch_size < 1:
         raise ValueError(f"steps and batch_size must be >= 1, got steps={steps}, batch_size={batch_size}")
-    device = next(model.parameters()).device
     examples = copy_examples(tokenizer, steps * batch_size, seed)
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=lr, betas=COPY_BETAS, weight_decay=0.0)
@@ -367,17 +358,6 @@ def copy_pretrain(
     losses: list[float] = []
     accuracy = 0.0
     reached = False
-
-    def train(rows: list[Example]) -> None:
-        inputs, targets, mask = _batch(rows, tokenizer.pad_id, device)
-        loss = F.cross_entropy(model(inputs)[mask].float(), targets[mask])
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        if grad_clip > 0:
-            torch.nn.utils.clip_grad_norm_(params, grad_clip)
-        opt.step()
-        sched.step()
-        losses.append(float(loss.detach()))
 
     t0 = time.perf_counter()
     model.train()
@@ -388,7 +368,8 @@ def copy_pretrain(
                 reached = accuracy >= target_accuracy
                 if reached:
                     break
-            train(examples[step * batch_size : (step + 1) * batch_size])
+            rows = examples[step * batch_size : (step + 1) * batch_size]
+            losses.append(_train_step(model, opt, sched, rows, tokenizer.pad_id, grad_clip)[0])
     finally:
         model.eval()
         opt.zero_grad(set_to_none=True)
@@ -405,6 +386,27 @@ def copy_pretrain(
         "copy_accuracy": accuracy,
         "reached": reached,
     }
+
+
+def _train_step(
+    model: nn.Module,
+    opt: torch.optim.Optimizer,
+    sched: torch.optim.lr_scheduler.LRScheduler,
+    rows: list[Example],
+    pad_id: int,
+    grad_clip: float,
+) -> tuple[float, int]:
+    """One supervised step on `rows`: (the loss, the number of trained tokens)."""
+    device = next(model.parameters()).device
+    inputs, targets, mask = _batch(rows, pad_id, device)
+    loss = F.cross_entropy(model(inputs)[mask].float(), targets[mask])
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    if grad_clip > 0:
+        torch.nn.utils.clip_grad_norm_([p for g in opt.param_groups for p in g["params"]], grad_clip)
+    opt.step()
+    sched.step()
+    return float(loss.detach()), int(mask.sum())
 
 
 def _examples(
