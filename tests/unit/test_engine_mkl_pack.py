@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from engine_support import run_engine
 
 from slipstream.engine import ByteTokenizer, GenerationRequest, SamplingParams, TorchEngine, build_tiny
-from slipstream.engine.kernels import PACKED_MAX_ROWS, MklPackedWeights, linear, mkl_pack_default, project
+from slipstream.engine.kernels import PACKED_MAX_ROWS, MklPackedWeights, linear, mkl_pack_available, project
 from slipstream.engine.lora import attach_lora
 
 pytestmark = [
@@ -118,9 +118,9 @@ def test_fp32_engine_greedy_tokens_equal_with_and_without_packing(lora: bool) ->
 
 
 def test_packing_is_fp32_cpu_only_and_can_be_turned_off() -> None:
-    assert mkl_pack_default(torch.device("cpu"), torch.float32) is True
-    assert mkl_pack_default(torch.device("cpu"), torch.bfloat16) is False
-    assert mkl_pack_default(torch.device("meta"), torch.float32) is False
+    assert mkl_pack_available(torch.device("cpu"), torch.float32) is True
+    assert mkl_pack_available(torch.device("cpu"), torch.bfloat16) is False
+    assert mkl_pack_available(torch.device("meta"), torch.float32) is False
     base, _ = build_tiny("tiny", seed=SEED)
     assert TorchEngine(copy.deepcopy(base), TOK, max_batch=1, max_seq_len=32, device="cpu").mkl_pack is True
     off = TorchEngine(copy.deepcopy(base), TOK, max_batch=1, max_seq_len=32, device="cpu", mkl_pack=False)

@@ -43,14 +43,7 @@ import torch
 from torch import Tensor, nn
 
 from slipstream.engine.interface import GenerationRequest, GenerationResult
-from slipstream.engine.kernels import (
-    Fp32Weights,
-    MklPackedWeights,
-    WeightCache,
-    mkl_pack_available,
-    mkl_pack_default,
-    upcast_bf16_default,
-)
+from slipstream.engine.kernels import Fp32Weights, MklPackedWeights, choose_kernel
 from slipstream.engine.model import CausalLM
 from slipstream.engine.sampling import sample
 from slipstream.engine.sequence import SequenceState
@@ -102,18 +95,10 @@ class TorchEngine:
             device = "cuda" if torch.cuda.is_available() else "cpu"
         self.device = torch.device(device)
         self.model = model.to(device=self.device, dtype=dtype).eval()
-        if bf16_upcast is None:
-            bf16_upcast = upcast_bf16_default(self.device)
-        self.bf16_upcast = bf16_upcast and dtype == torch.bfloat16
-        if mkl_pack is None:
-            mkl_pack = mkl_pack_default(self.device, dtype)
-        self.mkl_pack = mkl_pack and mkl_pack_available(self.device, dtype)
         # The matmul kernel of the cached forward and its weight copies (None: torch's F.linear).
-        self._kernel: WeightCache | None = None
-        if self.bf16_upcast:
-            self._kernel = Fp32Weights()
-        elif self.mkl_pack:
-            self._kernel = MklPackedWeights()
+        self._kernel = choose_kernel(self.device, dtype, bf16_upcast=bf16_upcast, mkl_pack=mkl_pack)
+        self.bf16_upcast = isinstance(self._kernel, Fp32Weights)
+        self.mkl_pack = isinstance(self._kernel, MklPackedWeights)
         self.tokenizer = tokenizer
         cfg = model.config
         self.max_seq_len = max_seq_len or min(cfg.max_position_embeddings, 2048)

@@ -30,8 +30,8 @@ Two choices besides torch's own `F.linear`, each a cache of per-weight copies ma
 
 Both caches remake a copy when its weight changes in place (the tensor's version counter
 moves), and the engine drops them all whenever it applies new weights (`.data` writes bypass
-version counters). `upcast_bf16_default` and `mkl_pack_default` decide per device and dtype;
-the engine's `bf16_upcast` and `mkl_pack` options override.
+version counters). `choose_kernel` picks the cache per device and dtype (`upcast_bf16_default`,
+`mkl_pack_available`); the engine's `bf16_upcast` and `mkl_pack` options override.
 """
 
 from __future__ import annotations
@@ -57,11 +57,6 @@ def upcast_bf16_default(device: torch.device) -> bool:
 def mkl_pack_available(device: torch.device, dtype: torch.dtype) -> bool:
     """Whether MKL's packed GEMM can run: an fp32 model on a CPU build of torch linked with MKL."""
     return device.type == "cpu" and dtype == torch.float32 and torch.backends.mkl.is_available()
-
-
-def mkl_pack_default(device: torch.device, dtype: torch.dtype) -> bool:
-    """On wherever it can run (measured faster on the one CPU tried, an AVX-512 Xeon; see above)."""
-    return mkl_pack_available(device, dtype)
 
 
 class WeightCache:
@@ -133,6 +128,21 @@ class MklPackedWeights(WeightCache):
         if not 0 < rows <= PACKED_MAX_ROWS:
             return F.linear(x, weight, bias)
         return torch.ops.mkl._mkl_linear(x, self.copy_of(weight, rows), weight, bias, rows)
+
+
+def choose_kernel(
+    device: torch.device, dtype: torch.dtype, *, bf16_upcast: bool | None = None, mkl_pack: bool | None = None
+) -> WeightCache | None:
+    """The matmul kernel of a cached forward on `device` in `dtype`, as its weight cache:
+    `Fp32Weights` for a bf16 model with `bf16_upcast` (None: `upcast_bf16_default`),
+    `MklPackedWeights` for an fp32 model where MKL's packed GEMM can run with `mkl_pack` (None:
+    on wherever it can run, measured faster on the one CPU tried, an AVX-512 Xeon; see above), or
+    None: torch's `F.linear`."""
+    if dtype == torch.bfloat16 and (upcast_bf16_default(device) if bf16_upcast is None else bf16_upcast):
+        return Fp32Weights()
+    if mkl_pack is not False and mkl_pack_available(device, dtype):
+        return MklPackedWeights()
+    return None
 
 
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None, kernel: WeightCache | None) -> Tensor:
