@@ -334,6 +334,35 @@ def test_a_sigkilled_service_is_restarted_on_its_port_and_counted(tmp_path: Path
     assert Path(learner.process.log_path).read_text().count("fake learner starting") == 2
 
 
+def test_a_service_whose_port_was_taken_restarts_on_a_fresh_one(tmp_path: Path) -> None:
+    # CI saw it: a client's outgoing connection took a service's port, so every restart on that
+    # port failed to bind and the supervisor gave up. Here a listener takes it after the crash.
+    spec = _fake_spec(tmp_path, {"reward-model": "ok", "learner": "ok"}, restart=RestartPolicy(backoff_s=0.5))
+    with Stack(spec) as stack:
+        stack.wait_ready(timeout_s=30)
+        learner = stack.services["learner"]
+        old_port = learner.port
+        os.kill(learner.pid, signal.SIGKILL)
+        squatter = socket.socket()
+        squatter.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            deadline = time.monotonic() + 5
+            while True:  # the dead process's socket goes when the kernel has reaped it
+                try:
+                    squatter.bind(("127.0.0.1", old_port))
+                    break
+                except OSError:
+                    assert time.monotonic() < deadline, "the killed learner's port never came free"
+                    time.sleep(0.02)
+            squatter.listen()
+            _poll_until(stack, lambda: stack.restarts["learner"] == 1, 10, "the restart")
+            assert learner.port != old_port
+            _poll_until(stack, lambda: stack.health()[-1]["health"] == "ready", 20, "the restarted learner's /readyz")
+        finally:
+            squatter.close()
+    assert stack.exit_codes == {"reward-model": 0, "learner": 0}
+
+
 def test_up_gives_up_on_a_service_that_keeps_crashing(tmp_path: Path) -> None:
     policy = RestartPolicy(backoff_s=0.1, max_restarts=2, window_s=120)
     stack = Stack(_fake_spec(tmp_path, {"reward-model": "ok", "weight-publisher": "die-later"}, restart=policy))

@@ -1,6 +1,6 @@
 """Local stack: real servers and service processes on free loopback ports, stopped by PID."""
 
-from slipstream.stack.process import ManagedProcess, ProcessGroup, free_port, pid_alive, wait_port
+from slipstream.stack.process import ManagedProcess, ProcessGroup, free_port, pid_alive, port_bindable, wait_port
 from slipstream.stack.servers import Server, start_nats, start_redis, start_s3
 
 __all__ = [
@@ -9,6 +9,7 @@ __all__ = [
     "Server",
     "free_port",
     "pid_alive",
+    "port_bindable",
     "start_nats",
     "start_redis",
     "start_s3",

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -16,12 +17,59 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
+# Ports handed out by this process: two calls never return the same one, even once both are closed.
+_GIVEN: set[int] = set()
+_PORT_FLOOR = 20000
+
+
+def _ephemeral_floor() -> int:
+    """The lowest port the kernel gives outgoing connections (Linux's default is 32768)."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+def port_bindable(host: str, port: int) -> bool:
+    """Whether a server could bind `port` now (nothing listens there, no connection holds it).
+
+    With SO_REUSEADDR, as servers set it (asyncio's among them): a closed connection lingering in
+    TIME_WAIT does not count, a live one or a listener does.
+    """
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
+
 
 def free_port(host: str = "127.0.0.1") -> int:
-    """A port that was free a moment ago (bind to 0, read it, close)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
+    """A port that was free a moment ago, for a server about to start.
+
+    Drawn below the kernel's ephemeral range where it can be: a port taken from that range (bind to
+    0) can be handed to a client's outgoing connection (a service's NATS link, say) in the seconds
+    before the server binds it, and a long-lived connection then keeps the server out for good.
+    Random (from the OS, not `random`, which tests seed) and tried with a bind, so parallel runs
+    rarely meet and never share one that is bound.
+    """
+    ceiling = _ephemeral_floor()
+    draw = secrets.SystemRandom()
+    if ceiling - _PORT_FLOOR >= 1000:
+        for _ in range(64):
+            port = draw.randrange(_PORT_FLOOR, ceiling)
+            if port in _GIVEN or not port_bindable(host, port):
+                continue
+            _GIVEN.add(port)
+            return port
+    while True:  # no room below the ephemeral range: the kernel's choice, as before
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind((host, 0))
+            port = int(s.getsockname()[1])
+        if port not in _GIVEN:
+            _GIVEN.add(port)
+            return port
 
 
 def wait_port(host: str, port: int, timeout_s: float, proc: subprocess.Popen[bytes] | None = None) -> None:

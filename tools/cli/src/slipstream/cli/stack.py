@@ -60,7 +60,7 @@ from slipstream.cli.spec import (
 from slipstream.cli.stack_report import SIGNING_KEY_ENV, TRUSTED_KEYS_ENV, health_rows, state_info
 from slipstream.cli.stop_signals import StopFlag
 from slipstream.cli.supervisor import Supervisor, SupervisorEvent
-from slipstream.stack import ManagedProcess, ProcessGroup, Server, free_port, start_nats, start_redis
+from slipstream.stack import ManagedProcess, ProcessGroup, Server, free_port, port_bindable, start_nats, start_redis
 from slipstream.trust import generate_keypair, load_signing_key
 
 STATE_FILE = "stack.json"
@@ -482,6 +482,10 @@ class Stack:
         old.stop(timeout_s=1.0)  # already dead: reaps it, kills what it left in its group, closes its log
         if old in self.group.procs:
             self.group.procs.remove(old)
+        # Same port, so its address stays put; a fresh one if something else holds it now (the
+        # crash may have been that bind failing, and would repeat on every restart).
+        if not port_bindable(HOST, svc.port):
+            svc.port = free_port()
         svc.process = self._spawn(svc.name, svc.port)
         self.supervisor.restarted(svc.name, f"pid {svc.process.pid}")
         if self._state_written:
