@@ -482,8 +482,7 @@ class Stack:
         old.stop(timeout_s=1.0)  # already dead: reaps it, kills what it left in its group, closes its log
         if old in self.group.procs:
             self.group.procs.remove(old)
-        # Same port, so its address stays put; a fresh one if something else holds it now (the
-        # crash may have been that bind failing, and would repeat on every restart).
+        # The same port, unless something else holds it now (then each restart would fail to bind).
         if not port_bindable(HOST, svc.port):
             svc.port = free_port()
         svc.process = self._spawn(svc.name, svc.port)
