@@ -166,7 +166,14 @@ async def _follow(
 
     watchers = [asyncio.create_task(c) for c in (watch_steps(), watch_weights(), evals())]
     try:
-        await asyncio.wait_for(watch_processes(), timeout=plan.timeout_s)
+        try:
+            await asyncio.wait_for(watch_processes(), timeout=plan.timeout_s)
+        except TimeoutError:
+            raise RunFailed(
+                f"training did not finish within the run's timeout_s = {plan.timeout_s:.0f} s (step "
+                f"{summary.steps_log[-1]['step'] if summary.steps_log else 0} of {plan.max_steps}); on a "
+                "loaded machine raise timeout_s in the run file"
+            ) from None
         summary.train_time_s = time.monotonic() - t_train
         # The publisher announces the learner's last staged version shortly after the learner exits.
         deadline = time.monotonic() + 30

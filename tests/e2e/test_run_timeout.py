@@ -1,0 +1,37 @@
+"""A run past its timeout_s ends as a failed run naming the budget, not a traceback.
+
+`bench summary` on a loaded machine died mid-bench on an uncaught TimeoutError from the run's
+follow loop (its other seeds and arms never ran); now the run's summary says what happened and
+the caller goes on. The stack is stopped, as after any failed run.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from slipstream.cli.demo import demo_plan
+from slipstream.cli.training import run_training
+from slipstream.stack import pid_alive
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+
+@pytest.mark.timeout(300)
+def test_a_run_past_its_timeout_fails_with_a_clear_error_and_stops_its_stack(tmp_path: Path) -> None:
+    plan = demo_plan()
+    plan.sft_steps = 5
+    plan.sft_target_accuracy = 0.0
+    plan.max_steps = 100_000  # never finishes inside the budget
+    plan.heldout_tasks = 8
+    plan.train_eval_tasks = 0
+    plan.timeout_s = 5.0
+    stack_pids: list[int] = []
+    summary = run_training(
+        plan, tmp_path / "run", on_stack=lambda stack: stack_pids.extend(s.pid for s in stack.services.values())
+    )
+    assert not summary.ok
+    assert "did not finish within the run's timeout_s = 5 s" in summary.error, summary.error
+    assert "of 100000" in summary.error
+    assert stack_pids and not any(pid_alive(p) for p in stack_pids)
