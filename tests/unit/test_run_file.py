@@ -209,6 +209,13 @@ def test_the_recall_example_is_the_recall_demo() -> None:
     assert plan == demo_plan("recall") and plan.summary["mode"] == "summary"
 
 
+def test_the_code_example_is_the_code_demo() -> None:
+    """examples/code.toml and `slipstream demo --env code` train the same thing."""
+    from slipstream.cli.demo import demo_plan
+
+    assert load(REPO / "examples" / "code.toml").plan() == demo_plan("code")
+
+
 def test_rollout_summary_reaches_the_workers_and_the_learner(tmp_path: Path) -> None:
     from slipstream.harness.summary import SummaryConfig
     from slipstream.learner.config import LearnerConfig
