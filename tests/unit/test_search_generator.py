@@ -169,6 +169,41 @@ def test_unique_clues_single_out_each_document_and_short_ids_are_three_digits() 
         GeneratorOptions(regions=13)
 
 
+def test_varied_nouns_vary_training_wording_and_keep_the_held_out_domain_its_own() -> None:
+    options = GeneratorOptions(
+        seed=3, max_hops=2, tasks_per_domain=40, distractors=1, filler_per_domain=0, min_year=1000, unique_clues=True
+    )
+    fixed = generate_corpus(options)
+    varied = generate_corpus(msgspec.structs.replace(options, varied_nouns=True))
+    assert msgspec.json.encode(varied) == msgspec.json.encode(
+        generate_corpus(msgspec.structs.replace(options, varied_nouns=True))
+    )
+    # Its own random stream: names, ids, years and regions are those of the fixed corpus, only nouns differ.
+    assert [(d.doc_id, d.title) for d in varied.documents] == [(d.doc_id, d.title) for d in fixed.documents]
+    assert [t.key for t in varied.tasks] == [t.key for t in fixed.tasks]
+    assert [t.clues for t in varied.tasks] == [t.clues for t in fixed.tasks]
+    texts = {d.doc_id: d.text for d in varied.documents}
+    assert all(verify(t, texts) is None for t in varied.tasks)
+
+    def kind(question: str) -> str:  # "What is the <attr> of [the sister <kind> of ]the <kind> that ..."
+        return question.split(" that ")[0].rsplit("the ", 1)[1]
+
+    train = [t for t in varied.tasks if t.domain != "email"]
+    held = [t for t in varied.tasks if t.domain == "email"]
+    assert len({kind(t.question) for t in train}) >= 15  # of 30 kinds, over 3 x 40 tasks
+    assert {kind(t.question) for t in held} == {"thread"}
+    assert all(t.question.startswith("What is the meeting place of ") for t in held)
+    assert [t.question for t in held] == [t.question for t in fixed.tasks if t.domain == "email"]
+    # No training document or question uses a held-out noun; a chained question names its link.
+    email_words = ("thread", "meeting place", "signature", "sent from")
+    train_docs = {s.doc_id for t in train for s in t.supporting} | {d for t in train for d in t.distractors}
+    assert not any(w in texts[d] or w in t.question for w in email_words for t in train for d in train_docs)
+    assert any(" is an " in texts[d] for d in train_docs)  # "It is an orchard built in the hills."
+    assert not any(f" is a {v}" in texts[d] for v in "aeiou" for d in train_docs)
+    two_hop = next(t for t in train if t.hops == 2)
+    assert f"the sister {kind(two_hop.question)} of the" in two_hop.question
+
+
 def test_supporting_doc_struct_roundtrips() -> None:
     s = SupportingDoc(doc_id="w0001", document_quotes=["a"], clue_quotes=[], truth_quotes=["b"])
     assert msgspec.json.decode(msgspec.json.encode(s), type=SupportingDoc) == s

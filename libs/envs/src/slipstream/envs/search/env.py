@@ -89,6 +89,10 @@ class SearchOptions(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fi
             "and its id last (`Id 417.`); with expert_grep the expert greps `from 187.*north`."
         ),
     ] = False
+    varied_nouns: Annotated[
+        bool,
+        Doc(description="Training tasks draw their nouns (town, emblem, river) from pools; held-out ones keep theirs."),
+    ] = False
     backend: Annotated[str, Doc(description="Search backend name (tools.register_backend).")] = "hybrid"
     budget_tokens: Annotated[int, Doc(description="Token budget of the model's context.")] = 2048
     search_tokens: Annotated[int, Doc(description="Most tokens one search/grep/read result may cost.")] = 512
@@ -162,6 +166,7 @@ class SearchOptions(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fi
             short_ids=self.short_ids,
             regions=self.regions,
             fixed_offsets=self.fixed_offsets,
+            varied_nouns=self.varied_nouns,
         )
 
     def reward_config(self) -> rw.RewardConfig:

@@ -84,6 +84,21 @@ DOMAINS: tuple[Domain, ...] = (
     Domain("email", "e", "thread", "sent from", "signature", "earlier thread", "meeting place"),
 )
 DOMAIN_NAMES: tuple[str, ...] = tuple(d.name for d in DOMAINS)
+# With `varied_nouns`, a training domain's task draws each of its nouns from these pools (never the
+# held-out domain's own), so the wording of a question varies around the clues it must be read for:
+# a model trained on three fixed wordings learns them as part of the call that follows them, and the
+# held-out domain's unseen words then break even the tool name it writes (issue 13, README).
+_KINDS = (
+    "town", "patent", "company", "village", "ship", "mill", "bridge", "guild", "school", "farm", "mine",
+    "abbey", "fort", "market", "theatre", "library", "harbour", "orchard", "chapel", "workshop", "inn",
+    "tower", "museum", "festival", "choir", "league", "club", "journal", "brewery", "garden",
+)  # fmt: skip
+_PLACES = ("in", "filed in", "based in", "found in", "built in", "set in", "located in", "kept in", "held in")
+_MARKS = ("emblem", "figure", "logo", "crest", "seal", "banner", "flag", "badge", "sign", "symbol", "mascot")
+_ANSWER_ATTRS = (
+    "river", "assignee", "chief executive", "founder", "patron", "keeper", "mayor", "owner", "builder",
+    "captain", "treasurer", "architect", "poet", "warden", "steward", "head", "chair", "curator",
+)  # fmt: skip
 
 
 class GeneratorOptions(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
@@ -111,6 +126,13 @@ class GeneratorOptions(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown
         Doc(
             description="Copies at fixed distances: the question names the decade last, a document opens with "
             "its year and ends with its id (`Id 417.`)."
+        ),
+    ] = False
+    varied_nouns: Annotated[
+        bool,
+        Doc(
+            description="A training domain's task draws its nouns (kind, place, mark, asked attribute) from "
+            "shared pools; the held-out domain keeps its own, never drawn."
         ),
     ] = False
 
@@ -226,10 +248,10 @@ def _a(word: str) -> str:
 
 
 def _sentences(domain: Domain, e: _Entity, *, year_first: bool = False) -> list[str]:
-    place = f"{domain.kind} {domain.place} {e.region}."
-    head = [f"{e.name} dates from {e.year}.", f"It is a {place}"]
+    place = f"{_a(domain.kind)} {domain.place} {e.region}."
+    head = [f"{e.name} dates from {e.year}.", f"It is {place}"]
     s = [
-        *(head if year_first else [f"{e.name} is a {place}", f"It dates from {e.year}."]),
+        *(head if year_first else [f"{e.name} is {place}", f"It dates from {e.year}."]),
         f"Its {domain.mark} is {_a(e.color)} {e.animal}.",
     ]
     if e.link:
@@ -274,6 +296,23 @@ class _Builder:
         self.ids: set[str] = set()
         self.region_map = options.region_map()
         self.regions = tuple(sorted(self.region_map))
+        # Its own stream, so varied nouns leave every other draw (names, clues, ids) as it was.
+        self.noun_rng = random.Random(f"search-nouns|{options.seed}")
+        held = next(d for d in DOMAINS if d.name == options.heldout_domain)
+        self.pools = tuple(
+            tuple(w for w in pool if w != getattr(held, slot))
+            for slot, pool in (("kind", _KINDS), ("place", _PLACES), ("mark", _MARKS), ("answer_attr", _ANSWER_ATTRS))
+        )
+
+    def nouns(self, domain: Domain) -> Domain:
+        """The domain as one task writes it: its own nouns, or with `varied_nouns` (training domains
+        only) each drawn from the pools; the link follows the kind ("sister mill")."""
+        if not self.o.varied_nouns or domain.name == self.o.heldout_domain:
+            return domain
+        kind, place, mark, attr = (self.noun_rng.choice(pool) for pool in self.pools)
+        return msgspec.structs.replace(
+            domain, kind=kind, place=place, mark=mark, answer_attr=attr, link=f"sister {kind}"
+        )
 
     def entity(self, spare: int = 0, **fixed: object) -> _Entity:
         """A new entity. With `unique_clues`, its (region, decade) pair is one no document has yet
@@ -313,6 +352,7 @@ class _Builder:
 
     def task(self, domain: Domain, index: int, hops: int) -> SearchTask:
         rng = self.rng
+        domain = self.nouns(domain)
         chain = [self.entity(spare=self.o.distractors if i == 0 else 0) for i in range(hops)]
         for a, b in itertools.pairwise(chain):
             a.link = b.name
@@ -334,7 +374,7 @@ class _Builder:
             doc_quotes = [
                 f"{entity.name} dates from {entity.year}"
                 if self.o.fixed_offsets
-                else f"{entity.name} is a {domain.kind}",
+                else f"{entity.name} is {_a(domain.kind)}",
                 f"Its {domain.mark} is {_a(entity.color)} {entity.animal}",
             ]
             if slip_kind == "paraphrase" and i == hops - 1:
