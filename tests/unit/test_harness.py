@@ -373,12 +373,38 @@ def test_sft_warmstart_stops_at_its_target_or_its_cap() -> None:
     # A sampled target adds the expected sampled success to every check and to the stop: an
     # untrained model replays no 10-odd-token episode by sampling.
     m, _ = build_tiny("micro", seed=1)
+    heard: list[tuple[int, float, float]] = []
     both = sft_warmstart(
-        m, TOK, lookup, steps=4, batch_size=4, seed=0, target_accuracy=0.5, sampled_target=0.2, probe_tasks=32
+        m,
+        TOK,
+        lookup,
+        steps=4,
+        batch_size=4,
+        seed=0,
+        target_accuracy=0.5,
+        sampled_target=0.2,
+        probe_tasks=32,
+        on_check=lambda *point: heard.append(point),
     )
     assert (both["steps"], both["reached"], [p[0] for p in both["probe_curve"]]) == (4, False, [2, 4])
     assert all(len(p) == 3 and 0.0 <= p[2] < 1e-3 for p in both["probe_curve"])
     assert round(both["probe_sampled"], 4) == both["probe_curve"][-1][2]
+    # Every check is heard as it happens (a demo's progress line), unrounded.
+    assert [[s, round(g, 4), round(p, 4)] for s, g, p in heard] == both["probe_curve"]
+    heard.clear()
+    m, _ = build_tiny("micro", seed=1)
+    sft_warmstart(
+        m,
+        TOK,
+        env,
+        steps=4,
+        batch_size=4,
+        seed=0,
+        target_accuracy=0.99,
+        probe_tasks=16,
+        on_check=lambda *p: heard.append(p),
+    )
+    assert heard == [(2, 0.0, -1.0), (4, 0.0, -1.0)]  # no sampled target: sampled is -1
     for bad in (
         {"target_accuracy": 1.5},
         {"target_accuracy": 0.5, "probe_tasks": 0},

@@ -25,7 +25,7 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, TypeAlias
 
 import msgspec
@@ -176,6 +176,7 @@ def sft_warmstart(
     summary: Summaries = None,
     copy_steps: int = 0,
     copy_rows: int = 0,
+    on_check: Callable[[int, float, float], None] | None = None,
 ) -> dict[str, Any]:
     """Train `model` in place on up to `steps` batches of train-split reference completions.
 
@@ -223,6 +224,9 @@ def sft_warmstart(
     probe_curve ([step, accuracy] at every check: where the supervised cliff fell); with a
     sampled target also probe_sampled (the last expected sampled success), and each curve point
     is [step, greedy, sampled]; with copy steps also copy (copy_pretrain's figures).
+
+    `on_check(step, greedy, sampled)` is called after every probe check (sampled is -1 without a
+    sampled target): a caller's progress line during a warm-start that can run for minutes.
     """
     if steps < 1 or batch_size < 1:
         raise ValueError(f"steps and batch_size must be >= 1, got steps={steps}, batch_size={batch_size}")
@@ -276,6 +280,8 @@ def sft_warmstart(
             sampled = sampled_success(model, probe, tokenizer.pad_id, temperature)
             point.append(round(sampled, 4))
         curve.append(point)
+        if on_check is not None:
+            on_check(step, accuracy, sampled)
         return accuracy >= target_accuracy and (not sampled_target or sampled >= sampled_target)
 
     t0 = time.perf_counter()

@@ -40,6 +40,8 @@ class ProgressView:
         self.version = 0
         self.restarts: dict[str, int] = {}
         self.t0 = time.monotonic()
+        self._check_shown_at = time.monotonic()  # the last warm-start probe line (see on_event)
+        self._check_greedy = 0.0
         self._live: Live | None = None
 
     def __enter__(self) -> ProgressView:
@@ -72,6 +74,14 @@ class ProgressView:
                 + (f", greedy train accuracy {data['probe_accuracy']:.3f}" if "probe_accuracy" in data else "")
                 + (f", expected sampled success {data['probe_sampled']:.3f}" if "probe_sampled" in data else "")
             )
+        elif kind == "warmstart_check":
+            # A probe check every few steps: a line at most every 30 s, or when greedy replay moved
+            # by 0.1 (the supervised cliff), so a warm-start of minutes shows where it is.
+            now = time.monotonic()
+            if now - self._check_shown_at >= 30.0 or abs(data["greedy"] - self._check_greedy) >= 0.1:
+                self._check_shown_at, self._check_greedy = now, data["greedy"]
+                sampled = f", expected sampled success {data['sampled']:.3f}" if data["sampled"] >= 0 else ""
+                self._line(f"warm-start step {data['step']}: greedy train accuracy {data['greedy']:.3f}{sampled}")
         elif kind == "step":
             self.steps.append(data)
             self.phase, self.detail = "train", f"step {data['step']}/{self.plan.max_steps}"

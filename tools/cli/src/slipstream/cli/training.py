@@ -28,8 +28,11 @@ PIPELINE = ("rollout-worker", "reward-model", "learner", "weight-publisher", "ta
 __all__ = ["PIPELINE", "RunSummary", "TrainingPlan", "run_training", "service_env", "service_overrides"]
 
 
-def initial_model(plan: TrainingPlan, run_dir: Path) -> tuple[Path, dict[str, Any]]:
-    """Version 0's directory and what making it did: a named model's cache, or a warm-started tiny model."""
+def initial_model(
+    plan: TrainingPlan, run_dir: Path, on_check: Callable[[int, float, float], None] | None = None
+) -> tuple[Path, dict[str, Any]]:
+    """Version 0's directory and what making it did: a named model's cache, or a warm-started tiny model
+    (`on_check`: see `warm_start`)."""
     if plan.model:
         from slipstream.engine.catalog import ensure_model
 
@@ -37,7 +40,7 @@ def initial_model(plan: TrainingPlan, run_dir: Path) -> tuple[Path, dict[str, An
         path = ensure_model(plan.model)
         return path, {"model": plan.model, "path": str(path), "resolve_s": round(time.monotonic() - t0, 2)}
     model_dir = run_dir / "model-init"
-    return model_dir, warm_start(plan, model_dir)
+    return model_dir, warm_start(plan, model_dir, on_check=on_check)
 
 
 def summary_config(plan: TrainingPlan) -> Any:
@@ -53,11 +56,17 @@ def summary_config(plan: TrainingPlan) -> Any:
     return config if config.enabled else None
 
 
-def warm_start(plan: TrainingPlan, model_dir: Path, summary_modes: list[Any] | None = None) -> dict[str, Any]:
+def warm_start(
+    plan: TrainingPlan,
+    model_dir: Path,
+    summary_modes: list[Any] | None = None,
+    on_check: Callable[[int, float, float], None] | None = None,
+) -> dict[str, Any]:
     """Build the tiny model, train it briefly on reference answers, save it as version 0.
 
     A multi-turn env's expert plays under `summary_modes` (default: the plan's summary config), task
-    i under mode i mod n, so one model can be compared under several context modes.
+    i under mode i mod n, so one model can be compared under several context modes. `on_check(step,
+    greedy, sampled)` hears every probe check of a warm-start with a target (`sft_warmstart`).
     """
     import torch
 
@@ -87,6 +96,7 @@ def warm_start(plan: TrainingPlan, model_dir: Path, summary_modes: list[Any] | N
         copy_rows=plan.sft_copy_rows,
         temperature=plan.temperature,
         summary=summary_modes if summary_modes is not None else summary_config(plan),
+        on_check=on_check,
     )
     save_pretrained(model, tokenizer, model_dir)
     figures.pop("losses", None)
@@ -305,7 +315,14 @@ def run_training(
     if not plan.model and plan.sft_copy_steps > 0:
         start = f"the copy curriculum (<= {plan.sft_copy_steps} steps), then " + start
     emit("phase", {"phase": "warm-start", "detail": start})
-    model_dir, summary.warmstart = init_model if init_model is not None else initial_model(plan, run_dir)
+
+    def probe_checked(step: int, greedy: float, sampled: float) -> None:
+        emit("warmstart_check", {"step": step, "greedy": greedy, "sampled": sampled})
+
+    if init_model is not None:
+        model_dir, summary.warmstart = init_model
+    else:
+        model_dir, summary.warmstart = initial_model(plan, run_dir, on_check=probe_checked)
     emit("warmstart", summary.warmstart)
     detail = f"held-out accuracy of the initial model ({plan.heldout_tasks} tasks)"
     emit("phase", {"phase": "eval", "detail": detail})
