@@ -154,6 +154,27 @@ def test_default_run_dir_does_not_reuse_a_taken_second(tmp_path: Path) -> None:
     assert second == first.with_name(first.name + "-2")
 
 
+def test_a_run_dir_that_holds_an_earlier_run_is_refused_before_anything_starts(tmp_path: Path) -> None:
+    from slipstream.cli.training import earlier_run, run_training
+    from slipstream.run.plan import TrainingPlan
+
+    fresh = tmp_path / "fresh"
+    assert earlier_run(fresh) == ""  # not there yet
+    fresh.mkdir()
+    (fresh / "data").mkdir()  # an empty folder is no run
+    assert earlier_run(fresh) == ""
+    old = tmp_path / "old"
+    (old / "data" / "store").mkdir(parents=True)
+    summary = run_training(TrainingPlan(), old)
+    assert (
+        not summary.ok
+        and summary.error == f"run dir {old} already holds a run (data): pick another --run-dir or remove it"
+    )
+    assert sorted(p.name for p in old.iterdir()) == ["data"]  # no warm-start, no stack, no summary written
+    (fresh / "summary.json").write_text("{}")
+    assert earlier_run(fresh) == "summary.json"
+
+
 def test_spec_normalized_fills_store_run_id_and_trace_files(tmp_path: Path) -> None:
     spec = StackSpec(run_dir=tmp_path / "r7", traces=tmp_path / "t" / "traces.jsonl").normalized()
     assert spec.run_id == "r7"

@@ -268,6 +268,15 @@ class HeldOut:
         await self.engine.stop()
 
 
+def earlier_run(run_dir: Path) -> str:
+    """What in `run_dir` shows an earlier run (its summary, object store or checkpoints), or ""."""
+    for name in ("summary.json", "data", "staging"):
+        path = run_dir / name
+        if path.is_file() or (path.is_dir() and any(path.iterdir())):
+            return name
+    return ""
+
+
 def run_training(
     plan: TrainingPlan,
     run_dir: Path,
@@ -302,9 +311,14 @@ def run_training(
     t0 = time.monotonic()
     emit = on_event or (lambda _kind, _data: None)
     run_dir = run_dir.resolve()
+    summary = RunSummary(ok=False, plan=plan, run_dir=str(run_dir))
+    if used := earlier_run(run_dir):
+        # Its store and checkpoints would be resumed under a fresh warm-start: the learner starts at
+        # the old run's last step and, past max_steps, the task source stops before it is ready.
+        summary.error = f"run dir {run_dir} already holds a run ({used}): pick another --run-dir or remove it"
+        return summary
     run_dir.mkdir(parents=True, exist_ok=True)
     staging_dir = run_dir / "staging"
-    summary = RunSummary(ok=False, plan=plan, run_dir=str(run_dir))
     start = f"loading {plan.model}" if plan.model else f"{plan.sft_steps} supervised steps on {plan.env}"
     if not plan.model and plan.sft_target_accuracy > 0:
         target = plan.sft_target_accuracy
