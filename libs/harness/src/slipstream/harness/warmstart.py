@@ -93,10 +93,19 @@ async def expert_episodes(
     *,
     max_tokens: int = 1024,
     summary: Summaries = None,
+    concurrency: int = 32,
 ) -> list[Episode]:
     """One episode per task, played by `env.expert` through the harness (see scripted.py);
-    task i under context mode i mod n of `summary`."""
+    task i under context mode i mod n of `summary`.
+
+    At most `concurrency` episodes are in flight: an env whose tools run real processes (`code`'s
+    sandboxes) cannot start thousands at once (6,400 concurrent expert episodes on 2 cores: every
+    first tool call timed out after 15 s, an infra error, and the warm-start trained on the first
+    call alone). Each episode is a function of its task, so the bound changes no episode."""
+    if concurrency < 1:
+        raise ValueError(f"concurrency must be >= 1, got {concurrency}")
     modes = _modes(summary)
+    slots = asyncio.Semaphore(concurrency)
 
     def one(task: TaskSpec) -> ScriptedEngine:
         def reply(_: GenerationRequest, context: str) -> str:
@@ -105,22 +114,16 @@ async def expert_episodes(
         return ScriptedEngine(tokenizer, reply)
 
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens)
-    groups = await asyncio.gather(
-        *(
-            rollout_episodes(
-                one(t),
-                tokenizer,
-                env,
-                t,
-                group_size=1,
-                params=params,
-                group_id=t.task_id,
-                summary=modes[i % len(modes)],
+
+    async def play(i: int, t: TaskSpec) -> Episode:
+        mode = modes[i % len(modes)]
+        async with slots:
+            group = await rollout_episodes(
+                one(t), tokenizer, env, t, group_size=1, params=params, group_id=t.task_id, summary=mode
             )
-            for i, t in enumerate(tasks)
-        )
-    )
-    return [g[0] for g in groups]
+        return group[0]
+
+    return list(await asyncio.gather(*(play(i, t) for i, t in enumerate(tasks))))
 
 
 def expert_examples(
