@@ -94,9 +94,10 @@ async def expert_episodes(
     max_tokens: int = 1024,
     summary: Summaries = None,
     concurrency: int = 32,
+    first_index: int = 0,
 ) -> list[Episode]:
     """One episode per task, played by `env.expert` through the harness (see scripted.py);
-    task i under context mode i mod n of `summary`.
+    task i under context mode (first_index + i) mod n of `summary`.
 
     At most `concurrency` episodes are in flight: an env whose tools run real processes (`code`'s
     sandboxes) cannot start thousands at once (6,400 concurrent expert episodes on 2 cores: every
@@ -116,7 +117,7 @@ async def expert_episodes(
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens)
 
     async def play(i: int, t: TaskSpec) -> Episode:
-        mode = modes[i % len(modes)]
+        mode = modes[(first_index + i) % len(modes)]
         async with slots:
             group = await rollout_episodes(
                 one(t), tokenizer, env, t, group_size=1, params=params, group_id=t.task_id, summary=mode
@@ -126,21 +127,51 @@ async def expert_episodes(
     return list(await asyncio.gather(*(play(i, t) for i, t in enumerate(tasks))))
 
 
+EXPERT_CHUNK = 256  # distinct tasks played at a time by `expert_examples` with a limit
+
+
 def expert_examples(
-    env: Environment[msgspec.Struct], tokenizer: Tokenizer, tasks: list[TaskSpec], summary: Summaries = None
+    env: Environment[msgspec.Struct],
+    tokenizer: Tokenizer,
+    tasks: list[TaskSpec],
+    summary: Summaries = None,
+    *,
+    limit: int | None = None,
 ) -> list[Example]:
-    """Training examples from the expert's episodes, one per trainable sample, in task order."""
+    """Training examples from the expert's episodes, one per trainable sample, in task order.
+
+    Each distinct task key is played once (the i-th distinct key under summary mode i mod n).
+    `limit`: the caller uses only the first `limit` examples, so an env that keeps every expert
+    episode (the default `curate_expert_episodes`) has its distinct keys played in order,
+    `EXPERT_CHUNK` at a time, only until that many examples are in hand; the examples returned
+    are the same prefix. An env whose episode gives several examples (the swarm: an orchestrator
+    and ~5 sub-agents) had played 5x the episodes it trained on. A curating env's filter sees
+    every episode at once, as before, so `limit` does not apply to it.
+    """
     unique: dict[str, TaskSpec] = {}
     for t in tasks:
         unique.setdefault(t.metadata.get("key", t.task_id), t)
-    played = asyncio.run(expert_episodes(env, tokenizer, list(unique.values()), summary=summary))
-    # The env may filter its teacher's episodes (e.g. Context-1's SFT rules); a dropped one adds nothing.
-    keep = env.curate_expert_episodes(list(unique.values()), played)
+    keys = list(unique)
     frozen = env.warmstart_frozen_samples
-    by_key = {
-        key: episode_examples(e, frozen=frozen) if k else [] for key, e, k in zip(unique, played, keep, strict=True)
-    }
-    return [ex for t in tasks for ex in by_key[t.metadata.get("key", t.task_id)]]
+    curated = type(env).curate_expert_episodes is not Environment.curate_expert_episodes
+    by_key: dict[str, list[Example]] = {}
+    out: list[Example] = []
+    pos = 0  # tasks[:pos] are in `out`
+    chunk = len(keys) if limit is None or curated else EXPERT_CHUNK
+    for start in range(0, len(keys), max(1, chunk)):
+        part = [unique[k] for k in keys[start : start + chunk]]
+        played = asyncio.run(expert_episodes(env, tokenizer, part, summary=summary, first_index=start))
+        # The env may filter its teacher's episodes (e.g. Context-1's SFT rules); a dropped one adds nothing.
+        keep = env.curate_expert_episodes(part, played)
+        for t, e, k in zip(part, played, keep, strict=True):
+            by_key[t.metadata.get("key", t.task_id)] = episode_examples(e, frozen=frozen) if k else []
+        # Distinct keys come in order of first appearance: every task up to the next unplayed key is covered.
+        while pos < len(tasks) and (key := tasks[pos].metadata.get("key", tasks[pos].task_id)) in by_key:
+            out.extend(by_key[key])
+            pos += 1
+        if limit is not None and len(out) >= limit:
+            break
+    return out
 
 
 def _batch(
@@ -254,7 +285,7 @@ def sft_warmstart(
     copy_figures = copy_pretrain(model, tokenizer, steps=copy_steps, seed=seed) if copy_steps else None
     copy_mix = copy_examples(tokenizer, (steps + settle_steps) * copy_rows, seed + 7) if copy_rows else []
     tasks = env.generate("train", (steps + settle_steps) * batch_size, seed)
-    examples = _examples(env, tokenizer, tasks, summary)
+    examples = _examples(env, tokenizer, tasks, summary, limit=(steps + settle_steps) * batch_size)
     probe: list[list[Example]] = []
     if target_accuracy > 0:
         # Another stream of the train split (not the eval's), so the stop is not tuned on what is reported.
@@ -419,10 +450,15 @@ def _train_step(
 
 
 def _examples(
-    env: Environment[msgspec.Struct], tokenizer: Tokenizer, tasks: list[TaskSpec], summary: Summaries = None
+    env: Environment[msgspec.Struct],
+    tokenizer: Tokenizer,
+    tasks: list[TaskSpec],
+    summary: Summaries = None,
+    *,
+    limit: int | None = None,
 ) -> list[Example]:
     if env.warmstart_from_expert:
-        return expert_examples(env, tokenizer, tasks, summary)
+        return expert_examples(env, tokenizer, tasks, summary, limit=limit)
     out: list[Example] = []
     for t in tasks:
         seq, prompt_len = sft_sequence(tokenizer, env, t)
