@@ -290,6 +290,23 @@ def test_greedy_success_counts_an_item_only_when_all_its_turns_are_argmax() -> N
     assert greedy_success(m, items, TOK.pad_id, batch_size=1) == pytest.approx(2 / 3)
 
 
+def test_probe_success_is_greedy_and_sampled_success_from_one_pass() -> None:
+    from slipstream.harness.warmstart import greedy_success, probe_items, probe_success, sampled_success
+
+    env = get_env("lookup", expert_guess_rate=0.3, expert_slip_rate=0.4)
+    items = probe_items(env, TOK, env.generate("train", 48, 5))
+    m, _ = build_tiny("micro", seed=3)
+    # The untrained model is at 0 on both; a model that has seen the episodes is not.
+    sft_warmstart(m, TOK, env, steps=30, batch_size=8, seed=0)
+    for model in (build_tiny("micro", seed=3)[0], m):
+        for t in (1.0, 0.5):
+            got = probe_success(model, items, TOK.pad_id, t, batch_size=7)
+            assert got == (greedy_success(model, items, TOK.pad_id, 7), sampled_success(model, items, TOK.pad_id, t, 7))
+    assert probe_success(m, items, TOK.pad_id)[1] > 0.0
+    with pytest.raises(ValueError, match="temperature"):
+        probe_success(m, items, TOK.pad_id, 0.0)
+
+
 def test_probe_items_of_an_imperfect_expert_are_its_clean_episodes() -> None:
     from slipstream.harness.warmstart import probe_items
 

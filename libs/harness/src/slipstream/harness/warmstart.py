@@ -308,11 +308,12 @@ def sft_warmstart(
 
     def check(step: int) -> bool:
         nonlocal accuracy, sampled
-        accuracy = greedy_success(model, probe, tokenizer.pad_id)
-        point = [step, round(accuracy, 4)]
         if sampled_target:
-            sampled = sampled_success(model, probe, tokenizer.pad_id, temperature)
-            point.append(round(sampled, 4))
+            accuracy, sampled = probe_success(model, probe, tokenizer.pad_id, temperature)
+            point = [step, round(accuracy, 4), round(sampled, 4)]
+        else:
+            accuracy = greedy_success(model, probe, tokenizer.pad_id)
+            point = [step, round(accuracy, 4)]
         curve.append(point)
         if on_check is not None:
             on_check(step, accuracy, sampled)
@@ -547,6 +548,40 @@ def _sampled_logprobs(
     finally:
         model.train(was_training)
     return out
+
+
+@torch.no_grad()
+def probe_success(
+    model: nn.Module, items: list[list[Example]], pad_id: int, temperature: float = 1.0, batch_size: int = 256
+) -> tuple[float, float]:
+    """(`greedy_success`, `sampled_success`) of `items` from one forward pass over them, not two:
+    the same logits give the argmax and the tempered log-probabilities, so the figures are those
+    of the two functions (the warm-start's probe was half its time at 256 items every 25 steps)."""
+    if not temperature > 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+    examples = [ex for item in items for ex in item]
+    was_training = model.training
+    model.eval()
+    device = next(model.parameters()).device
+    hits: list[bool] = []
+    logps: list[float] = []
+    try:
+        for i in range(0, len(examples), batch_size):
+            inputs, targets, mask = _batch(examples[i : i + batch_size], pad_id, device)
+            logits = model(inputs)
+            hits.extend(bool(h) for h in ((logits.argmax(-1) == targets) | ~mask).all(dim=1).tolist())
+            logp = torch.log_softmax(logits.float() / temperature, dim=-1)
+            picked = logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1) * mask
+            logps.extend(float(x) for x in picked.sum(dim=1).tolist())
+    finally:
+        model.train(was_training)
+    greedy = sampled = 0.0
+    k = 0
+    for item in items:
+        greedy += all(hits[k : k + len(item)])
+        sampled += math.exp(sum(logps[k : k + len(item)]))
+        k += len(item)
+    return greedy / len(items), sampled / len(items)
 
 
 def sampled_success(
