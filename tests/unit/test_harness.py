@@ -446,3 +446,46 @@ def test_model_source_builds_the_seeded_preset_and_sets_threads() -> None:
     assert all(torch.equal(v, ref.state_dict()[k]) for k, v in m.state_dict().items())
     with pytest.raises(msgspec.ValidationError, match="preset 'huge' is unknown"):
         msgspec.convert({"preset": "huge"}, ModelSource)
+
+
+def test_rows_of_very_unlike_lengths_train_in_length_groups_to_the_same_mean_loss() -> None:
+    import slipstream.harness.warmstart as ws
+
+    def row(n: int, start: int = 3) -> tuple[list[int], list[bool]]:
+        ids = [(start + 7 * i) % 250 + 1 for i in range(n)]
+        return ids, [False] * (n // 2) + [True] * (n - n // 2)
+
+    # Rows of like length (or all short) stay one batch, in order: a plan's batches are unchanged.
+    alike = [row(400), row(450), row(380)]
+    assert ws._length_groups(alike) == [alike] and ws._by_length(alike) == [0, 1, 2]
+    short = [row(60), row(900), row(30)]
+    assert ws._length_groups(short) == [short]
+    # A long row among short ones: groups of rows within twice their shortest, shortest first.
+    mixed = [row(1500), row(60, 5), row(400, 9), row(70, 11), row(2000, 13)]
+    assert [[len(r[0]) for r in g] for g in ws._length_groups(mixed)] == [[60, 70], [400], [1500, 2000]]
+    assert ws._by_length(mixed) == [1, 3, 2, 0, 4]
+
+    def step(groups_of: object) -> tuple[float, int, list[torch.Tensor]]:
+        m, _ = build_tiny("micro", seed=4)
+        opt = torch.optim.SGD(m.parameters(), lr=0.0)
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda _: 1.0)
+        original = ws._length_groups
+        ws._length_groups = groups_of  # type: ignore[assignment]
+        try:
+            loss, trained = ws._train_step(m, opt, sched, mixed, TOK.pad_id, grad_clip=0.0)
+        finally:
+            ws._length_groups = original
+        return loss, trained, [p.grad.clone() for p in m.parameters() if p.grad is not None]
+
+    grouped = step(ws._length_groups)
+    padded = step(lambda rows: [rows])  # the old way: everything padded to 2,000 tokens
+    assert grouped[1] == padded[1] == sum(sum(t[1:]) for _, t in mixed)
+    assert grouped[0] == pytest.approx(padded[0], rel=1e-5)
+    for a, b in zip(grouped[2], padded[2], strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+    # The probes batch long rows by length too, and give each example its own figure back in order.
+    m, _ = build_tiny("micro", seed=4)
+    one_by_one = [ws._argmax_hits(m, [ex], TOK.pad_id, 1)[0] for ex in mixed]
+    assert ws._argmax_hits(m, mixed, TOK.pad_id, 2) == one_by_one
+    singles = [ws._sampled_logprobs(m, [ex], TOK.pad_id, 1.0, 1)[0] for ex in mixed]
+    assert ws._sampled_logprobs(m, mixed, TOK.pad_id, 1.0, 2) == pytest.approx(singles, rel=1e-5)

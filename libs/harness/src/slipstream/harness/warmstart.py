@@ -25,7 +25,7 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeAlias
 
 import msgspec
@@ -429,6 +429,35 @@ def copy_pretrain(
     }
 
 
+# Rows longer than this, in a batch whose shortest row is under half their length, are batched by
+# length: attention costs the square of the padded length, and a swarm batch (an orchestrator's
+# ~2,000-token sample among ~400-token sub-agent samples and ~60-token copy rows) padded everything
+# to the longest (4 s a step on a loaded machine). Batches of rows of like length are unchanged.
+LONG_ROWS = 1024
+
+
+def _by_length(examples: list[Example]) -> list[int]:
+    """The order rows are batched in: as given, unless some row is long (`LONG_ROWS`) and more than
+    twice the shortest, then shortest first."""
+    lengths = [len(ids) for ids, _ in examples]
+    if not lengths or max(lengths) <= LONG_ROWS or max(lengths) <= 2 * min(lengths):
+        return list(range(len(examples)))
+    return sorted(range(len(examples)), key=lambda i: lengths[i])
+
+
+def _length_groups(rows: list[Example]) -> list[list[Example]]:
+    """`rows` as one batch, or (see `_by_length`) as groups of rows at most twice their shortest."""
+    order = _by_length(rows)
+    if order == list(range(len(rows))):
+        return [rows]
+    groups: list[list[Example]] = []
+    for i in order:
+        if not groups or len(rows[i][0]) > 2 * len(groups[-1][0][0]):
+            groups.append([])
+        groups[-1].append(rows[i])
+    return groups
+
+
 def _train_step(
     model: nn.Module,
     opt: torch.optim.Optimizer,
@@ -437,17 +466,32 @@ def _train_step(
     pad_id: int,
     grad_clip: float,
 ) -> tuple[float, int]:
-    """One supervised step on `rows`: (the loss, the number of trained tokens)."""
+    """One supervised step on `rows`: (the loss, the number of trained tokens).
+
+    The loss is the mean over every trained token of the batch; rows of very unlike lengths
+    (`_length_groups`) are forwarded in groups whose summed losses make the same mean."""
     device = next(model.parameters()).device
-    inputs, targets, mask = _batch(rows, pad_id, device)
-    loss = F.cross_entropy(model(inputs)[mask].float(), targets[mask])
-    opt.zero_grad(set_to_none=True)
-    loss.backward()
+    groups = _length_groups(rows)
+    if len(groups) == 1:
+        inputs, targets, mask = _batch(rows, pad_id, device)
+        loss = F.cross_entropy(model(inputs)[mask].float(), targets[mask])
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        value, trained = float(loss.detach()), int(mask.sum())
+    else:
+        opt.zero_grad(set_to_none=True)
+        batches = [_batch(g, pad_id, device) for g in groups]
+        trained = sum(int(mask.sum()) for _, _, mask in batches)
+        value = 0.0
+        for inputs, targets, mask in batches:
+            part = F.cross_entropy(model(inputs)[mask].float(), targets[mask], reduction="sum") / max(1, trained)
+            part.backward()
+            value += float(part.detach())
     if grad_clip > 0:
         torch.nn.utils.clip_grad_norm_([p for g in opt.param_groups for p in g["params"]], grad_clip)
     opt.step()
     sched.step()
-    return float(loss.detach()), int(mask.sum())
+    return value, trained
 
 
 def _examples(
@@ -491,21 +535,41 @@ def probe_items(
     return items
 
 
-@torch.no_grad()
-def _argmax_hits(model: nn.Module, examples: list[Example], pad_id: int, batch_size: int) -> list[bool]:
-    """Per example: is every trained token the model's argmax, teacher-forced (model mode kept)."""
+def _forward_rows(
+    model: nn.Module, examples: list[Example], pad_id: int, batch_size: int
+) -> Iterator[tuple[list[int], torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """Teacher-forced logits of `examples`, `batch_size` rows at a time (in `_by_length` order):
+    (the rows' indices, logits, targets, trained mask) per batch, in eval mode without gradients,
+    the model's mode restored after."""
     was_training = model.training
     model.eval()
     device = next(model.parameters()).device
-    hits: list[bool] = []
+    order = _by_length(examples)
     try:
-        for i in range(0, len(examples), batch_size):
-            inputs, targets, mask = _batch(examples[i : i + batch_size], pad_id, device)
-            hit = (model(inputs).argmax(-1) == targets) | ~mask
-            hits.extend(bool(h) for h in hit.all(dim=1).tolist())
+        for i in range(0, len(order), batch_size):
+            idx = order[i : i + batch_size]
+            inputs, targets, mask = _batch([examples[j] for j in idx], pad_id, device)
+            with torch.no_grad():
+                logits = model(inputs)
+            yield idx, logits, targets, mask
     finally:
         model.train(was_training)
+
+
+def _argmax_hits(model: nn.Module, examples: list[Example], pad_id: int, batch_size: int) -> list[bool]:
+    """Per example: is every trained token the model's argmax, teacher-forced (model mode kept)."""
+    hits = [False] * len(examples)
+    for idx, logits, targets, mask in _forward_rows(model, examples, pad_id, batch_size):
+        for j, hit in zip(idx, ((logits.argmax(-1) == targets) | ~mask).all(dim=1).tolist(), strict=True):
+            hits[j] = bool(hit)
     return hits
+
+
+def _picked_logprobs(
+    logits: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor, temperature: float
+) -> list[float]:
+    logp = torch.log_softmax(logits.float() / temperature, dim=-1)
+    return [float(x) for x in (logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1) * mask).sum(dim=1).tolist()]
 
 
 def greedy_accuracy(model: nn.Module, examples: list[Example], pad_id: int, batch_size: int = 256) -> float:
@@ -530,27 +594,17 @@ def greedy_success(model: nn.Module, items: list[list[Example]], pad_id: int, ba
     return sum(all([next(hits) for _ in item]) for item in items) / len(items)
 
 
-@torch.no_grad()
 def _sampled_logprobs(
     model: nn.Module, examples: list[Example], pad_id: int, temperature: float, batch_size: int
 ) -> list[float]:
     """Per example: the log-probability, at `temperature`, of all its trained tokens, teacher-forced."""
-    was_training = model.training
-    model.eval()
-    device = next(model.parameters()).device
-    out: list[float] = []
-    try:
-        for i in range(0, len(examples), batch_size):
-            inputs, targets, mask = _batch(examples[i : i + batch_size], pad_id, device)
-            logp = torch.log_softmax(model(inputs).float() / temperature, dim=-1)
-            picked = logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1) * mask
-            out.extend(float(x) for x in picked.sum(dim=1).tolist())
-    finally:
-        model.train(was_training)
+    out = [0.0] * len(examples)
+    for idx, logits, targets, mask in _forward_rows(model, examples, pad_id, batch_size):
+        for j, logp in zip(idx, _picked_logprobs(logits, targets, mask, temperature), strict=True):
+            out[j] = logp
     return out
 
 
-@torch.no_grad()
 def probe_success(
     model: nn.Module, items: list[list[Example]], pad_id: int, temperature: float = 1.0, batch_size: int = 256
 ) -> tuple[float, float]:
@@ -560,21 +614,12 @@ def probe_success(
     if not temperature > 0:
         raise ValueError(f"temperature must be > 0, got {temperature}")
     examples = [ex for item in items for ex in item]
-    was_training = model.training
-    model.eval()
-    device = next(model.parameters()).device
-    hits: list[bool] = []
-    logps: list[float] = []
-    try:
-        for i in range(0, len(examples), batch_size):
-            inputs, targets, mask = _batch(examples[i : i + batch_size], pad_id, device)
-            logits = model(inputs)
-            hits.extend(bool(h) for h in ((logits.argmax(-1) == targets) | ~mask).all(dim=1).tolist())
-            logp = torch.log_softmax(logits.float() / temperature, dim=-1)
-            picked = logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1) * mask
-            logps.extend(float(x) for x in picked.sum(dim=1).tolist())
-    finally:
-        model.train(was_training)
+    hits = [False] * len(examples)
+    logps = [0.0] * len(examples)
+    for idx, logits, targets, mask in _forward_rows(model, examples, pad_id, batch_size):
+        row_hits = ((logits.argmax(-1) == targets) | ~mask).all(dim=1).tolist()
+        for j, hit, logp in zip(idx, row_hits, _picked_logprobs(logits, targets, mask, temperature), strict=True):
+            hits[j], logps[j] = bool(hit), logp
     greedy = sampled = 0.0
     k = 0
     for item in items:
