@@ -63,3 +63,43 @@ def test_a_limit_plays_only_the_episodes_the_warm_start_uses_and_keeps_the_prefi
     curated.played = 0
     assert ws.expert_examples(curated, TOK, tasks, limit=5) == everything
     assert curated.played == distinct
+
+
+def test_the_warm_start_plays_expert_episodes_only_as_its_steps_reach_them(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A warm-start plays only the chunks of expert episodes its batches draw from (a code
+    warm-start that stops at its probe's target had played every episode its cap could use), and
+    its rows are the same prefix whatever the cap."""
+    import slipstream.harness.warmstart as ws
+    from slipstream.engine import build_tiny
+
+    monkeypatch.setattr(ws, "EXPERT_CHUNK", 4)
+    env = TwoSamples()
+
+    def train(steps: int) -> dict[str, object]:
+        model, _ = build_tiny("micro", seed=1)
+        return ws.sft_warmstart(model, TOK, env, steps=steps, batch_size=4, lr=1e-3, seed=5)
+
+    few = train(3)
+    # 3 steps x 4 rows = 12 examples at 2 an episode: 6 episodes, so two chunks of 4 distinct tasks.
+    assert env.played == 8
+    env.played = 0
+    more = train(6)
+    assert env.played == 12 and more["losses"][:1] == few["losses"][:1]
+
+
+def test_a_pool_of_tasks_is_played_once_and_cycled_in_order() -> None:
+    """`pool_tasks`: the expert plays that many tasks once and the steps go round their examples."""
+    import slipstream.harness.warmstart as ws
+    from slipstream.engine import build_tiny
+
+    env = TwoSamples()
+    pool = env.generate("train", 3, seed=5)
+    rows = ws._Rows(ws.expert_example_chunks(env, TOK, pool), cycle=True)
+    once = ws.expert_examples(env, TOK, pool)
+    assert len(once) == 6 and rows.take(0, 16) == (once * 3)[:16] and rows.take(16, 20) == (once * 4)[16:20]
+    env.played = 0
+    model, _ = build_tiny("micro", seed=1)
+    figures = ws.sft_warmstart(model, TOK, env, steps=4, batch_size=4, lr=1e-3, seed=5, pool_tasks=3)
+    assert env.played == 3 and figures["steps"] == 4 and figures["examples"] == 16
+    with pytest.raises(ValueError, match="pool_tasks"):
+        ws.sft_warmstart(model, TOK, env, steps=4, pool_tasks=-1)

@@ -25,7 +25,7 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, TypeAlias
 
 import msgspec
@@ -148,6 +148,25 @@ def expert_examples(
     and ~5 sub-agents) had played 5x the episodes it trained on. A curating env's filter sees
     every episode at once, as before, so `limit` does not apply to it.
     """
+    out: list[Example] = []
+    for part in expert_example_chunks(env, tokenizer, tasks, summary, chunked=limit is not None):
+        out.extend(part)
+        if limit is not None and len(out) >= limit:
+            break
+    return out
+
+
+def expert_example_chunks(
+    env: Environment[msgspec.Struct],
+    tokenizer: Tokenizer,
+    tasks: list[TaskSpec],
+    summary: Summaries = None,
+    *,
+    chunked: bool = True,
+) -> Iterator[list[Example]]:
+    """`expert_examples`, lazily: the examples of the next tasks in order, one list per chunk of
+    `EXPERT_CHUNK` distinct keys played (`chunked`, an env that does not curate its expert's
+    episodes), else one list of all. Joined, the lists are `expert_examples(...)` whole."""
     unique: dict[str, TaskSpec] = {}
     for t in tasks:
         unique.setdefault(t.metadata.get("key", t.task_id), t)
@@ -155,9 +174,8 @@ def expert_examples(
     frozen = env.warmstart_frozen_samples
     curated = type(env).curate_expert_episodes is not Environment.curate_expert_episodes
     by_key: dict[str, list[Example]] = {}
-    out: list[Example] = []
-    pos = 0  # tasks[:pos] are in `out`
-    chunk = len(keys) if limit is None or curated else EXPERT_CHUNK
+    pos = 0  # tasks[:pos] have been yielded
+    chunk = EXPERT_CHUNK if chunked and not curated else len(keys)
     for start in range(0, len(keys), max(1, chunk)):
         part = [unique[k] for k in keys[start : start + chunk]]
         played = asyncio.run(expert_episodes(env, tokenizer, part, summary=summary, first_index=start))
@@ -166,12 +184,33 @@ def expert_examples(
         for t, e, k in zip(part, played, keep, strict=True):
             by_key[t.metadata.get("key", t.task_id)] = episode_examples(e, frozen=frozen) if k else []
         # Distinct keys come in order of first appearance: every task up to the next unplayed key is covered.
+        out: list[Example] = []
         while pos < len(tasks) and (key := tasks[pos].metadata.get("key", tasks[pos].task_id)) in by_key:
             out.extend(by_key[key])
             pos += 1
-        if limit is not None and len(out) >= limit:
-            break
-    return out
+        yield out
+
+
+class _Rows:
+    """Training rows drawn from `parts` only as the steps reach them: a warm-start that stops at
+    its probe's target plays no expert episode it would not train on (a sandboxed `code` expert
+    played 10,000 episodes up front for a 3,800-step cap). The rows are those of the joined list;
+    `cycle`: that list repeated without end (epochs over a pool of tasks)."""
+
+    def __init__(self, parts: Iterable[list[Example]], *, cycle: bool = False) -> None:
+        self._parts = iter(parts)
+        self._rows: list[Example] = []
+        self._done = False
+        self._cycle = cycle
+
+    def take(self, start: int, stop: int) -> list[Example]:
+        while not self._done and len(self._rows) < stop:
+            part = next(self._parts, None)
+            self._done = part is None
+            self._rows.extend(part or [])
+        if not self._cycle or not self._rows:
+            return self._rows[start:stop]
+        return [self._rows[i % len(self._rows)] for i in range(start, stop)]
 
 
 def _batch(
@@ -211,6 +250,7 @@ def sft_warmstart(
     copy_steps: int = 0,
     copy_rows: int = 0,
     on_check: Callable[[int, float, float], None] | None = None,
+    pool_tasks: int = 0,
 ) -> dict[str, Any]:
     """Train `model` in place on up to `steps` batches of train-split reference completions.
 
@@ -259,6 +299,11 @@ def sft_warmstart(
     sampled target also probe_sampled (the last expected sampled success), and each curve point
     is [step, greedy, sampled]; with copy steps also copy (copy_pretrain's figures).
 
+    `pool_tasks` > 0: the examples come from that many train-split tasks, cycled in order
+    (epochs), instead of new tasks for every batch: for an expert whose episodes are costly to
+    play (`code`: a bubblewrap sandbox and a test run each, ~11 episodes/s on 2 cores, so a
+    2,000-step warm-start of batch 8 would play for 24 minutes before the model saw its last row).
+
     `on_check(step, greedy, sampled)` is called after every probe check (sampled is -1 without a
     sampled target): a caller's progress line during a warm-start that can run for minutes.
     """
@@ -280,12 +325,17 @@ def sft_warmstart(
         raise ValueError("sampled_target needs a target_accuracy > 0 (it is a second condition of the probe's stop)")
     if sampled_target and not temperature > 0:
         raise ValueError(f"temperature must be > 0 with a sampled_target, got {temperature}")
+    if pool_tasks < 0:
+        raise ValueError(f"pool_tasks must be >= 0, got {pool_tasks}")
     if copy_steps < 0 or copy_rows < 0:
         raise ValueError(f"copy_steps and copy_rows must be >= 0, got {copy_steps} and {copy_rows}")
     copy_figures = copy_pretrain(model, tokenizer, steps=copy_steps, seed=seed) if copy_steps else None
     copy_mix = copy_examples(tokenizer, (steps + settle_steps) * copy_rows, seed + 7) if copy_rows else []
-    tasks = env.generate("train", (steps + settle_steps) * batch_size, seed)
-    examples = _examples(env, tokenizer, tasks, summary, limit=(steps + settle_steps) * batch_size)
+    tasks = env.generate("train", pool_tasks or (steps + settle_steps) * batch_size, seed)
+    if env.warmstart_from_expert:
+        examples = _Rows(expert_example_chunks(env, tokenizer, tasks, summary), cycle=pool_tasks > 0)
+    else:
+        examples = _Rows([_examples(env, tokenizer, tasks, summary)], cycle=pool_tasks > 0)
     probe: list[list[Example]] = []
     if target_accuracy > 0:
         # Another stream of the train split (not the eval's), so the stop is not tuned on what is reported.
@@ -328,7 +378,7 @@ def sft_warmstart(
                 reached = check(step)
                 if reached:
                     break
-            rows = examples[step * batch_size : (step + 1) * batch_size]
+            rows = examples.take(step * batch_size, (step + 1) * batch_size)
             rows = rows + copy_mix[step * copy_rows : (step + 1) * copy_rows]
             loss, trained = _train_step(model, opt, sched, rows, tokenizer.pad_id, grad_clip)
             losses.append(loss)
@@ -499,11 +549,9 @@ def _examples(
     tokenizer: Tokenizer,
     tasks: list[TaskSpec],
     summary: Summaries = None,
-    *,
-    limit: int | None = None,
 ) -> list[Example]:
     if env.warmstart_from_expert:
-        return expert_examples(env, tokenizer, tasks, summary, limit=limit)
+        return expert_examples(env, tokenizer, tasks, summary)
     out: list[Example] = []
     for t in tasks:
         seq, prompt_len = sft_sequence(tokenizer, env, t)

@@ -36,6 +36,9 @@ class TrainingPlan(msgspec.Struct, kw_only=True):
     sft_target_sampled: float = 0.0
     """> 0 (with a target): the stop also needs the probe's expected sampled success at the rollout
     temperature (teacher-forced: how often sampling replays the teacher's clean episodes) to reach this."""
+    sft_pool_tasks: int = 0
+    """> 0: the warm-start trains epochs over the examples of this many train tasks (an expert whose
+    episodes are costly to play, e.g. sandboxed) instead of new tasks for every batch (0)."""
     sft_copy_steps: int = 0
     """Steps of the dense copy curriculum before the warm-start (libs/harness copying.py): the
     induction heads a from-scratch model needs to copy from an arbitrary distance (0: none)."""

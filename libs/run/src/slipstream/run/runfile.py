@@ -14,8 +14,9 @@ Sections (every key optional; what is left out keeps `TrainingPlan`'s default):
     [algorithm]  loss (grpo | cispo), lr, loss_constant, max_staleness, temperature
     [batch]      group_size, groups_per_step, max_steps, max_tokens, micro_batch
     [warmstart]  sft_steps, sft_batch, sft_lr, sft_target_accuracy, sft_check_every,
-                 sft_settle_steps, sft_target_sampled, sft_copy_steps, sft_copy_rows (tiny models only;
-                 the copy curriculum that gives a model from scratch its induction heads)
+                 sft_settle_steps, sft_target_sampled, sft_pool_tasks (epochs over that many tasks'
+                 expert episodes), sft_copy_steps, sft_copy_rows (tiny models only; the copy
+                 curriculum that gives a model from scratch its induction heads)
     [eval]       heldout_tasks, heldout_samples, eval_every, train_eval_tasks (train accuracy beside held-out)
     [rollout]    max_batch, tasks_in_flight, max_seq_len (the workers' engines)
     [rollout.summary]  context restarts (libs/harness summary.py): enabled, mode ("summary": the
@@ -99,6 +100,7 @@ class WarmstartSection(_Section):
     sft_check_every: int | None = None
     sft_settle_steps: int | None = None
     sft_target_sampled: float | None = None
+    sft_pool_tasks: int | None = None
     sft_copy_steps: int | None = None
     sft_copy_rows: int | None = None
 

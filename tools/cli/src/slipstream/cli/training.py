@@ -94,6 +94,7 @@ def warm_start(
         sampled_target=plan.sft_target_sampled,
         copy_steps=plan.sft_copy_steps,
         copy_rows=plan.sft_copy_rows,
+        pool_tasks=plan.sft_pool_tasks,
         temperature=plan.temperature,
         summary=summary_modes if summary_modes is not None else summary_config(plan),
         on_check=on_check,
