@@ -72,6 +72,31 @@ async def test_the_expert_fixes_the_bug_and_the_fresh_grader_agrees(task: TaskSp
     assert score.correct and score.reason == "3/3 tests passed"
 
 
+async def test_an_imperfect_expert_guesses_the_other_operator_on_a_fixed_share_of_tasks() -> None:
+    env = get_env("code", expert_guess_rate=0.4)
+    tasks = env.generate("train", 200, seed=3)
+    guessed = []
+    for t in tasks:
+        first = env.expert(t, t.prompt)
+        ref = json.loads(t.reference)
+        assert first == get_env("code", expert_guess_rate=0.4).expert(t, t.prompt)  # a function of the task
+        if ref["new"] not in first:
+            # The other wrong operator: neither the planted one nor the fix.
+            ops = {ref["old"].split()[1], ref["new"].split()[1]}
+            assert f'"old": "{ref["old"]}"' in first and ({"+", "-", "*"} - ops).pop() in first.split('"new"')[1]
+            guessed.append(t)
+    assert 0.3 < len(guessed) / len(tasks) < 0.5
+    perfect = get_env("code")  # the default expert always writes the reference fix
+    assert all(json.loads(t.reference)["new"] in perfect.expert(t, t.prompt) for t in tasks)
+    # Played through, a guess fails the tests and the expert stops all the same.
+    wrong = guessed[0]
+    episode = await play({"expert_guess_rate": 0.4}, wrong, lambda _, ctx: env.expert(wrong, ctx))
+    assert [e.name for e in episode.tool_log] == ["replace", "run_tests"]
+    assert not env.score(wrong, episode).correct
+    with pytest.raises(ValueError, match="expert_guess_rate"):
+        get_env("code", expert_guess_rate=1.5)
+
+
 async def test_grading_ignores_what_the_agent_did_to_the_tests(task: TaskSpec) -> None:
     """The agent deletes the failing tests and writes a passing one: its own run passes, the grade does not."""
     env = get_env("code")

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import json
 import re
 import shutil
@@ -53,6 +54,7 @@ from slipstream.envs.code import service
 from slipstream.envs.code.repo import repo_keys
 from slipstream.envs.code.tasks import (
     HUMANEVAL_PROBLEMS,
+    OPERATORS,
     RUNNER,
     RUNNER_PATH,
     CodeTask,
@@ -92,6 +94,13 @@ class CodeOptions(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fiel
         float, Doc(description="Subtracted when the last edit came after the last test run.")
     ] = 0.1
     length_penalty: Annotated[LengthPenalty, Doc(description="Composer's concave length penalty.")] = LengthPenalty()
+    expert_guess_rate: Annotated[
+        float,
+        Doc(
+            description="Fraction of bugfix tasks on which the scripted expert guesses the fix without reading the "
+            "failing assertion: it puts the other wrong operator in, runs the tests and stops (an imperfect teacher)."
+        ),
+    ] = 0.0
     sandbox_dir: Annotated[str, Doc(description="Where sandboxes live; empty: the system temp directory.")] = ""
     sandbox: Annotated[
         Literal["local", "service"],
@@ -109,6 +118,8 @@ class CodeOptions(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fiel
         for name in ("pass_weight", "all_pass_weight", "invalid_call_penalty", "unfinished_edit_penalty"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if not 0.0 <= self.expert_guess_rate <= 1.0:
+            raise ValueError(f"expert_guess_rate must be in [0, 1], got {self.expert_guess_rate}")
 
     @property
     def limits(self) -> Limits:
@@ -272,13 +283,21 @@ class Code(Environment[CodeOptions]):
     # -- the scripted expert --------------------------------------------------------------------
 
     def expert(self, task: TaskSpec, context: str) -> str:
-        """Edit with the reference fix, run the tests, then stop (one line, no call)."""
+        """Edit with the reference fix, run the tests, then stop (one line, no call).
+
+        With `expert_guess_rate`, on that fixed fraction of bugfix tasks (a function of the key) the
+        edit is a guess made without reading the failing assertion: the flipped operator becomes the
+        *other* wrong one. The tests then fail and the expert stops all the same, as a weaker
+        model's trajectory would; a warm-started model copies the guessing, RL has to unlearn it.
+        """
         ref = json.loads(task.reference)
         if "<result>" not in context:
             if "content" in ref:
                 call = ToolCall(id="e", name="create_file", arguments={"path": ref["path"], "content": ref["content"]})
             else:
                 args = {k: ref[k] for k in ("path", "old", "new")}
+                if ref["key"].startswith("bugfix:") and _draw(ref["key"], "guess") < self.options.expert_guess_rate:
+                    args["new"] = _other_operator(args["old"], args["new"])
                 call = ToolCall(id="e", name="replace", arguments=args)
             return self.renderer.render_calls("", [call])
         if "passed" not in context.rsplit("<result>", 1)[-1]:
@@ -377,6 +396,18 @@ class HumanEval(Code):
     Options: ClassVar[type[msgspec.Struct]] = HumanEvalOptions
     warmstart_from_expert: ClassVar[bool] = False
     eval_only: ClassVar[bool] = True
+
+
+def _draw(key: str, what: str) -> float:
+    """A fixed number in [0, 1) per (what, key): the expert's choices are a function of the task."""
+    digest = hashlib.blake2b(f"{what}:{key}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") / 2**64
+
+
+def _other_operator(old: str, new: str) -> str:
+    """`new` ("a * b") with the operator that is neither `old`'s nor `new`'s ("a + b" for "a - b")."""
+    (other,) = set(OPERATORS) - {old.split()[1], new.split()[1]}
+    return new.replace(new.split()[1], other)
 
 
 def _in_a_loop(coro: Coroutine[Any, Any, T]) -> T:

