@@ -23,7 +23,10 @@ REPO = Path(__file__).resolve().parents[2]
 # are tuned (their run files still parse and plan: tests/unit/test_run_file.py). Remove an entry
 # when its demo learns.
 NOT_YET_TRAINABLE = {
-    "code": "a short warm-start leaves every reward at 0 (issue 14: the code demo's plan is open work)",
+    # Session 12: RL raises held-out sampled pass rate on seeds 0-2 (libs/envs README, "code"), but the
+    # warm-start plays 1,024 sandboxed expert episodes and needs ~550 steps to its probe's stop (about
+    # 6 minutes on 2 cores); `slipstream demo --env code` runs it.
+    "code": "its warm-start (1,024 sandboxed expert episodes, ~550 steps) takes about 6 minutes on 2 cores",
     # Session 12: with varied nouns RL raises held-out final-answer-found on seeds 0-2 (libs/envs README,
     # "search"), but the warm-start reaches its probe at 1,300-2,100 steps, 7-10 minutes on 2 cores, and
     # a shorter one leaves every group's reward at 0; `slipstream demo --env search` runs it.
