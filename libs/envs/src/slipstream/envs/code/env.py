@@ -98,7 +98,7 @@ class CodeOptions(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fiel
         float,
         Doc(
             description="Fraction of bugfix tasks on which the scripted expert guesses the fix without reading the "
-            "failing assertion: it puts the other wrong operator in, runs the tests and stops (an imperfect teacher)."
+            "docstring or the failing assertion: it puts the other wrong operator in, runs the tests and stops (an imperfect teacher)."
         ),
     ] = 0.0
     sandbox_dir: Annotated[str, Doc(description="Where sandboxes live; empty: the system temp directory.")] = ""
@@ -286,8 +286,8 @@ class Code(Environment[CodeOptions]):
         """Edit with the reference fix, run the tests, then stop (one line, no call).
 
         With `expert_guess_rate`, on that fixed fraction of bugfix tasks (a function of the key) the
-        edit is a guess made without reading the failing assertion: the flipped operator becomes the
-        *other* wrong one. The tests then fail and the expert stops all the same, as a weaker
+        edit is a guess made without reading the docstring or the failing assertion: the flipped
+        operator becomes the *other* wrong one. The tests then fail and the expert stops all the same, as a weaker
         model's trajectory would; a warm-started model copies the guessing, RL has to unlearn it.
         """
         ref = json.loads(task.reference)
