@@ -98,7 +98,8 @@ class CodeOptions(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fiel
         float,
         Doc(
             description="Fraction of bugfix tasks on which the scripted expert guesses the fix without reading the "
-            "docstring or the failing assertion: it puts the other wrong operator in, runs the tests and stops (an imperfect teacher)."
+            "docstring or the failing assertion: it puts the other wrong operator in, runs the tests and stops "
+            "(an imperfect teacher)."
         ),
     ] = 0.0
     sandbox_dir: Annotated[str, Doc(description="Where sandboxes live; empty: the system temp directory.")] = ""
