@@ -45,7 +45,7 @@ def test_a_limit_plays_only_the_episodes_the_warm_start_uses_and_keeps_the_prefi
 ) -> None:
     import slipstream.harness.warmstart as ws
 
-    monkeypatch.setattr(ws, "EXPERT_CHUNK", 8)
+    monkeypatch.setattr("slipstream.harness.expert.EXPERT_CHUNK", 8)
     env = TwoSamples()
     tasks = env.generate("train", 120, seed=3)
     distinct = len({t.metadata["key"] for t in tasks})
@@ -72,7 +72,7 @@ def test_the_warm_start_plays_expert_episodes_only_as_its_steps_reach_them(monke
     import slipstream.harness.warmstart as ws
     from slipstream.engine import build_tiny
 
-    monkeypatch.setattr(ws, "EXPERT_CHUNK", 4)
+    monkeypatch.setattr("slipstream.harness.expert.EXPERT_CHUNK", 4)
     env = TwoSamples()
 
     def train(steps: int) -> dict[str, object]:
