@@ -302,3 +302,41 @@ def test_a_prompt_admitted_later_copies_a_running_siblings_prefix(model: CausalL
         solo = _run(_engine(model, max_batch=1), [r])[r.request_id]
         assert out[r.request_id].completion_ids == solo.completion_ids, r.request_id
         assert out[r.request_id].logprobs == pytest.approx(solo.logprobs, abs=1e-4)
+
+
+def test_distinct_prompts_that_open_alike_prefill_the_common_prefix_once(
+    model: CausalLM, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A system prompt shared by distinct questions (and one prompt sharing nothing): the common
+    # prefix goes through one forward, every row still samples exactly what it samples alone.
+    system = "You are a careful assistant. Answer briefly.\n"
+    questions = ["What is 2+2?", "Name a colour.", "Spell cat backwards, please."]
+    reqs = [
+        _req(f"q{i}", system + q, temperature=1.0, max_tokens=6, seed=50 + i, ignore_eos=True)
+        for i, q in enumerate(questions)
+    ]
+    reqs.append(_req("alone", "unrelated text", temperature=1.0, max_tokens=6, seed=49, ignore_eos=True))
+    engine = _engine(model, max_batch=4)
+    shapes = _count_forwards(engine, monkeypatch)
+    batched = _run(engine, reqs)
+    n = len(TOK.encode(system))  # the byte tokenizer: a token per byte (no bos in _req's ids)
+    shared = len(reqs[0].prompt_ids) - len(questions[0])
+    assert shared >= n
+    stats = engine.stats()
+    assert stats["prompt_shared_tokens"] == 2 * shared
+    assert stats["prefill_tokens"] == sum(len(r.prompt_ids) for r in reqs) - 2 * shared
+    assert (1, shared) in shapes  # the prefix's own forward
+    for r in reqs:
+        solo = _run(_engine(model, max_batch=1), [r])[r.request_id]
+        assert batched[r.request_id].completion_ids == solo.completion_ids, r.request_id
+        assert batched[r.request_id].logprobs == pytest.approx(solo.logprobs, abs=1e-4)
+
+
+def test_a_row_that_would_shrink_the_shared_prefix_stays_out_of_the_cluster() -> None:
+    engine = _engine(build_tiny("micro", seed=0)[0].eval(), max_batch=4)
+    long = "a long shared opening line. "
+    reqs = [_req(f"r{i}", long + tail, max_tokens=1) for i, tail in enumerate(("one", "two", "six"))]
+    reqs.append(_req("short", "a long x", max_tokens=1))  # shares only "a long " with the others
+    _run(engine, reqs)
+    n = len(reqs[0].prompt_ids) - 3
+    assert engine.stats()["prompt_shared_tokens"] == 2 * n

@@ -6,8 +6,10 @@ Scheduling, one `step()` at a time:
 2. retire aborted requests;
 3. admit waiting requests into free slots and prefill them together (rows right-padded into a
    few batched forwards), which also samples their first tokens. Prompts are shared: rows with
-   the same prompt, such as a GRPO group's samples, are prefilled once, and a prompt that starts
-   like a sequence already cached (running or parked) copies that prefix's keys/values;
+   the same prompt, such as a GRPO group's samples, are prefilled once, distinct prompts admitted
+   together that open alike (a system prompt, a one-shot example) compute that opening once, and
+   a prompt that starts like a sequence already cached (running or parked) copies that prefix's
+   keys/values;
 4. decode every running row in one batched forward (each row at its own position, attending to
    its own slot's valid prefix), sample, and retire rows that hit eos, a stop string,
    max_tokens or max_seq_len.
@@ -373,7 +375,8 @@ class TorchEngine:
 
         Rows starting from an empty slot with the same prompt (a GRPO group's samples) are
         prefilled once: the others copy the leader's keys/values and share its logits, sampling
-        from them with their own random streams.
+        from them with their own random streams. Distinct prompts that open alike (a system
+        prompt, a one-shot example) prefill that common prefix once (`_share_prefixes`).
         """
         leaders: dict[tuple[int, ...], SequenceState] = {}
         followers: dict[int, list[SequenceState]] = collections.defaultdict(list)
@@ -385,6 +388,7 @@ class TorchEngine:
                     followers[id(leader)].append(seq)
                     continue
             work.append((seq, keep))
+        work = self._share_prefixes(work)
         rows: list[SequenceState] = []
         logits: list[Tensor] = []
         for chunk in self._prefill_chunks(work):
@@ -403,6 +407,43 @@ class TorchEngine:
                         rows.append(f)
                         logits.append(row_logits)
         self._sample(rows, torch.stack(logits), done)
+
+    def _share_prefixes(self, work: list[tuple[SequenceState, int]]) -> list[tuple[SequenceState, int]]:
+        """Rows from empty slots whose prompts open with the same tokens compute that prefix once.
+
+        Sorted by their tokens, neighbours that share at least `_MIN_SHARED_PREFIX` tokens form a
+        cluster (a row joins unless it would shrink the tokens the cluster saves); its first row
+        forwards the cluster's common prefix into its slot, the others copy those keys/values (as
+        a group's samples do), and every member prefills only the rest.
+        The keys/values are the ones each row would have computed itself: same tokens, same
+        positions, and a causal model's prefix does not look ahead.
+        """
+        fresh = sorted((w for w in work if w[1] == 0), key=lambda w: w[0].tokens)
+        if len(fresh) < 2:
+            return work
+        keeps: dict[int, int] = {}
+        i = 0
+        while i < len(fresh):
+            root = fresh[i][0]
+            shared, j = len(root.tokens) - 1, i + 1
+            while j < len(fresh):
+                n = min(_shared_prefix(root.tokens, fresh[j][0].tokens), len(fresh[j][0].tokens) - 1)
+                # A row joins while the tokens the cluster saves do not shrink.
+                if n < _MIN_SHARED_PREFIX or n * (j - i) < shared * (j - i - 1):
+                    break
+                shared = min(shared, n)
+                j += 1
+            members = [seq for seq, _ in fresh[i:j]]
+            if len(members) > 1:
+                self._forward_from(root, 0, root.tokens[:shared])
+                self._prefill_tokens += shared
+                self.cache.copy_prefix(root.slot, [m.slot for m in members[1:]], shared)
+                self._prompt_shared_tokens += shared * (len(members) - 1)
+                for m in members:
+                    m.shared_prefix = shared
+                    keeps[id(m)] = shared
+            i = j
+        return [(seq, keeps.get(id(seq), keep)) for seq, keep in work]
 
     def _prefill_chunks(self, work: list[tuple[SequenceState, int]]) -> list[list[tuple[SequenceState, int]]]:
         """Rows grouped for batched forwards, longest first, right-padded to the chunk's longest.

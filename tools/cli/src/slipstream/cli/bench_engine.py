@@ -10,6 +10,12 @@ workloads:
   gets the B rows as one batch (what `num_return_sequences=8` expands to); the engine gets B
   requests and prefills each distinct prompt once.
 - `distinct`: B different prompts of the same length.
+- `chat`: B different prompts of the real-model demo (its `search_call` task: the system prompt,
+  the one-shot example and a question, through the model's chat template), each sampled until
+  the model's eos or `--new` tokens, as an eval pass or a serving load sends them. HF gets them
+  left-padded as one batch (stopping at eos, as `generate` does); the engine prefills the prompts'
+  common opening once and retires each row when it ends. Tokens counted: each row's completion up
+  to and including its eos, for both systems.
 
 On an AVX2 CPU the engine runs bf16 matmuls as fp32 on the upcast bf16 values (torch's own
 bf16 GEMM is ~30x slower there); HF `generate` runs torch's bf16 kernels as shipped.
@@ -42,6 +48,8 @@ from typing import Any
 GROUP = 8
 TARGET_ENGINE = 1.5
 TARGET_LEARNER = 1.0
+# Cache room for a `chat` prompt (the real-model demo's are ~130 tokens).
+CHAT_PROMPT_ROOM = 384
 
 
 def register(bench_subparsers: Any) -> None:
@@ -56,7 +64,11 @@ def register(bench_subparsers: Any) -> None:
     p.add_argument("--batches", type=int, nargs="+", default=[1, 16, 64], help="batch sizes (default 1 16 64)")
     p.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"], help="(default float32 bfloat16)")
     p.add_argument(
-        "--workloads", nargs="+", default=["group", "distinct"], choices=("group", "distinct"), help="(default both)"
+        "--workloads",
+        nargs="+",
+        default=["group", "distinct", "chat"],
+        choices=("group", "distinct", "chat"),
+        help="(default all three)",
     )
     p.add_argument(
         "--prompt-len", type=int, default=128, help="prompt tokens per row (default 128, as the real-model demo's)"
@@ -105,10 +117,24 @@ def _prompts(tok: Any, *, batch: int, length: int, workload: str) -> list[list[i
     return [out[r % distinct] if workload == "distinct" else out[r // GROUP % distinct] for r in range(batch)]
 
 
-async def _engine_call(engine: Any, prompts: list[list[int]], new: int, tag: str) -> int:
+def _chat_prompts(tok: Any, *, batch: int) -> list[list[int]]:
+    """`batch` distinct prompts of the real-model demo's task, rendered by the model's chat template."""
+    from slipstream.envs.registry import get_env
+
+    env = get_env("search_call")
+    tasks = env.generate("train", batch, seed=0)
+    if len(tasks) < batch:
+        raise ValueError(f"search_call gave {len(tasks)} distinct tasks, fewer than batch {batch}")
+    template = tok.chat_template
+    if template is None:
+        raise ValueError("the chat workload needs a model with a chat template")
+    return [tok.encode(template.render(env.chat_messages(t, t.prompt), add_generation_prompt=True)) for t in tasks]
+
+
+async def _engine_call(engine: Any, prompts: list[list[int]], new: int, tag: str, *, stop_at_eos: bool = False) -> int:
     from slipstream.engine.interface import GenerationRequest, SamplingParams
 
-    params = SamplingParams(temperature=0.7, max_tokens=new, ignore_eos=True)
+    params = SamplingParams(temperature=0.7, max_tokens=new, ignore_eos=not stop_at_eos)
     results = await asyncio.gather(
         *(
             engine.generate(GenerationRequest(request_id=f"{tag}/{i}", prompt_ids=p, params=params))
@@ -118,9 +144,11 @@ async def _engine_call(engine: Any, prompts: list[list[int]], new: int, tag: str
     return sum(len(r.completion_ids) for r in results)
 
 
-def _hf_call(hf: Any, prompts: list[list[int]], new: int, device: str) -> int:
+def _hf_call(hf: Any, prompts: list[list[int]], new: int, device: str, *, eos: int | None = None) -> int:
     import torch
 
+    if eos is not None:
+        return _hf_call_until_eos(hf, prompts, new, device, eos)
     ids = torch.tensor(prompts, device=device)
     with torch.no_grad():
         out = hf.generate(
@@ -135,6 +163,34 @@ def _hf_call(hf: Any, prompts: list[list[int]], new: int, device: str) -> int:
             pad_token_id=0,
         )
     return int((out.shape[1] - ids.shape[1]) * ids.shape[0])
+
+
+def _hf_call_until_eos(hf: Any, prompts: list[list[int]], new: int, device: str, eos: int) -> int:
+    """`generate` on left-padded prompts, stopping at eos; the tokens each row made, eos included."""
+    import torch
+
+    width = max(len(p) for p in prompts)
+    ids = torch.zeros((len(prompts), width), dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for r, p in enumerate(prompts):
+        ids[r, width - len(p) :] = torch.tensor(p)
+        mask[r, width - len(p) :] = 1
+    with torch.no_grad():
+        out = hf.generate(
+            ids.to(device),
+            attention_mask=mask.to(device),
+            do_sample=True,
+            temperature=0.7,
+            top_k=0,
+            top_p=1.0,
+            max_new_tokens=new,
+            eos_token_id=eos,
+            pad_token_id=eos,
+        )
+    made = 0
+    for row in out[:, width:].tolist():
+        made += row.index(eos) + 1 if eos in row else len(row)
+    return made
 
 
 def _load_avg() -> float:
@@ -158,7 +214,7 @@ async def _generation(args: argparse.Namespace, model_dir: Path) -> list[dict[st
                 model,
                 tok,
                 max_batch=batch,
-                max_seq_len=args.prompt_len + args.new + 8,
+                max_seq_len=max(args.prompt_len, CHAT_PROMPT_ROOM) + args.new + 8,
                 device=args.device,
                 dtype=dtype,
                 bf16_upcast=False if args.native_bf16 else None,
@@ -169,20 +225,29 @@ async def _generation(args: argparse.Namespace, model_dir: Path) -> list[dict[st
                 for workload in args.workloads:
                     if workload == "group" and batch < GROUP:
                         continue  # a group needs GROUP rows; batch 1 runs as `distinct`
-                    prompts = _prompts(tok, batch=batch, length=args.prompt_len, workload=workload)
+                    chat = workload == "chat"
+                    if chat:
+                        prompts = _chat_prompts(tok, batch=batch)
+                    else:
+                        prompts = _prompts(tok, batch=batch, length=args.prompt_len, workload=workload)
+                    eos = tok.eos_id if chat else None
                     # Warm-up: first calls pay one-off allocation and kernel selection costs.
                     await _engine_call(engine, prompts[: min(batch, 2)], 4, f"warm/{workload}")
-                    _hf_call(hf, prompts[: min(batch, 2)], 4, args.device)
+                    _hf_call(hf, prompts[: min(batch, 2)], 4, args.device, eos=eos)
                     pairs: list[dict[str, float]] = []
+                    before = engine.stats()
                     for rep in range(args.repeats):
                         timing: dict[str, float] = {"load_avg": _load_avg()}
                         order = ("engine", "hf") if rep % 2 == 0 else ("hf", "engine")
                         for system in order:
                             t0 = time.perf_counter()
                             if system == "engine":
-                                made = await _engine_call(engine, prompts, args.new, f"{workload}/{rep}")
+                                made = await _engine_call(
+                                    engine, prompts, args.new, f"{workload}/{rep}", stop_at_eos=chat
+                                )
                             else:
-                                made = _hf_call(hf, prompts, args.new, args.device)
+                                made = _hf_call(hf, prompts, args.new, args.device, eos=eos)
+                            timing[f"{system}_tokens"] = made
                             timing[f"{system}_tok_s"] = made / (time.perf_counter() - t0)
                         timing["ratio"] = timing["engine_tok_s"] / timing["hf_tok_s"]
                         pairs.append(timing)
@@ -198,6 +263,11 @@ async def _generation(args: argparse.Namespace, model_dir: Path) -> list[dict[st
                         "load_avg": statistics.median(p["load_avg"] for p in pairs),
                         "repeats": pairs,
                     }
+                    # What the engine's prefill computed and what it copied (a group's prompt, a
+                    # chat prompt's common opening), over the repeats.
+                    after = engine.stats()
+                    for key in ("prefill_tokens", "prompt_shared_tokens"):
+                        row[f"engine_{key}"] = int(after[key] - before[key])
                     rows.append(row)
                     print(
                         f"{dtype_name:8} batch {batch:3} {workload:8}: engine {row['engine_tok_s']:7.1f} tok/s, "
