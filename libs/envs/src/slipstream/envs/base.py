@@ -402,6 +402,13 @@ class Environment(abc.ABC, Generic[OptionsT]):
 PLAY_REWARD_PREFIX = "reward."
 
 
+def fixed_draw(text: str) -> float:
+    """A number in [0, 1) fixed by `text` (the first 8 bytes of its blake2b digest): the experts'
+    choices and slips as a function of the task, the same in every process and run."""
+    digest = hashlib.blake2b(text.encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") / 2**64
+
+
 def play_rewards(episode: EpisodeRecord) -> dict[str, float]:
     """Reward components an environment recorded during play (metadata "reward.<name>")."""
     return {

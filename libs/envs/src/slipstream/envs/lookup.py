@@ -39,7 +39,7 @@ from typing import Annotated, ClassVar
 
 import msgspec
 
-from slipstream.envs.base import Environment, Problem, Score, TaskSpec
+from slipstream.envs.base import Environment, Problem, Score, TaskSpec, fixed_draw
 from slipstream.envs.context import EpisodeContext, Outcome
 from slipstream.envs.registry import register
 from slipstream.schemas import Episode as EpisodeRecord
@@ -165,8 +165,7 @@ class Lookup(Environment[LookupOptions]):
 
     def _draw(self, key: str, what: str) -> float:
         """A fixed number in [0, 1) per (salt, what, key): the expert's choices are a function of the key."""
-        digest = hashlib.blake2b(f"{self.options.salt}:{what}:{key}".encode(), digest_size=8).digest()
-        return int.from_bytes(digest, "little") / 2**64
+        return fixed_draw(f"{self.options.salt}:{what}:{key}")
 
     def expert(self, task: TaskSpec, context: str) -> str:
         """The scripted expert: call `get` with the key, then answer with the last result.

@@ -41,7 +41,7 @@ from typing import Annotated, ClassVar
 
 import msgspec
 
-from slipstream.envs.base import Environment, Problem, Score, TaskSpec
+from slipstream.envs.base import Environment, Problem, Score, TaskSpec, fixed_draw
 from slipstream.envs.context import EpisodeContext, Outcome
 from slipstream.envs.registry import register
 
@@ -182,8 +182,7 @@ class Recall(Environment[RecallOptions]):
     # -- the teacher --------------------------------------------------------------------------------
 
     def _draw(self, task: TaskSpec, what: str) -> float:
-        digest = hashlib.blake2b(f"recall:{what}:{task.metadata.get('key')}".encode(), digest_size=8).digest()
-        return int.from_bytes(digest, "little") / 2**64
+        return fixed_draw(f"recall:{what}:{task.metadata.get('key')}")
 
     def expert(self, task: TaskSpec, context: str) -> str:
         """Acknowledge; summarise every fact in view; answer from the facts in view ("?" when gone)."""

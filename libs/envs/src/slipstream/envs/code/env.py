@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import json
 import re
 import shutil
@@ -49,7 +48,7 @@ from typing import Annotated, Any, ClassVar, Literal, TypeVar
 
 import msgspec
 
-from slipstream.envs.base import Environment, Problem, Score, Split, TaskSpec
+from slipstream.envs.base import Environment, Problem, Score, Split, TaskSpec, fixed_draw
 from slipstream.envs.code import service
 from slipstream.envs.code.repo import repo_keys
 from slipstream.envs.code.tasks import (
@@ -401,8 +400,7 @@ class HumanEval(Code):
 
 def _draw(key: str, what: str) -> float:
     """A fixed number in [0, 1) per (what, key): the expert's choices are a function of the task."""
-    digest = hashlib.blake2b(f"{what}:{key}".encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "little") / 2**64
+    return fixed_draw(f"{what}:{key}")
 
 
 def _other_operator(old: str, new: str) -> str:

@@ -19,13 +19,13 @@ disclosed).
 
 from __future__ import annotations
 
-import hashlib
 import math
 from collections import Counter
 from collections.abc import Sequence
 
 import msgspec
 
+from slipstream.envs.base import fixed_draw
 from slipstream.envs.search.metrics import episode_metrics
 from slipstream.schemas import Episode
 
@@ -68,8 +68,7 @@ def candidate_of(metadata: dict[str, str], episode: Episode, *, reward: float = 
 
 
 def _draw(seed: int, episode_id: str) -> float:
-    digest = hashlib.blake2b(f"{seed}:{episode_id}".encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "little") / 2**64
+    return fixed_draw(f"{seed}:{episode_id}")
 
 
 def sft_filter(candidates: Sequence[SftCandidate], config: SftFilterConfig = SftFilterConfig()) -> SftSelection:

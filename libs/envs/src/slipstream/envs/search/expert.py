@@ -25,12 +25,11 @@ what it outputs is what it saw, and a search that did not surface a document cos
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 from typing import TYPE_CHECKING, Any
 
-from slipstream.envs.base import TaskSpec
+from slipstream.envs.base import TaskSpec, fixed_draw
 from slipstream.envs.search.tools import GREP, PRUNE, READ, SEARCH, doc_of
 
 if TYPE_CHECKING:
@@ -125,8 +124,7 @@ def grep_pattern(query: str, *, slip: bool = False, fixed: bool = False) -> str:
 
 def _draw(key: str, what: str) -> float:
     """A fixed number in [0, 1) per (task key, what): the teacher's slips are a function of the task."""
-    digest = hashlib.blake2b(f"search-expert:{what}:{key}".encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "little") / 2**64
+    return fixed_draw(f"search-expert:{what}:{key}")
 
 
 def _fit_prune(ids: list[str], action: str, limit: int) -> str:

@@ -18,12 +18,11 @@ context it is continuing:
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 from typing import TYPE_CHECKING
 
-from slipstream.envs.base import TaskSpec
+from slipstream.envs.base import TaskSpec, fixed_draw
 from slipstream.envs.search.tools import doc_of
 from slipstream.envs.swarm.tasks import HEADER, Item, items_of
 from slipstream.envs.swarm.tools import ASSIGN, CREATE
@@ -41,8 +40,7 @@ _CHUNK = re.compile(r'<chunk id="([^"]+)">')
 
 def draw(key: str, what: str) -> float:
     """A fixed number in [0, 1) per (task key, what)."""
-    digest = hashlib.blake2b(f"swarm-expert:{what}:{key}".encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "little") / 2**64
+    return fixed_draw(f"swarm-expert:{what}:{key}")
 
 
 def parallel(env: Swarm, task: TaskSpec) -> bool:
