@@ -48,7 +48,7 @@ from typing import Any
 GROUP = 8
 TARGET_ENGINE = 1.5
 TARGET_LEARNER = 1.0
-# Cache room for a `chat` prompt (the real-model demo's are ~130 tokens).
+# Cache room for a `chat` prompt (the real-model demo's are 83-87 tokens).
 CHAT_PROMPT_ROOM = 384
 
 
