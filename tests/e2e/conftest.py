@@ -1,7 +1,7 @@
 """One shrunk demo run shared by the e2e tests that only read what a run leaves behind.
 
-`test_training` (it learns, everything is accounted for, the report) and `test_traces` (one
-trace per task across the services) assert on the same kind of run; starting the five-process
+test_demo_run.py's two tests (it learns, everything is accounted for, the report; one trace
+per task across the services) assert on the same kind of run; starting the five-process
 stack, warm-starting and evaluating once for both saves a whole run of CI time. The run writes
 its spans (`traces=True`), which changes nothing in what it trains.
 """

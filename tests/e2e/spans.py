@@ -1,0 +1,58 @@
+"""Span records of a traced run, indexed for the trace test (tests/e2e/test_demo_run.py)."""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+Span = dict[str, Any]
+
+
+class Spans:
+    """Span records indexed by id, parent and name."""
+
+    def __init__(self, records: Iterable[Span]) -> None:
+        self.all = list(records)
+        self.by_id = {s["span_id"]: s for s in self.all}
+        self.by_name: dict[str, list[Span]] = defaultdict(list)
+        self.children: dict[str, list[Span]] = defaultdict(list)
+        for s in self.all:
+            self.by_name[s["name"]].append(s)
+            if s["parent_span_id"]:
+                self.children[s["parent_span_id"]].append(s)
+
+    def ancestors(self, span: Span) -> list[Span]:
+        """Parent, grandparent, ... as far as the files go (nearest first)."""
+        out: list[Span] = []
+        parent = span["parent_span_id"]
+        while parent is not None and parent in self.by_id:
+            out.append(self.by_id[parent])
+            parent = out[-1]["parent_span_id"]
+        return out
+
+    def descendants(self, span: Span, name: str) -> list[Span]:
+        found: list[Span] = []
+        todo = [span]
+        while todo:
+            for child in self.children[todo.pop()["span_id"]]:
+                if child["name"] == name:
+                    found.append(child)
+                todo.append(child)
+        return found
+
+    def nearest(self, span: Span, prefix: str) -> Span | None:
+        """The closest ancestor whose name starts with `prefix`."""
+        return next((a for a in self.ancestors(span) if a["name"].startswith(prefix)), None)
+
+
+def trained_ids(run_dir: Path) -> dict[str, int]:
+    """trajectory id -> step, for every trajectory the learner trained (its outcomes log)."""
+    out: dict[str, int] = {}
+    for line in (run_dir / "learner-outcomes.jsonl").read_text().splitlines():
+        record = json.loads(line)
+        if record["outcome"] == "trained":
+            out[record["trajectory_id"]] = record["step"]
+    return out
