@@ -47,6 +47,7 @@ from torch import Tensor, nn
 from slipstream.engine.interface import GenerationRequest, GenerationResult
 from slipstream.engine.kernels import Fp32Weights, MklPackedWeights, choose_kernel
 from slipstream.engine.model import CausalLM
+from slipstream.engine.prefill import MIN_SHARED_PREFIX, Row, prefill_chunks, prefix_clusters, shared_prefix
 from slipstream.engine.sampling import sample
 from slipstream.engine.sequence import SequenceState
 from slipstream.engine.tokenizer import Tokenizer
@@ -56,10 +57,6 @@ log = logging.getLogger(__name__)
 
 # Throughput in stats() is measured over this many recent steps.
 _RATE_WINDOW_STEPS = 64
-# Most tokens (rows x padded width) one prefill forward takes; more rows wait for the next one.
-_PREFILL_CHUNK_TOKENS = 8192
-# Shortest prompt prefix worth copying from another slot's cache instead of recomputing.
-_MIN_SHARED_PREFIX = 4
 
 
 class EngineError(RuntimeError):
@@ -327,7 +324,7 @@ class TorchEngine:
             parked = self._parked.pop(session, None) if session else None
             if parked is not None:
                 slot, cached = parked
-                keep = _shared_prefix(cached, seq.tokens)
+                keep = shared_prefix(cached, seq.tokens)
                 if keep == len(cached):
                     self._session_hits += 1
                 else:
@@ -340,7 +337,7 @@ class TorchEngine:
                 # A prompt that starts like a cached sequence (a group's sample admitted after
                 # its siblings started) copies their keys/values instead of recomputing them.
                 donor, shared = self._best_donor(seq.tokens)
-                if shared >= _MIN_SHARED_PREFIX:
+                if shared >= MIN_SHARED_PREFIX:
                     self.cache.copy_prefix(donor, [slot], shared)
                     self._prompt_shared_tokens += shared
                     seq.shared_prefix = shared
@@ -365,7 +362,7 @@ class TorchEngine:
         for slot, cached, length in candidates:
             if min(length, limit) <= best_len:
                 continue
-            n = min(_shared_prefix(cached, tokens), length, limit)
+            n = min(shared_prefix(cached, tokens), length, limit)
             if n > best_len:
                 best, best_len = slot, n
         return best, best_len
@@ -391,7 +388,7 @@ class TorchEngine:
         work = self._share_prefixes(work)
         rows: list[SequenceState] = []
         logits: list[Tensor] = []
-        for chunk in self._prefill_chunks(work):
+        for chunk in prefill_chunks(work, self.max_seq_len):
             chunk_logits = self._forward_rows(chunk)
             for (seq, keep), row_logits in zip(chunk, chunk_logits, strict=True):
                 self._prefill_tokens += len(seq.tokens) - keep
@@ -408,63 +405,23 @@ class TorchEngine:
                         logits.append(row_logits)
         self._sample(rows, torch.stack(logits), done)
 
-    def _share_prefixes(self, work: list[tuple[SequenceState, int]]) -> list[tuple[SequenceState, int]]:
-        """Rows from empty slots whose prompts open with the same tokens compute that prefix once.
-
-        Sorted by their tokens, neighbours that share at least `_MIN_SHARED_PREFIX` tokens form a
-        cluster (a row joins unless it would shrink the tokens the cluster saves); its first row
-        forwards the cluster's common prefix into its slot, the others copy those keys/values (as
-        a group's samples do), and every member prefills only the rest.
-        The keys/values are the ones each row would have computed itself: same tokens, same
-        positions, and a causal model's prefix does not look ahead.
-        """
-        fresh = sorted((w for w in work if w[1] == 0), key=lambda w: w[0].tokens)
-        if len(fresh) < 2:
-            return work
+    def _share_prefixes(self, work: list[Row]) -> list[Row]:
+        """Rows from empty slots whose prompts open alike (`prefill.prefix_clusters`) compute that
+        opening once: the cluster's first row forwards it into its slot, the others copy those
+        keys/values (as a group's samples do), and every member prefills only the rest. The
+        keys/values are the ones each row would have computed itself: same tokens, same positions,
+        and a causal model's prefix does not look ahead."""
         keeps: dict[int, int] = {}
-        i = 0
-        while i < len(fresh):
-            root = fresh[i][0]
-            shared, j = len(root.tokens) - 1, i + 1
-            while j < len(fresh):
-                n = min(_shared_prefix(root.tokens, fresh[j][0].tokens), len(fresh[j][0].tokens) - 1)
-                # A row joins while the tokens the cluster saves do not shrink.
-                if n < _MIN_SHARED_PREFIX or n * (j - i) < shared * (j - i - 1):
-                    break
-                shared = min(shared, n)
-                j += 1
-            members = [seq for seq, _ in fresh[i:j]]
-            if len(members) > 1:
-                self._forward_from(root, 0, root.tokens[:shared])
-                self._prefill_tokens += shared
-                self.cache.copy_prefix(root.slot, [m.slot for m in members[1:]], shared)
-                self._prompt_shared_tokens += shared * (len(members) - 1)
-                for m in members:
-                    m.shared_prefix = shared
-                    keeps[id(m)] = shared
-            i = j
+        for members, shared in prefix_clusters([seq for seq, keep in work if keep == 0]):
+            root = members[0]
+            self._forward_from(root, 0, root.tokens[:shared])
+            self._prefill_tokens += shared
+            self.cache.copy_prefix(root.slot, [m.slot for m in members[1:]], shared)
+            self._prompt_shared_tokens += shared * (len(members) - 1)
+            for m in members:
+                m.shared_prefix = shared
+                keeps[id(m)] = shared
         return [(seq, keeps.get(id(seq), keep)) for seq, keep in work]
-
-    def _prefill_chunks(self, work: list[tuple[SequenceState, int]]) -> list[list[tuple[SequenceState, int]]]:
-        """Rows grouped for batched forwards, longest first, right-padded to the chunk's longest.
-
-        A row joins a chunk while padding stays under a quarter of the chunk's tokens, the chunk
-        stays under `_PREFILL_CHUNK_TOKENS`, and its padded positions stay inside the cache.
-        """
-        items = sorted(work, key=lambda w: len(w[0].tokens) - w[1], reverse=True)
-        chunks: list[list[tuple[SequenceState, int]]] = []
-        width = real = 0
-        for seq, keep in items:
-            n = len(seq.tokens) - keep
-            if chunks:
-                size = (len(chunks[-1]) + 1) * width
-                if size <= _PREFILL_CHUNK_TOKENS and size <= 1.25 * (real + n) and keep + width <= self.max_seq_len:
-                    chunks[-1].append((seq, keep))
-                    real += n
-                    continue
-            chunks.append([(seq, keep)])
-            width, real = n, n
-        return chunks
 
     def _forward_rows(self, chunk: list[tuple[SequenceState, int]]) -> Tensor:
         """One forward of each row's tokens[keep:] into its slot; logits [rows, V] at each row's last token."""
@@ -626,12 +583,3 @@ class TorchEngine:
                 if not fut.done():
                     fut.set_exception(EngineError(f"engine loop failed: {exc!r}"))
             raise
-
-
-def _shared_prefix(a: list[int], b: list[int]) -> int:
-    """Length of the longest common prefix of two token lists."""
-    n = min(len(a), len(b))
-    for i in range(n):
-        if a[i] != b[i]:
-            return i
-    return n
