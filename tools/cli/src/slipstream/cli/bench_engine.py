@@ -145,28 +145,8 @@ async def _engine_call(engine: Any, prompts: list[list[int]], new: int, tag: str
 
 
 def _hf_call(hf: Any, prompts: list[list[int]], new: int, device: str, *, eos: int | None = None) -> int:
-    import torch
-
-    if eos is not None:
-        return _hf_call_until_eos(hf, prompts, new, device, eos)
-    ids = torch.tensor(prompts, device=device)
-    with torch.no_grad():
-        out = hf.generate(
-            ids,
-            attention_mask=torch.ones_like(ids),
-            do_sample=True,
-            temperature=0.7,
-            top_k=0,
-            top_p=1.0,
-            max_new_tokens=new,
-            min_new_tokens=new,
-            pad_token_id=0,
-        )
-    return int((out.shape[1] - ids.shape[1]) * ids.shape[0])
-
-
-def _hf_call_until_eos(hf: Any, prompts: list[list[int]], new: int, device: str, eos: int) -> int:
-    """`generate` on left-padded prompts, stopping at eos; the tokens each row made, eos included."""
+    """`generate` on the prompts as one left-padded batch: `new` tokens a row with eos ignored, or,
+    given `eos`, stopping there; returns the tokens the rows made (up to and including eos)."""
     import torch
 
     width = max(len(p) for p in prompts)
@@ -175,6 +155,7 @@ def _hf_call_until_eos(hf: Any, prompts: list[list[int]], new: int, device: str,
     for r, p in enumerate(prompts):
         ids[r, width - len(p) :] = torch.tensor(p)
         mask[r, width - len(p) :] = 1
+    stop = {"min_new_tokens": new, "pad_token_id": 0} if eos is None else {"eos_token_id": eos, "pad_token_id": eos}
     with torch.no_grad():
         out = hf.generate(
             ids.to(device),
@@ -184,13 +165,12 @@ def _hf_call_until_eos(hf: Any, prompts: list[list[int]], new: int, device: str,
             top_k=0,
             top_p=1.0,
             max_new_tokens=new,
-            eos_token_id=eos,
-            pad_token_id=eos,
+            **stop,
         )
-    made = 0
-    for row in out[:, width:].tolist():
-        made += row.index(eos) + 1 if eos in row else len(row)
-    return made
+    made = out[:, width:].tolist()
+    if eos is None:
+        return sum(len(row) for row in made)
+    return sum(row.index(eos) + 1 if eos in row else len(row) for row in made)
 
 
 def _load_avg() -> float:
