@@ -46,6 +46,10 @@ NOT_YET_TRAINABLE = {
 # Examples whose whole path another e2e test already runs, so a second run here would only spend
 # CI time (minutes each on 2 cores); the run file -> plan step they add is unit-tested.
 RUN_ELSEWHERE = {
+    # tests/unit/test_run_file.py holds this file equal to demo_plan(), the plan of the shared demo
+    # run (tests/e2e/conftest.py: 45 steps through the same run_training, read by
+    # tests/e2e/test_demo_run.py); the CLI's run-file path runs here with arith. ~2 minutes saved.
+    "reverse": "the default demo plan, run end to end by tests/e2e/test_demo_run.py",
     # tests/unit/test_run_file.py holds this file equal to demo_plan("lookup"), whose path
     # tests/e2e/test_tool_demo.py runs end to end (its tool in two tool-service replicas; the
     # in-process tool path runs in tests/integration/test_tool_worker.py).

@@ -169,6 +169,14 @@ def test_a_run_asking_for_a_subagent_pool_sends_the_workers_sub_agents_there(tmp
     assert local.subagents.transport == "local"
 
 
+def test_the_reverse_example_is_the_default_demo() -> None:
+    """examples/reverse.toml and `slipstream demo` train the same thing (the e2e suite's shared demo
+    run covers the file's path: tests/e2e/test_run_files.py, RUN_ELSEWHERE)."""
+    from slipstream.cli.demo import demo_plan
+
+    assert load(REPO / "examples" / "reverse.toml").plan() == demo_plan() == demo_plan("reverse")
+
+
 def test_the_lookup_example_is_the_lookup_demo() -> None:
     """examples/lookup.toml and `slipstream demo --env lookup` train the same thing."""
     from slipstream.cli.demo import demo_plan
