@@ -20,6 +20,7 @@ from slipstream.engine import ByteTokenizer, SamplingParams
 from slipstream.envs import get_env
 from slipstream.envs.base import TaskSpec
 from slipstream.envs.swarm import Ledger, Stage, Swarm
+from slipstream.envs.swarm import tasks as tk
 from slipstream.envs.swarm.tasks import HEADER, items_of
 from slipstream.harness import RecordingEngine, ScriptedEngine, expert_examples, rollout_episodes, token_problems
 from slipstream.schemas import Episode
@@ -252,3 +253,53 @@ async def test_evaluation_plays_sub_agents_on_the_frozen_engine() -> None:
     assert report.metrics["critical_steps"] == 4.0 and report.metrics["finish_rate"] == 1.0
     assert policy.requests == 3 * 2  # the orchestrator's two turns per task
     assert frozen.requests == 3 * 4 * 2  # four sub-agents a task, a grep and an answer each
+
+
+async def test_the_fixed_layout_puts_every_copy_one_distance_after_its_source() -> None:
+    # The fixed layout: briefs, lines as wide as the call that assigns them, ids spaced as in the
+    # observation. Whatever the questions say, every assignment (and every answered id) sits one
+    # distance after what it copies, the same for every item of every task.
+    e = env(
+        # the CPU demo's corpus settings: unique (region, decade) clues, short ids, the decade last
+        {
+            "expert_grep": True,
+            "short_ids": True,
+            "fixed_offsets": True,
+            "unique_clues": True,
+            "regions": 12,
+            "min_year": 1000,
+            "distractors": 0,
+        },
+        layout="fixed",
+        wide_min=4,
+        wide_max=4,
+        max_critical_steps=4,
+        expert_parallel_rate=1.0,
+    )
+    assign_gaps, id_gaps = set(), set()
+    tasks = e.generate("train", 6, seed=0) + e.generate("heldout", 2, seed=0)
+    for t in tasks:
+        lines = t.prompt.splitlines()[1:]
+        assert len(lines) == 4 and len({len(line) for line in lines}) == 1
+        ep = await play(e, t, None)
+        s = e.score(t, ep)
+        assert s.correct and ep.counts["critical_steps"] == 4 and ep.counts["subagents_finished"] == 4
+        text = TOK.decode(ep.samples[0].ids())
+        for it in items_of(t.metadata):
+            assert len(it.question) == tk.BRIEF_WIDTH and it.question.endswith("0s")
+            first = text.index(it.question)
+            assign_gaps.add(text.index(it.question, first + 1) - first)
+            doc = it.targets[-1]
+            returned = text.index(f"<docs>{doc}</docs>")
+            answered = text.rindex(doc)
+            id_gaps.add(answered - returned)
+    assert len(assign_gaps) == 1 and len(id_gaps) == 1, (assign_gaps, id_gaps)
+
+
+def test_the_fixed_layout_briefs_one_hop_questions_only() -> None:
+    q = "What is the chief executive of the mill that lies in a region between mountains and dates from the 1450s?"
+    assert tk.brief(q) == "mill: a region between mountains, 1450s".rjust(tk.BRIEF_WIDTH)
+    with pytest.raises(ValueError, match="one-hop questions"):
+        tk.brief("Who founded the mill?")
+    with pytest.raises(ValueError, match="deep_rate 0 and wide_hops 1"):
+        env({"max_hops": 2}, layout="fixed", deep_rate=0.5)

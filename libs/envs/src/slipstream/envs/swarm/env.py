@@ -79,6 +79,13 @@ class SwarmOptions(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fie
     mode: Annotated[
         Mode, Doc(description="'swarm': with create_subagent/assign_task; 'single': direct tools only.")
     ] = "swarm"
+    layout: Annotated[
+        tk.Layout,
+        Doc(
+            description="'lines': the questions as worded, one a line; 'fixed': one-hop questions in brief form, "
+            "each prompt line as wide as the assign_task call carrying it (tasks.py)."
+        ),
+    ] = "lines"
     wide_min: Annotated[int, Doc(description="Fewest items of a wide task.")] = 4
     wide_max: Annotated[int, Doc(description="Most items of a wide task.")] = 5
     wide_hops: Annotated[int, Doc(description="Hops of a wide task's items.")] = 1
@@ -120,6 +127,11 @@ class SwarmOptions(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fie
             raise ValueError(f"turn_tokens must be in 16..65536, got {self.turn_tokens}")
         if not 0 <= self.extra_docs <= 100 or not 2 <= self.heldout_one_in <= 1000:
             raise ValueError("need 0 <= extra_docs <= 100 and 2 <= heldout_one_in <= 1000")
+        if self.layout == "fixed" and (self.deep_rate > 0 or self.wide_hops != 1):
+            raise ValueError(
+                f"layout 'fixed' briefs one-hop questions: needs deep_rate 0 and wide_hops 1, "
+                f"got deep_rate {self.deep_rate}, wide_hops {self.wide_hops}"
+            )
         parse_options("search", self.search)  # names the bad search option, if any
 
 
@@ -182,11 +194,22 @@ class Swarm(Environment[SwarmOptions]):
 
     def _draw(self, rng: random.Random) -> tuple[str, list[tk.Item]]:
         o = self.options
-        return tk.draw(rng, self.pools, deep_rate=o.deep_rate, wide=(o.wide_min, o.wide_max), branches=o.deep_branches)
+        return tk.draw(
+            rng,
+            self.pools,
+            deep_rate=o.deep_rate,
+            wide=(o.wide_min, o.wide_max),
+            branches=o.deep_branches,
+            layout=o.layout,
+        )
 
     def sample(self, rng: random.Random) -> Problem:
         kind, items = self._draw(rng)
-        return Problem(key=tk.task_key(kind, items), prompt=tk.prompt(items), reference=" ".join(tk.required(items)))
+        return Problem(
+            key=tk.task_key(kind, items),
+            prompt=tk.prompt(items, self.options.layout),
+            reference=" ".join(tk.required(items)),
+        )
 
     def generate(self, split: Split, n: int, seed: int) -> list[TaskSpec]:
         """`n` tasks of `split`: a pure function of (options, split, n, seed); the first k are the
@@ -212,7 +235,7 @@ class Swarm(Environment[SwarmOptions]):
                 TaskSpec(
                     task_id=f"{self.name}-{split}-{seed}-{len(out)}",
                     env=self.name,
-                    prompt=tk.prompt(items),
+                    prompt=tk.prompt(items, self.options.layout),
                     reference=" ".join(tk.required(items)),
                     seed=seed,
                     split=split,

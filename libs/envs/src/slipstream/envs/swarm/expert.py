@@ -18,20 +18,21 @@ context it is continuing:
 
 from __future__ import annotations
 
-import json
 import re
 from typing import TYPE_CHECKING
 
 from slipstream.envs.base import TaskSpec, fixed_draw
 from slipstream.envs.search.tools import doc_of
-from slipstream.envs.swarm.tasks import HEADER, Item, items_of
-from slipstream.envs.swarm.tools import ASSIGN, CREATE
+from slipstream.envs.swarm.tasks import HEADER, LAYOUT_AGENT, Item, items_of
+from slipstream.envs.swarm.tools import ASSIGN, CREATE, call_text
 
 if TYPE_CHECKING:
     from slipstream.envs.swarm.env import Swarm
 
-SUBAGENT_NAME = "s"
+SUBAGENT_NAME = LAYOUT_AGENT
 SUBAGENT_PROMPT = "Find the documents that answer the question; end with <docs>ids</docs>."
+# The fixed layout's: every byte of the parallel turn lies between a brief and its copy, so short.
+SUBAGENT_PROMPT_FIXED = "Search the corpus."
 _QUESTION = re.compile(r"Find the documents that answer: (.*)\n")
 _STEPS = re.compile(r"\[Steps: (\d+)/(\d+)\]")
 _RETURNED = re.compile(r"<result>\s*<docs>(.*?)</docs>", re.DOTALL)  # a sub-agent's final message
@@ -69,12 +70,13 @@ def item_task(env: Swarm, parent: TaskSpec, item: Item) -> TaskSpec:
     )
 
 
-def _call(name: str, args: dict[str, str]) -> str:
-    return "<tool>" + json.dumps({"name": name, "args": args}, ensure_ascii=False) + "</tool>"
+def answer(ids: list[str], gap: str = " ") -> str:
+    return f"<docs>{gap.join(dict.fromkeys(ids))}</docs>\n"
 
 
-def answer(ids: list[str]) -> str:
-    return f"<docs>{' '.join(dict.fromkeys(ids))}</docs>\n"
+# The fixed layout's answer separates the ids by as many spaces as lie between two returned ids in
+# the observation (`</docs></result>\n<result><docs>`), so each id is copied from one fixed distance.
+FIXED_GAP = " " * len("</docs></result>\n<result><docs>")
 
 
 def next_turn(env: Swarm, task: TaskSpec, context: str) -> str:
@@ -87,11 +89,12 @@ def next_turn(env: Swarm, task: TaskSpec, context: str) -> str:
         return env.search.expert(item_task(env, task, item), context)
     if parallel(env, task):
         if f'"name": "{ASSIGN}"' not in context:
-            line = _call(CREATE, {"name": SUBAGENT_NAME, "system_prompt": SUBAGENT_PROMPT})
-            line += "".join(_call(ASSIGN, {"agent": SUBAGENT_NAME, "prompt": it.question}) for it in items)
+            system = SUBAGENT_PROMPT_FIXED if env.options.layout == "fixed" else SUBAGENT_PROMPT
+            line = call_text(CREATE, {"name": SUBAGENT_NAME, "system_prompt": system})
+            line += "".join(call_text(ASSIGN, {"agent": SUBAGENT_NAME, "prompt": it.question}) for it in items)
             return line + "\n"
         returned = [d for body in _RETURNED.findall(context) for d in body.split()]
-        return answer(returned)
+        return answer(returned, FIXED_GAP if env.options.layout == "fixed" else " ")
     steps = _STEPS.findall(context)
     used, budget = (int(steps[-1][0]), int(steps[-1][1])) if steps else (0, env.options.max_critical_steps)
     if used + 2 <= budget:

@@ -16,6 +16,16 @@ held-out split is new combinations of items, never a combination seen in trainin
 themselves may also occur in training tasks: what held-out measures is the orchestration of an
 unseen set, not new retrieval.
 
+Two layouts (`SwarmOptions.layout`):
+
+- `lines`: each question as the search corpus words it, one per line;
+- `fixed`: each one-hop question in its brief form (`brief`: `brewery: a region by the sea,
+  1730s`, what names its document), right-justified to `BRIEF_WIDTH`, and every prompt line as
+  wide as the assign_task call that carries that brief. With a fixed number of items, each byte
+  of an assignment then sits one fixed distance after the byte it copies, whatever the other
+  questions say: the only kind of copy the byte-level micro model forms quickly (libs/envs
+  README, "swarm"). The brief is also the item's question: what the sub-agent is assigned.
+
 Each item travels in `metadata["items"]` (JSON: key, question, targets, queries) so the scripted
 orchestrator and the metrics can read it; the policy never sees metadata.
 """
@@ -24,12 +34,43 @@ from __future__ import annotations
 
 import hashlib
 import random
+import re
+from typing import Literal
 
 import msgspec
 
 from slipstream.envs.search.generator import SearchTask
+from slipstream.envs.swarm.tools import ASSIGN, call_text
 
 HEADER = "Find the documents that answer all of:\n"
+Layout = Literal["lines", "fixed"]
+BRIEF_WIDTH = 48
+# The agent name the fixed layout's line width is measured with (the scripted orchestrator's).
+LAYOUT_AGENT = "s"
+_ONE_HOP = re.compile(r"What is the [\w ]+? of the (\w+) that lies in (.+?) and dates from the (\d+s)\?")
+
+
+def brief(question: str, width: int = BRIEF_WIDTH) -> str:
+    """A one-hop question's brief form, right-justified to `width` characters: `<noun>: <region>,
+    <decade>`. The region and the decade name one document (the corpus's clues are unique), and
+    the decade comes last, as in the question, so a sub-agent's grep copies its digits from a
+    fixed distance (the search demo's `fixed_offsets`)."""
+    m = _ONE_HOP.fullmatch(question)
+    if m is None:
+        raise ValueError(
+            "swarm layout 'fixed' needs one-hop questions 'What is the <attr> of the <noun> that lies in "
+            f"<region> and dates from the <decade>s?', got {question!r}"
+        )
+    noun, region, decade = m.groups()
+    text = f"{noun}: {region}, {decade}"
+    if len(text) > width:
+        raise ValueError(f"swarm layout 'fixed': the brief {text!r} is longer than {width} characters")
+    return text.rjust(width)
+
+
+def line_width(width: int = BRIEF_WIDTH) -> int:
+    """The fixed layout's prompt line width (newline included): an assign_task call of a brief."""
+    return len(call_text(ASSIGN, {"agent": LAYOUT_AGENT, "prompt": " " * width}))
 
 
 class Item(msgspec.Struct, frozen=True, kw_only=True):
@@ -41,12 +82,17 @@ class Item(msgspec.Struct, frozen=True, kw_only=True):
     queries: list[str]
 
     @classmethod
-    def of(cls, t: SearchTask) -> Item:
-        return cls(key=t.key, question=t.question, targets=list(t.targets), queries=list(t.queries))
+    def of(cls, t: SearchTask, layout: Layout = "lines") -> Item:
+        question = brief(t.question) if layout == "fixed" else t.question
+        return cls(key=t.key, question=question, targets=list(t.targets), queries=list(t.queries))
 
 
-def prompt(items: list[Item]) -> str:
-    """The orchestrator's prompt: the header, then one question per line."""
+def prompt(items: list[Item], layout: Layout = "lines") -> str:
+    """The orchestrator's prompt: the header, then one question per line (`fixed`: each line
+    right-justified to the width of the assign_task call that carries it)."""
+    if layout == "fixed":
+        width = line_width(max(len(it.question) for it in items))
+        return HEADER + "".join(it.question.rjust(width - 1) + "\n" for it in items)
     return HEADER + "".join(f"{it.question}\n" for it in items)
 
 
@@ -75,7 +121,13 @@ def metadata_of(kind: str, items: list[Item]) -> dict[str, str]:
 
 
 def draw(
-    rng: random.Random, pools: dict[str, list[SearchTask]], *, deep_rate: float, wide: tuple[int, int], branches: int
+    rng: random.Random,
+    pools: dict[str, list[SearchTask]],
+    *,
+    deep_rate: float,
+    wide: tuple[int, int],
+    branches: int,
+    layout: Layout = "lines",
 ) -> tuple[str, list[Item]]:
     """One task's kind and items (distinct items, in a random order)."""
     kind = "deep" if pools.get("deep") and rng.random() < deep_rate else "wide"
@@ -83,7 +135,7 @@ def draw(
     pool = pools[kind]
     if len(pool) < n:
         raise ValueError(f"swarm: {kind} tasks need {n} items, the corpus has {len(pool)} of the right hops")
-    return kind, [Item.of(t) for t in rng.sample(pool, n)]
+    return kind, [Item.of(t, layout) for t in rng.sample(pool, n)]
 
 
 def required(items: list[Item]) -> list[str]:
@@ -92,10 +144,14 @@ def required(items: list[Item]) -> list[str]:
 
 
 __all__ = [
+    "BRIEF_WIDTH",
     "HEADER",
     "Item",
+    "Layout",
+    "brief",
     "draw",
     "items_of",
+    "line_width",
     "metadata_of",
     "prompt",
     "required",
