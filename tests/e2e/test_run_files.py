@@ -35,13 +35,14 @@ NOT_YET_TRAINABLE = {
     # 0-2 and RL learns (libs/harness README, recall table), but the warm-start alone takes 5-11
     # minutes on 2 cores; `slipstream bench summary` runs it.
     "recall": "its warm-start (copy curriculum, then 800-1,075 steps) takes 5-11 minutes on 2 cores",
-    # Session 9: after a 150-step warm-start no episode created a sub-agent or found a document, so
-    # every reward was 0, every group was dropped as uniform and the learner took no step in 10
-    # minutes (988 tasks played). A worker spawning frozen sub-agents (on its local frozen copy and
-    # through a pool; a test orchestrator over lookup children) runs in
-    # tests/integration/test_subagent_pool.py, the swarm env itself through the harness in
-    # tests/unit/test_swarm_env.py, the schedule in tests/integration/test_learner_schedule_resume.py.
-    "swarm": "a short warm-start leaves every reward at 0, so no group trains (issue 15: the demo does not learn yet)",
+    # Session 14: the fixed layout's 5,000-step warm-start (50 minutes on 2 cores) replays the
+    # orchestrator's parallel turn and every sub-agent, not the answer's id copy, so every whole
+    # episode fails; a 150-step one leaves every reward equal and no group trains. A worker spawning
+    # frozen sub-agents (on its local frozen copy and through a pool; a test orchestrator over lookup
+    # children) runs in tests/integration/test_subagent_pool.py, the swarm env itself through the
+    # harness in tests/unit/test_swarm_env.py, the schedule in
+    # tests/integration/test_learner_schedule_resume.py.
+    "swarm": "its warm-start (5,000 steps) takes ~50 minutes on 2 cores and the demo does not learn yet (issue 15)",
 }
 # Examples whose whole path another e2e test already runs, so a second run here would only spend
 # CI time (minutes each on 2 cores); the run file -> plan step they add is unit-tested.

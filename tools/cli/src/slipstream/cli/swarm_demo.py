@@ -3,10 +3,10 @@
 The run itself is the demo's (warm-start, the five-process stack, RL); the swarm adds:
 
 - the plan (`swarm_plan`): the `swarm` env on the search demo's corpus (`SEARCH_OPTIONS`: one
-  grep finds an item's document, so a sub-agent takes 2 steps) with 4-5 items a task and a
-  critical-step budget of 4: a parallel episode (create + assign all, then answer) costs
-  1 + 2 + 1 = 4, a serial one N + 1 = 5-6, so only a swarm finds every document in budget; the
-  search demo's micro preset and warm-start style; the learner's schedule
+  grep finds an item's document, so a sub-agent takes 2 steps) in the fixed layout with 4 items a
+  task and a critical-step budget of 4: a parallel episode (create + assign all, then answer)
+  costs 1 + 2 + 1 = 4, a serial one N + 1 = 5, so only a swarm finds every document in budget;
+  the search demo's micro preset and warm-start style; the learner's schedule
   `[learner.reward_schedule.parallel]` / `.finish` (λ 0.1 -> 0 over the run's steps); the
   workers' default `[subagents] transport = "local"`, `pin_version = -1` (a frozen copy of the
   first version they load: the warm-start);
@@ -45,27 +45,35 @@ def swarm_plan(search_options: dict[str, Any]) -> dict[str, Any]:
     return {
         "env_options": {
             "search": dict(search_options),
+            # The fixed layout (tasks.py): each question in brief, every prompt line as wide as the
+            # assign_task call that carries it, and 4 items, so every byte of an assignment sits one
+            # fixed distance after its source (and each id of the answer after its sub-agent's). In
+            # the `lines` layout the orchestrator never learned its copies (README, "swarm").
+            "layout": "fixed",
             "wide_min": 4,
-            "wide_max": 5,
+            "wide_max": 4,
             "max_critical_steps": 4,
             "parallel_cap": 4,
             "expert_parallel_rate": 0.5,
         },
         "preset": "micro",
         "loss": "cispo",
-        # A fixed 800 steps (~0.75 s each at load 3): the probe's whole-episode greedy replay (an
-        # orchestrator and 4-5 sub-agents all argmax-right) stayed 0.0 through 800 steps, so a target
-        # would only add probe time.
-        # The copy curriculum first (libs/harness copying.py): without induction heads the micro
-        # orchestrator wrote one memorised question into every assignment (the README's table).
-        "sft_copy_steps": 4000,
-        "sft_copy_rows": 4,
-        "sft_steps": 800,
+        # Fixed-distance copies need no copy curriculum. A parallel expert episode gives 5 rows (the
+        # orchestrator's and its 4 sub-agents'), a serial one 1, so a batch of 8 holds ~1.3
+        # parallel orchestrator rows; trained on that turn alone (8 rows a step) its copies formed
+        # at 800-1,200 steps. The probe (greedy replay of whole parallel expert episodes) stops it.
+        # Session 14, seed 0: 5,000 steps (2,986 s) replay the parallel turn and every sub-agent on
+        # held-out tasks but not the answer's ids, so the probe stayed 0 (libs/envs README, "swarm").
+        "sft_steps": 5000,
         "sft_batch": 8,
         "sft_lr": 3e-3,
-        "sft_target_accuracy": 0.0,
-        "temperature": 1.0,
-        "max_tokens": 1024,  # an orchestrator turn assigning 5 questions is ~800 tokens
+        "sft_target_accuracy": 0.5,
+        "sft_check_every": 250,
+        "sft_target_sampled": 0.2,
+        # An orchestrator episode samples ~720 bytes (the parallel turn and the padded answer): at
+        # T 1 a per-byte slip of 0.2% already loses a quarter of them.
+        "temperature": 0.5,
+        "max_tokens": 1024,  # an orchestrator turn assigning 4 briefs is ~600 tokens
         "max_seq_len": 2048,
         "lr": 1e-4,
         "group_size": 8,
