@@ -303,3 +303,5 @@ def test_the_fixed_layout_briefs_one_hop_questions_only() -> None:
         tk.brief("Who founded the mill?")
     with pytest.raises(ValueError, match="deep_rate 0 and wide_hops 1"):
         env({"max_hops": 2}, layout="fixed", deep_rate=0.5)
+    with pytest.raises(ValueError, match="fixed_offsets"):
+        env(layout="fixed")

@@ -132,6 +132,10 @@ class SwarmOptions(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fie
                 f"layout 'fixed' briefs one-hop questions: needs deep_rate 0 and wide_hops 1, "
                 f"got deep_rate {self.deep_rate}, wide_hops {self.wide_hops}"
             )
+        if self.layout == "fixed" and not self.search.get("fixed_offsets"):
+            raise ValueError(
+                "layout 'fixed' briefs questions that name the decade last: needs search.fixed_offsets = true"
+            )
         parse_options("search", self.search)  # names the bad search option, if any
 
 
