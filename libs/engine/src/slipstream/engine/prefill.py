@@ -6,6 +6,8 @@ its cache slot already holds; the engine (engine.py) runs the forwards and copie
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from slipstream.engine.sequence import SequenceState
 
 Row = tuple[SequenceState, int]
@@ -16,7 +18,7 @@ PREFILL_CHUNK_TOKENS = 8192
 MIN_SHARED_PREFIX = 4
 
 
-def shared_prefix(a: list[int], b: list[int]) -> int:
+def shared_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     """Length of the longest common prefix of two token lists."""
     n = min(len(a), len(b))
     for i in range(n):

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from slipstream.engine.prefill import shared_prefix
 from slipstream.schemas import Episode, PolicySegment, Sample, Timings, Turn
 from slipstream.schemas.packing import pack_floats, pack_ids, pack_mask
 
@@ -85,14 +86,6 @@ def _segments(versions: Sequence[int]) -> list[PolicySegment]:
     return out
 
 
-def _shared(a: Sequence[int], b: Sequence[int]) -> int:
-    n = min(len(a), len(b))
-    for i in range(n):
-        if a[i] != b[i]:
-            return i
-    return n
-
-
 def assemble(
     episode_id: str, calls: Sequence[CallRecord], *, env: str, run_id: str = "", worker_id: str = ""
 ) -> Episode:
@@ -106,7 +99,7 @@ def assemble(
             cur.add_observation(call.prompt_ids[len(cur.ids) :])
         else:
             sid = episode_id if not samples else f"{episode_id}/s{len(samples)}"
-            branch_pos = _shared(cur.ids, call.prompt_ids) if cur is not None else 0
+            branch_pos = shared_prefix(cur.ids, call.prompt_ids) if cur is not None else 0
             cur = _Open(
                 sample_id=sid,
                 prompt_len=len(call.prompt_ids),

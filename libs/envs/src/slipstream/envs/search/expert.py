@@ -41,7 +41,7 @@ _SEEN = re.compile(r'<chunk id="([^"]+)">|\[pruned: ([^\]]+)\]')
 _USAGE = re.compile(r"\[Token usage: ([\d,]+)/([\d,]+)\]")
 
 
-def call(name: str, **args: Any) -> str:
+def call(name: str, /, **args: Any) -> str:
     return "<tool>" + json.dumps({"name": name, "args": args}, ensure_ascii=False) + "</tool>"
 
 

@@ -22,9 +22,10 @@ import re
 from typing import TYPE_CHECKING
 
 from slipstream.envs.base import TaskSpec, fixed_draw
+from slipstream.envs.search.expert import call
 from slipstream.envs.search.tools import doc_of
 from slipstream.envs.swarm.tasks import HEADER, LAYOUT_AGENT, Item, items_of
-from slipstream.envs.swarm.tools import ASSIGN, CREATE, call_text
+from slipstream.envs.swarm.tools import ASSIGN, CREATE
 
 if TYPE_CHECKING:
     from slipstream.envs.swarm.env import Swarm
@@ -90,8 +91,8 @@ def next_turn(env: Swarm, task: TaskSpec, context: str) -> str:
     if parallel(env, task):
         if f'"name": "{ASSIGN}"' not in context:
             system = SUBAGENT_PROMPT_FIXED if env.options.layout == "fixed" else SUBAGENT_PROMPT
-            line = call_text(CREATE, {"name": SUBAGENT_NAME, "system_prompt": system})
-            line += "".join(call_text(ASSIGN, {"agent": SUBAGENT_NAME, "prompt": it.question}) for it in items)
+            line = call(CREATE, name=SUBAGENT_NAME, system_prompt=system)
+            line += "".join(call(ASSIGN, agent=SUBAGENT_NAME, prompt=it.question) for it in items)
             return line + "\n"
         returned = [d for body in _RETURNED.findall(context) for d in body.split()]
         return answer(returned, FIXED_GAP if env.options.layout == "fixed" else " ")

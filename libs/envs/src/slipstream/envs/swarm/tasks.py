@@ -39,8 +39,9 @@ from typing import Literal
 
 import msgspec
 
+from slipstream.envs.search.expert import call
 from slipstream.envs.search.generator import SearchTask
-from slipstream.envs.swarm.tools import ASSIGN, call_text
+from slipstream.envs.swarm.tools import ASSIGN
 
 HEADER = "Find the documents that answer all of:\n"
 Layout = Literal["lines", "fixed"]
@@ -70,7 +71,7 @@ def brief(question: str, width: int = BRIEF_WIDTH) -> str:
 
 def line_width(width: int = BRIEF_WIDTH) -> int:
     """The fixed layout's prompt line width (newline included): an assign_task call of a brief."""
-    return len(call_text(ASSIGN, {"agent": LAYOUT_AGENT, "prompt": " " * width}))
+    return len(call(ASSIGN, agent=LAYOUT_AGENT, prompt=" " * width))
 
 
 class Item(msgspec.Struct, frozen=True, kw_only=True):

@@ -15,7 +15,6 @@ unknown tool, shown to the model as the parser's error, like any other malformed
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from slipstream.envs.search.tools import GREP, READ, SEARCH, model_tools
@@ -31,12 +30,6 @@ _TEXT = {"type": "string", "minLength": 1, "maxLength": 4000}
 
 def _schema(props: dict[str, Any]) -> dict[str, Any]:
     return {"type": "object", "properties": props, "required": list(props), "additionalProperties": False}
-
-
-def call_text(name: str, args: dict[str, str]) -> str:
-    """One call in the tag protocol, as the scripted orchestrator writes it (and the fixed layout
-    measures it): `<tool>{"name": ..., "args": {...}}</tool>`."""
-    return "<tool>" + json.dumps({"name": name, "args": args}, ensure_ascii=False) + "</tool>"
 
 
 def swarm_tools() -> list[Tool]:
