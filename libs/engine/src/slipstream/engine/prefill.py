@@ -7,10 +7,12 @@ its cache slot already holds; the engine (engine.py) runs the forwards and copie
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
-from slipstream.engine.sequence import SequenceState
+if TYPE_CHECKING:  # sequence.py imports torch; serve's episode recorder uses shared_prefix without it
+    from slipstream.engine.sequence import SequenceState
 
-Row = tuple[SequenceState, int]
+Row = tuple["SequenceState", int]
 
 # Most tokens (rows x padded width) one prefill forward takes; more rows wait for the next one.
 PREFILL_CHUNK_TOKENS = 8192
