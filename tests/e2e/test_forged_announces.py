@@ -16,8 +16,8 @@ Before the fix one such announce stopped training for minutes while every servic
 ready. Asserted: the rollout worker refuses and counts every one by its reason (the task source
 the far-ahead ones), neither ever takes a forged version nor the spoofed token, every service
 stays ready, the worker ends on the learner's last real version, and the attacked run takes its
-remaining steps about as fast as the control takes the same steps (at most 2x the time, within
-the noise of two runs sharing a machine, and no gap between two steps near the 120 s a worker
+remaining steps about as fast as the control takes the same steps (at most 4x the time: two runs
+sharing a loaded machine differed by up to 2.8x, and no gap between two steps near the 120 s a worker
 waits for a task's min_policy_version).
 """
 
@@ -236,7 +236,10 @@ async def test_forged_announces_are_refused_counted_and_training_keeps_its_pace(
         for run in (control, attacked)
     }
     print(f"\npace, {STEPS} steps, forgeries injected at step {INJECT_AT} of {attacked.name}: {figures}")
-    # Two runs sharing a loaded machine differ by up to ~35% either way (measured: attacked/control
-    # 0.76 and 1.35); the stall this guards against is a gap of minutes, caught by the second check.
-    assert attacked.seconds(INJECT_AT, STEPS) <= 2.0 * control.seconds(INJECT_AT, STEPS), figures
+    # Two runs sharing a machine differ by up to ~35% either way when only they load it (measured:
+    # attacked/control 0.76, 0.90 and 1.35), and by 2.8x beside the other e2e worker's training and a
+    # third job (attacked 60.7 s against 21.4 s, its longest gap 9.2 s; alone again: 29.3 against
+    # 32.5). The stall this guards against is a gap of minutes, caught by the second check; the
+    # ratio only catches a run that crawls without one stall.
+    assert attacked.seconds(INJECT_AT, STEPS) <= 4.0 * control.seconds(INJECT_AT, STEPS), figures
     assert attacked.longest_gap(INJECT_AT, STEPS) < 60.0, figures
