@@ -219,6 +219,16 @@ async def test_the_expert_is_serial_or_parallel_and_warm_starts_the_sub_agents_t
     examples = await asyncio.to_thread(expert_examples, e, TOK, tasks[:6])
     episodes = [await play(e, t, None) for t in tasks[:6]]
     assert len(examples) == sum(len(ep.samples) for ep in episodes) > len(episodes)
+    # warmstart_subagent_rows: at most that many sub-agent rows an episode (its first), the
+    # orchestrator's rows all kept; -1 (the default) is all of them.
+    one = env({"expert_grep": True}, max_critical_steps=4, wide_min=4, wide_max=4, warmstart_subagent_rows=1)
+    fewer = await asyncio.to_thread(expert_examples, one, TOK, tasks[:6])
+    trainable = [s for ep in episodes for s in ep.samples if s.trainable]
+    spawned = sum(1 for ep in episodes if any(not s.trainable for s in ep.samples))
+    assert spawned > 0 and len(fewer) == len(trainable) + spawned
+    assert all(row in examples for row in fewer)
+    with pytest.raises(ValueError, match="warmstart_subagent_rows"):
+        env(None, warmstart_subagent_rows=-2)
 
 
 async def test_deep_tasks_chain_hops_per_branch_and_parallel_beats_serial() -> None:

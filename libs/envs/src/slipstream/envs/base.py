@@ -285,6 +285,12 @@ class Environment(abc.ABC, Generic[OptionsT]):
         """
         return self.sft_example(task)
 
+    def warmstart_frozen_rows(self) -> int | None:
+        """With `warmstart_frozen_samples`: at most this many of an expert episode's untrainable
+        samples train (its first ones, in spawn order); None: all. The default is all; `swarm` makes
+        it an option, so the orchestrator's own rows are not outnumbered by its sub-agents'."""
+        return None
+
     def curate_expert_episodes(self, tasks: list[TaskSpec], episodes: list[EpisodeRecord]) -> list[bool]:
         """Which of the expert's episodes (one per task, in order) warm-start the model.
 

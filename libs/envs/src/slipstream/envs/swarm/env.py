@@ -105,6 +105,13 @@ class SwarmOptions(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fie
         float, Doc(description="Share of tasks the scripted orchestrator solves in parallel (else serially).")
     ] = 0.5
     heldout_one_in: Annotated[int, Doc(description="One task key in this many is held out.")] = 8
+    warmstart_subagent_rows: Annotated[
+        int,
+        Doc(
+            description="Sub-agent samples of one expert episode that warm-start the model (its first ones); "
+            "-1: all. Fewer puts more of the orchestrator's own rows in each batch."
+        ),
+    ] = -1
 
     def __post_init__(self) -> None:
         if not 1 <= self.wide_min <= self.wide_max <= 32:
@@ -125,6 +132,10 @@ class SwarmOptions(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fie
                 raise ValueError(f"{name} must be in 1..1024, got {value}")
         if not 16 <= self.turn_tokens <= 65_536:
             raise ValueError(f"turn_tokens must be in 16..65536, got {self.turn_tokens}")
+        if not -1 <= self.warmstart_subagent_rows <= 1024:
+            raise ValueError(
+                f"warmstart_subagent_rows must be -1 (all) or in 0..1024, got {self.warmstart_subagent_rows}"
+            )
         if not 0 <= self.extra_docs <= 100 or not 2 <= self.heldout_one_in <= 1000:
             raise ValueError("need 0 <= extra_docs <= 100 and 2 <= heldout_one_in <= 1000")
         if self.layout == "fixed" and (self.deep_rate > 0 or self.wide_hops != 1):
@@ -171,6 +182,10 @@ class Swarm(Environment[SwarmOptions]):
     warmstart_from_expert: ClassVar[bool] = True
     warmstart_frozen_samples: ClassVar[bool] = True
     max_turns: ClassVar[int] = 1024  # the option `max_turns` is the real bound
+
+    def warmstart_frozen_rows(self) -> int | None:
+        rows = self.options.warmstart_subagent_rows
+        return None if rows < 0 else rows
 
     def __init__(self, options: SwarmOptions | None = None) -> None:
         super().__init__(options)
