@@ -56,3 +56,26 @@ def trained_ids(run_dir: Path) -> dict[str, int]:
         if record["outcome"] == "trained":
             out[record["trajectory_id"]] = record["step"]
     return out
+
+
+def trained_groups(run_dir: Path, group_size: int) -> tuple[int, int, dict[str, tuple[int, int]]]:
+    """(groups trained, trajectories trained, groups that do not add up) from the learner's outcomes log.
+
+    The learner trains a group whole, or less the members it dropped on their own (a member gone
+    stale, malformed, ...: it still counts as an arrival, and the rest train against the survivors'
+    baseline; learner/intake.py), so for every group with a trained member, trained + dropped
+    members == group_size. The odd ones map to (trained, dropped). A group is a trajectory id less
+    its last part (`<run>:<task>/<sampling>/<index>`)."""
+    final: dict[str, str] = {}
+    for line in (run_dir / "learner-outcomes.jsonl").read_text().splitlines():
+        if line.strip():
+            record = json.loads(line)
+            tid = record["trajectory_id"]
+            if final.get(tid) != "trained":
+                final[tid] = record["outcome"]
+    members: dict[str, list[str]] = {}
+    for tid, outcome in final.items():
+        members.setdefault(tid.rsplit("/", 1)[0], []).append(outcome)
+    trained = {g: outs.count("trained") for g, outs in members.items() if "trained" in outs}
+    odd = {g: (n, len(members[g]) - n) for g, n in trained.items() if len(members[g]) != group_size}
+    return len(trained), sum(trained.values()), odd

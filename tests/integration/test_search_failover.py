@@ -4,7 +4,9 @@ Two real tool-service processes serve the `search` tool set from one stored inde
 MiniLM, tests/search_corpus.py) on a real nats-server. A caller keeps `AT_ONCE` search, grep and
 read calls in flight through `NatsTransport` (the harness's hidden exclusion and budget set on
 each). When a third of the calls are answered and replica A holds some, A is SIGKILLed: its
-calls get no reply, and each caller re-sends the same call id after the tool's timeout plus the
+calls get no reply (A is frozen with SIGSTOP first, and killed only once calls the caller still
+waits on stay unanswered: a search call takes milliseconds, and a kill that lands after A
+answered what it held proves nothing), and each caller re-sends the same call id after the tool's timeout plus the
 margin, which the server routes to B.
 
 What must hold: one result per call id (none lost, none doubled), every one `ok` and equal to
@@ -15,6 +17,7 @@ B; both replicas served calls; B ran every call it answered once (no call id rea
 from __future__ import annotations
 
 import asyncio
+import signal
 import time
 from pathlib import Path
 
@@ -37,6 +40,7 @@ CALLS, AT_ONCE = 150, 8
 # Generous: a call queued behind others on a busy 2-core machine must not time out and be re-sent
 # while its replica is alive (that would be a second send of a call id B then answers from memory).
 TIMEOUT_S, MARGIN_S = 8.0, 0.5
+QUIET_S = 1.0  # with A frozen, calls still unanswered after B answered none for this long are A's
 QUERIES = ["river floods", "salt crystal", "comet tail", "court appeal", "album drummer", "signal box", "grain harbour"]
 
 
@@ -86,7 +90,7 @@ async def test_sigkill_of_one_search_replica_loses_and_doubles_no_call(
     assert [r.call_id for r in results if r.text != expected[r.call_id].text] == []
 
     retried = [r for r in results if r.attempts > 1]
-    assert killed["inflight"] > 0
+    assert killed["inflight"] > 0 and killed["held"] > 0
     assert retried, "no call was in flight at A when it died: the kill proved nothing"
     assert {r.served_by for r in retried} == {b.served_by}
     assert {r.served_by for r in results} == {a.served_by, b.served_by}
@@ -113,16 +117,31 @@ async def _run(url: str, victim: ToolReplica) -> tuple[list[ToolResult], dict[st
     )
     slots = asyncio.Semaphore(AT_ONCE)
     done = 0
+    waiting: set[str] = set()  # call ids sent and not answered yet
+    answered_at = time.monotonic()
     third = asyncio.Event()
 
     async def one(call: ToolCall) -> ToolResult:
-        nonlocal done
+        nonlocal done, answered_at
         async with slots:
+            waiting.add(call.id)
             result = await transport.invoke(call)
+            waiting.discard(call.id)
+            answered_at = time.monotonic()
         done += 1
         if done >= CALLS // 3:
             third.set()
         return result
+
+    async def held_by_frozen_victim() -> int:
+        """With A stopped: how many calls stay unanswered once B has gone QUIET_S without answering
+        one (B's take milliseconds); those are A's. Well inside the tool's timeout, so none is re-sent."""
+        start = time.monotonic()
+        while time.monotonic() - start < TIMEOUT_S / 2:
+            await asyncio.sleep(0.05)
+            if waiting and time.monotonic() - answered_at >= QUIET_S:
+                return len(waiting)
+        return 0
 
     async def killer() -> dict[str, int]:
         await third.wait()
@@ -130,10 +149,14 @@ async def _run(url: str, victim: ToolReplica) -> tuple[list[ToolResult], dict[st
         while time.monotonic() < deadline:
             inflight = (await asyncio.to_thread(victim.status))["inflight"]
             if inflight > 0:
-                victim.kill()
-                return {"inflight": inflight, "done": done}
+                victim.proc.send(signal.SIGSTOP)
+                held = await held_by_frozen_victim()
+                if held:
+                    victim.kill()
+                    return {"inflight": inflight, "held": held, "done": done}
+                victim.proc.send(signal.SIGCONT)  # it had answered what it held: try again
             await asyncio.sleep(0.005)
-        return {"inflight": 0, "done": done}
+        return {"inflight": 0, "held": 0, "done": done}
 
     try:
         kill = asyncio.create_task(killer())
