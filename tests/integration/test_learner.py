@@ -245,6 +245,13 @@ async def test_a_killed_learner_resumes_from_its_checkpoint_without_losing_or_do
     finally:
         run_a.stop(5)
     assert [s.version for s in list_staged(tmp_path / "staging")] == [0, 1, 2, 3, 4, 5]
+    # As if run A had died between committing step 4 and writing its lines (chaos hit that window
+    # once): the lines of step 4's commit are taken out of the log, and run B must write them back.
+    log_path = tmp_path / "outcomes.jsonl"
+    kept = [o for o in read_outcomes(log_path) if not (o.outcome == "trained" and o.step == 4)]
+    cut = len(read_outcomes(log_path)) - len(kept)
+    assert cut == 16  # steps 3 and 4: 4 groups of 4
+    log_path.write_bytes(b"".join(msgspec.json.encode(o) + b"\n" for o in kept))
 
     run_b = learner_process(tmp_path, nats_server.url, "learner-b")
     try:
@@ -256,6 +263,8 @@ async def test_a_killed_learner_resumes_from_its_checkpoint_without_losing_or_do
     finally:
         run_b.stop(5)
 
+    restored = [r for r in log_records(run_b) if r.get("event", "").startswith("outcome lines of the last commit")]
+    assert [(r["trajectories"], r["step"]) for r in restored] == [(16, 4)]
     resumed = next(r for r in log_records(run_b) if r.get("event") == "resumed")
     assert (resumed["step"], resumed["policy_version"], resumed["staged"]) == (4, 5, 5)
     steps = await read_steps(bus, 9, 10)
@@ -276,6 +285,11 @@ async def test_a_killed_learner_resumes_from_its_checkpoint_without_losing_or_do
     assert sorted(in_checkpoints) == sorted(published)
     trained_lines = [o.trajectory_id for o in read_outcomes(tmp_path / "outcomes.jsonl") if o.outcome == "trained"]
     assert sorted(trained_lines) == sorted(published)  # one line each: run A's lost step left none
+    by_id = {o.trajectory_id: o for o in read_outcomes(log_path) if o.outcome == "trained"}
+    step4 = next(m for m in metas if m.step == 4)
+    assert {(by_id[t].step, by_id[t].policy_version) for t in step4.trained_ids} == {(4, 4)}
+    assert [by_id[t].sequences for t in step4.trained_ids] == step4.trained_sequences
+    assert all(len(seqs) == 1 for seqs in step4.trained_sequences)
 
 
 def agentic_group(name: str, store: LocalObjectStore, size: int = 4) -> list[ScoredEpisode]:

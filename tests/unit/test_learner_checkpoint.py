@@ -6,6 +6,7 @@ import random
 from collections.abc import Iterator
 from pathlib import Path
 
+import msgspec
 import pytest
 import torch
 import torch._dynamo  # torch.optim's first use imports it (~2 s): pay that at collection
@@ -198,6 +199,33 @@ def test_the_outcome_log_appends_whole_lines(tmp_path: Path) -> None:
     ]
     assert all(o.pid > 0 and o.at > 0 for o in got)
     OutcomeLog("").write([Outcome(trajectory_id="x", outcome="trained")])  # off: writes nothing, no error
+
+
+def test_a_resume_writes_the_trained_lines_its_checkpoint_holds_and_the_log_lacks(tmp_path: Path) -> None:
+    # A learner killed between its checkpoint commit and the log write: "b" and "c" have no line,
+    # and the kill cut a line short (no newline). "a" was written; "c" was dropped once before
+    # (a stale copy), which is no trained line.
+    path = tmp_path / "outcomes.jsonl"
+    log = OutcomeLog(path)
+    log.write([Outcome(trajectory_id="a", outcome="trained", step=6, policy_version=7, sequences=[1])])
+    log.write([Outcome(trajectory_id="c", outcome="dropped", reason="stale", step=5, sequences=[9])])
+    with path.open("ab") as fh:
+        fh.write(b'{"trajectory_id":"b","outcome":"tra')
+    ids, seqs = ["a", "b", "c"], [[1], [2, 5], [3]]
+    assert log.restore_trained(ids, seqs, step=6, policy_version=7) == 2
+    lines = path.read_bytes().splitlines()
+    assert lines[2] == b'{"trajectory_id":"b","outcome":"tra'  # closed, left for the audit to see
+    restored = [msgspec.json.decode(line, type=Outcome) for line in lines[3:]]
+    assert [(o.trajectory_id, o.outcome, o.step, o.policy_version, o.sequences) for o in restored] == [
+        ("b", "trained", 6, 7, [2, 5]),
+        ("c", "trained", 6, 7, [3]),
+    ]
+    assert log.restore_trained(ids, seqs, step=6, policy_version=7) == 0  # idempotent
+    assert len(path.read_bytes().splitlines()) == 5
+    # A checkpoint written before sequences were kept: the lines carry none.
+    assert OutcomeLog(tmp_path / "new.jsonl").restore_trained(["x"], [], step=1, policy_version=1) == 1
+    assert read_outcomes(tmp_path / "new.jsonl")[0].sequences == []
+    assert OutcomeLog("").restore_trained(["x"], [[1]], step=1, policy_version=1) == 0  # off
 
 
 def test_a_lora_checkpoint_holds_adapters_and_their_optimizer_state_only(tmp_path: Path) -> None:

@@ -59,6 +59,8 @@ class CheckpointMeta(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     created_at: float
     dropped: dict[str, int] = {}
     trained_ids: list[str] = []
+    trained_sequences: list[list[int]] = []
+    """Per trained id, the stream sequences of its deliveries (for the outcome lines a resume restores)."""
     python_rng: list[Any] = []
     files: dict[str, str] = {}
 
@@ -137,6 +139,7 @@ class Checkpoints:
         optimizer: torch.optim.Optimizer | None,
         dropped: dict[str, int],
         trained_ids: list[str],
+        trained_sequences: list[list[int]] | None = None,
         fence_token: int = 0,
         sharded: Callable[[Path], None] | None = None,
     ) -> str:
@@ -185,6 +188,7 @@ class Checkpoints:
             created_at=time.time(),
             dropped=dict(dropped),
             trained_ids=list(trained_ids),
+            trained_sequences=[list(seqs) for seqs in trained_sequences or []],
             python_rng=msgspec.to_builtins(random.getstate()),
             files={name: _sha256(data) for name, data in blobs.items()},
         )

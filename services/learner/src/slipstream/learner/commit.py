@@ -138,6 +138,7 @@ class Committer:
             sharded=self.trainer.sharded_writer,
             dropped=dict(self.intake.dropped),
             trained_ids=ids,
+            trained_sequences=sequences,
             fence_token=self.lead.token if self.lead is not None else 0,
         )
         CHECKPOINT_S.set(time.perf_counter() - started)

@@ -2,9 +2,11 @@
 
 Written just before the acks it describes: a trained trajectory when the checkpoint covering its
 step is committed (never earlier, so a step lost in a crash leaves no line), a dropped one when
-it is dropped, with the reason (duplicate included). Read by audits and by the crash test to show
-that every published trajectory was trained exactly once or dropped with a reason. Off unless
-`[learner] outcomes_path` is set.
+it is dropped, with the reason (duplicate included). A learner killed after its commit but before
+the lines were written leaves them missing; the next one writes them when it resumes from that
+checkpoint (`restore_trained`, from the ids and sequences the checkpoint holds). Read by audits
+and by the crash test to show that every published trajectory was trained exactly once or
+dropped with a reason. Off unless `[learner] outcomes_path` is set.
 """
 
 from __future__ import annotations
@@ -57,6 +59,36 @@ class OutcomeLog:
             # One write per batch, unbuffered: a killed process leaves whole lines behind.
             with self.path.open("ab", buffering=0) as fh:
                 fh.write(b"".join(lines))
+
+    def restore_trained(self, ids: list[str], sequences: list[list[int]], *, step: int, policy_version: int) -> int:
+        """Write the `trained` lines of a committed checkpoint's `ids` that the log lacks; how many were missing.
+
+        A line cut short by a kill mid-write is closed with a newline first (and, being no whole
+        line, does not count as present).
+        """
+        if self.path is None:
+            return 0
+        data = self.path.read_bytes() if self.path.exists() else b""
+        present: set[str] = set()
+        decoder = msgspec.json.Decoder(Outcome)
+        for line in data.splitlines():
+            try:
+                outcome = decoder.decode(line)
+            except msgspec.DecodeError:
+                continue
+            if outcome.outcome == TRAINED:
+                present.add(outcome.trajectory_id)
+        seqs = sequences if len(sequences) == len(ids) else [[] for _ in ids]  # checkpoints before the field
+        missing = [
+            Outcome(trajectory_id=tid, outcome=TRAINED, step=step, policy_version=policy_version, sequences=s)
+            for tid, s in zip(ids, seqs, strict=True)
+            if tid not in present
+        ]
+        if missing and data and not data.endswith(b"\n"):
+            with self.path.open("ab", buffering=0) as fh:
+                fh.write(b"\n")
+        self.write(missing)
+        return len(missing)
 
 
 def read_outcomes(path: str | Path) -> list[Outcome]:

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from slipstream.bus import Bus
-from slipstream.learner.checkpoint import Checkpoints, restore
+from slipstream.learner.checkpoint import CheckpointMeta, Checkpoints, restore
 from slipstream.learner.handoff import RankHandoff, WeightHandoff
 from slipstream.learner.trainer import Trainer
 from slipstream.schemas import WeightAnnounce
@@ -48,6 +48,8 @@ class ResumePoint:
     dropped: dict[str, int] = field(default_factory=dict)
     chain_ids: list[list[str]] = field(default_factory=list)
     """Trained ids of the retained checkpoints, oldest first (the duplicate ledger's windows)."""
+    committed: CheckpointMeta | None = None
+    """The restored checkpoint's meta (its outcome lines may be missing: `OutcomeLog.restore_trained`)."""
 
 
 async def last_announced(bus: Bus, run_id: str, timeout_s: float) -> int:
@@ -127,4 +129,5 @@ async def resume(
         staged=staged,
         dropped=dict(ckpt.meta.dropped) if ckpt is not None else {},
         chain_ids=ckpt.chain_ids if ckpt is not None else [],
+        committed=ckpt.meta if ckpt is not None else None,
     )

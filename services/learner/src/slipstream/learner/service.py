@@ -200,6 +200,22 @@ class LearnerService(BaseService):
         p.version = point.version
         for ids in point.chain_ids:
             self.ledger.commit(ids)
+        if point.committed is not None:
+            meta = point.committed
+            restored = await asyncio.to_thread(
+                self.outcomes.restore_trained,
+                meta.trained_ids,
+                meta.trained_sequences,
+                step=meta.step,
+                policy_version=meta.policy_version,
+            )
+            if restored:
+                log.warning(
+                    "outcome lines of the last commit were missing; written now",
+                    trajectories=restored,
+                    step=meta.step,
+                    hint="the previous learner stopped between its checkpoint commit and the log write",
+                )
         STEP_VERSION.set(p.version)
         log.info(
             "resumed" if point.checkpoint_version >= 0 else "started",
