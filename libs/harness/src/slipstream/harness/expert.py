@@ -37,17 +37,17 @@ def _modes(summary: Summaries) -> list[SummaryConfig | None]:
     return list(summary)
 
 
-def episode_examples(episode: Episode, *, frozen: bool = False, frozen_rows: int | None = None) -> list[Example]:
+def episode_examples(episode: Episode, *, frozen: int | None = 0) -> list[Example]:
     """(ids, trained) of each trainable sample: the sample's ids, True where its loss mask is 1.
 
-    `frozen`: untrainable samples too (an env's `warmstart_frozen_samples`: the swarm's sub-agents,
-    frozen in RL, learn their search skill from the expert's sub-agent episodes here), at most
-    `frozen_rows` of them (the first; None: all)."""
+    `frozen`: how many untrainable samples to add too, the first ones (0: none; None: all). An
+    env's `warmstart_frozen_samples`: the swarm's sub-agents, frozen in RL, learn their search
+    skill from the expert's sub-agent episodes here, capped by `warmstart_frozen_rows`."""
     out: list[Example] = []
     taken = 0
     for s in episode.samples:
         if not s.trainable:
-            if not frozen or (frozen_rows is not None and taken >= frozen_rows):
+            if frozen is not None and taken >= frozen:
                 continue
             taken += 1
         out.append((s.ids(), [False] * s.prompt_len + [bool(m) for m in s.mask()]))
@@ -139,8 +139,7 @@ def expert_example_chunks(
     for t in tasks:
         unique.setdefault(t.metadata.get("key", t.task_id), t)
     keys = list(unique)
-    frozen = env.warmstart_frozen_samples
-    frozen_rows = env.warmstart_frozen_rows()
+    frozen = env.warmstart_frozen_rows() if env.warmstart_frozen_samples else 0
     curated = type(env).curate_expert_episodes is not Environment.curate_expert_episodes
     by_key: dict[str, list[Example]] = {}
     pos = 0  # tasks[:pos] have been yielded
@@ -151,9 +150,7 @@ def expert_example_chunks(
         # The env may filter its teacher's episodes (e.g. Context-1's SFT rules); a dropped one adds nothing.
         keep = env.curate_expert_episodes(part, played)
         for t, e, k in zip(part, played, keep, strict=True):
-            by_key[t.metadata.get("key", t.task_id)] = (
-                episode_examples(e, frozen=frozen, frozen_rows=frozen_rows) if k else []
-            )
+            by_key[t.metadata.get("key", t.task_id)] = episode_examples(e, frozen=frozen) if k else []
         # Distinct keys come in order of first appearance: every task up to the next unplayed key is covered.
         out: list[Example] = []
         while pos < len(tasks) and (key := tasks[pos].metadata.get("key", tasks[pos].task_id)) in by_key:

@@ -427,7 +427,7 @@ def probe_items(
         return [[ex] for ex in _examples(env, tokenizer, tasks)]
     episodes = asyncio.run(expert_episodes(env, tokenizer, tasks, summary=summary))
     items = [
-        episode_examples(e, frozen=env.warmstart_frozen_samples)
+        episode_examples(e, frozen=None if env.warmstart_frozen_samples else 0)
         for t, e in zip(tasks, episodes, strict=True)
         if env.score(t, e).correct and not e.counts.get("invalid_tool_call", 0)
     ]
