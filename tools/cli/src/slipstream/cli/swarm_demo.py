@@ -54,17 +54,21 @@ def swarm_plan(search_options: dict[str, Any]) -> dict[str, Any]:
             "wide_max": 4,
             "max_critical_steps": 4,
             "parallel_cap": 4,
-            "expert_parallel_rate": 0.5,
+            # The expert is parallel on 80% of tasks and each of its parallel episodes warm-starts
+            # the orchestrator's row and one sub-agent's: ~3.6 orchestrator rows in a batch of 8
+            # (all sub-agent rows: ~1.3), which the answer's id copies need (see sft_steps).
+            "expert_parallel_rate": 0.8,
+            "warmstart_subagent_rows": 1,
         },
         "preset": "micro",
         "loss": "cispo",
-        # Fixed-distance copies need no copy curriculum. A parallel expert episode gives 5 rows (the
-        # orchestrator's and its 4 sub-agents'), a serial one 1, so a batch of 8 holds ~1.3
-        # parallel orchestrator rows; trained on that turn alone (8 rows a step) its copies formed
-        # at 800-1,200 steps. The probe (greedy replay of whole parallel expert episodes) stops it.
-        # Session 14, seed 0: 5,000 steps (2,986 s) replay the parallel turn and every sub-agent on
-        # held-out tasks but not the answer's ids, so the probe stayed 0 (libs/envs README, "swarm").
-        "sft_steps": 5000,
+        # Fixed-distance copies need no copy curriculum. The parallel turn's copies (~600 bytes a
+        # row) form early; the answer's (4 ids, each copied from 141 bytes back) late: offline, on
+        # 8 answer rows a step, at ~3,800 steps. With ~1.3 such rows a batch (session 14: every
+        # sub-agent row kept, half the tasks parallel) 5,000 steps never formed it; with ~3.6
+        # (above) the probe (greedy replay of whole parallel expert episodes) stopped the
+        # warm-start at 2,750-6,500 steps (libs/envs README, "swarm").
+        "sft_steps": 8000,
         "sft_batch": 8,
         "sft_lr": 3e-3,
         "sft_target_accuracy": 0.5,
