@@ -48,14 +48,14 @@ class Spans:
         return next((a for a in self.ancestors(span) if a["name"].startswith(prefix)), None)
 
 
+def outcomes(run_dir: Path) -> list[dict[str, Any]]:
+    """The learner's outcomes log, one record a line."""
+    return [json.loads(line) for line in (run_dir / "learner-outcomes.jsonl").read_text().splitlines() if line.strip()]
+
+
 def trained_ids(run_dir: Path) -> dict[str, int]:
     """trajectory id -> step, for every trajectory the learner trained (its outcomes log)."""
-    out: dict[str, int] = {}
-    for line in (run_dir / "learner-outcomes.jsonl").read_text().splitlines():
-        record = json.loads(line)
-        if record["outcome"] == "trained":
-            out[record["trajectory_id"]] = record["step"]
-    return out
+    return {r["trajectory_id"]: r["step"] for r in outcomes(run_dir) if r["outcome"] == "trained"}
 
 
 def trained_groups(run_dir: Path, group_size: int) -> tuple[int, int, dict[str, tuple[int, int]]]:
@@ -67,12 +67,10 @@ def trained_groups(run_dir: Path, group_size: int) -> tuple[int, int, dict[str, 
     members == group_size. The odd ones map to (trained, dropped). A group is a trajectory id less
     its last part (`<run>:<task>/<sampling>/<index>`)."""
     final: dict[str, str] = {}
-    for line in (run_dir / "learner-outcomes.jsonl").read_text().splitlines():
-        if line.strip():
-            record = json.loads(line)
-            tid = record["trajectory_id"]
-            if final.get(tid) != "trained":
-                final[tid] = record["outcome"]
+    for record in outcomes(run_dir):
+        tid = record["trajectory_id"]
+        if final.get(tid) != "trained":
+            final[tid] = record["outcome"]
     members: dict[str, list[str]] = {}
     for tid, outcome in final.items():
         members.setdefault(tid.rsplit("/", 1)[0], []).append(outcome)

@@ -248,9 +248,9 @@ async def test_a_killed_learner_resumes_from_its_checkpoint_without_losing_or_do
     # As if run A had died between committing step 4 and writing its lines (chaos hit that window
     # once): the lines of step 4's commit are taken out of the log, and run B must write them back.
     log_path = tmp_path / "outcomes.jsonl"
-    kept = [o for o in read_outcomes(log_path) if not (o.outcome == "trained" and o.step == 4)]
-    cut = len(read_outcomes(log_path)) - len(kept)
-    assert cut == 16  # steps 3 and 4: 4 groups of 4
+    before = read_outcomes(log_path)
+    kept = [o for o in before if not (o.outcome == "trained" and o.step == 4)]
+    assert len(before) - len(kept) == 16  # steps 3 and 4: 4 groups of 4
     log_path.write_bytes(b"".join(msgspec.json.encode(o) + b"\n" for o in kept))
 
     run_b = learner_process(tmp_path, nats_server.url, "learner-b")
@@ -283,9 +283,9 @@ async def test_a_killed_learner_resumes_from_its_checkpoint_without_losing_or_do
     in_checkpoints = [tid for m in metas for tid in m.trained_ids]
     assert len(in_checkpoints) == len(published) == 64
     assert sorted(in_checkpoints) == sorted(published)
-    trained_lines = [o.trajectory_id for o in read_outcomes(tmp_path / "outcomes.jsonl") if o.outcome == "trained"]
-    assert sorted(trained_lines) == sorted(published)  # one line each: run A's lost step left none
-    by_id = {o.trajectory_id: o for o in read_outcomes(log_path) if o.outcome == "trained"}
+    trained = [o for o in read_outcomes(log_path) if o.outcome == "trained"]
+    assert sorted(o.trajectory_id for o in trained) == sorted(published)  # one line each: run A's lost step left none
+    by_id = {o.trajectory_id: o for o in trained}
     step4 = next(m for m in metas if m.step == 4)
     assert {(by_id[t].step, by_id[t].policy_version) for t in step4.trained_ids} == {(4, 4)}
     assert [by_id[t].sequences for t in step4.trained_ids] == step4.trained_sequences
