@@ -39,6 +39,9 @@ import json, os, signal, sys, threading, time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 name, mode, out = sys.argv[1], sys.argv[2], sys.argv[3]
+# the handler goes in before the env file is written: a test that waits for that file knows the handler is set
+stop = []
+signal.signal(signal.SIGTERM, signal.SIG_IGN if mode == "ignore-term" else (lambda *_: stop.append(1)))
 with open(os.path.join(out, name + ".env.json"), "w") as fh:
     json.dump({k: v for k, v in os.environ.items() if k.startswith("SLIPSTREAM_")}, fh)
 print(f"fake {name} starting ({mode})", flush=True)
@@ -59,8 +62,6 @@ class Health(BaseHTTPRequestHandler):
 
 srv = ThreadingHTTPServer(("127.0.0.1", int(os.environ["SLIPSTREAM_SERVICE__HTTP_PORT"])), Health)
 threading.Thread(target=srv.serve_forever, daemon=True).start()
-stop = []
-signal.signal(signal.SIGTERM, signal.SIG_IGN if mode == "ignore-term" else (lambda *_: stop.append(1)))
 started = time.monotonic()
 while not stop:
     if mode == "die-later" and time.monotonic() - started > 1.5:
@@ -93,6 +94,14 @@ def _wait_state(proc: subprocess.Popen[str], path: Path, timeout_s: float) -> di
         time.sleep(0.1)
     rc, out = _interrupt(proc)
     pytest.fail(f"no {path} after {timeout_s} s; `up` exited with {rc} on SIGINT:\n{out}")
+
+
+def _wait_file(path: Path, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not path.exists():
+        if time.monotonic() > deadline:
+            pytest.fail(f"no {path} after {timeout_s} s")
+        time.sleep(0.05)
 
 
 def _interrupt(proc: subprocess.Popen[str], timeout_s: float = 60, sig: int = signal.SIGINT) -> tuple[int, str]:
@@ -252,6 +261,10 @@ def test_a_stop_request_ends_the_ready_wait_and_a_second_one_skips_the_drain(tmp
     stack = Stack(_fake_spec(tmp_path, {"learner": "never-ready", "eval-gate": "ignore-term"}, drain_timeout_s=60))
     stack.start()
     try:
+        # SIGTERM must find each fake's handler in place: on a loaded CI machine the eval-gate's start took
+        # over 0.5 s once, and the default action ended it with -SIGTERM before its SIG_IGN was set
+        for name in ("learner", "eval-gate"):
+            _wait_file(tmp_path / "seen" / f"{name}.env.json", timeout_s=30)
         threading.Timer(0.5, stack.interrupt.set).start()
         t0 = time.monotonic()
         with pytest.raises(StackInterrupted):
