@@ -68,30 +68,34 @@ class OutcomeLog:
         """
         if self.path is None:
             return 0
-        data = self.path.read_bytes() if self.path.exists() else b""
-        present: set[str] = set()
-        decoder = msgspec.json.Decoder(Outcome)
-        for line in data.splitlines():
-            try:
-                outcome = decoder.decode(line)
-            except msgspec.DecodeError:
-                continue
-            if outcome.outcome == TRAINED:
-                present.add(outcome.trajectory_id)
+        logged = read_outcomes(self.path, skip_torn=True) if self.path.exists() else []
+        present = {o.trajectory_id for o in logged if o.outcome == TRAINED}
         seqs = sequences if len(sequences) == len(ids) else [[] for _ in ids]  # checkpoints before the field
         missing = [
             Outcome(trajectory_id=tid, outcome=TRAINED, step=step, policy_version=policy_version, sequences=s)
             for tid, s in zip(ids, seqs, strict=True)
             if tid not in present
         ]
-        if missing and data and not data.endswith(b"\n"):
-            with self.path.open("ab", buffering=0) as fh:
-                fh.write(b"\n")
+        if missing and self.path.exists() and self.path.stat().st_size:
+            with self.path.open("rb+", buffering=0) as fh:
+                fh.seek(-1, 2)
+                if fh.read(1) != b"\n":
+                    fh.write(b"\n")
         self.write(missing)
         return len(missing)
 
 
-def read_outcomes(path: str | Path) -> list[Outcome]:
-    """Every outcome in a log file, in order."""
+def read_outcomes(path: str | Path, *, skip_torn: bool = False) -> list[Outcome]:
+    """Every outcome in a log file, in order; `skip_torn`: pass over a line that is no whole
+    outcome (one a kill cut short) instead of raising."""
     decoder = msgspec.json.Decoder(Outcome)
-    return [decoder.decode(line) for line in Path(path).read_bytes().splitlines() if line.strip()]
+    out: list[Outcome] = []
+    for line in Path(path).read_bytes().splitlines():
+        if not line.strip():
+            continue
+        try:
+            out.append(decoder.decode(line))
+        except msgspec.DecodeError:
+            if not skip_torn:
+                raise
+    return out
