@@ -197,7 +197,8 @@ async def test_worker_rolls_out_tasks_follows_weights_and_drains(bus: Bus, nats_
 
         # 3. A task that needs version 2 waits for it and is sampled only under it.
         await _publish_tasks(bus, [_task(20, group_size=2, min_version=2)])
-        await asyncio.sleep(0.5)
+        await _until(lambda: service.in_flight() == 1, 10, "the gated task to be taken")
+        await asyncio.sleep(0.3)  # and held: not sampled under version 1
         assert engine.policy_version == 1 and service.in_flight() == 1
         await _announce(bus, store, 2, {k: v + 0.01 for k, v in v1.items()})
         gated = await _collect(reader, 2)
