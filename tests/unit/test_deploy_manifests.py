@@ -197,6 +197,7 @@ def test_the_rayjob_runs_the_learner_as_driver_of_one_rank_per_gpu_worker() -> N
         assert worker["resources"]["limits"]["nvidia.com/gpu"] == 1
         env = {e["name"]: e.get("value") for e in worker["env"]}
         assert env["RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO"] == "0"  # a CPU-only rank actor still sees its pod's GPU
+        assert env["RAY_worker_niceness"] == "0"  # the rank runs at its publisher sidecar's priority, not Ray's 15
         # This pod's publisher stores rank r's part: its env, through the publisher's own loader.
         (sidecar,) = spec["initContainers"]
         pub_env = {e["name"]: e.get("value") for e in sidecar["env"]}
