@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-import json
 from collections import defaultdict
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
+
+from slipstream.learner.outcomes import Outcome, read_outcomes
 
 Span = dict[str, Any]
 
@@ -48,14 +49,14 @@ class Spans:
         return next((a for a in self.ancestors(span) if a["name"].startswith(prefix)), None)
 
 
-def outcomes(run_dir: Path) -> list[dict[str, Any]]:
-    """The learner's outcomes log, one record a line."""
-    return [json.loads(line) for line in (run_dir / "learner-outcomes.jsonl").read_text().splitlines() if line.strip()]
+def outcomes(run_dir: Path) -> list[Outcome]:
+    """The learner's outcomes log, read by the learner's own reader."""
+    return read_outcomes(run_dir / "learner-outcomes.jsonl")
 
 
 def trained_ids(run_dir: Path) -> dict[str, int]:
     """trajectory id -> step, for every trajectory the learner trained (its outcomes log)."""
-    return {r["trajectory_id"]: r["step"] for r in outcomes(run_dir) if r["outcome"] == "trained"}
+    return {o.trajectory_id: o.step for o in outcomes(run_dir) if o.outcome == "trained"}
 
 
 def trained_groups(run_dir: Path, group_size: int) -> tuple[int, int, dict[str, tuple[int, int]]]:
@@ -67,10 +68,9 @@ def trained_groups(run_dir: Path, group_size: int) -> tuple[int, int, dict[str, 
     members == group_size. The odd ones map to (trained, dropped). A group is a trajectory id less
     its last part (`<run>:<task>/<sampling>/<index>`)."""
     final: dict[str, str] = {}
-    for record in outcomes(run_dir):
-        tid = record["trajectory_id"]
-        if final.get(tid) != "trained":
-            final[tid] = record["outcome"]
+    for o in outcomes(run_dir):
+        if final.get(o.trajectory_id) != "trained":
+            final[o.trajectory_id] = o.outcome
     members: dict[str, list[str]] = {}
     for tid, outcome in final.items():
         members.setdefault(tid.rsplit("/", 1)[0], []).append(outcome)
