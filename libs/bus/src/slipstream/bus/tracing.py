@@ -15,20 +15,43 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from opentelemetry import propagate, trace
 from opentelemetry.context import Context, get_current
 from opentelemetry.trace import Link, NoOpTracerProvider, ProxyTracerProvider, SpanKind
-
-if TYPE_CHECKING:
-    from slipstream.bus.delivery import Delivery
 
 _TRACER_NAME = "slipstream.bus"
 MSG_ID_HEADER = "Nats-Msg-Id"
 # Fields copied onto consumer spans when the message (or the trajectory / episode it wraps) has them.
 ID_FIELDS = ("run_id", "task_id", "trajectory_id", "episode_id", "group_id", "policy_version", "worker_id", "env")
 AttributeValue = str | int | float | bool
+
+
+class Traced(Protocol):
+    """What tracing reads of a received message (a `delivery.Delivery` is one).
+
+    Declared here rather than importing `Delivery`, since a delivery extracts its trace context
+    with this module's `extract`: the two would otherwise import each other.
+    """
+
+    @property
+    def subject(self) -> str: ...
+
+    @property
+    def headers(self) -> dict[str, str]: ...
+
+    @property
+    def msg(self) -> object: ...
+
+    @property
+    def num_delivered(self) -> int: ...
+
+    @property
+    def stream_seq(self) -> int: ...
+
+    @property
+    def context(self) -> Context: ...
 
 
 def _provider_installed() -> bool:
@@ -126,7 +149,7 @@ def message_ids(msg: Any) -> dict[str, AttributeValue]:
     return out
 
 
-def delivery_attributes(delivery: Delivery[Any], durable: str) -> dict[str, AttributeValue]:
+def delivery_attributes(delivery: Traced, durable: str) -> dict[str, AttributeValue]:
     """Messaging attributes of one delivery, plus the ids its message carries."""
     attrs: dict[str, AttributeValue] = {
         "messaging.system": "nats",
@@ -144,7 +167,7 @@ def delivery_attributes(delivery: Delivery[Any], durable: str) -> dict[str, Attr
 
 
 @contextmanager
-def consumer_span(delivery: Delivery[Any], durable: str) -> Iterator[Any]:
+def consumer_span(delivery: Traced, durable: str) -> Iterator[Any]:
     """A CONSUMER span, child of the producer's (from the headers), around handling one delivery.
 
     A handler exception passing through is recorded on the span, which then has status ERROR.
@@ -162,7 +185,7 @@ def consumer_span(delivery: Delivery[Any], durable: str) -> Iterator[Any]:
         yield span
 
 
-def link_to(delivery: Delivery[Any]) -> Link | None:
+def link_to(delivery: Traced) -> Link | None:
     """A span link to the producer of `delivery` (None when its headers carried no valid context)."""
     ctx = trace.get_current_span(delivery.context).get_span_context()
     if not ctx.is_valid:
@@ -177,7 +200,7 @@ def link_to(delivery: Delivery[Any]) -> Link | None:
 @contextmanager
 def batch_span(
     name: str,
-    deliveries: Iterable[Delivery[Any]],
+    deliveries: Iterable[Traced],
     attributes: Mapping[str, AttributeValue] | None = None,
     *,
     root: bool = True,
