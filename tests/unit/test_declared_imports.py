@@ -74,7 +74,9 @@ def undeclared(dists: list[Distribution], repo: Path = REPO) -> list[str]:
             for line, pkg in slipstream_imports(path.read_text(), str(path)):
                 other = owner.get(pkg)
                 if other is None:
-                    problems.append(f"{path.relative_to(repo)}:{line} imports slipstream.{pkg}, which no distribution installs")
+                    problems.append(
+                        f"{path.relative_to(repo)}:{line} imports slipstream.{pkg}, which no distribution installs"
+                    )
                 elif other is not dist and other.name not in dist.declared:
                     problems.append(
                         f"{path.relative_to(repo)}:{line} imports slipstream.{pkg} "
