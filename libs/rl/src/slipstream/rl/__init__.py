@@ -32,6 +32,8 @@ _EXPORTS: dict[str, str] = {
     "KL_ESTIMATORS": "config",
     "KLEstimator": "config",
     "LossConfig": "config",
+    "OFF_POLICY_MASKS": "config",
+    "OffPolicyMask": "config",
     "kl_per_token": "kl",
     "LossOutput": "losses",
     "PolicyLoss": "losses",
@@ -39,16 +41,19 @@ _EXPORTS: dict[str, str] = {
     "compute_loss": "losses",
     "get_loss": "losses",
     "loss_types": "losses",
+    "off_policy_keep": "losses",
     "register_loss": "losses",
 }
 
 __all__ = [
     "KL_ESTIMATORS",
+    "OFF_POLICY_MASKS",
     "Batch",
     "DropReason",
     "KLEstimator",
     "LossConfig",
     "LossOutput",
+    "OffPolicyMask",
     "PolicyLoss",
     "PolicyTerms",
     "SampleWeighting",
@@ -62,6 +67,7 @@ __all__ = [
     "is_uniform_group",
     "kl_per_token",
     "loss_types",
+    "off_policy_keep",
     "pack_batch",
     "register_loss",
     "sample_weights",
@@ -75,7 +81,7 @@ if TYPE_CHECKING:
     from slipstream.rl.admission import DropReason, is_stale, staleness
     from slipstream.rl.advantages import group_advantages, is_uniform_group
     from slipstream.rl.batch import Batch, TrainItem, pack_batch, token_logprobs, turn_mismatch
-    from slipstream.rl.config import KL_ESTIMATORS, KLEstimator, LossConfig
+    from slipstream.rl.config import KL_ESTIMATORS, OFF_POLICY_MASKS, KLEstimator, LossConfig, OffPolicyMask
     from slipstream.rl.credit import SampleWeighting, agent_advantages, group_rows, sample_weights, token_advantages
     from slipstream.rl.kl import kl_per_token
     from slipstream.rl.losses import (
@@ -85,6 +91,7 @@ if TYPE_CHECKING:
         compute_loss,
         get_loss,
         loss_types,
+        off_policy_keep,
         register_loss,
     )
 

@@ -16,7 +16,9 @@ Doc = msgspec.Meta
 KLEstimator = Literal["k1", "k2", "k3"]
 KL_ESTIMATORS: tuple[KLEstimator, ...] = ("k1", "k2", "k3")
 
-BUILTIN_LOSS_TYPES = ("cispo", "grpo")
+BUILTIN_LOSS_TYPES = ("cispo", "grpo", "kimi")
+OffPolicyMask = Literal["none", "token", "sequence"]
+OFF_POLICY_MASKS: tuple[OffPolicyMask, ...] = ("none", "token", "sequence")
 _EXTRA_LOSS_TYPES: set[str] = set()
 
 
@@ -32,7 +34,9 @@ def known_loss_types() -> tuple[str, ...]:
 class LossConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """The `[loss]` section: which policy loss, its clipping, KL and normalisation."""
 
-    type: Annotated[str, Doc(description="Loss in the registry: 'grpo' (PPO-style clip) or 'cispo'.")] = "grpo"
+    type: Annotated[
+        str, Doc(description="Loss in the registry: 'grpo' (PPO-style clip), 'cispo' or 'kimi' (Kimi K2.5).")
+    ] = "grpo"
     clip_low: Annotated[float, Doc(description="grpo: the ratio is clipped from below at 1 - clip_low.")] = 0.2
     clip_high: Annotated[float, Doc(description="grpo: the ratio is clipped from above at 1 + clip_high.")] = 0.2
     cispo_clip_high: Annotated[
@@ -54,23 +58,51 @@ class LossConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             "cispo's weight is capped at min(1 + cispo_clip_high, tis_cap). Unset = off."
         ),
     ] = None
-    kl_coef: Annotated[float, Doc(description="Weight of the KL penalty to the reference policy; 0 = off.")] = 0.0
+    kimi_alpha: Annotated[
+        float, Doc(description="kimi: tokens whose log(π_θ/π_behaviour) is below this get no policy gradient.")
+    ] = -0.5
+    kimi_beta: Annotated[
+        float, Doc(description="kimi: tokens whose log(π_θ/π_behaviour) is above this get no policy gradient.")
+    ] = 0.5
+    kimi_tau: Annotated[
+        float, Doc(description="kimi: weight τ of the τ·(log π_θ/π_behaviour)² penalty on every trained token.")
+    ] = 0.1
+    off_policy_mask: Annotated[
+        OffPolicyMask,
+        Doc(
+            description="Mask off-policy tokens out of the loss (IcePop-style, two-sided): 'token' masks a token "
+            "whose ratio π_θ/π_behaviour leaves [mask_low, mask_high]; 'sequence' masks every token of a row "
+            "whose geometric-mean ratio leaves it; 'none' = off."
+        ),
+    ] = "none"
+    mask_low: Annotated[float, Doc(description="Lower ratio bound of off_policy_mask (in (0, 1]).")] = 0.5
+    mask_high: Annotated[float, Doc(description="Upper ratio bound of off_policy_mask (>= 1).")] = 2.0
+    kl_coef: Annotated[
+        float,
+        Doc(
+            description="Weight of the KL penalty to the reference policy (the initial weights; with LoRA, the "
+            "base model with the adapters off); 0 = off, and no reference forward pass is run."
+        ),
+    ] = 0.0
     kl_estimator: Annotated[
         KLEstimator, Doc(description="Per-token KL estimator: 'k1' (Composer 2), 'k2' or 'k3'.")
     ] = "k3"
     normalizer: Annotated[
-        Literal["constant", "tokens"],
+        Literal["", "constant", "tokens"],
         Doc(
             description="'constant': sum of token terms / loss_constant (Dr. GRPO, no length normalisation); "
-            "'tokens': sum / trained tokens in the batch."
+            "'tokens': sum / trained tokens in the batch; empty = the loss type's own ('tokens' for kimi, "
+            "whose objective is a batch-token mean, 'constant' otherwise)."
         ),
-    ] = "constant"
+    ] = ""
     loss_constant: Annotated[
         float,
         Doc(description="Divisor for normalizer='constant'; e.g. trajectories per step x max completion tokens."),
     ] = 1024.0
 
     def __post_init__(self) -> None:
+        if not self.normalizer:
+            self.normalizer = "tokens" if self.type == "kimi" else "constant"
         if self.type not in known_loss_types():  # unknown types fail at config time, listing the valid ones
             raise ValueError(f"unknown loss type {self.type!r}; valid types: {', '.join(known_loss_types())}")
         checks = [
@@ -88,6 +120,18 @@ class LossConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
                 f"kl_estimator must be one of {', '.join(KL_ESTIMATORS)}, got {self.kl_estimator!r}",
             ),
             (self.loss_constant > 0.0, f"loss_constant must be > 0, got {self.loss_constant}"),
+            (
+                self.kimi_alpha < 0.0 < self.kimi_beta,
+                f"kimi_alpha must be < 0 < kimi_beta (a log-ratio range around 0), got [{self.kimi_alpha}, "
+                f"{self.kimi_beta}]",
+            ),
+            (self.kimi_tau >= 0.0, f"kimi_tau must be >= 0, got {self.kimi_tau}"),
+            (
+                self.off_policy_mask in OFF_POLICY_MASKS,
+                f"off_policy_mask must be one of {', '.join(OFF_POLICY_MASKS)}, got {self.off_policy_mask!r}",
+            ),
+            (0.0 < self.mask_low <= 1.0, f"mask_low must be in (0, 1], got {self.mask_low}"),
+            (self.mask_high >= 1.0, f"mask_high must be >= 1, got {self.mask_high}"),
         ]
         for ok, message in checks:
             if not ok:

@@ -29,13 +29,37 @@ Loss types (each returns per-token terms to be minimised):
     cispo  term = −sg(clip(r, 1 − cispo_clip_low, 1 + cispo_clip_high))·A·log π_θ
            CISPO (MiniMax-M1, Context-1): the clipped weight is detached, so every token keeps a
            gradient A·w·∇log π_θ; clipping only bounds its size. With r = 1 it is REINFORCE.
+    kimi   term = −1[α ≤ log r ≤ β]·r·A + τ·(log r)²
+           Kimi K2.5 (techniques.md §1.2): a token whose log-ratio leaves [kimi_alpha, kimi_beta]
+           gets no policy gradient whatever the sign of A (a mask, not PPO's one-sided clip); the
+           quadratic penalty applies to every trained token and pulls the ratio back to 1. Its
+           normaliser is the batch's trained-token count (normalizer '' resolves to 'tokens').
+
+Off-policy masking (off_policy_mask, off by default; IcePop-style, two-sided, any loss type): a
+masked token's policy term (kimi's τ term included) is zeroed, so it gets no policy gradient; the
+KL penalty to the reference still applies to it, and it still counts in the 'tokens' normaliser,
+as with TRL 1.16's masked importance sampling (vllm_importance_sampling_mode token_mask). The
+mask is taken on the same ratio r as the loss, so with substeps it also catches the drift of
+the substeps before.
+
+    token     mask a token whose ratio r leaves [mask_low, mask_high]
+    sequence  mask every token of a row whose geometric-mean ratio exp(mean log r over its
+              trained tokens) leaves [mask_low, mask_high]; rows are the first dimension of a
+              [B, T] batch (one training sample each); a flat [N] input is one row
 
 Optional KL penalty (kl_coef > 0, off by default): kl_coef · Σ mask·k(logprobs, ref_logprobs) / D,
 with the same divisor D as the policy term and k one of the estimators in kl.py.
+
+Figures (`LossOutput.metrics`, token means over trained tokens unless said): ratio_mean/min/max,
+clip_fraction (grpo: clipped; cispo: weight capped; kimi: outside [α, β]), behaviour_kl (the
+train–inference mismatch: k3 estimate of KL(π_behaviour ‖ π_θ) over the trained tokens),
+masked_share (share of trained tokens the off-policy mask removed; 0 with the mask off), kl (to
+the reference, when ref_logprobs are given) and kl_loss, policy_loss, loss, tokens (a count).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -44,7 +68,7 @@ import msgspec
 import torch
 from torch import Tensor
 
-from slipstream.rl.config import LossConfig, declare_loss_type
+from slipstream.rl.config import LossConfig, OffPolicyMask, declare_loss_type
 from slipstream.rl.kl import LOG_RATIO_LIMIT, kl_per_token
 
 Doc = msgspec.Meta
@@ -117,6 +141,37 @@ def cispo_terms(config: LossConfig, logprobs: Tensor, ratio: Tensor, advantages:
     return PolicyTerms(terms=-(weight * advantages) * logprobs, clipped=(r < low) | (r > high))
 
 
+@register_loss("kimi")
+def kimi_terms(config: LossConfig, logprobs: Tensor, ratio: Tensor, advantages: Tensor) -> PolicyTerms:
+    """term = −1[kimi_alpha ≤ log r ≤ kimi_beta]·r·A + kimi_tau·(log r)² (Kimi K2.5's objective, minimised)."""
+    del logprobs  # the gradient flows through the ratio
+    log_ratio = torch.log(ratio)
+    lr = log_ratio.detach()
+    outside = (lr < config.kimi_alpha) | (lr > config.kimi_beta)
+    policy = torch.where(outside, 0.0, ratio * advantages)
+    return PolicyTerms(terms=-policy + config.kimi_tau * log_ratio.square(), clipped=outside)
+
+
+def off_policy_keep(kind: OffPolicyMask, log_ratio: Tensor, trained: Tensor, low: float, high: float) -> Tensor:
+    """Bool per token: kept by the off-policy mask `kind` (everything for 'none'); see the module docstring.
+
+    `log_ratio` is log(π_θ/π_behaviour) (detached here), `trained` the bool mask of trained tokens.
+    """
+    lo, hi = math.log(low), math.log(high)
+    if kind == "none":
+        return torch.ones_like(trained)
+    lr = torch.where(trained, log_ratio.detach(), 0.0)
+    if kind == "token":
+        return (lr >= lo) & (lr <= hi)
+    if kind == "sequence":
+        rows = lr.reshape(1, -1) if lr.dim() == 1 else lr
+        counts = trained.reshape(rows.shape).sum(dim=-1, keepdim=True).clamp(min=1)
+        mean = rows.sum(dim=-1, keepdim=True) / counts  # log of the geometric-mean ratio per row
+        keep = (mean >= lo) & (mean <= hi)
+        return keep.expand_as(rows).reshape(lr.shape)
+    raise ValueError(f"unknown off_policy_mask {kind!r}; valid: none, token, sequence")
+
+
 @dataclass(frozen=True)
 class LossOutput:
     """The scalar to backpropagate and the figures to log (plain floats, already synced)."""
@@ -182,6 +237,10 @@ def compute_loss(
 
     policy = loss_fn(config, logp, ratio, adv)
     terms = torch.where(trained, policy.terms, 0.0)
+    masking = config.off_policy_mask != "none"
+    if masking:
+        kept = off_policy_keep(config.off_policy_mask, log_ratio, trained, config.mask_low, config.mask_high)
+        terms = torch.where(kept, terms, 0.0)
     n_tokens = trained.sum()
     divisor: Tensor | float
     if config.normalizer == "constant":
@@ -205,6 +264,7 @@ def compute_loss(
         # k3 estimate of KL(π_behaviour ‖ π_θ) over tokens sampled from π_behaviour: how far
         # off-policy the batch is; 0 when every token came from the current weights.
         "behaviour_kl": torch.where(trained, torch.expm1(log_ratio.detach()) - log_ratio.detach(), 0.0).sum() / denom,
+        "masked_share": (trained & ~kept).sum().to(dtype) / denom if masking else torch.zeros((), dtype=dtype),
     }
     if ref_logprobs is not None:
         ref = torch.where(trained, ref_logprobs.detach().to(dtype), 0.0)
