@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from slipstream.bus import Bus, BusConfig, connect_bus
+from slipstream.control import connect_control
 from slipstream.runtime.section import ServiceSection
 from slipstream.schemas import LearnerStep, Task, Trajectory, WeightAnnounce, WeightManifest, to_json
 from slipstream.schemas.subjects import LEARNER_STEP, WEIGHTS_ANNOUNCE
@@ -154,6 +155,62 @@ async def test_window_min_policy_version_and_stop(nats_server: Server, tmp_path:
         stop.set()
         await asyncio.wait_for(run, 5)
         await svc.close()
+        await bus.close()
+
+
+async def test_pass_rate_sampler_serves_the_informative_task_again(
+    nats_server: Server, redis_server: Server, tmp_path: Path
+) -> None:
+    """Through NATS and Redis: of two tasks, the one whose group was mixed goes out again, the solved one never."""
+    run_id = f"{RUN}-sampler"
+    cfg = TaskSourceConfig(
+        service=ServiceSection(run_id=run_id, replica="ts-0", redis_url=redis_server.url),
+        bus=BusConfig(url=nats_server.url),
+        store=StoreConfig(type="local", root=str(tmp_path / "store")),
+        tasks=TasksSection(
+            envs=["reverse"],
+            group_size=2,
+            groups_per_step=2,
+            max_staleness=0,  # a window of 2 tasks
+            seed=4,
+            poll_interval_s=0.05,
+            sampler="pass_rate",
+            sampler_revisit_share=1.0,  # every slot a revisit while one is ready
+        ),
+    )
+    bus = await connect_bus(BusConfig(url=nats_server.url), name="test")
+    await bus.ensure_streams()
+    control = await connect_control(redis_server.url, run_id)
+    svc = TaskSourceService(cfg)
+    await svc.setup()
+    stop = asyncio.Event()
+    run = asyncio.create_task(svc.run(stop))
+    consumer = await bus.consumer("rollout-worker", Task)
+    try:
+        await steady(bus, 2)
+        first = list(await consumer.fetch(batch=2, timeout=5))
+        mixed, solved = (d.msg for d in first)
+        assert mixed.task_id == f"{run_id}:reverse-train-4000000-0" and "~" not in solved.task_id
+        # Their groups come back (the learner records each group's attempts): 1 of 2 and 2 of 2 solved.
+        await control.task_stats.record_many(
+            [(f"reverse/{mixed.metadata['key']}", r, bool(r)) for r in (0.0, 1.0)]
+            + [(f"reverse/{solved.metadata['key']}", 1.0, True)] * 2
+        )
+        for d in first:
+            await d.ack()
+        await steady(bus, 2)
+        again = [d.msg for d in await consumer.fetch(batch=2, timeout=5)]
+        # The mixed task first (a revisit under a new id, same problem), then a fresh task: the
+        # solved one is retired, so the second slot finds no revisit ready.
+        assert [t.task_id for t in again] == [f"{mixed.task_id}~r2", f"{run_id}:reverse-train-4000000-2"]
+        assert again[0].prompt == mixed.prompt and again[0].metadata == mixed.metadata
+        assert svc.status()["sampler"] == {"pool": 2, "ready": 0, "revisits": 1, "left": {"retired": 1}}
+    finally:
+        await consumer.close()
+        stop.set()
+        await asyncio.wait_for(run, 5)
+        await svc.close()
+        await control.close()
         await bus.close()
 
 

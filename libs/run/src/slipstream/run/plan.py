@@ -46,6 +46,9 @@ class TrainingPlan(msgspec.Struct, kw_only=True):
     """Copy-curriculum rows added to every warm-start batch, so those heads are kept (0: none)."""
     group_size: int = 8
     groups_per_step: int = 8
+    task_sampler: str = "off"
+    """The task source's `[tasks] sampler`: "pass_rate" serves again the tasks whose latest group was
+    informative and retires those solved every time (services/task-source sampler.py); "off": all fresh."""
     max_staleness: int = 2
     max_steps: int = 60
     lr: float = 5e-4
@@ -231,6 +234,9 @@ def run_env(plan: TrainingPlan) -> dict[str, str]:
         # promotion decision rests on the run's own env.
         env["SLIPSTREAM_GATE__SUITE_SIZES"] = json.dumps(plan.eval_suites)
         env["SLIPSTREAM_GATE__REPORT_ONLY"] = json.dumps(list(plan.eval_suites))
+    if plan.task_sampler != "off":
+        # Only when on, so run files without it render as before.
+        env["SLIPSTREAM_TASKS__SAMPLER"] = plan.task_sampler
     if plan.reward_schedule:
         env["SLIPSTREAM_LEARNER__REWARD_SCHEDULE"] = json.dumps(plan.reward_schedule, sort_keys=True)
     if plan.learner_ranks > 1:

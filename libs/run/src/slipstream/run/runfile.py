@@ -12,7 +12,8 @@ Sections (every key optional; what is left out keeps `TrainingPlan`'s default):
                  (cpu | cuda | auto), rollout_dtype, learner_autocast, lora_rank, lora_alpha
     [env]        name, options (the environment's own options, e.g. {max_operand = 19})
     [algorithm]  loss (grpo | cispo), lr, loss_constant, max_staleness, temperature
-    [batch]      group_size, groups_per_step, max_steps, max_tokens, micro_batch
+    [batch]      group_size, groups_per_step, max_steps, max_tokens, micro_batch, task_sampler ("off" |
+                 "pass_rate": the task source serves again tasks whose latest group was informative)
     [warmstart]  sft_steps, sft_batch, sft_lr, sft_target_accuracy, sft_check_every,
                  sft_settle_steps, sft_target_sampled, sft_pool_tasks (epochs over that many tasks'
                  expert episodes), sft_copy_steps, sft_copy_rows (tiny models only; the copy
@@ -90,6 +91,7 @@ class BatchSection(_Section):
     max_steps: int | None = None
     max_tokens: int | None = None
     micro_batch: int | None = None
+    task_sampler: Literal["off", "pass_rate"] | None = None
 
 
 class WarmstartSection(_Section):

@@ -83,6 +83,32 @@ class TasksSection(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         Doc(description="Skip a task as never_solved when its solve rate is at or below this.", ge=0, le=1),
     ] = 0.0
 
+    sampler: Annotated[
+        Literal["off", "pass_rate"],
+        Doc(
+            description="pass_rate ([service] redis_url): serve again tasks whose latest group was informative, "
+            "retire those solved every time (sampler.py); off: every task fresh from the generator."
+        ),
+    ] = "off"
+    sampler_revisit_share: Annotated[
+        float, Doc(description="Pass-rate sampler: chance that a task to publish is a revisit (when one is ready).")
+    ] = 0.75
+    sampler_retire_above: Annotated[
+        float, Doc(description="Pass-rate sampler: retire a task whose latest group passed at or above this.")
+    ] = 0.9
+    sampler_never_weight: Annotated[
+        float, Doc(description="Pass-rate sampler: weight of a task whose latest group was never solved (mixed: <= 1).")
+    ] = 0.05
+    sampler_max_serves: Annotated[
+        int, Doc(description="Pass-rate sampler: most times one task is served (a bound on memorising it).", ge=1)
+    ] = 8
+    sampler_pool_size: Annotated[
+        int, Doc(description="Pass-rate sampler: tasks remembered (the oldest are forgotten first).", ge=1)
+    ] = 4096
+    sampler_pending_timeout_s: Annotated[
+        float, Doc(description="Pass-rate sampler: stop waiting for a group's result after this long.", gt=0)
+    ] = 120.0
+
     def __post_init__(self) -> None:
         if not self.envs:
             raise ValueError("[tasks] envs must name at least one environment")
@@ -91,6 +117,12 @@ class TasksSection(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
                 f"[tasks] skip_solved_below ({self.skip_solved_below}) must be below skip_solved_above "
                 f"({self.skip_solved_above})"
             )
+        if not 0.0 <= self.sampler_revisit_share <= 1.0:
+            raise ValueError(f"[tasks] sampler_revisit_share must be in [0, 1], got {self.sampler_revisit_share}")
+        if not 0.0 < self.sampler_retire_above <= 1.0:
+            raise ValueError(f"[tasks] sampler_retire_above must be in (0, 1], got {self.sampler_retire_above}")
+        if not 0.0 <= self.sampler_never_weight <= 1.0:
+            raise ValueError(f"[tasks] sampler_never_weight must be in [0, 1], got {self.sampler_never_weight}")
 
 
 class TaskSourceConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -112,3 +144,9 @@ class TaskSourceConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True)
     trust: Annotated[TrustConfig, Doc(description="Public keys an announced version must be signed with.")] = (
         msgspec.field(default_factory=TrustConfig)
     )
+
+    def __post_init__(self) -> None:
+        if self.tasks.sampler != "off" and not self.service.redis_url:
+            raise ValueError(
+                f"[tasks] sampler = {self.tasks.sampler!r} reads the task statistics in Redis: set [service] redis_url"
+            )

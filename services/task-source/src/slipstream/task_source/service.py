@@ -11,6 +11,9 @@ replica per run: a second one would double the window.
 With `[service] redis_url` and `[tasks] skip_min_attempts` > 0, candidates pass the difficulty
 filter (`difficulty.py`) first: tasks always or never solved are skipped (counted) and replaced.
 
+With `[tasks] sampler = "pass_rate"` (and Redis), a share of the tasks are revisits of tasks whose
+latest group was informative, chosen by their pass rate (`sampler.py`); the rest come fresh.
+
 With tracing on, every task is published inside its own root span `task.publish`: the trace a
 task's rollouts, scores and learner step continue.
 
@@ -35,14 +38,14 @@ from opentelemetry.trace import SpanKind
 
 from slipstream.bus import BusError, connect_bus
 from slipstream.bus.tracing import AttributeValue, message_ids, service_span, tracing_active
-from slipstream.control import Control, ControlClient
+from slipstream.control import Control, ControlClient, ControlUnavailable
 from slipstream.runtime.progress import ProgressWatch
 from slipstream.runtime.service import BaseService
 from slipstream.schemas import LearnerStep, Task, WeightAnnounce
 from slipstream.schemas.subjects import LEARNER_STEP, WEIGHTS_ANNOUNCE, spec_for, tasks_subject
 from slipstream.store import setup_store
 from slipstream.task_source.config import TaskSourceConfig
-from slipstream.task_source.difficulty import DifficultyFilter
+from slipstream.task_source.difficulty import DifficultyFilter, task_key
 from slipstream.task_source.generator import TaskGenerator
 from slipstream.task_source.pacing import (
     PACED_STREAMS,
@@ -52,6 +55,7 @@ from slipstream.task_source.pacing import (
     window,
 )
 from slipstream.task_source.progress import LearnerProgress
+from slipstream.task_source.sampler import PassRateSampler
 from slipstream.telemetry.logs import get_logger
 from slipstream.telemetry.metrics import counter, gauge
 from slipstream.trust import AnnounceVerifier, Keyring
@@ -72,6 +76,7 @@ WINDOW = gauge("tasks/source/window", "Groups allowed outstanding: groups_per_st
 LATEST_VERSION = gauge("tasks/source/latest_version", "Newest policy version known from learner.step or announces.")
 LATEST_STEP = gauge("tasks/source/latest_step", "Newest learner step seen.")
 ERRORS = counter("tasks/source/errors", "Looks at the backlog or publishes that failed and were retried (label stage).")
+REVISITS = counter("tasks/source/revisits", "Tasks the pass-rate sampler served again (label env).")
 
 
 def task_attributes(task: Task) -> dict[str, AttributeValue]:
@@ -99,6 +104,7 @@ class TaskSourceService(BaseService):
         self.outstanding = 0.0
         self.control: Control | None = None
         self.filter: DifficultyFilter | None = None
+        self.sampler: PassRateSampler | None = None
         # Drawn and admitted, not yet published (a failed publish goes back to the front): sent before new ones.
         self._queue: deque[Task] = deque()
         self._news = asyncio.Event()
@@ -131,8 +137,20 @@ class TaskSourceService(BaseService):
                 solved_below=t.skip_solved_below,
             )
         if self.cfg.service.redis_url and self.control is None:
+            # Also the sampler's statistics; without the filter nothing here pings it at start.
             # Only to compare announced fencing tokens with the granted ones; no ping: Redis away = unchecked.
             self.control = Control(ControlClient(self.cfg.service.redis_url), self.cfg.service.run_id)
+        if t.sampler == "pass_rate":
+            self.sampler = PassRateSampler(
+                group_size=t.group_size,
+                revisit_share=t.sampler_revisit_share,
+                retire_above=t.sampler_retire_above,
+                never_weight=t.sampler_never_weight,
+                max_serves=t.sampler_max_serves,
+                pool_size=t.sampler_pool_size,
+                pending_timeout_s=t.sampler_pending_timeout_s,
+                seed=t.seed,
+            )
         self.verifier = AnnounceVerifier(
             self.store,
             run_id=self.cfg.service.run_id,
@@ -290,6 +308,9 @@ class TaskSourceService(BaseService):
     async def _draw(self, n: int, mpv: int) -> None:
         """Fill the queue to `n` tasks from the generator, leaving out what the difficulty filter skips."""
         assert self.generator is not None
+        if self.sampler is not None:
+            await self._revisit(n - len(self._queue), mpv)
+        fresh: list[Task] = []
         budget = n * DRAWS_PER_TASK
         while len(self._queue) < n and budget > 0:
             want = min(n - len(self._queue), budget)
@@ -297,7 +318,43 @@ class TaskSourceService(BaseService):
             now = time.time()
             batch = [self.generator.next(min_policy_version=mpv, now=now) for _ in range(want)]
             reasons = await self.filter.reasons(batch) if self.filter is not None else [None] * want
-            self._queue.extend(task for task, reason in zip(batch, reasons, strict=True) if reason is None)
+            admitted = [task for task, reason in zip(batch, reasons, strict=True) if reason is None]
+            self._queue.extend(admitted)
+            fresh.extend(admitted)
+        if self.sampler is not None and fresh:
+            await self._remember(fresh)
+
+    async def _revisit(self, n: int, mpv: int) -> None:
+        """Read the results of the sampler's groups in flight, then queue the revisits it chooses of `n` tasks.
+
+        While Redis is unreachable no result comes in, so nothing is revisited: every task is fresh.
+        """
+        assert self.sampler is not None and self.control is not None
+        now = time.time()
+        keys = self.sampler.waiting()
+        if keys:
+            try:
+                stats = await self.control.task_stats.get_many(keys)
+            except ControlUnavailable:
+                return
+            for key, stat in zip(keys, stats, strict=True):
+                self.sampler.update(key, stat, now)
+        for entry in self.sampler.choose(n):
+            task = self.sampler.served(entry, now)
+            self._queue.append(msgspec.structs.replace(task, min_policy_version=mpv, created_at=now))
+            REVISITS.add(1, env=task.env)
+
+    async def _remember(self, tasks: list[Task]) -> None:
+        """Give the sampler the fresh tasks going out, with their statistics now (the base of their group)."""
+        assert self.sampler is not None and self.control is not None
+        keys = [task_key(t.env, t.metadata, t.task_id) for t in tasks]
+        try:
+            stats = await self.control.task_stats.get_many(keys)
+        except ControlUnavailable:
+            return  # not remembered: these go out as plain fresh tasks
+        now = time.time()
+        for task, key, stat in zip(tasks, keys, stats, strict=True):
+            self.sampler.remember(task, key, stat, now)
 
     async def close(self) -> None:
         if self.control is not None:
@@ -332,6 +389,7 @@ class TaskSourceService(BaseService):
             "latest_step": self.progress.latest_step,
             "finished": self._finished(),
             **self._filter_status(),
+            "sampler": self.sampler.status() if self.sampler is not None else "off",
             "announces": self.verifier.status() if self.verifier is not None else {},
             "progress": self.watch.status(),
         }

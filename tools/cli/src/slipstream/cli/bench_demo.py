@@ -45,6 +45,12 @@ def register(bench_subparsers: Any) -> None:
     p.add_argument("--env", default=None, help="environment (default: the default demo's)")
     p.add_argument("--steps", type=int, default=None, help="learner steps (default: the demo's)")
     p.add_argument("--run-dir", type=Path, default=None, help="where the runs go (default .slipstream/bench/demo-<ts>)")
+    p.add_argument(
+        "--task-sampler",
+        choices=("off", "pass_rate"),
+        default=None,
+        help="the task source's sampler (default the demo's)",
+    )
     p.set_defaults(func=_command)
 
 
@@ -84,7 +90,14 @@ def row_of(seed: int, summary: Any) -> dict[str, Any]:
     out["wall_time_s"] = round(summary.wall_time_s, 1)
     out["train_time_s"] = round(summary.train_time_s, 1)
     out["steps"] = summary.steps
+    out["trained_share"] = trained_share(summary.trajectories)
     return out
+
+
+def trained_share(trajectories: dict[str, Any]) -> float:
+    """Trained trajectories per scored one (-1 when nothing was scored): the rest were dropped."""
+    scored = trajectories.get("scored") or 0
+    return round(trajectories.get("trained", 0) / scored, 4) if scored else -1.0
 
 
 def verdict(rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -158,6 +171,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         plan.seed = seed
         if args.steps is not None:
             plan.max_steps = args.steps
+        if getattr(args, "task_sampler", None) is not None:
+            plan.task_sampler = args.task_sampler
         plan.eval_every = 0  # before and after only: the figures compared
         loads.append(os.getloadavg())
         console.print(f"[bold]seed {seed}[/bold]: {plan.max_steps} steps on {plan.env} (load {loads[-1][0]:.1f}) ...")
@@ -189,7 +204,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     tools = any(r["heldout_invalid_call_rate_before"] or r["heldout_tool_calls_before"] for r in rows)
     cols = ["seed", "train sampled", "held-out sampled", "train greedy", "held-out greedy"]
     cols += ["held-out invalid calls", "warm-start steps"] if tools else []
-    for col in (*cols, "wall s"):
+    for col in (*cols, "trained share", "wall s"):
         t.add_column(col, justify="right")
     for r in rows:
         cells = [
@@ -201,7 +216,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         ]
         if tools:
             cells += [pair(r, "heldout_invalid_call_rate"), str(r["warmstart_steps"])]
-        t.add_row(*cells, f"{r['wall_time_s']:.0f}")
+        t.add_row(*cells, f"{r['trained_share']:.3f}", f"{r['wall_time_s']:.0f}")
     console.print(t)
     v = verdict(rows)
     console.print(

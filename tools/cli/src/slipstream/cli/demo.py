@@ -56,6 +56,13 @@ def register(sub: Any) -> None:
     p.add_argument("--loss", choices=("grpo", "cispo"), default=None, help="policy loss (default grpo)")
     p.add_argument("--lr", type=float, default=None, help="learner AdamW learning rate")
     p.add_argument(
+        "--task-sampler",
+        choices=("off", "pass_rate"),
+        default=None,
+        help="pass_rate: the task source serves again tasks whose latest group was informative and retires "
+        "those solved every time (services/task-source README); off: every task fresh",
+    )
+    p.add_argument(
         "--sft-steps",
         type=int,
         default=None,
@@ -428,6 +435,7 @@ def plan_from_args(args: argparse.Namespace) -> Any:
         ("loss", args.loss),
         ("eval_every", args.eval_every),
         ("lr", args.lr),
+        ("task_sampler", getattr(args, "task_sampler", None)),
         ("sft_steps", args.sft_steps),
         ("sft_target_accuracy", getattr(args, "sft_target", None)),
         ("temperature", args.temperature),

@@ -269,6 +269,8 @@ async def account(bus: Any, summary: RunSummary, stack: Stack, injected: int = 0
         "repeat_deliveries": repeats,
         "settled_but_unacked": unacked,
     }
+    # Trained per scored trajectory: the rest were dropped (reasons in `dropped`), their rollouts wasted.
+    out["trained_share"] = round(trained / out["scored"], 4) if out["scored"] else 0.0
     out["accounted_raw"] = published == out["scored"] + len(dead) + int(raw["messages"])
     left_scored = out["left_in_learner_stream"]
     out["accounted_scored"] = scored_published == out["settled_by_learner"] + len(dead_scored) + left_scored

@@ -221,6 +221,30 @@ def accuracy_table(summary: Any) -> Table:
     return t
 
 
+# What each drop reason means, for the summary's one line (slipstream.rl.DropReason has the full text).
+DROP_WHY = {
+    "uniform_group": "every reward in its group equal, so GRPO's advantages are 0: nothing to learn",
+    "stale": "sampled more than max_staleness versions behind",
+    "incomplete_group": "its group never filled in time",
+    "duplicate": "already trained (a redelivery)",
+    "malformed": "failed validation",
+    "no_trained_tokens": "nothing trainable",
+    "infra_error": "an infrastructure failure",
+    "unscorable": "its reward could not be computed",
+    "heldout": "a held-out episode",
+}
+
+
+def trained_line(tr: dict[str, Any]) -> str:
+    """The share of scored trajectories trained, and in one line why the others were dropped."""
+    scored = tr.get("scored") or 0
+    if not scored:
+        return "-"
+    share = f"{tr.get('trained', 0) / scored:.3f}"
+    why = [f"{k}: {DROP_WHY.get(k, k)}" for k, v in sorted((tr.get("dropped") or {}).items()) if v]
+    return f"{share} (dropped as {'; '.join(why)})" if why else share
+
+
 def dead_lettered(tr: dict[str, Any]) -> str:
     if "dead_lettered" not in tr:
         return "-"
@@ -252,6 +276,7 @@ def summary_table(summary: Any) -> Group:
         ("trajectories published", str(tr.get("published", "-"))),
         ("  scored / trained", f"{tr.get('scored', '-')} / {tr.get('trained', '-')}"),
         ("  dropped", ", ".join(f"{k} {v}" for k, v in sorted((tr.get("dropped") or {}).items())) or "none"),
+        ("  trained share", trained_line(tr)),
         ("  dead-lettered / left unconsumed", f"{dead_lettered(tr)} / {left}"),
         *(
             [("  injected from outside (scored stream)", str(tr["injected_scored"]))]
