@@ -155,9 +155,17 @@ def register(sub: Any) -> None:
 # sharper start (greedy 0.95 -> 0.05 after 20 steps, grad norms 4-10); at 1e-4 every seed learns
 # (libs/envs/README.md).
 LOOKUP_TEACHER = {"expert_guess_rate": 0.3, "expert_slip_rate": 0.4}
-# `code` (issue 14): the planted-operator family, four turns of at most 128 tokens, the expert
-# guessing the fix on 40% of tasks (see ENV_PLANS["code"]).
-CODE_OPTIONS = {"source": "bugfix", "max_turns": 4, "max_turn_tokens": 128, "expert_guess_rate": 0.4}
+# `code` (issues 14, 34): grammar-drawn programs with six bug kinds, held out by program template
+# (code/programs.py), four turns of at most 128 tokens, the expert guessing a wrong fix on 40% of
+# tasks, and Composer's length penalty on: 5e-4 x C(sampled tokens) (k 0.01, q 0.5), -0.061 for the
+# expert's ~160-token episode, -0.147 for four full 128-token turns (see ENV_PLANS["code"]).
+CODE_OPTIONS = {
+    "source": "programs",
+    "max_turns": 4,
+    "max_turn_tokens": 128,
+    "expert_guess_rate": 0.4,
+    "length_penalty": {"scale": 0.0005},
+}
 # `search` (Context-1's search agent, issue 13), sized for a CPU: one hop, the BM25-only backend
 # (the hybrid one's MiniLM encode costs every process tens of seconds), the question without the
 # tool list, a 1,536-token budget with 420-token results and at most 4 turns. The expert finds the

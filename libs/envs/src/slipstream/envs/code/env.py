@@ -18,7 +18,8 @@ sandbox. Components (summing to the reward):
   (libs/rl `LengthPenalty`; off unless `length_penalty.scale` > 0).
 
 Sources (`source`): `bugfix` (a flipped operator in a small module: learnable by a tiny model
-after a warm-up) and `humaneval` (the 164 problems, as an eval suite: every problem is held out,
+after a warm-up), `programs` (thousands of grammar-drawn functions with six bug kinds, held out by
+program template: programs.py) and `humaneval` (the 164 problems, as an eval suite: every problem is held out,
 `generate("heldout", n)` gives problems 0..n-1 in order, and `generate("train", ...)` refuses).
 The env `humaneval` is `code` with that source by default, so a suite (eval-gate `[gate] envs`,
 a run file's `[eval] suites`) can hold it beside a training `code` env with other options.
@@ -49,7 +50,7 @@ from typing import Annotated, Any, ClassVar, Literal, TypeVar
 import msgspec
 
 from slipstream.envs.base import Environment, Problem, Score, Split, TaskSpec, fixed_draw
-from slipstream.envs.code import service
+from slipstream.envs.code import programs, service
 from slipstream.envs.code.repo import repo_keys
 from slipstream.envs.code.tasks import (
     HUMANEVAL_PROBLEMS,
@@ -59,6 +60,7 @@ from slipstream.envs.code.tasks import (
     CodeTask,
     bugfix_task,
     humaneval_task,
+    programs_task,
     repo_task,
     task_of_key,
 )
@@ -80,7 +82,7 @@ EDITS = ("create_file", "replace")
 class CodeOptions(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
     """Options of `code`; `get_env("code", source="humaneval")`."""
 
-    source: Annotated[Literal["bugfix", "humaneval", "repo"], Doc(description="Task family.")] = "bugfix"
+    source: Annotated[Literal["bugfix", "programs", "humaneval", "repo"], Doc(description="Task family.")] = "bugfix"
     max_turns: Annotated[int, Doc(description="Model turns per episode.")] = 6
     max_turn_tokens: Annotated[int, Doc(description="Most tokens one model turn may sample.")] = 160
     wall_s: Annotated[float, Doc(description="Wall-clock limit of one command in the sandbox.")] = 10.0
@@ -154,12 +156,17 @@ class Code(Environment[CodeOptions]):
         elif self.options.source == "repo":
             keys = repo_keys()
             task = repo_task(keys[rng.randrange(len(keys))])
+        elif self.options.source == "programs":
+            task = programs_task(programs.sample_key(rng))
         else:
             task = bugfix_task(f"bugfix:{rng.randrange(10**6)}")
         return Problem(key=task.key, prompt=task.prompt, reference=task.reference)
 
     def split_of(self, key: str) -> Split:
-        """HumanEval is an eval suite: every one of its problems is held out, never trained on."""
+        """HumanEval is an eval suite: every one of its problems is held out, never trained on. A
+        `programs` task's split is its template's (programs.HELDOUT_TEMPLATES), never its key's hash."""
+        if key.startswith("programs:"):
+            return "heldout" if programs.split_of(key) == "heldout" else "train"
         return "heldout" if key.startswith("humaneval:") else super().split_of(key)
 
     def generate(self, split: Split, n: int, seed: int) -> list[TaskSpec]:
@@ -296,8 +303,11 @@ class Code(Environment[CodeOptions]):
                 call = ToolCall(id="e", name="create_file", arguments={"path": ref["path"], "content": ref["content"]})
             else:
                 args = {k: ref[k] for k in ("path", "old", "new")}
-                if ref["key"].startswith("bugfix:") and _draw(ref["key"], "guess") < self.options.expert_guess_rate:
-                    args["new"] = _other_operator(args["old"], args["new"])
+                if _draw(ref["key"], "guess") < self.options.expert_guess_rate:
+                    if ref["key"].startswith("bugfix:"):
+                        args["new"] = _other_operator(args["old"], args["new"])
+                    elif "guess" in ref:  # programs: the task's own plausible wrong fix
+                        args["new"] = ref["guess"]
                 call = ToolCall(id="e", name="replace", arguments=args)
             return self.renderer.render_calls("", [call])
         if "passed" not in context.rsplit("<result>", 1)[-1]:

