@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
-PYPROJECTS := $(wildcard libs/*/pyproject.toml services/*/pyproject.toml tools/*/pyproject.toml)
+PYPROJECTS := $(wildcard libs/*/pyproject.toml services/*/pyproject.toml tools/*/pyproject.toml examples/*/pyproject.toml)
 
 .PHONY: help install test test-unit test-gpu lint format demo up bench schemas images clean
 

@@ -37,9 +37,11 @@ Sections (every key optional; what is left out keeps `TrainingPlan`'s default):
     [infra]      nats_url, redis_url, store: reuse running servers / an S3 store ("" = start locally)
 
 Loading is strict: an unknown key, or a value of the wrong type, is a `RunFileError` that names
-the key, the file and its line, before anything starts. `run_env` turns the plan into the
-`SLIPSTREAM_<SECTION>__<FIELD>` variables the services read; `env_file` writes them for the dev
-overlay's `slipstream-env` ConfigMap and for Tilt's local mode, so all three read one file.
+the key, the file and its line, before anything starts; so is an unknown environment (or eval
+suite), a plugin that fails to import, or an option the environment does not take (envcheck.py).
+`run_env` turns the plan into the `SLIPSTREAM_<SECTION>__<FIELD>` variables the services read;
+`env_file` writes them for the dev overlay's `slipstream-env` ConfigMap and for Tilt's local mode,
+so all three read one file.
 """
 
 from __future__ import annotations
@@ -51,6 +53,7 @@ from typing import Any, Literal
 
 import msgspec
 
+from slipstream.run.envcheck import check_env, check_suites
 from slipstream.run.plan import TrainingPlan, run_env
 
 
@@ -224,6 +227,17 @@ def load(path: str | Path) -> RunFile:
         raise RunFileError(_located(path, text, str(exc))) from exc
     if run.env.name is not None and not re.fullmatch(r"[a-z][a-z0-9_]*", run.env.name):
         raise RunFileError(f"{path}:{_line_of(text, 'env', 'name')}: [env] name {run.env.name!r} is not an env name")
+    # The environment, its options and the eval suites exist: what every service will ask.
+    env = run.env.name or TrainingPlan().env
+    for table, key, check in (
+        ("env", "name", lambda: check_env(env)),
+        ("env", "options", lambda: check_env(env, run.env.options)),
+        ("eval", "suites", lambda: check_suites(run.eval.suites or {})),
+    ):
+        try:
+            check()
+        except ValueError as exc:
+            raise RunFileError(f"{path}:{_line_of(text, table, key)}: [{table}] {exc}") from None
     return run
 
 

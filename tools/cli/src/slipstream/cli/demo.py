@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -462,6 +463,13 @@ def run(args: argparse.Namespace) -> int:
     if getattr(args, "realtime", False):
         return run_realtime(args)
     plan = plan_from_args(args)
+    from slipstream.run.envcheck import check_plan
+
+    try:  # a wrong --env (or a plugin that fails to import) is named before anything starts
+        check_plan(plan.env, plan.env_options, plan.eval_suites)
+    except ValueError as exc:
+        print(f"slipstream demo: {exc}", file=sys.stderr)
+        return 2
     if plan.env == "swarm" and not plan.model:
         from slipstream.cli import swarm_demo
 
