@@ -193,6 +193,7 @@ class TaskSourceService(BaseService):
                 latest_step=self.progress.latest_step,
                 max_steps=self.cfg.tasks.max_steps,
                 published=self.published,
+                sampler=self.sampler.status() if self.sampler is not None else "off",
             )
 
     async def _probe(self, stop: asyncio.Event) -> None:
