@@ -148,3 +148,17 @@ def test_the_plan_and_run_file_carry_the_sampler(tmp_path: Path) -> None:
     path.write_text('[batch]\ntask_sampler = "often"\n')
     with pytest.raises(ValueError, match="task_sampler"):
         load(path)
+
+
+def test_the_summary_gives_the_trained_share_and_why_the_rest_dropped() -> None:
+    from slipstream.cli.bench_demo import trained_share
+    from slipstream.cli.progress import trained_line
+
+    tr = {"scored": 13600, "trained": 3840, "dropped": {"uniform_group": 9648, "stale": 112}}
+    line = trained_line(tr)
+    assert line.startswith("0.282 (dropped as ")  # 3840 / 13600 = 0.2824
+    assert "stale: sampled more than max_staleness versions behind" in line
+    assert "uniform_group: every reward in its group equal, so GRPO's advantages are 0" in line
+    assert trained_line({"scored": 64, "trained": 64, "dropped": {}}) == "1.000"
+    assert trained_line({}) == "-"
+    assert trained_share(tr) == 0.2824 and trained_share({}) == -1.0
