@@ -1,6 +1,7 @@
 """slipstream.serve: the OpenAI-compatible front door of a serving rollout worker, and its recorder."""
 
 from slipstream.serve.app import VERSION_HEADER, ServeApp
+from slipstream.serve.call_record import CallRecord
 from slipstream.serve.chat import ChatFormat
 from slipstream.serve.config import ServeConfig
 from slipstream.serve.episodes import assemble
@@ -8,7 +9,7 @@ from slipstream.serve.feedback import FeedbackPost, Implicit, parse_feedback
 from slipstream.serve.pending import Member, MemoryPending, PendingPolicy, PendingStore
 from slipstream.serve.pending_redis import RedisPending
 from slipstream.serve.protocol import RequestError
-from slipstream.serve.record import CallRecord, EpisodeSink, MemorySink, Recorder, StoreSink
+from slipstream.serve.record import EpisodeSink, MemorySink, Recorder, StoreSink
 from slipstream.serve.release import Releaser
 from slipstream.serve.server import ServeEndpoint, pending_policy
 

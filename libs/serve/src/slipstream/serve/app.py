@@ -33,11 +33,12 @@ from aiohttp import web
 
 from slipstream.control import ControlUnavailable
 from slipstream.engine.interface import Engine, GenerationRequest
+from slipstream.serve.call_record import CallRecord
 from slipstream.serve.chat import ChatFormat
 from slipstream.serve.config import ServeConfig
 from slipstream.serve.feedback import FeedbackPost, Implicit, last_user_text, parse_feedback
 from slipstream.serve.protocol import Call, RequestError, body_hash, parse_chat, parse_completion
-from slipstream.serve.record import CallRecord, Recorder
+from slipstream.serve.record import Recorder
 from slipstream.serve.render import completion_text, render_chat, render_completion, sse_chat, sse_completion
 from slipstream.telemetry.logs import get_logger
 from slipstream.telemetry.metrics import REGISTRY

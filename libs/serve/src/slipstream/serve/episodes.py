@@ -15,14 +15,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from slipstream.engine.prefill import shared_prefix
 from slipstream.schemas import Episode, PolicySegment, Sample, Timings, Turn
 from slipstream.schemas.packing import pack_floats, pack_ids, pack_mask
-
-if TYPE_CHECKING:
-    from slipstream.serve.record import CallRecord
+from slipstream.serve.call_record import CallRecord
 
 
 @dataclass

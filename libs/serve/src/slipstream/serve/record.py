@@ -28,10 +28,8 @@ from collections import OrderedDict, deque
 from collections.abc import Callable
 from typing import Protocol
 
-import msgspec
-
-from slipstream.engine.interface import SamplingParams
 from slipstream.schemas import Episode, encode
+from slipstream.serve.call_record import CallRecord
 from slipstream.serve.episodes import assemble
 from slipstream.serve.pending import MemoryPending, PendingPolicy, PendingStore
 from slipstream.store import ObjectStore
@@ -39,37 +37,6 @@ from slipstream.store.episodes import episode_key
 from slipstream.telemetry.logs import get_logger
 
 log = get_logger(__name__)
-
-
-class CallRecord(msgspec.Struct, kw_only=True):
-    """One served call exactly as the engine ran it (kept in process; episodes are what leave it)."""
-
-    call_id: str
-    session_id: str
-    endpoint: str
-    model: str
-    created: float
-    finished_at: float
-    prompt_ids: list[int]
-    completion_ids: list[int]
-    logprobs: list[float]
-    segments: list[tuple[int, int]]
-    finish_reason: str
-    params: SamplingParams
-    template_hash: str
-    text: str = ""
-    task_text: str = ""
-    """What the call asked: the last user message (chat) or the prompt text (completions); judges read it."""
-    request_hash: str = ""
-    retry_key: str = ""
-
-    @property
-    def policy_versions(self) -> list[int]:
-        return [v for v, n in self.segments for _ in range(n)]
-
-    @property
-    def newest_version(self) -> int:
-        return self.segments[-1][0] if self.segments else -1
 
 
 class EpisodeSink(Protocol):

@@ -14,9 +14,9 @@ from typing import Any
 
 from aiohttp import web
 
+from slipstream.serve.call_record import CallRecord
 from slipstream.serve.chat import ChatFormat, Reply
 from slipstream.serve.protocol import Call
-from slipstream.serve.record import CallRecord
 
 
 def _usage(record: CallRecord) -> dict[str, int]:
