@@ -1,8 +1,7 @@
 """Slipstream environments: the interface, the registry and the built-in verifiable tasks.
 
-Importing the package registers the built-ins (`arith`, `reverse`, `search_call`, `lookup`, `search`, `recall`,
-`serve`, `swarm`), so
-`get_env(name)` finds them.
+Importing the package registers the built-ins (`arith`, `chatty`, `reverse`, `search_call`, `lookup`, `search`,
+`recall`, `serve`, `swarm`), so `get_env(name)` finds them.
 """
 
 # The env modules register themselves on import; that import is what makes get_env find them.
@@ -21,6 +20,7 @@ from slipstream.envs.base import (
     play_rewards,
     task_of,
 )
+from slipstream.envs.chatty import Chatty, ChattyOptions
 from slipstream.envs.code import Code, CodeOptions
 from slipstream.envs.context import ContextFull, EpisodeContext, Generation, Outcome, Span, Thread
 from slipstream.envs.lookup import Lookup, LookupOptions
@@ -38,6 +38,8 @@ __all__ = [
     "SPLITS",
     "Arith",
     "ArithOptions",
+    "Chatty",
+    "ChattyOptions",
     "Code",
     "CodeOptions",
     "ContextFull",

@@ -102,6 +102,9 @@ class TrainingPlan(msgspec.Struct, kw_only=True):
     reward_schedule: dict[str, dict[str, Any]] = {}
     """[learner] reward_schedule: component name -> {init, final, anneal_steps, shape, start_step}, the
     learner's weight λ of that score component by step (slipstream.rl.schedule); {}: every component at 1."""
+    toggle: dict[str, Any] = {}
+    """[learner] toggle: {enabled, period, rho, accuracy}, Toggle's budget phases (slipstream.rl.toggle);
+    {}: off, every answer trains with its scored reward."""
     learner_ranks: int = 1
     """[learner] ranks: > 1 trains on that many Ray rank actors, each publishing its part of every version
     through its own weight-publisher (the local stack starts one per rank)."""
@@ -239,6 +242,8 @@ def run_env(plan: TrainingPlan) -> dict[str, str]:
         env["SLIPSTREAM_TASKS__SAMPLER"] = plan.task_sampler
     if plan.reward_schedule:
         env["SLIPSTREAM_LEARNER__REWARD_SCHEDULE"] = json.dumps(plan.reward_schedule, sort_keys=True)
+    if plan.toggle:
+        env["SLIPSTREAM_LEARNER__TOGGLE"] = json.dumps(plan.toggle, sort_keys=True)
     if plan.learner_ranks > 1:
         # The publishers' rank and ranks are per process: the local stack sets them (a cluster runs
         # one publisher sidecar per rank, each with its own SLIPSTREAM_PUBLISHER__RANK).

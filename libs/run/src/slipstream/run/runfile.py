@@ -32,6 +32,8 @@ Sections (every key optional; what is left out keeps `TrainingPlan`'s default):
     [learner.reward_schedule.<component>]  init, final, anneal_steps, shape, start_step: the learner's
                  weight λ of a named reward component by step (services/learner README, "Reward
                  schedule"); checked by the learner's config when its config is resolved
+    [learner.toggle]  enabled, period, rho, accuracy: Toggle's budget phases (slipstream.rl.toggle;
+                 services/learner README, "Toggle"), checked the same way
     [replicas]   rollout-worker, reward-model, eval-gate (the cluster's replica counts); tool-service
                  (> 0: the env's tools run in that many tool-service replicas, locally too)
     [infra]      nats_url, redis_url, store: reuse running servers / an S3 store ("" = start locally)
@@ -141,6 +143,7 @@ class RolloutSection(_Section):
 class LearnerSection(_Section):
     ranks: int | None = None
     reward_schedule: dict[str, dict[str, Any]] | None = None
+    toggle: dict[str, Any] | None = None
 
 
 class ReplicasSection(_Section, rename="kebab"):

@@ -16,6 +16,7 @@ from slipstream.bus.config import BusConfig
 from slipstream.engine.source import ModelSource
 from slipstream.rl import LossConfig
 from slipstream.rl.schedule import ComponentSchedule, check_schedule
+from slipstream.rl.toggle import ToggleConfig
 from slipstream.runtime.section import ServiceSection
 from slipstream.store.config import StoreConfig
 from slipstream.telemetry.config import TelemetryConfig
@@ -69,6 +70,13 @@ class LearnerSection(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             "(slipstream.rl.schedule). Unscheduled components keep weight 1; empty = the scored reward as is."
         ),
     ] = {}
+    toggle: Annotated[
+        ToggleConfig,
+        Doc(
+            description="Toggle's budget control ([learner.toggle] enabled, period, rho, accuracy): in budget phases "
+            "a correct answer longer than its task's frozen budget trains with reward 0 (slipstream.rl.toggle)."
+        ),
+    ] = msgspec.field(default_factory=ToggleConfig)
     step_means: Annotated[
         list[str],
         Doc(

@@ -24,6 +24,10 @@ handed back to the caller to ack:
 - incomplete_group: the group was not full `group_timeout_s` after its first member (late
   members of such a group are dropped the same way).
 
+With `[learner] toggle` enabled, Kimi K2.5's budget rule (`slipstream.rl.toggle`) applies at the
+same points: in a budget phase a correct answer over its task's frozen budget counts reward 0 in
+the uniform screen and in the episodes `trained` hands the step (the scored episodes are unchanged).
+
 A member dropped on its own still counts as an arrival of its group, so the rest of the group
 completes and trains against the survivors' baseline. Nothing here does I/O: the caller passes an
 opaque delivery handle with each episode and settles the handles of the `Drop`s it gets back.
@@ -37,8 +41,11 @@ from collections.abc import Container, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
+import msgspec
+
 from slipstream.rl import DropReason, is_stale, is_uniform_group
 from slipstream.rl.schedule import ComponentSchedule, reweighted, weights_at
+from slipstream.rl.toggle import Budgets, ToggleConfig, toggle_rewards
 from slipstream.schemas import Sample, ScoredEpisode
 
 H = TypeVar("H")
@@ -180,6 +187,7 @@ class Intake(Generic[H]):
         ledger: Container[str],
         uniform_tol: float = 0.0,
         reward_schedule: Mapping[str, ComponentSchedule] | None = None,
+        toggle: ToggleConfig | None = None,
     ) -> None:
         if max_staleness < 0:
             raise ValueError(f"max_staleness must be >= 0, got {max_staleness}")
@@ -188,6 +196,11 @@ class Intake(Generic[H]):
         self.vocab_size = vocab_size
         self.uniform_tol = uniform_tol
         self.reward_schedule = dict(reward_schedule or {})
+        self.toggle = toggle if toggle is not None and toggle.enabled else None
+        self.budgets = Budgets(toggle.rho if toggle is not None else 50.0)
+        """Toggle's frozen budgets by task key, held in memory (see the learner README)."""
+        self.toggled = 0
+        """Answers whose reward Toggle set to 0 in the groups handed to the trainer."""
         self._ledger = ledger
         self._pending: dict[str, Group[H]] = {}
         self._ready: deque[Group[H]] = deque()
@@ -327,12 +340,42 @@ class Intake(Generic[H]):
             else:
                 keep.append(m)
         weights = weights_at(self.reward_schedule, step)
-        if keep and is_uniform_group(group_rewards(keep, weights), self.uniform_tol):
+        if keep and is_uniform_group(self._toggled(keep, group_rewards(keep, weights), step), self.uniform_tol):
             detail = f"equal rewards at step {step}'s reward weights {weights}" if weights else "equal rewards"
             drops.extend(self._drop_member(m, DropReason.UNIFORM_GROUP, detail) for m in keep)
             keep = []
         group.members = keep
         return drops
+
+    def _toggled(self, members: Sequence[Member[H]], rewards: list[float], step: int) -> list[float]:
+        """`rewards` after Toggle's budget rule at `step` (as they are without Toggle)."""
+        if self.toggle is None or not members:
+            return rewards
+        correct = [m.scored.correct for m in members]
+        lengths = [m.trained_tokens for m in members]
+        budget = self.budgets.measure(toggle_key(members[0].scored), correct, lengths)
+        phase = self.toggle.budget_phase(step)
+        return toggle_rewards(
+            rewards, correct, lengths, budget=budget, accuracy=self.toggle.accuracy, budget_phase=phase
+        )
+
+    def trained(self, group: Group[H], step: int) -> list[ScoredEpisode]:
+        """The episodes of a taken group as learner `step` trains them: an answer Toggle's budget
+        phase zeroes gets reward 0 and every component 0 (the rest as scored)."""
+        episodes = [m.scored for m in group.members]
+        if self.toggle is None:
+            return episodes
+        as_scored = [s.reward for s in episodes]
+        kept = self._toggled(group.members, as_scored, step)
+        out: list[ScoredEpisode] = []
+        for s, before, after in zip(episodes, as_scored, kept, strict=True):
+            if after == before:
+                out.append(s)
+            else:
+                self.toggled += 1
+                zeroed = {name: 0.0 for name in s.components}
+                out.append(msgspec.structs.replace(s, reward=after, components=zeroed))
+        return out
 
     def ready_ids(self) -> list[str]:
         """Ids of the members of every queued (complete) group, for a check before they are taken."""
@@ -386,6 +429,13 @@ class Intake(Generic[H]):
         self._inflight.pop(member.episode_id, None)
         self._count(reason)
         return Drop(member.episode_id, str(reason), tuple(member.handles), detail, member.scored)
+
+
+def toggle_key(scored: ScoredEpisode) -> str:
+    """The task a Toggle budget belongs to: `<env>/<problem key>`, else `<env>/<task id>` (the key of
+    the per-task statistics, `claims.task_key`, which imports this module and so cannot be imported here)."""
+    t = scored.episode
+    return f"{t.env}/{t.metadata.get('key', '') or t.task_id}"
 
 
 def group_rewards(members: Sequence[Member[H]], weights: Mapping[str, float] | None = None) -> list[float]:

@@ -169,6 +169,7 @@ class LearnerService(BaseService):
             ledger=self.ledger,
             uniform_tol=self.section.uniform_tol,
             reward_schedule=self.section.reward_schedule,
+            toggle=self.section.toggle,
         )
         self.committer = Committer(
             progress=self.progress,
@@ -357,7 +358,7 @@ class LearnerService(BaseService):
         assert self.trainer is not None and self.intake is not None and self.committer is not None
         assert self.bus is not None
         committer, p = self.committer, self.progress
-        batch = [[m.scored for m in g.members] for g in groups]
+        batch = [self.intake.trained(g, p.step) for g in groups]  # as scored, less Toggle's budget rule
         committer.training = members
         # λ of the reward schedule at the steps already taken (the intake screened the groups at the same step).
         stats = await asyncio.to_thread(self.trainer.step, batch, p.version, step=p.step)

@@ -142,9 +142,12 @@ class HeldOutScore(msgspec.Struct):
 
 def _context_figures(split: str, report: Any) -> dict[str, float]:
     n = report.n or 1
+    # Toggle's figure: sampled tokens per correct answer (a shorter wrong answer does not count).
+    good = [k for t in report.tasks for k, ok in zip(t.sampled_tokens, t.correct, strict=False) if ok]
     return {
         f"{split}_tokens_per_episode": round(report.tokens / n, 2),
         f"{split}_sampled_tokens_per_episode": round(report.sampled_tokens / n, 2),
+        f"{split}_sampled_tokens_per_correct": round(sum(good) / len(good), 3) if good else 0.0,
         f"{split}_restarts_per_episode": round(report.restarts / n, 3),
     }
 
@@ -217,6 +220,7 @@ class HeldOut:
             metrics=s.metrics,
             context=_context_figures("heldout", s),
         )
+        score.context["heldout_greedy_tokens_per_correct"] = _context_figures("g", g)["g_sampled_tokens_per_correct"]
         if self.train_tasks:
             t = await evaluate(
                 self.engine,
