@@ -1,8 +1,12 @@
 """Weight versions in the object store: keyframes and lossless deltas, manifest last, sha256-verified reads.
 
-- snapshot.py: full raw snapshots (`publish_snapshot`, `fetch_version`).
+- errors.py: `WeightsError`, the base of every error here, and the shared failures.
+- snapshot.py: full raw snapshots (`publish_snapshot`).
 - chain.py: versions as zstd keyframes every K versions and XOR/sparse deltas between them
-  (`publish_version`), and the way back for a worker (`resolve_chain`, `load_version`).
+  (`publish_version`), and the way back for a worker (`resolve_chain`, `load_version`, and
+  `fetch_version` for any committed version, raw snapshots included).
+- upload.py: an encoded version's shards into the store (a whole version's or a rank's part).
+- parts.py: versions published per learner rank and merged into one manifest.
 - encoder.py / decoder.py: one version to shard bytes and back, bit-exact, on several cores.
 """
 
@@ -12,6 +16,7 @@ from slipstream.weights.chain import (
     Published,
     apply_chain,
     fetch_verified,
+    fetch_version,
     is_keyframe_version,
     latest_version,
     load_version,
@@ -22,17 +27,14 @@ from slipstream.weights.chain import (
 from slipstream.weights.container import ShardFormatError
 from slipstream.weights.decoder import BaseMismatch, decode_version
 from slipstream.weights.encoder import DEFAULT_FRAME_BYTES, DEFAULT_LEVEL, CodedVersion, encode_version
+from slipstream.weights.errors import CorruptShard, VersionExists, WeightsError
 from slipstream.weights.fingerprint import fingerprint
 from slipstream.weights.layout import manifest_key, shard_key, version_prefix
 from slipstream.weights.snapshot import (
     DEFAULT_SHARD_BYTES,
-    CorruptShard,
-    VersionExists,
-    WeightsError,
     cut_shards,
     decode_snapshot,
     fetch_shards,
-    fetch_version,
     publish_snapshot,
     read_manifest,
 )

@@ -15,30 +15,23 @@ leaves the caller on its current version.
 
 from __future__ import annotations
 
-import hashlib
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import torch
 
-from slipstream.schemas import ShardRef, WeightManifest, to_json
+from slipstream.schemas import WeightManifest, to_json
 from slipstream.store import ObjectNotFound, ObjectStore
 from slipstream.telemetry.logs import get_logger
 from slipstream.telemetry.metrics import counter, gauge, histogram
-from slipstream.weights import layout, workers
-from slipstream.weights.container import CODEC
+from slipstream.weights import layout
 from slipstream.weights.decoder import BaseMismatch, decode_version, fits_entry
 from slipstream.weights.encoder import DEFAULT_FRAME_BYTES, DEFAULT_LEVEL, CodedVersion, delta_mismatch, encode_version
-from slipstream.weights.snapshot import (
-    DEFAULT_SHARD_BYTES,
-    CorruptShard,
-    VersionExists,
-    WeightsError,
-    read_manifest,
-    signature,
-)
+from slipstream.weights.errors import CorruptShard, VersionExists, WeightsError
+from slipstream.weights.snapshot import DEFAULT_SHARD_BYTES, decode_snapshot, fetch_shards, read_manifest
 from slipstream.weights.tensors import shares_memory
+from slipstream.weights.upload import shard_digests, upload_shards
 
 log = get_logger(__name__)
 
@@ -160,47 +153,6 @@ def publish_version(
     return Published(key=mkey, manifest=manifest, encode_s=coded.seconds, upload_s=upload_s)
 
 
-def _digests(shards: list[bytes], threads: int = 0) -> list[str]:
-    # hashlib releases the GIL on large buffers, so shards hash in parallel.
-    return workers.run_each(lambda i: hashlib.sha256(shards[i]).hexdigest(), len(shards), threads)
-
-
-def upload_shards(
-    store: ObjectStore,
-    coded: CodedVersion,
-    shard_key: Callable[[int], str],
-    *,
-    run_id: str,
-    version: int,
-    base_version: int | None,
-    step_finished_at: float = 0.0,
-    fence_token: int = 0,
-    threads: int = 0,
-) -> WeightManifest:
-    """Store an encoded version's shards (hashed in parallel) under `shard_key(i)` and return the
-    manifest that names them (not stored: a whole version commits it, a rank's part records it)."""
-    refs = [
-        ShardRef(key=shard_key(i), size=len(data), sha256=digest, codec=CODEC)
-        for i, (data, digest) in enumerate(zip(coded.shards, _digests(coded.shards, threads), strict=True))
-    ]
-    store.put_many({r.key: data for r, data in zip(refs, coded.shards, strict=True)})
-    return WeightManifest(
-        policy_version=version,
-        base_version=base_version,
-        keyframe=coded.keyframe,
-        run_id=run_id,
-        dtype=coded.tensors[0].dtype,
-        shards=refs,
-        tensors=coded.tensors,
-        raw_bytes=coded.raw_bytes,
-        stored_bytes=coded.stored_bytes,
-        step_finished_at=step_finished_at,
-        created_at=time.time(),
-        signature=signature(refs),
-        fence_token=fence_token,
-    )
-
-
 def store_coded(
     store: ObjectStore,
     coded: CodedVersion,
@@ -290,7 +242,7 @@ def fetch_verified(
             time.sleep(retry_delay_s * (attempt - 1))
         fetched, missing = _get_shards(store, [manifest.shards[i].key for i in pending])
         candidates = [(i, fetched[manifest.shards[i].key]) for i in pending if manifest.shards[i].key in fetched]
-        digests = _digests([d for _, d in candidates], threads)
+        digests = shard_digests([d for _, d in candidates], threads)
         still: list[int] = []
         for (i, data), digest in zip(candidates, digests, strict=True):
             ref = manifest.shards[i]
@@ -442,3 +394,12 @@ def latest_version(store: ObjectStore, run_id: str) -> int | None:
     suffix = "/" + layout.manifest_key(run_id, 0).rsplit("/", 1)[1]
     versions = [layout.version_of_manifest_key(k) for k in store.list(prefix) if k.endswith(suffix)]
     return max(versions, default=None)
+
+
+def fetch_version(store: ObjectStore, manifest_key: str) -> tuple[WeightManifest, dict[str, torch.Tensor]]:
+    """Manifest + verified tensors of any committed version: a raw snapshot, a keyframe, or a delta
+    (resolved from the latest keyframe at or before it plus the deltas after it)."""
+    manifest = read_manifest(store, manifest_key)
+    if manifest.keyframe and all(s.codec == "raw" for s in manifest.shards):
+        return manifest, decode_snapshot(manifest, fetch_shards(store, manifest))
+    return manifest, load_version(store, manifest.run_id, manifest.policy_version)

@@ -20,8 +20,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from slipstream.weights.errors import WeightsError
 from slipstream.weights.fingerprint import FINGERPRINT_BYTES
-from slipstream.weights.snapshot import WeightsError
 
 SKIPPABLE_MAGIC = 0x184D2A5E
 TAG = b"SLIPSHRD"

@@ -36,9 +36,11 @@ from slipstream.schemas import TensorEntry, WeightManifest
 from slipstream.weights import workers
 from slipstream.weights.container import CODEC, ShardFormatError, ShardTable, read_shard
 from slipstream.weights.delta import bits, element_dtype, sparse_apply, writable_bits
+from slipstream.weights.errors import WeightsError
 from slipstream.weights.fingerprint import combine
 from slipstream.weights.fingerprint import part as fingerprint_part
-from slipstream.weights.snapshot import WeightsError, decode_snapshot
+from slipstream.weights.parts import split_parts
+from slipstream.weights.snapshot import decode_snapshot
 from slipstream.weights.tensors import dtype_from_name, shares_memory
 
 ENCODINGS = ("full", "xor", "sparse")
@@ -246,8 +248,6 @@ def _decode_parts(
 
     Decoding in place into the base, every delta part's base is checked before any part is written,
     so a BaseMismatch still leaves the base as it was."""
-    from slipstream.weights.parts import split_parts  # parts builds on the encoder, beside this module
-
     split = split_parts(manifest)
     if base is not None and out is not None and shares_memory(out.values(), base.values()):
         for part, (sub, sl) in zip(manifest.parts, split, strict=True):

@@ -30,9 +30,10 @@ import torch
 from slipstream.schemas import AbandonedVersion, PartRef, ShardRef, TensorEntry, WeightManifest, from_json, to_json
 from slipstream.store import ObjectNotFound, ObjectStore
 from slipstream.weights import layout
-from slipstream.weights.chain import upload_shards
 from slipstream.weights.encoder import DEFAULT_FRAME_BYTES, DEFAULT_LEVEL, delta_mismatch, encode_version
-from slipstream.weights.snapshot import DEFAULT_SHARD_BYTES, VersionExists, WeightsError, signature
+from slipstream.weights.errors import VersionExists, WeightsError
+from slipstream.weights.snapshot import DEFAULT_SHARD_BYTES, signature
+from slipstream.weights.upload import upload_shards
 
 Fate = Literal["committed", "abandoned"]
 

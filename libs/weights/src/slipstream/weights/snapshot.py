@@ -1,8 +1,9 @@
 """Full snapshots: a state dict cut into size-bounded shards, each with a sha256.
 
 `publish_snapshot` uploads the shards in parallel and writes the manifest last (write-once), so a
-reader that finds a manifest finds every shard. `fetch_version` verifies every shard's digest
-before decoding anything: a corrupted or missing shard raises and nothing is applied.
+reader that finds a manifest finds every shard. `fetch_shards` verifies every shard's digest
+before anything is decoded: a corrupted or missing shard raises and nothing is applied
+(`chain.fetch_version` reads any committed version, a raw snapshot through this module).
 """
 
 from __future__ import annotations
@@ -17,23 +18,10 @@ import torch
 from slipstream.schemas import ShardRef, TensorEntry, WeightManifest, from_json, to_json
 from slipstream.store import ObjectNotFound, ObjectStore
 from slipstream.weights import layout
+from slipstream.weights.errors import CorruptShard, VersionExists, WeightsError
 from slipstream.weights.tensors import as_bytes_view, dtype_name, from_bytes
 
 DEFAULT_SHARD_BYTES = 64 * 1024 * 1024
-
-
-class WeightsError(RuntimeError):
-    """A weight version that cannot be published or applied."""
-
-
-class CorruptShard(WeightsError):
-    def __init__(self, key: str, expected: str, actual: str) -> None:
-        super().__init__(f"shard {key} failed verification: sha256 {actual[:12]}… != manifest {expected[:12]}…")
-        self.key = key
-
-
-class VersionExists(WeightsError):
-    pass
 
 
 @dataclass
@@ -167,14 +155,3 @@ def decode_snapshot(manifest: WeightManifest, shards: list[bytes]) -> dict[str, 
         buf = memoryview(shards[e.shard])[e.offset : e.offset + e.nbytes]
         out[e.name] = from_bytes(buf, e.dtype, e.shape)
     return out
-
-
-def fetch_version(store: ObjectStore, manifest_key: str) -> tuple[WeightManifest, dict[str, torch.Tensor]]:
-    """Manifest + verified tensors of any committed version: a raw snapshot, a keyframe, or a delta
-    (resolved from the latest keyframe at or before it plus the deltas after it)."""
-    manifest = read_manifest(store, manifest_key)
-    if manifest.keyframe and all(s.codec == "raw" for s in manifest.shards):
-        return manifest, decode_snapshot(manifest, fetch_shards(store, manifest))
-    from slipstream.weights.chain import load_version  # chain builds on this module
-
-    return manifest, load_version(store, manifest.run_id, manifest.policy_version)

@@ -26,6 +26,7 @@ from slipstream.trust import SigningKey, sign_manifest
 from slipstream.weight_publisher.codec import StoredVersion
 from slipstream.weights import layout, read_manifest
 from slipstream.weights.chain import latest_version, load_version
+from slipstream.weights.errors import VersionExists
 from slipstream.weights.parts import (
     PartsError,
     abandon,
@@ -36,7 +37,6 @@ from slipstream.weights.parts import (
     publish_part,
     read_parts,
 )
-from slipstream.weights.snapshot import VersionExists
 
 if TYPE_CHECKING:
     import torch
