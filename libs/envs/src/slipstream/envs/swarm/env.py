@@ -21,8 +21,9 @@ byte-level model without a chat template sees the task prompt only.
 Each turn's observation is the calls' results, in call order (creates run first, so one turn may
 create and assign), then the step line `[Steps: X/B]` (critical steps used / the budget).
 
-Critical steps (steps.py): a turn costs max(1, direct calls) plus the longest sub-agent of its
-cohort (its tool calls + 1 for its final message, `Outcome.steps`). Past `max_critical_steps`
+Critical steps (steps.py): a turn costs 1 (its calls run together, as PARL's S_main) plus the
+longest sub-agent of its cohort (its tool calls + 1 for its final message, `Outcome.steps`); a
+malformed call costs nothing beyond its turn's step and is counted (`malformed_calls`). Past `max_critical_steps`
 the episode ends with finish reason "critical_steps" and no answer: the run stops as soon as the
 steps used leave no step for the answer. `max_turns` bounds the orchestrator's turns, the search
 options' `max_turns` each sub-agent's.
@@ -30,13 +31,16 @@ options' `max_turns` each sub-agent's.
 Reward (named components, raw; the learner weights them, `[learner.reward_schedule.<name>]`):
 - `perf` = fraction of the required documents in the answer (the first required + `extra_docs`
   ids are read); correct = all of them;
-- `parallel` = min(1, sub-agents / `parallel_cap`) (PARL rebuild's form, a small cap);
-- `finish` = finished / max(1, assigned), a sub-agent finished when its final message parses as
-  `<docs>`.
+- `parallel` = min(1, n / `parallel_cap`) (PARL rebuild's form, a small cap), n the distinct
+  sub-agents (by name) that returned finished work: one sub-agent given four tasks is 1, never 4;
+- `finish` = finished / max(1, assigned), an assignment finished when its sub-agent's final
+  message parses as a non-empty `<docs>` list (an empty `<docs></docs>` is not a result).
 A missing answer scores perf 0 (parse_ok False) and keeps the auxiliary terms. Counts on the
-episode: critical_steps, total_steps, subagents (one per assignment, counted by spawn),
-subagents_created, subagents_finished, serial_collapse (swarm mode, 2+ items, no sub-agent) and
-spurious_parallel (a created sub-agent that finished no task).
+episode: critical_steps, total_steps, malformed_calls (the orchestrator's calls the parser
+refused), subagents (one per assignment, counted by spawn), subagents_created,
+subagents_finished, parallel_agents (distinct sub-agents with finished work: r_parallel's n),
+serial_collapse (swarm mode, 2+ items, no sub-agent) and spurious_parallel (a created sub-agent
+that finished no task).
 
 `single` mode: the same prompt and budget, the direct tools only: the baseline.
 """
@@ -297,12 +301,16 @@ class Swarm(Environment[SwarmOptions]):
         perf, parsed, reason = self._perf(task, episode.final_text)
         c = episode.counts
         spawned, finished = c.get("subagents", 0), c.get("subagents_finished", 0)
+        agents = c.get("parallel_agents", 0)
         components = {
             "perf": perf,
-            "parallel": min(1.0, spawned / self.options.parallel_cap),
+            "parallel": min(1.0, agents / self.options.parallel_cap),
             "finish": finished / max(1, spawned),
         }
-        reason += f"; {spawned} sub-agent(s), {finished} finished; {c.get('critical_steps', 0)} critical steps"
+        reason += (
+            f"; {spawned} assignment(s), {finished} finished, by {agents} sub-agent(s); "
+            f"{c.get('critical_steps', 0)} critical steps"
+        )
         if episode.finish_reason == "critical_steps":
             reason += " (over the budget)"
         return Score.of(components, correct=perf == 1.0, parse_ok=parsed, reason=reason)
@@ -314,8 +322,9 @@ class Swarm(Environment[SwarmOptions]):
         )
 
     def eval_metrics(self, tasks: list[TaskSpec], episodes: list[EpisodeRecord]) -> dict[str, float]:
-        """accuracy, perf, critical/total steps and sub-agents (means), finish rate, and the
-        serial-collapse, spurious-parallelism and over-budget episode counts."""
+        """accuracy, perf, critical/total steps, assignments, sub-agents with finished work and
+        malformed calls (means), finish rate, and the serial-collapse, spurious-parallelism and
+        over-budget episode counts."""
         n = max(1, len(episodes))
         scores = [self.score(t, e) for t, e in zip(tasks, episodes, strict=True)]
 
@@ -328,7 +337,9 @@ class Swarm(Environment[SwarmOptions]):
             "critical_steps": total("critical_steps") / n,
             "total_steps": total("total_steps") / n,
             "subagents": total("subagents") / n,
+            "parallel_agents": total("parallel_agents") / n,
             "finish_rate": total("subagents_finished") / max(1.0, total("subagents")),
+            "malformed_calls": total("malformed_calls") / n,
             "serial_collapse": total("serial_collapse"),
             "spurious_parallel": total("spurious_parallel"),
             "over_budget": float(sum(e.finish_reason == "critical_steps" for e in episodes)),
@@ -371,7 +382,8 @@ class _Episode:
                 return self.end(gen.text, gen.finish_reason)
             self.own_steps += len(parsed.items)
             results, direct, subs = await self.turn(list(parsed.items), thread.sample_id, gen.turn, transport)
-            self.ledger.add(direct, subs)
+            malformed = sum(1 for i in parsed.items if isinstance(i, MalformedCall))
+            self.ledger.add(direct - malformed, subs, malformed=malformed)
             text = env.renderer.render(env.renderer.result_messages(results))
             try:
                 ctx.observe(thread, text + f"[Steps: {self.ledger.critical}/{o.max_critical_steps}]\n")
@@ -471,7 +483,7 @@ class _Episode:
         except ContextFull:
             outcome = Outcome(final_text="", finish_reason="length", steps=0)
         final = outcome.final_text.strip()
-        finished = parse_output(final, search.options.max_output_docs) is not None
+        finished = bool(parse_output(final, search.options.max_output_docs))  # an empty <docs></docs> is no result
         if finished:
             self.finished += 1
             self.finished_by[agent] += 1
@@ -486,6 +498,8 @@ class _Episode:
         ctx.count("subagents", 0)  # spawn counts one per assignment; the key exists either way
         ctx.count("subagents_created", len(self.created))
         ctx.count("subagents_finished", self.finished)
+        ctx.count("parallel_agents", sum(1 for n in self.finished_by.values() if n > 0))
+        ctx.count("malformed_calls", self.ledger.malformed)
         collapse = self.o.mode == "swarm" and len(self.items) >= 2 and self.spawned == 0
         ctx.count("serial_collapse", int(collapse))
         ctx.count("spurious_parallel", int(any(n == 0 for n in self.finished_by.values())))
