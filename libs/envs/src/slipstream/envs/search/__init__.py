@@ -7,14 +7,16 @@
 | `generator` | the seeded corpus and tasks: clues, chained hops, distractors, verification, curriculum |
 | `tools` | the model's tool schemas, the backend tools with hidden arguments, backend registry |
 | `view` | the model's view, budget messages, what a prune rewrites |
+| `options` | the environment's options |
 | `turn` | one turn's calls under the budget rules |
 | `expert` | the scripted expert searcher |
 | `env` | the registered environment `search` |
 """
 
-from slipstream.envs.search.env import Search, SearchOptions, parse_output, prompt_of
+from slipstream.envs.search.env import Search, parse_output, prompt_of
 from slipstream.envs.search.generator import GeneratedCorpus, GeneratorOptions, SearchTask, generate_corpus
 from slipstream.envs.search.hybrid import bm25_backend, hybrid_backend
+from slipstream.envs.search.options import SearchOptions
 from slipstream.envs.search.tools import BACKENDS, build_backend, register_backend, render_chunks
 
 register_backend("hybrid", hybrid_backend)

@@ -27,13 +27,11 @@ from __future__ import annotations
 
 import json
 import re
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from slipstream.envs.base import TaskSpec, fixed_draw
+from slipstream.envs.search.options import SearchOptions
 from slipstream.envs.search.tools import GREP, PRUNE, READ, SEARCH, doc_of
-
-if TYPE_CHECKING:
-    from slipstream.envs.search.env import SearchOptions
 
 _CALL = re.compile(r"<tool>(.*?)</tool>", re.DOTALL)
 _CHUNK = re.compile(r'<chunk id="([^"]+)">')

@@ -12,16 +12,15 @@ ids in `info["chunks"]`).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import Any
 
 from slipstream.envs.context import EpisodeContext, Thread
+from slipstream.envs.search.options import SearchOptions
 from slipstream.envs.search.tools import PRUNE, READ, RETRIEVAL_TOOLS, chunk_blocks
 from slipstream.envs.search.view import SOFT_MESSAGE, View, refusal, usage_line
 from slipstream.schemas import ToolEvent
-from slipstream.tools import MalformedCall, ToolCall, ToolResult, ToolTransport, execute, tool_event
-
-if TYPE_CHECKING:
-    from slipstream.envs.search.env import Search
+from slipstream.tools import MalformedCall, Renderer, ToolCall, ToolResult, ToolTransport, execute, tool_event
 
 _EMPTY = ToolResult(call_id="", name=None, outcome="ok", text="")
 NO_ROOM = "no new chunks fit the remaining budget; prune chunks or give your final answer"
@@ -31,8 +30,17 @@ _MIN_CALL_TOKENS = 32  # a retrieval call with less room than this is refused as
 class TurnRunner:
     """Per-episode state of the calls: chunks seen, events by chunk (to mark pruned results)."""
 
-    def __init__(self, env: Search, ctx: EpisodeContext, transport: ToolTransport) -> None:
-        self.env = env
+    def __init__(
+        self,
+        options: SearchOptions,
+        renderer: Renderer,
+        count_tokens: Callable[[str], int],
+        ctx: EpisodeContext,
+        transport: ToolTransport,
+    ) -> None:
+        self.options = options
+        self.renderer = renderer
+        self.count_tokens = count_tokens  # the env's token estimate, the unit of every budget
         self.ctx = ctx
         self.transport = transport
         self.seen: dict[str, None] = {}  # every chunk id returned so far, in order
@@ -45,7 +53,7 @@ class TurnRunner:
         """Run a turn's calls; returns the observation text and the sample to append it to (a new
         one when the turn pruned). Prunes run first, so the turn's other calls are budgeted, and
         checked against the hard cutoff, on the context as pruned."""
-        o = self.env.options
+        o = self.options
         caller = thread.sample_id  # the sample holding the calls (a prune continues in a new one)
         results: dict[int, ToolResult] = {}
         prune_ids: set[str] = set()
@@ -65,14 +73,14 @@ class TurnRunner:
                     call_id=item.id, name=item.name, outcome="invalid_tool_call", text=item.error, kind=item.kind
                 )
         used = len(thread)
-        count = self.env.count_tokens
-        render = self.env.renderer.render
+        count = self.count_tokens
+        render = self.renderer.render
         status_cost = count(usage_line(o.budget_tokens, o.budget_tokens)) + count(SOFT_MESSAGE)
         # What the turn's other results (prunes, errors) cost is known exactly; each retrieval
         # result adds its <result></result> wrapper around its chunk blocks.
-        known = count(render(self.env.renderer.result_messages(list(results.values()))))
+        known = count(render(self.renderer.result_messages(list(results.values()))))
         retrieval = [n for n, i in enumerate(items) if isinstance(i, ToolCall) and i.name in RETRIEVAL_TOOLS]
-        wrapper = count(render(self.env.renderer.result_messages([_EMPTY])))
+        wrapper = count(render(self.renderer.result_messages([_EMPTY])))
         allowed = o.budget_tokens - o.reserve_tokens - used - status_cost - known - wrapper * len(retrieval)
         share = allowed // max(1, len(retrieval))
         # A search or grep returns at most S_budget (`search_tokens`); a read is cut to the
@@ -112,7 +120,7 @@ class TurnRunner:
                 event.info["refused"] = "hard_cutoff" if past_cutoff else "no_room"
             self.ctx.log_tool(event)
         self._mark_hidden(prune_ids)
-        rendered = self.env.renderer.render(self.env.renderer.result_messages([results[n] for n in range(len(items))]))
+        rendered = self.renderer.render(self.renderer.result_messages([results[n] for n in range(len(items))]))
         return rendered, thread
 
     def _with_hidden(self, call: ToolCall, budget: int, view: View) -> ToolCall:
