@@ -24,6 +24,8 @@ covered at startup: the learner calls `mark(ids_of_last_checkpoint, step)` befor
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import partial
+from typing import Any
 
 from slipstream.control.client import ControlClient
 from slipstream.control.keyspace import Keyspace
@@ -68,6 +70,9 @@ class Ledger:
             raise ValueError(f"ledger ids must be non-empty strings; got {bad[:3]!r}")
         return [self.keys.ledger(i) for i in ids]
 
+    async def _claim_chunk(self, keys: list[str], args: list[int], redis: Any) -> Any:
+        return await self._claim(keys=keys, args=args)
+
     async def claim(self, ids: Sequence[str], step: int) -> list[bool]:
         """Record `ids` as counted by `step`: per id, True the first time, False if already counted.
 
@@ -98,8 +103,7 @@ class Ledger:
         ttl_ms = max(1, int(self.ttl_s * 1000))
         out: list[bool] = []
         for lo in range(0, len(keys), CHUNK):
-            chunk = keys[lo : lo + CHUNK]
-            flags = await self.client.call(op, lambda r, c=chunk: self._claim(keys=c, args=[step, ttl_ms]))
+            flags = await self.client.call(op, partial(self._claim_chunk, keys[lo : lo + CHUNK], [step, ttl_ms]))
             out.extend(int(f) == 1 for f in flags)
         return out
 
@@ -108,8 +112,7 @@ class Ledger:
         keys = self._keys_of(ids)
         out: list[bool] = []
         for lo in range(0, len(keys), CHUNK):
-            chunk = keys[lo : lo + CHUNK]
-            values = await self.client.call("ledger.counted", lambda r, c=chunk: r.mget(c))
+            values = await self.client.call("ledger.counted", partial(_mget, keys[lo : lo + CHUNK]))
             out.extend(v is not None for v in values)
         return out
 
@@ -121,3 +124,7 @@ class Ledger:
         key = self._keys_of([trajectory_id])[0]
         value = await self.client.call("ledger.step_of", lambda r: r.get(key))
         return None if value is None else int(value)
+
+
+async def _mget(keys: list[str], redis: Any) -> Any:
+    return await redis.mget(keys)

@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
-from slipstream.engine.interface import GenerationRequest, GenerationResult, Timings
+from slipstream.engine.interface import FinishReason, GenerationRequest, GenerationResult, Timings
 from slipstream.engine.tokenizer import Tokenizer
 
 Reply = Callable[[GenerationRequest, str], str]
@@ -46,7 +46,7 @@ class ScriptedEngine:
         text = self.reply(request, self.tokenizer.decode(request.prompt_ids))
         ids = self.tokenizer.encode(text)
         limit = min(request.params.max_tokens, self.max_seq_len - len(request.prompt_ids))
-        finish = "stop"
+        finish: FinishReason = "stop"
         if len(ids) > limit:
             ids, finish = ids[: max(limit, 0)], "length"
         return GenerationResult(
@@ -67,6 +67,9 @@ class ScriptedEngine:
 
     def state_dict(self) -> Mapping[str, Any]:
         return {}
+
+    def release(self, session_id: str) -> None:
+        """Keeps no KV cache, so there is nothing to drop."""
 
     def stats(self) -> dict[str, float]:
         return {"requests_finished": float(self.requests)}

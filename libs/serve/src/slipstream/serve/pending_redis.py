@@ -21,6 +21,9 @@ without bound.
 
 from __future__ import annotations
 
+from functools import partial
+from typing import Any
+
 import msgspec
 
 from slipstream.control import ControlClient
@@ -270,11 +273,8 @@ class RedisPending:
             "serve.releasing", lambda r: r.zrangebyscore(self._set("releasing"), "-inf", repr(now - older_than_s))
         )
         out = []
-        for eid in eids:
-            fields = await self.client.call(
-                "serve.releasing",
-                lambda r, e=eid: r.hmget(self._ep(e), "state", "body_key", "group_id", "group_index", "group_size"),
-            )
+        for eid in map(_text, eids):
+            fields = await self.client.call("serve.releasing", partial(_member_fields, self._ep(eid)))
             state, key, gid, index, size = fields
             if state != "releasing":
                 continue
@@ -288,7 +288,18 @@ class RedisPending:
 
     async def counts(self) -> dict[str, int]:
         raw = await self.client.call("serve.counts", lambda r: r.hgetall(self._set("counts")))
-        return {k: int(v) for k, v in raw.items()}
+        return {_text(k): int(v) for k, v in raw.items()}
 
     async def close(self) -> None:
         await self.client.close()
+
+
+def _text(value: object) -> str:
+    """A key or member as the control client returns it (decode_responses: always str)."""
+    if not isinstance(value, str):
+        raise TypeError(f"expected a decoded string from Redis, got {value!r}")
+    return value
+
+
+async def _member_fields(episode_key: str, redis: Any) -> Any:
+    return await redis.hmget(episode_key, "state", "body_key", "group_id", "group_index", "group_size")

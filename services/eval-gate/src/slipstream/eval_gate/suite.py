@@ -114,7 +114,7 @@ class Suite:
 
     def _fingerprint(self, gate: GateSection) -> str:
         h = hashlib.sha256()
-        spec = {
+        spec: dict[str, object] = {
             "metric": gate.metric,
             "samples_per_task": gate.samples_per_task,
             "params": {name: msgspec.to_builtins(p) for name, p in self.params.items()},

@@ -341,7 +341,7 @@ class LearnerService(BaseService):
     async def _train(self, groups: Sequence[Group[Delivery[ScoredEpisode]]], stop: asyncio.Event) -> None:
         """One step in its `learner.step` span: a new trace linked to every trajectory it trains on."""
         members = [m for g in groups for m in g.members]
-        attributes = {
+        attributes: dict[str, str | int] = {
             "slipstream.run_id": self.cfg.service.run_id,
             "slipstream.step": self.progress.step + 1,
             "slipstream.policy_version": self.progress.version + 1,
