@@ -28,6 +28,7 @@ BENCHES: dict[str, str] = {
     "engine-http": "bench_engine_http",
     "learner": "bench_learner",
     "summary": "bench_summary",
+    "code-baselines": "bench_code_baselines",
 }
 
 
