@@ -2,6 +2,7 @@
 
 | module | what |
 |---|---|
+| `options` | the environment's options |
 | `tasks` | wide and deep tasks from the search corpus's items, prompts, the split by task key |
 | `tools` | create_subagent / assign_task and the direct search tools, by mode |
 | `steps` | critical and total steps (stages, cohorts) |
@@ -9,7 +10,8 @@
 | `env` | the registered environment `swarm` (episode loop, reward components, metrics) |
 """
 
-from slipstream.envs.swarm.env import COMPONENTS, Swarm, SwarmOptions
+from slipstream.envs.swarm.env import COMPONENTS, Swarm
+from slipstream.envs.swarm.options import SwarmOptions
 from slipstream.envs.swarm.steps import Ledger, Stage, critical_steps, total_steps
 
 __all__ = ["COMPONENTS", "Ledger", "Stage", "Swarm", "SwarmOptions", "critical_steps", "total_steps"]

@@ -19,16 +19,14 @@ context it is continuing:
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING
 
 from slipstream.envs.base import TaskSpec, fixed_draw
+from slipstream.envs.search.env import Search
 from slipstream.envs.search.expert import call
 from slipstream.envs.search.tools import doc_of
+from slipstream.envs.swarm.options import SwarmOptions
 from slipstream.envs.swarm.tasks import HEADER, LAYOUT_AGENT, Item, items_of
 from slipstream.envs.swarm.tools import ASSIGN, CREATE
-
-if TYPE_CHECKING:
-    from slipstream.envs.swarm.env import Swarm
 
 SUBAGENT_NAME = LAYOUT_AGENT
 SUBAGENT_PROMPT = "Find the documents that answer the question; end with <docs>ids</docs>."
@@ -45,14 +43,14 @@ def draw(key: str, what: str) -> float:
     return fixed_draw(f"swarm-expert:{what}:{key}")
 
 
-def parallel(env: Swarm, task: TaskSpec) -> bool:
+def parallel(options: SwarmOptions, task: TaskSpec) -> bool:
     """Whether the expert orchestrates this task in parallel."""
-    if env.options.mode != "swarm":
+    if options.mode != "swarm":
         return False
-    return draw(task.metadata.get("key", task.task_id), "parallel") < env.options.expert_parallel_rate
+    return draw(task.metadata.get("key", task.task_id), "parallel") < options.expert_parallel_rate
 
 
-def item_task(env: Swarm, parent: TaskSpec, item: Item) -> TaskSpec:
+def item_task(parent: TaskSpec, item: Item) -> TaskSpec:
     """The search env's view of one item (targets and plan: what its expert reads)."""
     return TaskSpec(
         task_id=f"{parent.task_id}/{item.key}",
@@ -80,27 +78,28 @@ def answer(ids: list[str], gap: str = " ") -> str:
 FIXED_GAP = " " * len("</docs></result>\n<result><docs>")
 
 
-def next_turn(env: Swarm, task: TaskSpec, context: str) -> str:
+def next_turn(options: SwarmOptions, search: Search, task: TaskSpec, context: str) -> str:
+    """The orchestrator's or a sub-agent's next turn; `search` is the sub-agents' env (its expert)."""
     items = items_of(task.metadata)
     if HEADER not in context:
         m = _QUESTION.search(context)
         item = next((it for it in items if m is not None and it.question == m.group(1)), None)
         if item is None:
             return answer([])
-        return env.search.expert(item_task(env, task, item), context)
-    if parallel(env, task):
+        return search.expert(item_task(task, item), context)
+    if parallel(options, task):
         if f'"name": "{ASSIGN}"' not in context:
-            system = SUBAGENT_PROMPT_FIXED if env.options.layout == "fixed" else SUBAGENT_PROMPT
+            system = SUBAGENT_PROMPT_FIXED if options.layout == "fixed" else SUBAGENT_PROMPT
             line = call(CREATE, name=SUBAGENT_NAME, system_prompt=system)
             line += "".join(call(ASSIGN, agent=SUBAGENT_NAME, prompt=it.question) for it in items)
             return line + "\n"
         returned = [d for body in _RETURNED.findall(context) for d in body.split()]
-        return answer(returned, FIXED_GAP if env.options.layout == "fixed" else " ")
+        return answer(returned, FIXED_GAP if options.layout == "fixed" else " ")
     steps = _STEPS.findall(context)
-    used, budget = (int(steps[-1][0]), int(steps[-1][1])) if steps else (0, env.options.max_critical_steps)
+    used, budget = (int(steps[-1][0]), int(steps[-1][1])) if steps else (0, options.max_critical_steps)
     if used + 2 <= budget:
         for item in items:
-            line = env.search.expert(item_task(env, task, item), context)
+            line = search.expert(item_task(task, item), context)
             if not line.startswith("<docs>"):
                 return line
     seen = {doc_of(c) for c in _CHUNK.findall(context)}

@@ -1,0 +1,97 @@
+"""`SwarmOptions`: the options of the `swarm` environment (sub-agents' search env, tasks, limits, reward, expert).
+
+Its own module because the environment and its scripted orchestrator (expert.py) both read them.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+import msgspec
+
+from slipstream.envs.registry import parse_options
+from slipstream.envs.swarm import tasks as tk
+
+Doc = msgspec.Meta
+Mode = Literal["swarm", "single"]
+
+
+class SwarmOptions(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
+    """Options of `swarm`: the corpus and sub-agents (`search`), the tasks, the limits, the reward."""
+
+    search: Annotated[
+        dict[str, Any],
+        Doc(description="Options of the `search` env: the corpus, the direct tools and the sub-agents' harness."),
+    ] = {}
+    mode: Annotated[
+        Mode, Doc(description="'swarm': with create_subagent/assign_task; 'single': direct tools only.")
+    ] = "swarm"
+    layout: Annotated[
+        tk.Layout,
+        Doc(
+            description="'lines': the questions as worded, one a line; 'fixed': one-hop questions in brief form, "
+            "each prompt line as wide as the assign_task call carrying it (tasks.py)."
+        ),
+    ] = "lines"
+    wide_min: Annotated[int, Doc(description="Fewest items of a wide task.")] = 4
+    wide_max: Annotated[int, Doc(description="Most items of a wide task.")] = 5
+    wide_hops: Annotated[int, Doc(description="Hops of a wide task's items.")] = 1
+    deep_rate: Annotated[float, Doc(description="Share of deep tasks (branches of several hops).")] = 0.0
+    deep_branches: Annotated[int, Doc(description="Branches of a deep task.")] = 3
+    deep_hops: Annotated[int, Doc(description="Hops of each deep branch (needs the corpus's max_hops).")] = 2
+    max_turns: Annotated[int, Doc(description="Orchestrator turns per episode.")] = 8
+    turn_tokens: Annotated[int, Doc(description="Most tokens one orchestrator turn may sample.")] = 1024
+    max_critical_steps: Annotated[
+        int, Doc(description="Critical-step budget: past it the episode ends unanswered ('critical_steps').")
+    ] = 4
+    parallel_cap: Annotated[int, Doc(description="Sub-agents at which r_parallel = min(1, n / cap) saturates.")] = 4
+    max_subagents: Annotated[int, Doc(description="Sub-agents one episode may create.")] = 4
+    max_assign_per_turn: Annotated[int, Doc(description="assign_task calls one turn may make.")] = 8
+    extra_docs: Annotated[int, Doc(description="Ids read from the answer beyond the required count.")] = 2
+    expert_parallel_rate: Annotated[
+        float, Doc(description="Share of tasks the scripted orchestrator solves in parallel (else serially).")
+    ] = 0.5
+    heldout_one_in: Annotated[int, Doc(description="One task key in this many is held out.")] = 8
+    warmstart_subagent_rows: Annotated[
+        int,
+        Doc(
+            description="Sub-agent samples of one expert episode that warm-start the model (its first ones); "
+            "-1: all. Fewer puts more of the orchestrator's own rows in each batch."
+        ),
+    ] = -1
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.wide_min <= self.wide_max <= 32:
+            raise ValueError(f"need 1 <= wide_min <= wide_max <= 32, got {self.wide_min}, {self.wide_max}")
+        if not 1 <= self.wide_hops <= 6 or not 1 <= self.deep_hops <= 6 or not 1 <= self.deep_branches <= 16:
+            raise ValueError("need wide_hops and deep_hops in 1..6 and deep_branches in 1..16")
+        for name, rate in (("deep_rate", self.deep_rate), ("expert_parallel_rate", self.expert_parallel_rate)):
+            if not 0.0 <= rate <= 1.0:
+                raise ValueError(f"{name} must be in [0, 1], got {rate}")
+        for name, value in (
+            ("max_turns", self.max_turns),
+            ("max_critical_steps", self.max_critical_steps),
+            ("parallel_cap", self.parallel_cap),
+            ("max_subagents", self.max_subagents),
+            ("max_assign_per_turn", self.max_assign_per_turn),
+        ):
+            if not 1 <= value <= 1024:
+                raise ValueError(f"{name} must be in 1..1024, got {value}")
+        if not 16 <= self.turn_tokens <= 65_536:
+            raise ValueError(f"turn_tokens must be in 16..65536, got {self.turn_tokens}")
+        if not -1 <= self.warmstart_subagent_rows <= 1024:
+            raise ValueError(
+                f"warmstart_subagent_rows must be -1 (all) or in 0..1024, got {self.warmstart_subagent_rows}"
+            )
+        if not 0 <= self.extra_docs <= 100 or not 2 <= self.heldout_one_in <= 1000:
+            raise ValueError("need 0 <= extra_docs <= 100 and 2 <= heldout_one_in <= 1000")
+        if self.layout == "fixed" and (self.deep_rate > 0 or self.wide_hops != 1):
+            raise ValueError(
+                f"layout 'fixed' briefs one-hop questions: needs deep_rate 0 and wide_hops 1, "
+                f"got deep_rate {self.deep_rate}, wide_hops {self.wide_hops}"
+            )
+        if self.layout == "fixed" and not self.search.get("fixed_offsets"):
+            raise ValueError(
+                "layout 'fixed' briefs questions that name the decade last: needs search.fixed_offsets = true"
+            )
+        parse_options("search", self.search)  # names the bad search option, if any
