@@ -16,6 +16,7 @@ from slipstream.engine import ByteTokenizer, GenerationRequest, SamplingParams
 from slipstream.envs import get_env
 from slipstream.envs.base import TaskSpec
 from slipstream.envs.code import task_of_key
+from slipstream.envs.code.grader import HIDDEN_CASES
 from slipstream.harness import ScriptedEngine, rollout_episodes
 from slipstream.sandbox import cgroups
 from slipstream.schemas import Episode
@@ -69,7 +70,8 @@ async def test_the_expert_fixes_the_bug_and_the_fresh_grader_agrees(task: TaskSp
         "unfinished_edit": 0.0,
         "length": 0.0,
     }
-    assert score.correct and score.reason == "3/3 tests passed"
+    # 3 visible tests and HIDDEN_CASES hidden ones (grader.py), all passing.
+    assert score.correct and score.reason == f"{3 + HIDDEN_CASES}/{3 + HIDDEN_CASES} tests passed"
 
 
 async def test_an_imperfect_expert_guesses_the_other_operator_on_a_fixed_share_of_tasks() -> None:
@@ -115,8 +117,11 @@ async def test_grading_ignores_what_the_agent_did_to_the_tests(task: TaskSpec) -
     score = env.score(task, episode)
     # ops.py was really replaced (that edit counts), the tests and the runner were restored from the task.
     assert score.reward == 0.0 and not score.correct
-    # (the broken ops.py makes the task's own test file fail to import: one failure, nothing passes)
-    assert score.reason == "0/1 tests passed; ignored edits to protected ['_run_tests.py', 'test_ops.py']"
+    # (the broken ops.py does not import: nothing passes)
+    assert score.reason == (
+        "ops did not import: NameError: name 'gone' is not defined; "
+        "ignored edits to protected ['_run_tests.py', 'test_ops.py']"
+    )
 
 
 async def test_a_partial_fix_earns_the_fraction_and_an_unchecked_edit_is_penalised(task: TaskSpec) -> None:
@@ -127,15 +132,18 @@ async def test_a_partial_fix_earns_the_fraction_and_an_unchecked_edit_is_penalis
     first = code.files["test_ops.py"].split("assert ")[1].split("\n")[0]  # "<name>(a, b) == want"
     a_b, want = first.split(" == ")
     a, b = a_b.removeprefix(f"{name}(").rstrip(")").split(", ")
-    content = f"def {name}(a, b):\n    return {want} if (a, b) == ({a}, {b}) else 0\n"
+    content = f"def {name}(a, b):\n    return {want} if (a, b) == ({a}, {b}) else -999\n"
     episode = await play(
         {}, task, lambda t, _: call("create_file", path="ops.py", content=content) if t == 0 else "ok\n"
     )
     score = env.score(task, episode)
-    assert score.components["tests_passed"] == pytest.approx(0.5 / 3)
+    # One visible test of 3 passes; the hidden cases (the reference's results on other arguments) do not.
+    total = 3 + HIDDEN_CASES
+    assert score.components["tests_passed"] == pytest.approx(0.5 / total)
     assert score.components["all_passed"] == 0.0
     assert score.components["unfinished_edit"] == -0.1
-    assert score.reason == "1/3 tests passed; unchecked edit"
+    assert score.reason.startswith(f"1/{total} tests passed; failing: test_")
+    assert score.reason.endswith(f"; {HIDDEN_CASES}/{HIDDEN_CASES} hidden cases wrong; unchecked edit")
 
 
 async def test_malformed_calls_are_counted_negatives_and_the_length_penalty_applies(task: TaskSpec) -> None:

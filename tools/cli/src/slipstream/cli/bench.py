@@ -29,6 +29,7 @@ BENCHES: dict[str, str] = {
     "learner": "bench_learner",
     "summary": "bench_summary",
     "code-baselines": "bench_code_baselines",
+    "humaneval": "bench_humaneval",
 }
 
 

@@ -50,7 +50,7 @@ from typing import Annotated, Any, ClassVar, Literal, TypeVar
 import msgspec
 
 from slipstream.envs.base import Environment, Problem, Score, Split, TaskSpec, fixed_draw
-from slipstream.envs.code import programs, service
+from slipstream.envs.code import grader, programs, service
 from slipstream.envs.code.repo import repo_keys
 from slipstream.envs.code.tasks import (
     HUMANEVAL_PROBLEMS,
@@ -349,33 +349,40 @@ class Code(Environment[CodeOptions]):
         return _in_a_loop(self._grade(code, patch))
 
     async def _grade(self, code: CodeTask, patch: dict[str, str | None]) -> Score:
+        """The patch applied in a fresh sandbox over the task's tree, then graded by grader.py: the
+        tests run where the patch cannot reach their result (see grader.py and runner.py)."""
+        spec = grader.spec_of(code)
         protected = code.protected_paths
+        only = grader.graded_paths(code, spec)
         tampered = sorted(p for p in patch if p.lstrip("./") in protected)
+        ignored = sorted(p for p in patch if only is not None and p.lstrip("./") not in only | protected)
         root = self._root()
         base = code.write(root / "task")
         provider = BwrapProvider(root / "sandboxes", limits=self.options.limits)
         try:
             sandbox = await provider.create(base)
             for path, content in patch.items():
-                if path.lstrip("./") in protected:
+                if path.lstrip("./") in protected or (only is not None and path.lstrip("./") not in only):
                     continue
                 if content is None:
                     await sandbox.exec(["rm", "-rf", "--", path])
                 else:
                     await sandbox.write(path, content)
-            result = await sandbox.exec(code.test_command)
+            tree = await sandbox.snapshot()
+            try:
+                verdict = await grader.grade(provider, code, tree, self.options.limits)
+            finally:
+                provider.release(tree)
         finally:
             await provider.aclose()
             shutil.rmtree(root, ignore_errors=True)
-        try:
-            report = json.loads(result.stdout.splitlines()[0])
-            passed, failed = int(report["passed"]), int(report["failed"])
-        except (IndexError, ValueError, KeyError, TypeError):
-            return self.failure(f"the tests did not report: {result.reason} {result.detail}".strip())
-        total = passed + failed
-        fraction = passed / total if total else 0.0
-        all_pass = total > 0 and failed == 0
-        reason = f"{passed}/{total} tests passed" + (f"; ignored edits to protected {tampered}" if tampered else "")
+        fraction = verdict.passed / verdict.total if verdict.total else 0.0
+        all_pass = verdict.all_passed
+        reason = (
+            verdict.reason
+            + (f"; ignored edits to protected {tampered}" if tampered else "")
+            + (f"; ignored edits outside the graded module {ignored[:3]}" if ignored else "")
+        )
         return Score.of(
             {
                 "tests_passed": self.options.pass_weight * fraction,
