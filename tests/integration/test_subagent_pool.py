@@ -12,6 +12,9 @@ real runtime (as test_rollout_worker.py drives workers):
   and all, while the live engine applies version 1; its engine is built by the first call;
 - service path: a task worker with `[subagents] transport = "nats"` takes a task for the
   orchestrator env and publishes its episodes with every child merged in, frozen at the pin;
+- wrong pin: an orchestrator that holds its sub-agents to version 0 rejects every reply of the
+  pool pinned to version 1: each child becomes an infra error naming both versions (the episode
+  is masked, no child sample merged), and the client counts them;
 - unavailable: with no replica, a request is sent again after its timeout, then answered with an
   error (the parent masks the episode);
 - spread: 2 replicas (2 requests in flight each) and an orchestrator-side harness whose episode
@@ -244,7 +247,7 @@ class _Orchestrator(Environment[msgspec.Struct]):
 
 @pytest.mark.parametrize("pool", [(2, 2)], indirect=True)
 async def test_two_pool_replicas_share_concurrent_subagents(pool: list[RolloutWorkerService], bus: Bus) -> None:
-    client = NatsSubagents(bus, timeout_s=60.0, retries=1, caller="orchestrator")
+    client = NatsSubagents(bus, timeout_s=60.0, retries=1, caller="orchestrator", pin_version=PIN)
     env = _Orchestrator()
     task = env.generate("train", 1, seed=0)[0]
     live = ScriptedEngine(TOK, lambda _r, _c: "go\n", policy_version=7)  # the orchestrator's own, newer weights
@@ -277,6 +280,35 @@ async def test_two_pool_replicas_share_concurrent_subagents(pool: list[RolloutWo
     assert dict(client.versions) == {PIN: N_CHILDREN}
     served = [s.pool.outcomes["ok"] for s in pool if s.pool is not None]
     assert sorted(served) == sorted(client.served_by.values())
+
+
+@pytest.mark.parametrize("pool", [(1, 4)], indirect=True)
+async def test_a_reply_from_a_pool_pinned_to_another_version_is_rejected_and_counted(
+    pool: list[RolloutWorkerService], bus: Bus
+) -> None:
+    client = NatsSubagents(bus, timeout_s=60.0, retries=1, caller="orchestrator", pin_version=0)
+    env = _Orchestrator()
+    task = env.generate("train", 1, seed=0)[0]
+    live = ScriptedEngine(TOK, lambda _r, _c: "go\n", policy_version=0)
+    (episode,) = await rollout_episodes(
+        live,
+        TOK,
+        env,
+        task,
+        group_size=1,
+        params=SamplingParams(temperature=1.0, max_tokens=16),
+        run_id=RUN,
+        worker_id="orchestrator",
+        subagents=client,
+    )
+    # The pool played every child (at its pin, 1); the orchestrator refused each reply.
+    assert sum(s.pool.outcomes["ok"] for s in pool if s.pool is not None) == N_CHILDREN
+    assert client.stats["wrong_version"] == N_CHILDREN and client.stats["errors"] == 0
+    assert dict(client.versions) == {PIN: N_CHILDREN}
+    assert [s.role for s in episode.samples] == ["policy"]  # no child sample merged: nothing trains on them
+    assert episode.counts["infra_error"] == N_CHILDREN and episode.counts["subagent_errors"] == N_CHILDREN
+    assert "version(s) [1]" in episode.infra_error and "pinned to version 0" in episode.infra_error
+    assert episode.infra_error.startswith("subagent: sub-agent pool worker rollout-worker/p0")
 
 
 async def test_a_task_worker_keeps_a_frozen_local_copy_that_announces_never_touch(
@@ -323,7 +355,7 @@ async def test_a_task_worker_with_nats_transport_sends_its_episodes_subagents_to
     cfg = msgspec.structs.replace(
         _config(nats_server.url, tmp_path / "store", "w0", max_in_flight=1),
         pool=PoolSection(),
-        subagents=SubagentsSection(transport="nats", timeout_s=60.0),
+        subagents=SubagentsSection(transport="nats", timeout_s=60.0, pin_version=PIN),
     )
     monkeypatch.setitem(registry.ENVIRONMENTS, _Orchestrator.name, _Orchestrator)
     worker = RolloutWorkerService(cfg)
@@ -369,6 +401,6 @@ async def test_no_pool_replica_means_retries_then_an_infra_error(bus: Bus) -> No
         reply.error.startswith("sub-agent pool unavailable after 2 attempt(s)")
         and "no reply within 0.3 s" in reply.error
     )
-    assert client.stats == {"requests": 1, "retries": 1, "unavailable": 1, "errors": 0}
+    assert client.stats == {"requests": 1, "retries": 1, "unavailable": 1, "errors": 0, "wrong_version": 0}
     # Both attempts are in the work queue (distinct message ids), for a pool to skip once past their deadline.
     assert (await bus.stream_info("SUBAGENTS"))["messages"] == 2

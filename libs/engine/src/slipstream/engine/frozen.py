@@ -1,7 +1,9 @@
-"""The frozen engine of `[subagents] transport = "local"`: weights nobody updates, an engine built on first use.
+"""A frozen engine: weights nobody updates, an engine built on first use.
 
-A worker plays frozen sub-agents on weights that announcements never touch: a deep copy of the
-model taken when it was loaded (version 0), before the live engine exists. The copy is cheap to
+Frozen sub-agents (spawn with trainable=False) play on weights that announcements never touch:
+a deep copy of the model taken when it was loaded (version 0), before the live engine exists.
+The rollout worker (`[subagents] transport = "local"`), the eval-gate and the CLI's held-out
+evaluations each keep one, so the version under test or training never plays its sub-agents. The copy is cheap to
 keep, an engine is not: a `TorchEngine` allocates its KV cache for `max_batch` x `max_seq_len`
 when it is built, which would double every worker's cache even when its environment never
 spawns. So the engine over the copy is built and started by the first sub-agent call, and most

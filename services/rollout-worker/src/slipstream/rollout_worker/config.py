@@ -137,7 +137,8 @@ class SubagentsSection(msgspec.Struct, kw_only=True, forbid_unknown_fields=True)
         int,
         Doc(
             description="local: the frozen copy's version: -1 = the first version this worker loads ([model]), "
-            "N = version N of this run from the store.",
+            "N = version N of this run from the store. nats: the version the pool must serve (-1 = 0); a reply "
+            "played on another is rejected (an infra error on the episode).",
             ge=-1,
         ),
     ] = -1

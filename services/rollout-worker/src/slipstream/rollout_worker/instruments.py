@@ -58,7 +58,8 @@ SUBAGENTS = REGISTRY.counter(
 SUBAGENT_S = REGISTRY.histogram("worker/subagents/play_s", "Seconds a pool worker spent playing one sub-agent.")
 SUBAGENT_REQUESTS = REGISTRY.counter(
     "worker/subagents/requests",
-    "Sub-agent requests an orchestrator's worker sent to the pool, by outcome: ok, retried, unavailable.",
+    "Sub-agent requests an orchestrator's worker sent to the pool, by outcome: ok, retried, unavailable, "
+    "wrong_version (a reply from a pool pinned to another version, rejected).",
 )
 
 

@@ -21,8 +21,11 @@ announced versions, and the endpoint answers 429 while the served version lags t
 
 Frozen sub-agents (`spawn(..., trainable=False)`) run, with `[subagents] transport = "local"`
 (default), on a second engine in this process over a deep copy of the weights taken before any
-announcement, built on first use (frozen.py), or version `[subagents] pin_version` from the
-store; the follower never touches it; with `"nats"` they are requests to the sub-agent pool (subagent_client.py). With
+announcement, built on first use (libs/engine frozen.py), or version `[subagents] pin_version` from
+the store; the follower never touches it. With `[engine] type = "http"` that copy is [model] loaded
+here as well (the server's weights are live), and setup fails if it cannot be loaded. With `"nats"`
+they are requests to the sub-agent pool (subagent_client.py), and a reply played on another version
+than `[subagents] pin_version` (-1 = 0) is rejected as an infra error. With
 `[pool] subagents = true` the worker *is* a pool replica: it binds the `subagent-pool` durable
 instead of `rollout-worker`, loads exactly `[pool] pin_version`, notes but never applies
 announcements, and answers each request's inbox (subagent_pool.py).
@@ -42,12 +45,12 @@ from typing import TYPE_CHECKING, Any
 from slipstream.bus import connect_bus
 from slipstream.control import Control, ControlClient
 from slipstream.engine.engine import TorchEngine
+from slipstream.engine.frozen import FrozenEngine
 from slipstream.engine.interface import Engine
 from slipstream.engine.source import load_model, load_tokenizer_only, resolve_device, torch_dtype
 from slipstream.engine.tokenizer import Tokenizer
 from slipstream.rollout_worker.config import RolloutWorkerConfig
 from slipstream.rollout_worker.follower import WeightFollower
-from slipstream.rollout_worker.frozen import FrozenEngine
 from slipstream.rollout_worker.instruments import sample_gauges
 from slipstream.rollout_worker.intake import TaskIntake
 from slipstream.rollout_worker.outbox import Outbox
@@ -151,6 +154,18 @@ class RolloutWorkerService(BaseService):
                     f"{embed.shape[0]}: [model] must name the model the server serves"
                 )
             log.info("driving a remote inference server", url=cfg.engine.url, policy_version=remote.policy_version)
+            if cfg.subagents.transport == "local" and not self.pooled:
+                # The server's weights follow every announcement: frozen sub-agents need weights of their
+                # own, so [model] is loaded here too (the copy only: its engine is built on first use).
+                try:
+                    self._model, _ = await asyncio.to_thread(load_model, cfg.model)
+                except Exception as exc:
+                    await remote.stop()
+                    raise ValueError(
+                        f"[engine] type = 'http' with [subagents] transport = 'local' needs a frozen copy of [model] "
+                        f"in this worker (the server at {cfg.engine.url} serves the live weights), and [model] "
+                        f"could not be loaded: {exc}; load it, or set [subagents] transport = 'nats' (the pinned pool)"
+                    ) from exc
             return remote, tokenizer
         model, tokenizer = await asyncio.to_thread(load_model, cfg.model)
         if cfg.subagents.transport == "local" and not self.pooled:
@@ -184,12 +199,8 @@ class RolloutWorkerService(BaseService):
         is built now and that version loaded into it, once.
         """
         model, self._model = self._model, None
-        if model is None:
-            log.warning(
-                "no frozen copy with [engine] type = 'http': frozen sub-agents run on the served (live) weights",
-                url=self.cfg.engine.url,
-            )
-            return
+        if model is None:  # _build_engine keeps a copy for every engine type; never run on the live weights
+            raise RuntimeError("no frozen copy of [model] was kept: frozen sub-agents would run on the live weights")
         pin = self.cfg.subagents.pin_version
         if pin <= 0:
             self.frozen_engine = FrozenEngine(model, lambda m: self._torch_engine(m, tokenizer))
@@ -252,6 +263,7 @@ class RolloutWorkerService(BaseService):
                 retries=sc.retries,
                 retry_backoff_s=sc.retry_backoff_s,
                 caller=self.worker_id,
+                pin_version=max(0, sc.pin_version),  # -1: [model]'s weights, version 0 (the pool's default pin)
             )
         else:
             await self._build_frozen(tokenizer)

@@ -14,7 +14,12 @@ Failure semantics follow the tool-service's (libs/tools remote.py):
 - all attempts wait on the one inbox, so a late reply to an earlier attempt is as good as the
   latest: the requester keeps exactly one reply per request;
 - if every attempt fails the reply carries `error`, and the parent episode gets an infra error
-  (masked by the learner, never scored as a failure of the model).
+  (masked by the learner, never scored as a failure of the model);
+- a reply played on another version than `pin_version` (a pool replica pinned to another
+  version, or any of its samples' segments off the pin) is rejected: it becomes an error reply
+  naming both versions (an infra error on the parent, masked, never trained as the model's
+  fault) and is counted (`stats["wrong_version"]`, `worker/subagents/requests{outcome=wrong_version}`).
+  It is not retried: the replicas share one durable, so a retry may reach the same replica.
 """
 
 from __future__ import annotations
@@ -52,6 +57,7 @@ class NatsSubagents:
         retries: int = 1,
         retry_backoff_s: float = 0.5,
         caller: str = "",
+        pin_version: int | None = None,
     ) -> None:
         nc: Client | None = getattr(bus, "nc", None)
         if nc is None:
@@ -66,7 +72,8 @@ class NatsSubagents:
         self.retries = retries
         self.retry_backoff_s = retry_backoff_s
         self.caller = caller
-        self.stats = {"requests": 0, "retries": 0, "unavailable": 0, "errors": 0}
+        self.pin_version = pin_version  # None: any version accepted (no pin to hold the pool to)
+        self.stats = {"requests": 0, "retries": 0, "unavailable": 0, "errors": 0, "wrong_version": 0}
         # Which pool worker served how many of this worker's sub-agents, and at which versions.
         self.served_by: Counter[str] = Counter()
         self.versions: Counter[int] = Counter()
@@ -113,6 +120,17 @@ class NatsSubagents:
                 else:
                     self.served_by[reply.worker_id] += 1
                     self.versions[reply.policy_version] += 1
+                    off = off_pin(reply, self.pin_version)
+                    if off is not None:
+                        self.stats["wrong_version"] += 1
+                        SUBAGENT_REQUESTS.add(outcome="wrong_version")
+                        log.warning(
+                            "sub-agent reply from another version rejected",
+                            request_id=request.request_id,
+                            worker=reply.worker_id,
+                            error=off,
+                        )
+                        return SubagentReply(request_id=request.request_id, error=off, worker_id=reply.worker_id)
                 SUBAGENT_REQUESTS.add(outcome="ok")
                 return reply
         finally:
@@ -125,6 +143,19 @@ class NatsSubagents:
             request_id=request.request_id,
             error=f"sub-agent pool unavailable after {self.retries + 1} attempt(s) ({'; '.join(failures)})",
         )
+
+
+def off_pin(reply: SubagentReply, pin: int | None) -> str | None:
+    """Why `reply` was not played on version `pin` (None when it was, or when nothing is pinned)."""
+    if pin is None:
+        return None
+    seen = {reply.policy_version} | {seg.policy_version for s in reply.samples for seg in s.segments}
+    if seen == {pin}:
+        return None
+    return (
+        f"sub-agent pool worker {reply.worker_id or '?'} played on version(s) {sorted(seen)}, but this worker's "
+        f"sub-agents are pinned to version {pin}: reply rejected"
+    )
 
 
 def _reply_of(data: bytes, headers: dict[str, str] | None, request_id: str) -> SubagentReply | None:

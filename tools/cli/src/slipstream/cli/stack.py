@@ -372,6 +372,8 @@ class Stack:
             env["SLIPSTREAM_SERVICE__REPLICA"] = name
         elif kind == "rollout-worker" and spec.subagent_pool > 0:
             env["SLIPSTREAM_SUBAGENTS__TRANSPORT"] = "nats"
+            # The version the workers hold the pool to: a reply played on any other is rejected.
+            env["SLIPSTREAM_SUBAGENTS__PIN_VERSION"] = str(spec.pin_version)
         if self.credentials is not None:
             env.update(self.credentials.service_env(kind, self.servers["redis"].url))
         traces = spec.traces_file(name)
