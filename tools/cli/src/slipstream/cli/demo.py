@@ -254,6 +254,14 @@ ENV_PLANS: dict[str, dict[str, Any]] = {
         "sft_target_accuracy": 0.2,
         "train_eval_tasks": 256,
     },
+    # reasoning-gym's spell_backward on 3-letter words: `reverse`'s skill behind reasoning-gym's preamble,
+    # scored by its verifier; the same plan as examples/reasoning_gym.toml, which says why it is learnable.
+    "reasoning_gym": {
+        "env_options": {"dataset": "spell_backward", "config": {"min_word_len": 3, "max_word_len": 3}},
+        "sft_steps": 400,
+        "sft_target_accuracy": 0.2,
+        "train_eval_tasks": 256,
+    },
     "lookup": {
         "env_options": LOOKUP_TEACHER,
         "preset": "micro",
