@@ -169,7 +169,7 @@ async def test_pass_rate_sampler_serves_the_informative_task_again(
         store=StoreConfig(type="local", root=str(tmp_path / "store")),
         tasks=TasksSection(
             envs=["reverse"],
-            group_size=2,
+            group_size=4,
             groups_per_step=2,
             max_staleness=0,  # a window of 2 tasks
             seed=4,
@@ -191,10 +191,11 @@ async def test_pass_rate_sampler_serves_the_informative_task_again(
         first = list(await consumer.fetch(batch=2, timeout=5))
         mixed, solved = (d.msg for d in first)
         assert mixed.task_id == f"{run_id}:reverse-train-4000000-0" and "~" not in solved.task_id
-        # Their groups come back (the learner records each group's attempts): 1 of 2 and 2 of 2 solved.
+        # Their groups come back (the learner records each group's attempts): 2 of 4 and 4 of 4 solved.
+        # A fresh task is then worth (1 + 1) / (2 + 2) = 0.5; the mixed one 1 - 2 / 16 = 0.875.
         await control.task_stats.record_many(
-            [(f"reverse/{mixed.metadata['key']}", r, bool(r)) for r in (0.0, 1.0)]
-            + [(f"reverse/{solved.metadata['key']}", 1.0, True)] * 2
+            [(f"reverse/{mixed.metadata['key']}", r, bool(r)) for r in (0.0, 1.0, 0.0, 1.0)]
+            + [(f"reverse/{solved.metadata['key']}", 1.0, True)] * 4
         )
         for d in first:
             await d.ack()
@@ -204,7 +205,14 @@ async def test_pass_rate_sampler_serves_the_informative_task_again(
         # solved one is retired, so the second slot finds no revisit ready.
         assert [t.task_id for t in again] == [f"{mixed.task_id}~r2", f"{run_id}:reverse-train-4000000-2"]
         assert again[0].prompt == mixed.prompt and again[0].metadata == mixed.metadata
-        assert svc.status()["sampler"] == {"pool": 2, "ready": 0, "revisits": 1, "left": {"retired": 1}}
+        status = svc.status()["sampler"]
+        assert {k: status[k] for k in ("pool", "ready", "revisits", "left")} == {
+            "pool": 2,
+            "ready": 0,
+            "revisits": 1,
+            "left": {"retired": 1},
+        }
+        assert status["results"] == {"fresh": 2, "fresh_informative": 1, "revisit": 0, "revisit_informative": 0}
     finally:
         await consumer.close()
         stop.set()

@@ -68,7 +68,8 @@ def test_a_task_lives_from_fresh_to_retired() -> None:
     s.update("reverse/abc", stat(0, 0), now=1.0)  # its group is not in yet
     assert s.waiting() == ["reverse/abc"]
     s.update("reverse/abc", stat(8, 3), now=2.0)  # 3 of 8 solved
-    assert s.pool["reverse/abc"].weight == pytest.approx(informativeness(3 / 8, G))
+    assert s.pool["reverse/abc"].weight == pytest.approx(informativeness(3 / 8, G))  # 0.859
+    assert s.fresh_value == pytest.approx(2 / 3)  # one informative fresh group: (1 + 1) / (1 + 2)
     (entry,) = s.choose(4)  # the one ready entry, once
     again = s.served(entry, now=3.0)
     assert again.task_id == "r:reverse-train-0-abc~r2" and again.prompt == t.prompt and again.metadata == t.metadata
@@ -95,11 +96,16 @@ def test_max_serves_lost_groups_and_the_pool_bound() -> None:
 
 
 def ready_pair(revisit_share: float) -> PassRateSampler:
+    """Two mixed tasks, and six never solved: fresh value (2 + 1) / (8 + 2) = 0.3."""
     s = sampler(revisit_share=revisit_share, seed=7)
     s.remember(task("abc"), "half", stat(0, 0), now=0.0)
-    s.remember(task("abd"), "never", stat(0, 0), now=0.0)
+    s.remember(task("abd"), "eighth", stat(0, 0), now=0.0)
     s.update("half", stat(8, 4), now=1.0)  # weight 0.9921875
-    s.update("never", stat(8, 0), now=1.0)  # weight 0.05
+    s.update("eighth", stat(8, 1), now=1.0)  # weight 0.65639...
+    for i in range(6):
+        s.remember(task(f"n{i}"), f"never{i}", stat(0, 0), now=0.0)
+        s.update(f"never{i}", stat(8, 0), now=1.0)  # weight 0.05, below a fresh task's 0.3
+    assert s.fresh_value == pytest.approx(0.3)
     return s
 
 
@@ -107,14 +113,29 @@ def test_choices_follow_the_weights_and_the_revisit_share() -> None:
     n = 20_000
     s = ready_pair(1.0)
     picks = [s.choose(1)[0].key for _ in range(n)]  # choose leaves them ready (not served)
-    p_half = 0.9921875 / (0.9921875 + 0.05)  # 0.95203...
-    se = math.sqrt(p_half * (1 - p_half) / n)  # 0.0015
+    p_half = 0.9921875 / (0.9921875 + 11012414 / 16777216)  # 0.60185...
+    se = math.sqrt(p_half * (1 - p_half) / n)  # 0.0035
     assert abs(picks.count("half") / n - p_half) < 4 * se
-    assert len(s.choose(5)) == 2  # without replacement: two ready entries fill two slots of five
+    # Without replacement, and never a never-solved task while a fresh one is worth more: 2 of 5 slots.
+    assert sorted(e.key for e in s.choose(5)) == ["eighth", "half"]
     s = ready_pair(0.25)
     revisits = sum(len(s.choose(1)) for _ in range(n))
     assert abs(revisits / n - 0.25) < 4 * math.sqrt(0.25 * 0.75 / n)
     assert len(ready_pair(0.0).choose(100)) == 0
+
+
+def test_never_solved_tasks_come_back_only_when_fresh_ones_are_worth_less() -> None:
+    s = sampler()
+    for i in range(40):
+        s.remember(task(f"n{i}"), f"never{i}", stat(0, 0), now=0.0)
+        s.update(f"never{i}", stat(8, 0), now=1.0)
+    assert s.fresh_value == pytest.approx(1 / 42)  # below never_weight 0.05: a never-solved task beats it
+    assert len(s.choose(3)) == 3
+    s = sampler()
+    s.remember(task("abc"), "k", stat(0, 0), now=0.0)
+    s.update("k", stat(8, 0), now=1.0)  # fresh value (0 + 1) / (1 + 2) = 0.333 > 0.05
+    assert s.choose(3) == []
+    assert s.status()["results"] == {"fresh": 1, "fresh_informative": 0, "revisit": 0, "revisit_informative": 0}
 
 
 def test_the_same_seed_draws_the_same() -> None:
@@ -130,7 +151,7 @@ def test_bad_settings_are_named() -> None:
     with pytest.raises(ValueError, match=r"sampler = 'pass_rate' reads the task statistics in Redis"):
         TaskSourceConfig(tasks=TasksSection(sampler="pass_rate"))
     ok = TaskSourceConfig(tasks=TasksSection(sampler="pass_rate"), service=ServiceSection(redis_url="redis://x:1"))
-    assert ok.tasks.sampler_revisit_share == 0.75 and ok.tasks.sampler_retire_above == 0.9
+    assert ok.tasks.sampler_revisit_share == 1.0 and ok.tasks.sampler_retire_above == 0.9
 
 
 def test_revisit_task_keeps_the_problem() -> None:

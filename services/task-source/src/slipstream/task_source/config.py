@@ -91,8 +91,9 @@ class TasksSection(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         ),
     ] = "off"
     sampler_revisit_share: Annotated[
-        float, Doc(description="Pass-rate sampler: chance that a task to publish is a revisit (when one is ready).")
-    ] = 0.75
+        float,
+        Doc(description="Pass-rate sampler: chance that a task to publish is a revisit (when one beats a fresh task)."),
+    ] = 1.0
     sampler_retire_above: Annotated[
         float, Doc(description="Pass-rate sampler: retire a task whose latest group passed at or above this.")
     ] = 0.9

@@ -20,9 +20,15 @@ about now. From that pass rate p, with groups of G samples:
 - p == 0 (never solved): weight `never_weight` (revisited rarely; it may become solvable);
 - otherwise: weight 1 - p^G - (1-p)^G, the chance that a group of G is not uniform if p holds.
 
-Each task to publish is a revisit with probability `revisit_share` (a weighted draw, without
-replacement, among the known tasks with a weight and no group in flight), else a fresh task from
-the generator, which keeps the run exploring new tasks and fills the pool. A task is served at
+A revisit must beat a fresh task: the value of a fresh task is the share of informative groups
+(0 < solved < attempts) among the last `FRESH_WINDOW` fresh tasks' first groups, (k + 1) / (n + 2).
+Each task to publish is, with probability `revisit_share`, a revisit drawn with probability
+proportional to its weight (without replacement) among the known tasks with no group in flight
+whose weight exceeds that value; when there is none, or otherwise, it is a fresh task from the
+generator, which keeps the run exploring and fills the pool. So a never-solved task (0.05) is
+revisited only while fresh tasks are informative less often than that: rarely. (A first version
+revisited any known task at 75% of slots, never-solved ones included: on the demo's seed 0 the
+trained share rose only from 0.305 to 0.34, revisits trained 36% of the time.) A task is served at
 most `max_serves` times (a bound on memorising one word), and a group whose result never comes
 (dropped as stale, incomplete) stops being waited for after `pending_timeout_s`.
 
@@ -32,6 +38,7 @@ The rule (`revisit_weight`, `PassRateSampler`) is pure and seeded; `service.py` 
 from __future__ import annotations
 
 import random
+from collections import deque
 from dataclasses import dataclass
 
 import msgspec
@@ -85,6 +92,10 @@ class Entry:
     last_rate: float = -1.0
 
 
+FRESH_WINDOW = 256
+"""Fresh tasks' first groups over which a fresh task's value is measured (the policy moves)."""
+
+
 class PassRateSampler:
     """The pool of served tasks and the rule that picks which to serve again. No I/O."""
 
@@ -123,6 +134,16 @@ class PassRateSampler:
         self.pool: dict[str, Entry] = {}  # insertion order = age: the oldest are evicted first
         self.revisits = 0
         self.left: dict[str, int] = {}
+        self._fresh: deque[bool] = deque(maxlen=FRESH_WINDOW)  # was a fresh task's first group informative
+        self.results = {"fresh": 0, "fresh_informative": 0, "revisit": 0, "revisit_informative": 0}
+
+    @property
+    def fresh_value(self) -> float:
+        """The chance a fresh task's group is informative, as measured lately: (informative + 1) / (results + 2).
+
+        The +1 / +2 (a uniform prior) keeps a handful of early results from setting it to 0 or 1.
+        """
+        return (sum(self._fresh) + 1) / (len(self._fresh) + 2)
 
     def remember(self, task: Task, key: str, base: TaskStat, now: float) -> bool:
         """A fresh task goes out with statistics `base` (read just before): keep it, to judge by its group.
@@ -157,6 +178,12 @@ class PassRateSampler:
             if now - e.served_at > self.pending_timeout_s:
                 self._leave(key, LOST)
             return
+        informative = 0 < solved < attempts
+        kind = "fresh" if e.serves == 1 else "revisit"
+        self.results[kind] += 1
+        self.results[f"{kind}_informative"] += informative
+        if kind == "fresh":
+            self._fresh.append(informative)
         e.base, e.weight, e.last_rate = stat, w, solved / attempts
         if w == 0.0:
             self._leave(key, RETIRED)
@@ -167,10 +194,12 @@ class PassRateSampler:
         """Of `n` tasks to publish, the known ones to serve again (the rest are fresh); marks them in flight.
 
         Each slot is a revisit with probability revisit_share, then one entry drawn with probability
-        proportional to its weight among those not yet drawn; a slot with no weighted entry left is fresh.
+        proportional to its weight among those not yet drawn whose weight beats a fresh task's value;
+        a slot with no such entry left is fresh.
         """
         out: list[Entry] = []
-        ready = [e for e in self.pool.values() if e.weight]
+        floor = self.fresh_value
+        ready = [e for e in self.pool.values() if e.weight and e.weight > floor]
         for _ in range(n):
             if not ready or self.rng.random() >= self.revisit_share:
                 continue
@@ -196,6 +225,8 @@ class PassRateSampler:
             "ready": sum(1 for e in self.pool.values() if e.weight),
             "revisits": self.revisits,
             "left": dict(self.left),
+            "fresh_value": round(self.fresh_value, 4),
+            "results": dict(self.results),
         }
 
 
