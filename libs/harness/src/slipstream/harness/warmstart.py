@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import random
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -104,6 +105,7 @@ def sft_warmstart(
     copy_rows: int = 0,
     on_check: Callable[[int, float, float], None] | None = None,
     pool_tasks: int = 0,
+    rows: list[Example] | None = None,
 ) -> dict[str, Any]:
     """Train `model` in place on up to `steps` batches of train-split reference completions.
 
@@ -157,6 +159,11 @@ def sft_warmstart(
     play (`code`: a bubblewrap sandbox and a test run each, ~11 episodes/s on 2 cores, so a
     2,000-step warm-start of batch 8 would play for 24 minutes before the model saw its last row).
 
+    `rows`: train on these examples (epochs over them, shuffled once by `seed`) instead of the env's references
+    or its expert: an SFT set of the policy's own RL episodes (`slipstream.harness.sft_set`,
+    rejection-sampling fine-tuning). The probe and its target are the env's as without them, so
+    the stop means the same for both kinds of data.
+
     `on_check(step, greedy, sampled)` is called after every probe check (sampled is -1 without a
     sampled target): a caller's progress line during a warm-start that can run for minutes.
     """
@@ -184,8 +191,14 @@ def sft_warmstart(
         raise ValueError(f"copy_steps and copy_rows must be >= 0, got {copy_steps} and {copy_rows}")
     copy_figures = copy_pretrain(model, tokenizer, steps=copy_steps, seed=seed) if copy_steps else None
     copy_mix = copy_examples(tokenizer, (steps + settle_steps) * copy_rows, seed + 7) if copy_rows else []
-    tasks = env.generate("train", pool_tasks or (steps + settle_steps) * batch_size, seed)
-    if env.warmstart_from_expert:
+    tasks = [] if rows is not None else env.generate("train", pool_tasks or (steps + settle_steps) * batch_size, seed)
+    if rows is not None:
+        if not rows:
+            raise ValueError("rows: an SFT set needs at least one example")
+        shuffled = list(rows)  # the export is in step order: neighbouring rows share a policy version
+        random.Random(seed).shuffle(shuffled)
+        examples = _Rows([shuffled], cycle=True)
+    elif env.warmstart_from_expert:
         examples = _Rows(expert_example_chunks(env, tokenizer, tasks, summary), cycle=pool_tasks > 0)
     else:
         examples = _Rows([_examples(env, tokenizer, tasks, summary)], cycle=pool_tasks > 0)

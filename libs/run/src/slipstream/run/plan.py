@@ -16,6 +16,10 @@ from typing import Any
 import msgspec
 
 
+SFT_SET = "learner-sft-set.jsonl"
+"""The learner's SFT export in a local run's directory (beside its outcome log), with `plan.sft_export`."""
+
+
 class TrainingPlan(msgspec.Struct, kw_only=True):
     """What one run trains, and how big it is. Defaults are the demo's."""
 
@@ -39,6 +43,10 @@ class TrainingPlan(msgspec.Struct, kw_only=True):
     sft_pool_tasks: int = 0
     """> 0: the warm-start trains epochs over the examples of this many train tasks (an expert whose
     episodes are costly to play, e.g. sandboxed) instead of new tasks for every batch (0)."""
+    sft_from: str = ""
+    """An SFT set (the learner's `sft_export_path` file of an earlier run, or that run's directory) the
+    warm-start trains on instead of the env's references or scripted expert: rejection-sampling
+    fine-tuning (libs/harness sft_set.py); "" = the env's own examples."""
     sft_copy_steps: int = 0
     """Steps of the dense copy curriculum before the warm-start (libs/harness copying.py): the
     induction heads a from-scratch model needs to copy from an arbitrary distance (0: none)."""
@@ -105,6 +113,10 @@ class TrainingPlan(msgspec.Struct, kw_only=True):
     toggle: dict[str, Any] = {}
     """[learner] toggle: {enabled, period, rho, accuracy}, Toggle's budget phases (slipstream.rl.toggle);
     {}: off, every answer trains with its scored reward."""
+    sft_export: bool = False
+    """The learner exports its settled train episodes with reward >= sft_export_min_reward to
+    `learner-sft-set.jsonl` in the run directory (services/learner sft_export.py), an SFT set for `sft_from`."""
+    sft_export_min_reward: float = 1.0
     learner_ranks: int = 1
     """[learner] ranks: > 1 trains on that many Ray rank actors, each publishing its part of every version
     through its own weight-publisher (the local stack starts one per rank)."""
@@ -182,7 +194,9 @@ def service_env(plan: TrainingPlan, model_dir: Path, staging_dir: Path, outcomes
 
     One environment for all: each service reads only the sections it has.
     """
+    sft = {"SLIPSTREAM_LEARNER__SFT_EXPORT_PATH": str(outcomes.parent / SFT_SET)} if plan.sft_export else {}
     return {
+        **sft,
         "SLIPSTREAM_MODEL__PATH": str(model_dir),
         "SLIPSTREAM_MODEL__THREADS": "1",
         "SLIPSTREAM_LEARNER__STAGING_DIR": str(staging_dir),
@@ -242,6 +256,8 @@ def run_env(plan: TrainingPlan) -> dict[str, str]:
         env["SLIPSTREAM_TASKS__SAMPLER"] = plan.task_sampler
     if plan.reward_schedule:
         env["SLIPSTREAM_LEARNER__REWARD_SCHEDULE"] = json.dumps(plan.reward_schedule, sort_keys=True)
+    if plan.sft_export:
+        env["SLIPSTREAM_LEARNER__SFT_EXPORT_MIN_REWARD"] = str(plan.sft_export_min_reward)
     if plan.toggle:
         env["SLIPSTREAM_LEARNER__TOGGLE"] = json.dumps(plan.toggle, sort_keys=True)
     if plan.learner_ranks > 1:

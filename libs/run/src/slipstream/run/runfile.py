@@ -17,7 +17,9 @@ Sections (every key optional; what is left out keeps `TrainingPlan`'s default):
     [warmstart]  sft_steps, sft_batch, sft_lr, sft_target_accuracy, sft_check_every,
                  sft_settle_steps, sft_target_sampled, sft_pool_tasks (epochs over that many tasks'
                  expert episodes), sft_copy_steps, sft_copy_rows (tiny models only; the copy
-                 curriculum that gives a model from scratch its induction heads)
+                 curriculum that gives a model from scratch its induction heads), sft_from (an SFT
+                 set of an earlier run's RL episodes, or that run's directory: rejection-sampling
+                 fine-tuning instead of the env's references or expert)
     [eval]       heldout_tasks, heldout_samples, eval_every, train_eval_tasks (train accuracy beside held-out)
     [rollout]    max_batch, tasks_in_flight, max_seq_len (the workers' engines)
     [rollout.summary]  context restarts (libs/harness summary.py): enabled, mode ("summary": the
@@ -34,6 +36,8 @@ Sections (every key optional; what is left out keeps `TrainingPlan`'s default):
                  schedule"); checked by the learner's config when its config is resolved
     [learner.toggle]  enabled, period, rho, accuracy: Toggle's budget phases (slipstream.rl.toggle;
                  services/learner README, "Toggle"), checked the same way
+    [learner]    sft_export (true: the learner writes its settled train episodes with reward >=
+                 sft_export_min_reward, default 1.0, to learner-sft-set.jsonl in the run directory)
     [replicas]   rollout-worker, reward-model, eval-gate (the cluster's replica counts); tool-service
                  (> 0: the env's tools run in that many tool-service replicas, locally too)
     [infra]      nats_url, redis_url, store: reuse running servers / an S3 store ("" = start locally)
@@ -110,6 +114,7 @@ class WarmstartSection(_Section):
     sft_pool_tasks: int | None = None
     sft_copy_steps: int | None = None
     sft_copy_rows: int | None = None
+    sft_from: str | None = None
 
 
 class EvalSection(_Section):
@@ -144,6 +149,8 @@ class LearnerSection(_Section):
     ranks: int | None = None
     reward_schedule: dict[str, dict[str, Any]] | None = None
     toggle: dict[str, Any] | None = None
+    sft_export: bool | None = None
+    sft_export_min_reward: float | None = None
 
 
 class ReplicasSection(_Section, rename="kebab"):

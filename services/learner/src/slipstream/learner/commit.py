@@ -27,6 +27,7 @@ from slipstream.learner.lead import Lead, confirmed
 from slipstream.learner.ledger import TrainedLedger
 from slipstream.learner.outcomes import DROPPED, TRAINED, Outcome, OutcomeLog
 from slipstream.learner.progress import Progress
+from slipstream.learner.sft_export import SftExport
 from slipstream.learner.trainer import Trainer
 from slipstream.rl import DropReason
 from slipstream.schemas import ScoredEpisode
@@ -98,6 +99,7 @@ class Committer:
         outcomes: OutcomeLog,
         claims: Claims[Delivery[ScoredEpisode]],
         lead: Lead | None,
+        sft: SftExport | None = None,
     ) -> None:
         self.progress = progress
         self.intake = intake
@@ -107,6 +109,7 @@ class Committer:
         self.outcomes = outcomes
         self.claims = claims
         self.lead = lead
+        self.sft = sft if sft is not None else SftExport(None, 1.0)
         self.held: list[Entry] = []
         """Trained in a staged version, waiting for the checkpoint that covers their step."""
         self.training: list[Entry] = []
@@ -150,6 +153,7 @@ class Committer:
             Outcome(trajectory_id=tid, outcome=TRAINED, step=p.step, policy_version=p.version, sequences=seqs)
             for tid, seqs in zip(ids, sequences, strict=True)
         )
+        self.sft.write(m.scored for m in held)
         HELD.set(0)
         await self.claims.committed(Committed(p.step, held))
         log.info(
@@ -172,9 +176,9 @@ class Committer:
         if not drops:
             return
         p = self.progress  # read as it stands at each use: the intake settles drops while a step runs
-        await self.claims.uniform_group(
-            [d.scored for d in drops if d.reason == DropReason.UNIFORM_GROUP and d.scored is not None], p.step
-        )
+        uniform_scored = [d.scored for d in drops if d.reason == DropReason.UNIFORM_GROUP and d.scored is not None]
+        await self.claims.uniform_group(uniform_scored, p.step)
+        self.sft.write(uniform_scored)  # an all-correct group is never trained, yet is what rejection sampling keeps
         self.outcomes.write(
             Outcome(
                 trajectory_id=d.episode_id,

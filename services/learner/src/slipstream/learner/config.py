@@ -168,6 +168,17 @@ class LearnerSection(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             "for audits and tests; empty = off."
         ),
     ] = ""
+    sft_export_path: Annotated[
+        str,
+        Doc(
+            description="JSONL file the learner appends its settled train episodes to (trained ones at commit, "
+            "uniform groups when dropped) whose reward is >= sft_export_min_reward: a rejection-sampling SFT set "
+            "(slipstream.learner.sft_export); empty = off."
+        ),
+    ] = ""
+    sft_export_min_reward: Annotated[
+        float, Doc(description="Lowest reward an episode needs to enter the SFT export.")
+    ] = 1.0
 
     ranks: Annotated[
         int,

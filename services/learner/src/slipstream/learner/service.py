@@ -61,6 +61,7 @@ from slipstream.learner.progress import Progress
 from slipstream.learner.ranks import RankError, RankGroup
 from slipstream.learner.report import observe, publish_step
 from slipstream.learner.resume import resume
+from slipstream.learner.sft_export import SftExport
 from slipstream.learner.trainer import Trainer
 from slipstream.rl import DropReason
 from slipstream.runtime.progress import ProgressWatch
@@ -180,6 +181,7 @@ class LearnerService(BaseService):
             outcomes=self.outcomes,
             claims=self.claims,
             lead=self.lead,
+            sft=SftExport(self.section.sft_export_path, self.section.sft_export_min_reward),
         )
         self.intake.restore_counts(dropped)
         self.consumer = await self.bus.consumer(DURABLE, ScoredEpisode)
