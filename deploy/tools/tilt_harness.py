@@ -56,8 +56,8 @@ class TiltRun:
 
     @property
     def images(self) -> dict[str, Call]:
-        """Image ref -> the build that makes it (docker_build_with_restart hides its inner builds)."""
-        return {c.args["ref"]: c for c in self.calls if c.name in ("docker_build", "docker_build_with_restart")}
+        """Image ref -> the build that makes it."""
+        return {c.args["ref"]: c for c in self.calls if c.name == "docker_build"}
 
 
 class _Tilt:
@@ -165,24 +165,6 @@ def docker_build(
     pull: bool = False,
     platform: str = "",
     extra_hosts: Value = None,
-) -> None:
-    return None
-
-
-def docker_build_with_restart(
-    ref: str,
-    context: str,
-    entrypoint: Value,
-    live_update: Value,
-    base_suffix: str = "-base",
-    restart_file: str = "/.restart-proc",
-    trigger: Value = None,
-    exit_policy: str = "restart",
-    dockerfile: str = "Dockerfile",
-    target: str = "",
-    only: Value = None,
-    ignore: Value = None,
-    build_args: Value = None,
 ) -> None:
     return None
 
@@ -308,7 +290,8 @@ TOP_LEVEL = (
     tcp_socket_action,
     update_settings,
 )
-EXTENSIONS = {"ext://restart_process": (docker_build_with_restart,)}
+# Extensions (`load("ext://...")`) are fetched from the network by Tilt: the Tiltfile uses none.
+EXTENSIONS: dict[str, tuple[Any, ...]] = {}
 
 
 def evaluate(

@@ -12,7 +12,11 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
+import signal
+import subprocess
 import sys
+import time
 import tomllib
 from functools import cache
 from pathlib import Path
@@ -65,7 +69,7 @@ def named_paths(run: Any) -> set[str]:
     paths: set[str] = set()
     for c in run.calls:
         a = c.args
-        if c.name in ("docker_build", "docker_build_with_restart"):
+        if c.name == "docker_build":
             paths |= {a["context"], a["dockerfile"], *(a["only"] or [])}
             for step in a["live_update"] or []:
                 if step["__tilt__"] == "sync":
@@ -83,6 +87,59 @@ def named_paths(run: Any) -> set[str]:
 
 
 # ---------------------------------------------------------------- cluster mode
+
+RESTART_FILE = "/app/.restart-proc"  # the non-root user owns /app, not /
+
+
+def restart_loop() -> str:
+    """The entrypoint's shell loop, as the Tiltfile defines it."""
+    loop = evaluate().images["slipstream/learner"].args["entrypoint"][2]
+    assert f"${{RESTART_FILE:-{RESTART_FILE}}}" in loop
+    return str(loop)
+
+
+def test_the_tiltfile_loads_no_extension() -> None:
+    # Tilt fetches `ext://` extensions from the network: `tilt up -- --local` must work offline.
+    assert "load(" not in TILTFILE.read_text()
+
+
+def test_the_restart_loop_restarts_on_a_new_signal_passes_sigterm_and_keeps_exit_codes(tmp_path: Path) -> None:
+    # The loop for real, under /bin/sh, around a child that writes its pid and sleeps.
+    signal_file, pids = tmp_path / "restart", tmp_path / "pids"
+    child = [
+        sys.executable,
+        "-c",
+        f"import os, time; open({str(pids)!r}, 'a').write(f'{{os.getpid()}}\\n'); time.sleep(60)",
+    ]
+    env = {**os.environ, "RESTART_FILE": str(signal_file), "RESTART_POLL_S": "0.05"}
+    proc = subprocess.Popen(["/bin/sh", "-c", restart_loop(), "restart-on-sync", *child], env=env)
+
+    def started(n: int) -> list[str]:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            lines = pids.read_text().split() if pids.exists() else []
+            if len(lines) >= n:
+                return lines
+            time.sleep(0.05)
+        raise AssertionError(f"the child did not start {n} time(s): {pids.read_text() if pids.exists() else ''}")
+
+    try:
+        first = started(1)
+        signal_file.write_text("1\n")
+        second = started(2)
+        assert second[0] == first[0] and second[1] != second[0]
+        with pytest.raises(ProcessLookupError):
+            os.kill(int(first[0]), 0)  # the first child was stopped
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=10) != 0  # the child died of the SIGTERM passed on
+        with pytest.raises(ProcessLookupError):
+            os.kill(int(second[1]), 0)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    # A child that exits by itself ends the loop with its exit code.
+    code = subprocess.run(["/bin/sh", "-c", restart_loop(), "restart-on-sync", "sh", "-c", "exit 7"], env=env)
+    assert code.returncode == 7
 
 
 def test_cluster_mode_deploys_the_dev_overlay_and_defines_every_resource() -> None:
@@ -117,12 +174,14 @@ def test_every_image_built_is_a_dockerfile_target_used_by_the_dev_overlay() -> N
 def test_live_update_syncs_libs_and_service_code_where_the_image_installs_them() -> None:
     for service in table.SERVICES:
         call = evaluate().images[f"slipstream/{service}"]
-        assert call.name == "docker_build_with_restart"
-        assert call.args["entrypoint"] == [table.console_script(service)]
-        assert call.args["restart_file"].startswith("/app/")  # the non-root user owns /app, not /
+        assert call.name == "docker_build"
+        shell, flag, loop, name, script = call.args["entrypoint"]
+        assert (shell, flag, name, script) == ("/bin/sh", "-c", "restart-on-sync", table.console_script(service))
+        assert loop == restart_loop()
         steps = call.args["live_update"]
-        # Tilt's order rule: fall_back_on first (the extension appends its restart `run` last).
-        assert [s["__tilt__"] for s in steps] == ["fall_back_on", "sync", "sync"]
+        # Tilt's order rule: fall_back_on first; the restart signal last, after the code is synced.
+        assert [s["__tilt__"] for s in steps] == ["fall_back_on", "sync", "sync", "run"]
+        assert steps[-1]["cmd"] == f"date +%s%N > {RESTART_FILE}"
         syncs = {s["local_path"]: s["remote_path"] for s in steps if s["__tilt__"] == "sync"}
         src = f"services/{service}/src"
         assert syncs == {"libs": "/app/libs", src: f"/app/{src}"}
@@ -162,7 +221,7 @@ def test_services_flag_selects_workloads_and_keeps_infra() -> None:
 
 def test_local_mode_runs_each_service_as_a_process_against_the_embedded_stack() -> None:
     run = evaluate("--local")
-    assert not run.of("docker_build_with_restart") and not run.of("k8s_yaml")
+    assert not run.of("docker_build") and not run.of("k8s_yaml")
     calls = {c.args["name"]: c.args for c in run.of("local_resource")}
     assert set(calls) == {"stack", *table.SERVICES}
     stack = calls.pop("stack")
