@@ -160,12 +160,11 @@ async def test_a_pooled_reply_with_branches_is_renumbered_into_the_parent() -> N
         final_text="7",
         steps=2,
     )
-    from slipstream.harness import EpisodeRun, EpisodeState, merge_reply
+    from slipstream.harness import EpisodeState, merge_reply
 
     state = EpisodeState(episode_id="p")
-    run = EpisodeRun(engine=ScriptedEngine(TOK, _reply), tokenizer=TOK, params=SamplingParams(), group_id="p", index=0)
     state.samples.append(_builder("p"))
-    out = merge_reply(run, state, reply, agent_id="sub")
+    out = merge_reply(TOK, state, reply, agent_id="sub")
     assert [s.sample_id for s in state.samples] == ["p", "p/s1", "p/s2"]
     assert state.samples[2].branch_of == "p/s1" and state.samples[1].branch_of == ""
     assert [(ev.sample_id, ev.agent_id) for ev in state.tool_log] == [("p/s2", "sub")]

@@ -5,14 +5,16 @@
 - `RecordingEngine`, `token_problems`: proof that an episode's ids came from the engine and the
   tokenizer only (the invariant suite runs it on every environment).
 - `evaluate`: held-out accuracy and reward of an engine's current weights, via the same loop.
-- `play_subagent`, `merge_reply`: frozen sub-agents played by a pinned pool, merged back (subagents.py).
+- `play_subagent`, `merge_reply`: frozen sub-agents played by a pinned pool (pool.py), merged back
+  (subagents.py).
 - `sft_warmstart`: a short supervised phase so RL starts from a policy that sometimes succeeds.
 """
 
 from typing import TYPE_CHECKING, Any
 
-from slipstream.harness.episode import EpisodeRun, EpisodeState, Recorder, SampleBuilder
+from slipstream.harness.episode import EpisodeRun, Recorder
 from slipstream.harness.evaluate import EvalReport, TaskEval, evaluate, greedy_params
+from slipstream.harness.pool import play_subagent
 from slipstream.harness.provenance import EngineCall, RecordingEngine, token_problems
 from slipstream.harness.rollout import (
     RolloutAborted,
@@ -28,8 +30,10 @@ from slipstream.harness.rollout import (
     trajectory_of,
 )
 from slipstream.harness.scripted import ScriptedEngine
-from slipstream.harness.subagents import SubagentTransport, build_request, merge_reply, play_subagent
-from slipstream.harness.summary import SummarisingContext, SummaryConfig, group_threshold
+from slipstream.harness.state import EpisodeState, SampleBuilder
+from slipstream.harness.subagents import SubagentTransport, build_request, merge_reply
+from slipstream.harness.summarising import SummarisingContext
+from slipstream.harness.summary import SummaryConfig, group_threshold
 
 # The warm-start trains with torch; it loads on first use so that importing the harness (a
 # service's config, `--help`) does not pull torch in.

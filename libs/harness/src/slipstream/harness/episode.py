@@ -17,7 +17,8 @@ episode under their own agent id, role and trainable flag; a frozen agent's call
 frozen engine when one is given (a copy pinned to one version); with a `SubagentTransport`
 (`EpisodeRun.subagents`) a frozen agent is played by the pinned pool instead and merged back
 (subagents.py). `spawn` returns the child's `Outcome` with `steps` (tool invocations + 1 per
-turn without a call) filled in when the child's env left it 0.
+turn without a call) filled in when the child's env left it 0. The samples, tool log and counts
+every agent writes live in state.py.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from __future__ import annotations
 import hashlib
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import msgspec
@@ -34,23 +35,19 @@ from slipstream.engine.interface import Engine, GenerationRequest, SamplingParam
 from slipstream.engine.tokenizer import Tokenizer
 from slipstream.envs.base import PLAY_REWARD_PREFIX, TaskSpec
 from slipstream.envs.context import ContextFull, Generation, Outcome, Span
+from slipstream.harness.state import EpisodeState, SampleBuilder
+from slipstream.harness.subagents import SubagentTransport, build_request, child_steps, merge_reply
+from slipstream.harness.summary import SummaryConfig
 from slipstream.schemas import (
     Episode,
-    PolicySegment,
-    Sample,
     Timings,
     ToolEvent,
     Turn,
-    pack_floats,
-    pack_ids,
-    pack_mask,
 )
 from slipstream.tools import LocalTransport, ToolRegistry, ToolTransport
 
 if TYPE_CHECKING:
     from slipstream.envs.base import Environment
-    from slipstream.harness.subagents import SubagentTransport
-    from slipstream.harness.summary import SummaryConfig
 
 _SEED_SPACE = 2**62
 
@@ -92,91 +89,6 @@ def sample_of_request(request_id: str) -> str:
     """The sample a request id continues: request ids are the sample id, then '/t<k>' for k > 0."""
     head, sep, tail = request_id.rpartition("/t")
     return head if sep and tail.isdigit() else request_id
-
-
-@dataclass
-class SampleBuilder:
-    """One sample being assembled; environments see it as a `Thread`."""
-
-    sample_id: str
-    agent_id: str
-    role: str
-    trainable: bool
-    prompt: list[int]
-    tokenizer: Tokenizer
-    branch_of: str = ""
-    branch_pos: int = 0
-    edit: str = ""
-    after: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
-    mask: list[int] = field(default_factory=list)
-    segments: list[list[int]] = field(default_factory=list)
-    turns: list[Turn] = field(default_factory=list)
-    finish_reason: str = ""
-    calls: int = 0
-    closed: bool = False
-
-    def __len__(self) -> int:
-        return len(self.prompt) + len(self.after)
-
-    def ids(self) -> list[int]:
-        return [*self.prompt, *self.after]
-
-    def completion_text(self) -> str:
-        return self.tokenizer.decode([t for t in self.after if t != self.tokenizer.eos_id])
-
-    def spans(self) -> list[tuple[str, int, int, str]]:
-        return [(t.role, t.start, t.end, t.text) for t in self.turns]
-
-    def last_version(self) -> int | None:
-        return self.segments[-1][0] if self.segments else None
-
-    def add_versions(self, runs: list[tuple[int, int]]) -> None:
-        for version, n in runs:
-            if n <= 0:
-                continue
-            if self.segments and self.segments[-1][0] == version:
-                self.segments[-1][1] += n
-            else:
-                self.segments.append([version, n])
-
-    def to_sample(self) -> Sample:
-        return Sample(
-            sample_id=self.sample_id,
-            agent_id=self.agent_id,
-            role=self.role,
-            trainable=self.trainable,
-            prompt_len=len(self.prompt),
-            token_ids=pack_ids(self.ids()),
-            logprobs=pack_floats(self.logprobs),
-            loss_mask=pack_mask(self.mask),
-            segments=[PolicySegment(v, n) for v, n in self.segments],
-            turns=list(self.turns),
-            branch_of=self.branch_of,
-            branch_pos=self.branch_pos,
-            edit=self.edit,
-            finish_reason=self.finish_reason,
-        )
-
-
-@dataclass
-class EpisodeState:
-    """What every agent of one episode writes into: samples, tool log, counts, timings."""
-
-    episode_id: str
-    samples: list[SampleBuilder] = field(default_factory=list)
-    tool_log: list[ToolEvent] = field(default_factory=list)
-    counts: dict[str, int] = field(default_factory=dict)
-    rewards: dict[str, float] = field(default_factory=dict)
-    calls: int = 0
-    queued_at: float = 0.0
-    started_at: float = 0.0
-    finished_at: float = 0.0
-    generate_s: float = 0.0
-    last_finish: str = ""
-
-    def count(self, name: str, n: int = 1) -> None:
-        self.counts[name] = self.counts.get(name, 0) + n
 
 
 @dataclass(frozen=True)
@@ -232,8 +144,6 @@ class Recorder:
 
     def steps(self) -> int:
         """This agent's steps so far: its tool invocations, plus 1 for each turn without a call."""
-        from slipstream.harness.subagents import child_steps
-
         return child_steps(self._turns, self._events)
 
     @property
@@ -438,8 +348,6 @@ class Recorder:
         self._state.count("subagents")
         run = self._run
         if not trainable and run.subagents is not None:
-            from slipstream.harness.subagents import build_request, merge_reply
-
             request = build_request(
                 env,
                 task,
@@ -453,7 +361,7 @@ class Recorder:
                 caller=run.worker_id,
             )
             reply = await run.subagents.run(request)
-            return merge_reply(run, self._state, reply, agent_id=agent_id)
+            return merge_reply(run.tokenizer, self._state, reply, agent_id=agent_id)
         child = Recorder(run, self._state, task, agent_id=agent_id, role=role, trainable=trainable, nested=True)
         outcome = await env.run(child)
         if isinstance(outcome, Outcome) and outcome.steps == 0:

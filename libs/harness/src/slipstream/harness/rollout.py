@@ -32,7 +32,6 @@ from slipstream.envs.base import Environment, TaskSpec
 from slipstream.envs.context import ContextFull, EpisodeContext, Outcome
 from slipstream.harness.episode import (
     EpisodeRun,
-    EpisodeState,
     Recorder,
     RolloutAborted,
     RolloutError,
@@ -41,8 +40,10 @@ from slipstream.harness.episode import (
     completion_seed,
     prompt_ids,
 )
+from slipstream.harness.state import EpisodeState
 from slipstream.harness.subagents import SubagentTransport
-from slipstream.harness.summary import SummarisingContext, SummaryConfig, group_threshold
+from slipstream.harness.summarising import SummarisingContext
+from slipstream.harness.summary import SummaryConfig, group_threshold
 from slipstream.schemas import Episode, Task, Trajectory
 from slipstream.tools import ToolRegistry, ToolTransport
 

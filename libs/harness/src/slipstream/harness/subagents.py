@@ -1,4 +1,4 @@
-"""Frozen sub-agents played elsewhere: the request a spawn becomes, the pool's side, and the merge back.
+"""Frozen sub-agents played elsewhere: the request a spawn becomes and the merge back (the pool's side: pool.py).
 
 `Recorder.spawn(..., trainable=False)` runs the child in this process (on `EpisodeRun.frozen_engine`)
 unless the episode has a `SubagentTransport` (`EpisodeRun.subagents`); then the child becomes a
@@ -20,24 +20,22 @@ scored as a failure of the model, exactly like a tool call no replica answered.
 
 from __future__ import annotations
 
-import time
 from collections import Counter
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, Protocol
 
 import msgspec
 
-from slipstream.engine.interface import Engine, SamplingParams
+from slipstream.engine.interface import SamplingParams
 from slipstream.engine.tokenizer import Tokenizer
 from slipstream.envs.base import TaskSpec
-from slipstream.envs.context import ContextFull, Outcome
-from slipstream.envs.registry import get_env
+from slipstream.envs.context import Outcome
+from slipstream.harness.state import EpisodeState, SampleBuilder
 from slipstream.schemas import Sample, SubagentReply, SubagentRequest, SubagentSampling, ToolEvent
 from slipstream.schemas.packing import unpack_floats, unpack_ids, unpack_mask
 
 if TYPE_CHECKING:
     from slipstream.envs.base import Environment
-    from slipstream.harness.episode import EpisodeRun, EpisodeState, SampleBuilder
 
 SUBAGENT_TOOL = "subagent"
 """The tool name of the infra-error event a failed pool request leaves on the parent episode."""
@@ -131,74 +129,7 @@ def task_of(request: SubagentRequest) -> TaskSpec:
     )
 
 
-async def play_subagent(
-    engine: Engine,
-    tokenizer: Tokenizer,
-    request: SubagentRequest,
-    *,
-    worker_id: str = "",
-    tools: Any = None,
-    max_seq_len: int | None = None,
-    envs: dict[str, Environment[Any]] | None = None,
-) -> SubagentReply:
-    """The pool's side: rebuild the child env and task from `request` and play it on `engine`.
-
-    `envs` caches the built environments by name and options (building one may be costly: a
-    corpus, an index), so a pool builds each once. Raises `EnvError` (unknown env, bad options)
-    or ValueError (bad split) for a request that can never be served; the caller turns those
-    into an error reply.
-    """
-    from slipstream.harness.episode import EpisodeRun, EpisodeState, Recorder
-
-    key = f"{request.env}:{msgspec.json.encode(request.env_options, order='sorted').decode()}"
-    env = envs.get(key) if envs is not None else None
-    if env is None:
-        env = get_env(request.env, **request.env_options)
-        if envs is not None:
-            envs[key] = env
-    spec = task_of(request)
-    run = EpisodeRun(
-        engine=engine,
-        tokenizer=tokenizer,
-        params=params_of(request.sampling, request.seed),
-        group_id=request.request_id,
-        index=0,
-        max_seq_len=max_seq_len,
-        chat=env.chat_messages,
-        tools=tools,
-    )
-    state = EpisodeState(episode_id=request.request_id)
-    child = Recorder(run, state, spec, agent_id=request.agent_id, role=request.role, trainable=False, nested=True)
-    t0 = time.perf_counter()
-    try:
-        outcome = await env.run(child)
-    except ContextFull:
-        root = state.samples[0] if state.samples else None
-        outcome = Outcome(final_text=root.completion_text() if root is not None else "", finish_reason="length")
-    finally:
-        release = getattr(engine, "release", None)
-        if release is not None:
-            for sample in state.samples:
-                release(sample.sample_id)
-    steps = outcome.steps or child.steps()
-    versions = [seg[0] for s in state.samples for seg in s.segments]
-    return SubagentReply(
-        request_id=request.request_id,
-        samples=[s.to_sample() for s in state.samples],
-        tool_log=list(state.tool_log),
-        counts=dict(state.counts),
-        final_text=outcome.final_text,
-        finish_reason=outcome.finish_reason or state.last_finish,
-        steps=steps,
-        policy_version=max(versions) if versions else engine.policy_version,
-        worker_id=worker_id,
-        elapsed_s=time.perf_counter() - t0,
-    )
-
-
 def _builder(sample: Sample, sample_id: str, branch_of: str, tokenizer: Tokenizer) -> SampleBuilder:
-    from slipstream.harness.episode import SampleBuilder
-
     ids = unpack_ids(sample.token_ids)
     return SampleBuilder(
         sample_id=sample_id,
@@ -221,7 +152,7 @@ def _builder(sample: Sample, sample_id: str, branch_of: str, tokenizer: Tokenize
     )
 
 
-def merge_reply(run: EpisodeRun, state: EpisodeState, reply: SubagentReply, *, agent_id: str) -> Outcome:
+def merge_reply(tokenizer: Tokenizer, state: EpisodeState, reply: SubagentReply, *, agent_id: str) -> Outcome:
     """Fold a pool's reply into the parent episode and return the child's Outcome (see module doc).
 
     Synchronous on purpose: concurrent spawns merge one at a time, so sample ids stay contiguous.
@@ -246,7 +177,7 @@ def merge_reply(run: EpisodeRun, state: EpisodeState, reply: SubagentReply, *, a
         new_id = state.episode_id if n == 0 else f"{state.episode_id}/s{n}"
         renamed[sample.sample_id] = new_id
         branch_of = renamed.get(sample.branch_of, sample.branch_of) if sample.branch_of else ""
-        state.samples.append(_builder(sample, new_id, branch_of, run.tokenizer))
+        state.samples.append(_builder(sample, new_id, branch_of, tokenizer))
     for event in reply.tool_log:
         state.tool_log.append(
             msgspec.structs.replace(
