@@ -1,0 +1,60 @@
+"""The code demo's warm-start cache (slipstream.cli.warmstart_cache): a hit copies the stored model
+and figures, and any change to the plan's warm-start or to the code is a miss."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from slipstream.cli import warmstart_cache as wc
+from slipstream.cli.demo import demo_plan
+
+
+def _maker(model_dir: Path, calls: list[int], weights: str) -> object:
+    def make() -> dict:
+        calls.append(1)
+        model_dir.mkdir(parents=True, exist_ok=True)
+        (model_dir / "model.bin").write_text(weights)
+        return {"steps": 550, "probe_accuracy": 0.92}
+
+    return make
+
+
+def test_a_second_identical_warm_start_is_served_from_the_cache(tmp_path: Path) -> None:
+    plan = demo_plan("code")
+    calls: list[int] = []
+    first = wc.cached_warm_start(
+        plan, tmp_path / "a", _maker(tmp_path / "a", calls, "w1"), root=tmp_path / "c", sources="s"
+    )
+    again = wc.cached_warm_start(
+        plan, tmp_path / "b", _maker(tmp_path / "b", calls, "w2"), root=tmp_path / "c", sources="s"
+    )
+    assert calls == [1] and first == {"steps": 550, "probe_accuracy": 0.92}
+    assert again["steps"] == 550 and len(again["cached"]) == 32
+    assert (tmp_path / "b" / "model.bin").read_text() == "w1"  # the cached model, not a new one
+    # A different seed or warm-start field is a different digest: trained afresh.
+    plan.seed = 1
+    wc.cached_warm_start(plan, tmp_path / "d", _maker(tmp_path / "d", calls, "w3"), root=tmp_path / "c", sources="s")
+    plan.seed, plan.sft_lr = 0, 1e-3
+    wc.cached_warm_start(plan, tmp_path / "e", _maker(tmp_path / "e", calls, "w4"), root=tmp_path / "c", sources="s")
+    assert calls == [1, 1, 1]
+    # RL-only fields do not matter to version 0.
+    plan.sft_lr, plan.max_steps = demo_plan("code").sft_lr, 7
+    hit = wc.cached_warm_start(
+        plan, tmp_path / "f", _maker(tmp_path / "f", calls, "w5"), root=tmp_path / "c", sources="s"
+    )
+    assert calls == [1, 1, 1] and "cached" in hit
+
+
+def test_the_digest_follows_the_code(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    plan = demo_plan("code")
+    assert wc.plan_digest(plan, "aaa") != wc.plan_digest(plan, "bbb")
+    package = tmp_path / "wc_fake_pkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("X = 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    before = wc.source_digest(("wc_fake_pkg",))
+    assert wc.source_digest(("wc_fake_pkg",)) == before
+    (package / "__init__.py").write_text("X = 2\n")
+    assert wc.source_digest(("wc_fake_pkg",)) != before

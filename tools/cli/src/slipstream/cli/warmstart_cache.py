@@ -1,0 +1,79 @@
+"""A content-addressed cache of warm-started models (the `code` demo's version 0, issue 34).
+
+The code demo's warm-start (a sandboxed expert's pool, then supervised steps to a probe target)
+dominates its wall time and depends only on the plan's warm-start fields and the code that plays
+and trains. Its result is kept under a digest of both: the plan's `sft_*` fields, env, env
+options, preset, seed, temperature and summary; torch's version; and the bytes of every Python
+file of the packages involved (envs, harness, engine, tools, sandbox). Any change to either is a
+new digest, so a cached model is never reused for a different warm-start. The cache lives in
+`$SLIPSTREAM_WARMSTART_CACHE` (default `~/.cache/slipstream/warmstart`); a hit copies the model into
+the run and returns the stored figures with `cached` set to the digest.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import json
+import os
+import shutil
+import uuid
+from collections.abc import Callable
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+PACKAGES = ("slipstream.envs", "slipstream.harness", "slipstream.engine", "slipstream.tools", "slipstream.sandbox")
+PLAN_FIELDS = ("env", "env_options", "preset", "seed", "temperature", "summary", "model")
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("SLIPSTREAM_WARMSTART_CACHE") or Path.home() / ".cache" / "slipstream" / "warmstart")
+
+
+def source_digest(packages: tuple[str, ...] = PACKAGES) -> str:
+    """A digest of every .py file under `packages` (path and bytes), in sorted order."""
+    h = hashlib.blake2b(digest_size=16)
+    for name in packages:
+        for base in importlib.import_module(name).__path__:
+            for path in sorted(Path(base).rglob("*.py")):
+                h.update(str(path.relative_to(base)).encode() + b"\0" + path.read_bytes() + b"\0")
+    return h.hexdigest()
+
+
+def plan_digest(plan: Any, sources: str) -> str:
+    fields = msgspec.to_builtins(plan)
+    kept = {k: v for k, v in fields.items() if k in PLAN_FIELDS or k.startswith("sft_")}
+    text = json.dumps(
+        {"plan": kept, "torch": metadata.version("torch"), "sources": sources}, sort_keys=True, default=str
+    )
+    return hashlib.blake2b(text.encode(), digest_size=16).hexdigest()
+
+
+def cached_warm_start(
+    plan: Any,
+    model_dir: Path,
+    make: Callable[[], dict[str, Any]],
+    root: Path | None = None,
+    sources: str | None = None,
+) -> dict[str, Any]:
+    """`make()` (which writes version 0 into `model_dir` and returns its figures) unless a model for
+    the same plan and code (`sources`, default `source_digest()`) is cached; either way `model_dir`
+    holds the model afterwards."""
+    root = root or cache_root()
+    digest = plan_digest(plan, sources if sources is not None else source_digest())
+    entry = root / digest
+    if (entry / "figures.json").exists():
+        shutil.copytree(entry / "model", model_dir, dirs_exist_ok=True)
+        return {**json.loads((entry / "figures.json").read_text()), "cached": digest}
+    figures = make()
+    staging = root / f".{digest}.{uuid.uuid4().hex[:8]}"
+    shutil.copytree(model_dir, staging / "model")
+    (staging / "figures.json").write_text(json.dumps(figures, default=str))
+    try:
+        staging.rename(entry)  # atomic: a concurrent run with the same digest keeps its own
+    except OSError:
+        shutil.rmtree(staging, ignore_errors=True)
+    return figures
