@@ -84,6 +84,7 @@ def warm_start(
     # 40 supervised steps in 11 s with one thread, 40 s with two).
     torch.set_num_threads(1)
     model, tokenizer = build_tiny(plan.preset, seed=plan.seed)
+    rows = sft_from_rows(plan)
     figures = sft_warmstart(
         model,
         tokenizer,
@@ -102,10 +103,25 @@ def warm_start(
         temperature=plan.temperature,
         summary=summary_modes if summary_modes is not None else summary_config(plan),
         on_check=on_check,
+        rows=rows,
     )
     save_pretrained(model, tokenizer, model_dir)
     figures.pop("losses", None)
+    if rows is not None:
+        figures["sft_from"] = plan.sft_from
+        figures["sft_set_rows"] = len(rows)
     return figures
+
+
+def sft_from_rows(plan: TrainingPlan) -> list[Any] | None:
+    """The warm-start rows of `plan.sft_from` (a run directory means its learner's SFT export); None without it."""
+    if not plan.sft_from:
+        return None
+    from slipstream.harness.sft_set import sft_set_examples
+    from slipstream.run.plan import SFT_SET
+
+    path = Path(plan.sft_from)
+    return sft_set_examples(path / SFT_SET if path.is_dir() else path, env=plan.env)
 
 
 class HeldOutScore(msgspec.Struct):
@@ -130,6 +146,8 @@ class HeldOutScore(msgspec.Struct):
         """The eval-curve row of this score."""
         out = {"version": version, "accuracy": self.accuracy, "reward": self.reward, "greedy": self.greedy}
         out["invalid_call_rate"] = self.invalid_call_rate
+        if "heldout_sampled_tokens_per_correct" in self.context:  # Toggle's figure, version by version
+            out["tokens_per_correct"] = self.context["heldout_sampled_tokens_per_correct"]
         out["tool_calls"] = self.tool_calls
         if self.train_accuracy >= 0:
             out["train_accuracy"] = self.train_accuracy
