@@ -132,7 +132,33 @@ def test_print_config_shows_every_service(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     headers = [line for line in proc.stdout.splitlines() if line.startswith("# ")]
     assert headers == [f"# {s} (replicas: {n})" for s, n in zip(CONFIG_CLASSES, (2, 1, 1, 1, 1, 1), strict=True)]
-    assert '"max_operand": 19' in proc.stdout
+    # Brief by default: the fields the run sets, one a line, and how many stay at their defaults.
+    assert 'worker.env_options = {"arith": {"max_operand": 19, "ops": "+"}}' in proc.stdout
+    assert "learner.max_steps = 200" in proc.stdout
+    assert "bus.connect_timeout_s" not in proc.stdout
+    assert len(proc.stdout.splitlines()) < 80
+    kept = [int(line.split()[0][1:]) for line in proc.stdout.splitlines() if line.endswith("at their defaults)")]
+    assert len(kept) == 6 and min(kept) > 20
+    full = subprocess.run(
+        [sys.executable, "-m", "slipstream.cli", "train", str(DEV_RUN), "--print-config", "full"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert full.returncode == 0, full.stderr
+    assert '"max_operand": 19' in full.stdout and '"connect_timeout_s": 2.0' in full.stdout
+
+
+def test_the_brief_config_lists_the_fields_that_differ_from_the_defaults() -> None:
+    from slipstream.cli.train import changed_fields
+    from slipstream.runtime.config import resolve
+    from slipstream.task_source.config import TaskSourceConfig
+
+    default = resolve(TaskSourceConfig, environ={})
+    cfg = resolve(TaskSourceConfig, environ={"SLIPSTREAM_TASKS__MAX_STEPS": "7", "SLIPSTREAM_BUS__PASSWORD": "secret"})
+    assert changed_fields(default, default) == {}
+    assert changed_fields(cfg, default) == {"tasks.max_steps": 7, "bus.password": "***"}
 
 
 def test_a_run_asking_for_tool_service_replicas_points_the_workers_at_them(tmp_path: Path) -> None:

@@ -7,7 +7,8 @@ resolves it into a training plan and runs it with the live view and the summary,
 key or a wrong type is an error naming the key, the file and the line.
 
     slipstream train examples/arith.toml
-    slipstream train examples/arith.toml --print-config     # every service's resolved config
+    slipstream train examples/arith.toml --print-config     # what the run sets, per service
+    slipstream train examples/arith.toml --print-config full  # every field of every service's config
     slipstream train examples/arith.toml --env-file run.env # the run as an env file (dev overlay, Tilt)
 """
 
@@ -40,7 +41,14 @@ def register(sub: Any) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("run_file", type=Path, metavar="RUN.toml", help="the run file (see examples/)")
-    p.add_argument("--print-config", action="store_true", help="print every service's resolved config and exit")
+    p.add_argument(
+        "--print-config",
+        nargs="?",
+        const="brief",
+        choices=("brief", "full"),
+        help="print each service's resolved config and exit: 'brief' (the default) only the fields this run "
+        "sets away from the service's defaults, 'full' every field",
+    )
     p.add_argument("--env-file", type=Path, metavar="FILE", help="write the run as KEY=VALUE config lines and exit")
     p.add_argument("--run-dir", type=Path, default=None, help="where logs, data and summary go")
     p.add_argument("--summary-json", type=Path, metavar="FILE", help="also write the run summary here")
@@ -91,7 +99,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"wrote {args.env_file}")
         return 0
     if args.print_config:
-        return print_config(run_file, plan)
+        return print_config(run_file, plan, full=args.print_config == "full")
     from slipstream.cli.demo import execute
     from slipstream.cli.spec import StoreSpec, parse_nats_url, parse_redis_url, parse_store
 
@@ -107,8 +115,30 @@ def run(args: argparse.Namespace) -> int:
     return execute(plan, args, title=title, nats_url=nats, redis_url=redis, store=store)
 
 
-def print_config(run_file: Any, plan: Any) -> int:
-    """Every service's config as it would resolve for this run (defaults -> run file -> per-service)."""
+def changed_fields(cfg: Any, default: Any) -> dict[str, Any]:
+    """{"section.field": value} for each field of `cfg` that differs from `default` (one level of nesting)."""
+    import msgspec
+
+    from slipstream.runtime.config import redacted
+
+    now, base = redacted(msgspec.to_builtins(cfg)), redacted(msgspec.to_builtins(default))
+    out: dict[str, Any] = {}
+    for section, fields in now.items():
+        if isinstance(fields, dict) and isinstance(base.get(section), dict):
+            out.update({f"{section}.{k}": v for k, v in fields.items() if base[section].get(k) != v})
+        elif base.get(section) != fields:
+            out[section] = fields
+    return out
+
+
+def print_config(run_file: Any, plan: Any, *, full: bool = False) -> int:
+    """Each service's config as it would resolve for this run (defaults -> run file -> per-service).
+
+    Brief (the default): only what the run sets away from the service's own defaults, one
+    `section.field = value` a line, with the count of fields left at their defaults; `full`: every field.
+    """
+    import json
+
     from slipstream.run import service_env, service_overrides
     from slipstream.runtime.config import dump, resolve
 
@@ -126,5 +156,20 @@ def print_config(run_file: Any, plan: Any) -> int:
         cfg = resolve(cls, environ={**environ, **overrides.get(service, {})})
         replicas = getattr(run_file.replicas, service.replace("-", "_"), 1)
         print(f"# {service} (replicas: {replicas})")
-        print(dump(cfg))
+        if full:
+            print(dump(cfg))
+            continue
+        changed = changed_fields(cfg, resolve(cls, environ={}))
+        for key, value in changed.items():
+            print(f"{key} = {json.dumps(value)}")
+        total = _count_fields(cfg)
+        print(f"({total - len(changed)} more fields at their defaults)\n")
+    if not full:
+        print("<run-dir> is the run's directory, chosen when it starts; --print-config full prints every field.")
     return 0
+
+
+def _count_fields(cfg: Any) -> int:
+    import msgspec
+
+    return sum(len(v) if isinstance(v, dict) else 1 for v in msgspec.to_builtins(cfg).values())
