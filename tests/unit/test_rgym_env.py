@@ -36,6 +36,14 @@ def test_tasks_are_a_function_of_split_and_seed() -> None:
     assert first[0].prompt.endswith("\nAnswer: ") and first[0].reference == first[0].prompt[48:51][::-1]
 
 
+def test_a_call_may_need_more_items_than_one_dataset_holds() -> None:
+    # The warm-start asks for tens of thousands of tasks at once: parts of `size` items, each its own stream.
+    env = _env({**SPELL, "size": 50})
+    tasks = env.generate("train", 120, seed=0)
+    assert len({t.metadata["rg_seed"] for t in tasks}) >= 3 and tasks == env.generate("train", 120, seed=0)
+    assert [env.score(t, t.reference).reward for t in tasks[-3:]] == [1.0, 1.0, 1.0]
+
+
 def test_reasoning_gym_seeds_alone_repeat_items_so_splits_are_kept_apart_by_question() -> None:
     # Item i of a dataset seeded s is made from Random(s + i): seed 2 is seed 1 shifted by one.
     one = rg.create_dataset("chain_sum", seed=1, size=10, **CHAIN["config"])

@@ -10,8 +10,8 @@ checked when the options are parsed, so a wrong name or field fails as the run f
 
 Tasks. reasoning-gym makes item `i` of a dataset seeded `s` from `Random(s + i)`, so datasets
 seeded s and s + 1 hold the same items shifted by one: different seeds alone are not different
-items. `generate(split, n, seed)` therefore draws from a dataset whose seed is a 62-bit hash of
-(dataset, split, seed), so each call reads its own stream, and keeps an item only when its
+items. `generate(split, n, seed)` therefore draws from datasets whose seeds are 62-bit hashes of
+(dataset, split, seed, part), `size` items a part, so each call reads its own streams, and keeps an item only when its
 question's key hashes into `split` (the base class's rule, one key in `heldout_one_in` held out):
 a held-out question is never a training question, under any seed, even for a dataset whose
 question space is small enough to repeat (chain_sum with one-digit terms has ~200 questions).
@@ -100,9 +100,10 @@ class ReasoningGym(Environment[ReasoningGymOptions]):
     def max_completion_chars(self) -> int:
         return self.options.max_answer_chars + len(self.terminator)
 
-    def stream_seed(self, split: Split, seed: int) -> int:
-        """The dataset seed of `generate(split, ..., seed)`: a hash, so no two calls share a stream."""
-        text = f"{self.name}|{self.options.dataset}|{split}|{seed}".encode()
+    def stream_seed(self, split: Split, seed: int, part: int = 0) -> int:
+        """The dataset seed of part `part` of `generate(split, ..., seed)`'s items (`size` items a part):
+        a hash, so no two calls (or parts) read overlapping items."""
+        text = f"{self.name}|{self.options.dataset}|{split}|{seed}|{part}".encode()
         return int.from_bytes(hashlib.blake2b(text, digest_size=8).digest(), "little") >> 2
 
     def dataset(self, seed: int) -> Any:
@@ -130,13 +131,18 @@ class ReasoningGym(Environment[ReasoningGymOptions]):
             raise ValueError(f"n must be a non-negative int, got {n!r}")
         if isinstance(seed, bool) or not isinstance(seed, int):
             raise ValueError(f"seed must be an int, got {seed!r}")
-        stream = self.stream_seed(split, seed)
-        data = self.dataset(stream)
         tasks: list[TaskSpec] = []
-        for index in range(self.options.size):
-            if len(tasks) == n:
-                break
-            entry = data[index]
+        max_draws, draws = 1000 + 64 * n, 0
+        while len(tasks) < n:
+            part, index = divmod(draws, self.options.size)
+            if draws >= max_draws:
+                raise ValueError(
+                    f"{self.name}: drew {draws} items of {self.options.dataset!r} and found only {len(tasks)} of "
+                    f"split {split!r}; its options leave too few {split} questions"
+                )
+            stream = self.stream_seed(split, seed, part)
+            entry = self.dataset(stream)[index]
+            draws += 1
             key = _key(entry["question"])
             if self.split_of(key) != split:
                 continue
@@ -150,11 +156,6 @@ class ReasoningGym(Environment[ReasoningGymOptions]):
                     split=split,
                     metadata={"key": key, "rg_seed": str(stream), "rg_index": str(index)},
                 )
-            )
-        if len(tasks) < n:
-            raise ValueError(
-                f"{self.name}: {self.options.size} items of {self.options.dataset!r} hold only {len(tasks)} of "
-                f"split {split!r}; raise the `size` option or ask for fewer"
             )
         return tasks
 
