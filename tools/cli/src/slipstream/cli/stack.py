@@ -37,7 +37,6 @@ import signal
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -46,7 +45,8 @@ import msgspec
 from slipstream.bus.config import BusConfig
 from slipstream.bus.permissions import ADMIN
 from slipstream.cli.credentials import Credentials
-from slipstream.cli.probe import HOST, probe_http, probe_tcp, url_endpoint
+from slipstream.cli.handles import ServerHandle, ServiceProcess
+from slipstream.cli.probe import HOST, probe_http
 from slipstream.cli.spec import (
     SUBAGENT_POOL,
     TOOL_SERVICE,
@@ -98,57 +98,6 @@ class StackError(RuntimeError):
 
 class StackInterrupted(Exception):
     """A stop was requested (SIGINT/SIGTERM) while the stack was starting or waiting."""
-
-
-@dataclass
-class ServerHandle:
-    """NATS or Redis: started here (`server` set, stopped by us) or given by URL (left alone)."""
-
-    name: str
-    url: str
-    server: Server | None
-
-    @property
-    def managed(self) -> bool:
-        return self.server is not None
-
-    @property
-    def pid(self) -> int | None:
-        return self.server.pid if self.server else None
-
-    @property
-    def log_path(self) -> Path | None:
-        return self.server.process.log_path if self.server else None
-
-    def alive(self) -> bool:
-        return self.server.process.alive() if self.server else True
-
-    def reachable(self) -> bool:
-        return probe_tcp(*url_endpoint(self.url, 4222 if self.name == "nats" else 6379))
-
-
-@dataclass
-class ServiceProcess:
-    name: str
-    port: int
-    process: ManagedProcess
-    traces_file: Path | None
-    ready_after_s: float | None = None
-
-    @property
-    def pid(self) -> int:
-        return self.process.pid
-
-    @property
-    def url(self) -> str:
-        return f"http://{HOST}:{self.port}"
-
-    def alive(self) -> bool:
-        return self.process.alive()
-
-    @property
-    def returncode(self) -> int | None:
-        return self.process.proc.poll()
 
 
 class Stack:
@@ -527,9 +476,14 @@ class Stack:
 
     def health(self) -> list[dict[str, Any]]:
         """One row per process for the table: name, pid, url, health, log (probed now)."""
-        return health_rows(self)
+        return health_rows(self.servers, self.services, self.supervisor)
 
     # ---- state file ----
+
+    @property
+    def trust(self) -> dict[str, str]:
+        """The signing key and trusted keys the services were given (SIGNING_KEY_ENV, TRUSTED_KEYS_ENV)."""
+        return self._trust
 
     def info(self) -> dict[str, Any]:
         """What stack.json holds: later commands (`slipstream status`, ...) read it."""

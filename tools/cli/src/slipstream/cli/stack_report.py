@@ -10,35 +10,71 @@ from __future__ import annotations
 import json
 import os
 import time
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping
+from typing import Any, Protocol
 
 from slipstream.cli.credentials import FILE as CREDENTIALS_FILE
+from slipstream.cli.credentials import Credentials
+from slipstream.cli.handles import ServerHandle, ServiceProcess
 from slipstream.cli.probe import probe_http, url_endpoint
-from slipstream.cli.spec import kind_of, module_of
-from slipstream.cli.supervisor import describe_exit
-
-if TYPE_CHECKING:
-    from slipstream.cli.stack import Stack
+from slipstream.cli.spec import StackSpec, kind_of, module_of
+from slipstream.cli.supervisor import Supervisor, describe_exit
 
 SIGNING_KEY_ENV = "SLIPSTREAM_TRUST__SIGNING_KEY"
 TRUSTED_KEYS_ENV = "SLIPSTREAM_TRUST__TRUSTED_KEYS"
 
 
-def health_rows(stack: Stack) -> list[dict[str, Any]]:
+class Reported(Protocol):
+    """What stack.json is built from (a `stack.Stack` is one); declared here since the stack writes it."""
+
+    @property
+    def spec(self) -> StackSpec: ...
+
+    @property
+    def state(self) -> str: ...
+
+    @property
+    def started_at(self) -> float: ...
+
+    @property
+    def servers(self) -> Mapping[str, ServerHandle]: ...
+
+    @property
+    def services(self) -> Mapping[str, ServiceProcess]: ...
+
+    @property
+    def supervisor(self) -> Supervisor: ...
+
+    @property
+    def exit_codes(self) -> Mapping[str, int | None]: ...
+
+    @property
+    def signing_key_id(self) -> str: ...
+
+    @property
+    def trust(self) -> Mapping[str, str]: ...
+
+    @property
+    def credentials(self) -> Credentials | None: ...
+
+
+def health_rows(
+    servers: Mapping[str, ServerHandle], services: Mapping[str, ServiceProcess], supervisor: Supervisor
+) -> list[dict[str, Any]]:
     """One row per process for the table: name, pid, url, health, log (probed now)."""
     rows: list[dict[str, Any]] = []
-    for h in stack.servers.values():
+    for h in servers.values():
         if not h.alive():
             health = f"exited ({h.server.process.proc.poll() if h.server else '?'})"
         else:
             health = ("up" if h.reachable() else "unreachable") + ("" if h.managed else " (external)")
         rows.append({"name": h.name, "pid": h.pid, "url": h.url, "health": health, "log": h.log_path})
-    for s in stack.services.values():
-        wait = stack.supervisor.restart_in(s.name)
+    for s in services.values():
+        wait = supervisor.restart_in(s.name)
         if wait is not None:
-            health = f"restarting in {wait:.0f} s ({describe_exit(stack.supervisor.last_exit(s.name))})"
-        elif stack.supervisor.gave_up(s.name):
-            health = f"gave up ({describe_exit(stack.supervisor.last_exit(s.name))})"
+            health = f"restarting in {wait:.0f} s ({describe_exit(supervisor.last_exit(s.name))})"
+        elif supervisor.gave_up(s.name):
+            health = f"gave up ({describe_exit(supervisor.last_exit(s.name))})"
         elif not s.alive():
             health = f"exited ({s.returncode})"
         else:
@@ -51,13 +87,13 @@ def health_rows(stack: Stack) -> list[dict[str, Any]]:
                 "url": s.url,
                 "health": health,
                 "log": s.process.log_path,
-                "restarts": stack.supervisor.restarts(s.name),
+                "restarts": supervisor.restarts(s.name),
             }
         )
     return rows
 
 
-def state_info(stack: Stack) -> dict[str, Any]:
+def state_info(stack: Reported) -> dict[str, Any]:
     """What stack.json holds: later commands (`slipstream status`, ...) read it."""
     spec = stack.spec
     assert spec.store is not None
@@ -102,8 +138,8 @@ def state_info(stack: Stack) -> dict[str, Any]:
         "signing_key_id": stack.signing_key_id,
         # For services started beside the stack (Tilt --local): who signs, and what to trust.
         "trust": {
-            "signing_key": stack._trust.get(SIGNING_KEY_ENV, ""),
-            "trusted_keys": json.loads(stack._trust.get(TRUSTED_KEYS_ENV, "[]")),
+            "signing_key": stack.trust.get(SIGNING_KEY_ENV, ""),
+            "trusted_keys": json.loads(stack.trust.get(TRUSTED_KEYS_ENV, "[]")),
         },
         "restart_policy": {
             "enabled": stack.spec.restart.enabled,

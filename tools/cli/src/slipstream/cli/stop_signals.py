@@ -9,11 +9,9 @@ from __future__ import annotations
 
 import signal
 import time
+from collections.abc import Callable
 from types import FrameType, TracebackType
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from slipstream.cli.stack import Stack
+from typing import Any
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
@@ -46,18 +44,22 @@ class StopFlag:
 
 
 class StopSignals:
-    """Context manager: route stop signals to `stack` while active, restore the old handlers after."""
+    """Context manager: route stop signals to a stack while active, restore the old handlers after.
 
-    def __init__(self, stack: Stack) -> None:
-        self.stack = stack
+    The first signal sets `interrupt` (the stack's waits poll it); a later one calls `force_stop`.
+    """
+
+    def __init__(self, interrupt: StopFlag, force_stop: Callable[[], None]) -> None:
+        self.interrupt = interrupt
+        self.force_stop = force_stop
         self.received: list[int] = []
         self._old: dict[int, Any] = {}
 
     def _handle(self, signum: int, _frame: FrameType | None) -> None:
         self.received.append(signum)
-        if self.stack.interrupt.is_set():
-            self.stack.force_stop()
-        self.stack.interrupt.set()
+        if self.interrupt.is_set():
+            self.force_stop()
+        self.interrupt.set()
 
     def __enter__(self) -> StopSignals:
         for sig in SIGNALS:

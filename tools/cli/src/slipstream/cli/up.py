@@ -91,7 +91,7 @@ def run(args: argparse.Namespace) -> int:
 
     console = Console(highlight=False, soft_wrap=True)
     stack = Stack(spec, log=lambda msg: console.print(f"[dim]·[/dim] {msg}"))
-    with StopSignals(stack):
+    with StopSignals(stack.interrupt, stack.force_stop):
         console.print(f"slipstream up: run [bold]{stack.spec.run_id}[/bold] in {stack.spec.run_dir}")
         try:
             try:
