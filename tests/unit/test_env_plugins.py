@@ -7,6 +7,7 @@ import importlib.metadata
 import random
 import sys
 import types
+from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -121,3 +122,12 @@ def test_an_unknown_name_lists_builtins_and_plugins(installed: dict[str, str]) -
     installed["echo"] = "fake_plugin:Echo"
     with pytest.raises(EnvError, match=r"unknown environment 'nope'; known: arith, .*echo, .*reverse"):
         get_env("nope")
+
+
+def test_the_readme_how_to_is_the_example_package() -> None:
+    # libs/envs README, "Write your own environment": the whole module, as shipped and tested.
+    repo = Path(__file__).resolve().parents[2]
+    readme = (repo / "libs" / "envs" / "README.md").read_text()
+    block = readme.split("# examples/plugin-env/src/slipstream_sort/__init__.py\n", 1)[1].split("```", 1)[0]
+    assert block == (repo / "examples" / "plugin-env" / "src" / "slipstream_sort" / "__init__.py").read_text()
+    assert len(block.splitlines()) < 50 and 'sort = "slipstream_sort:Sort"' in readme
