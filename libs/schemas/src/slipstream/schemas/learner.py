@@ -64,3 +64,24 @@ class LearnerStep(msgspec.Struct, kw_only=True):
             "and every score component as 'component.<name>'."
         ),
     ] = {}
+    kl: Annotated[
+        float | None,
+        Doc(
+            description="Mean per-token KL of the policy to its frozen reference over the step's trained tokens, "
+            "before the update, with [loss] kl_estimator; null when the step ran no reference (kl_coef = 0)."
+        ),
+    ] = None
+    mismatch_kl: Annotated[
+        float,
+        Doc(
+            description="Train-inference mismatch: k3 estimate of KL(behaviour ‖ learner) per trained token, the "
+            "workers' recorded log-probs against the learner's recomputed ones before the update."
+        ),
+    ] = 0.0
+    masked_share: Annotated[
+        float,
+        Doc(description="Share of the step's trained tokens [loss] off_policy_mask removed from the loss (0 off)."),
+    ] = 0.0
+    substeps: Annotated[
+        int, Doc(description="Optimizer updates applied over the step's batch ([learner] substeps).")
+    ] = 1

@@ -88,6 +88,13 @@ class LearnerSection(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     micro_batch: Annotated[
         int, Doc(description="Trajectories per forward pass; gradients accumulate over a step's micro-batches.")
     ] = 16
+    substeps: Annotated[
+        int,
+        Doc(
+            description="Optimizer updates per batch (Context-1 takes 4): each recomputes the log-probs under the "
+            "weights the ones before produced, its ratio against the recorded behaviour log-probs; 1 = one update."
+        ),
+    ] = 1
     checkpoint_every: Annotated[
         int,
         Doc(
@@ -239,6 +246,7 @@ class LearnerSection(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             (self.sampling_temperature > 0, f"sampling_temperature must be > 0, got {self.sampling_temperature}"),
             (self.uniform_tol >= 0, f"uniform_tol must be >= 0, got {self.uniform_tol}"),
             (self.micro_batch >= 1, f"micro_batch must be >= 1, got {self.micro_batch}"),
+            (self.substeps >= 1, f"substeps must be >= 1, got {self.substeps}"),
             (self.checkpoint_every >= 0, f"checkpoint_every must be >= 0, got {self.checkpoint_every}"),
             (self.commit_when_idle_s >= 0, f"commit_when_idle_s must be >= 0, got {self.commit_when_idle_s}"),
             (self.keep_checkpoints >= 1, f"keep_checkpoints must be >= 1, got {self.keep_checkpoints}"),

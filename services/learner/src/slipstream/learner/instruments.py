@@ -13,6 +13,11 @@ STEP_TIME = gauge("learner/step/time_s", "Seconds of the last optimizer step (fo
 STEP_LOSS = gauge("learner/step/loss", "Loss of the last step.")
 STEP_REWARD = gauge("learner/step/reward_mean", "Mean reward of the last step's trajectories.")
 STEP_VERSION = gauge("learner/step/policy_version", "Version produced by the last step.")
+STEP_KL = gauge("learner/step/kl", "Mean per-token KL to the frozen reference of the last step (kl_coef > 0 only).")
+STEP_MISMATCH = gauge(
+    "learner/step/mismatch_kl", "Train-inference mismatch of the last step: k3 KL(behaviour || learner) per token."
+)
+STEP_MASKED = gauge("learner/step/masked_share", "Share of the last step's trained tokens the off-policy mask removed.")
 STALENESS = histogram(
     "learner/step/staleness", "Versions behind of each trained trajectory.", buckets=(0, 1, 2, 3, 4, 8, 16, 32)
 )

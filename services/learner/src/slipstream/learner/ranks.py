@@ -48,6 +48,7 @@ from slipstream.engine.source import ModelSource, load_model
 from slipstream.learner.checkpoint import Checkpoint, restore, restore_rng
 from slipstream.learner.config import LearnerSection
 from slipstream.learner.packing import Split, attention_weight_for, pack
+from slipstream.learner.reference import make_reference
 from slipstream.learner.sharded_checkpoint import load_state, save_state
 from slipstream.learner.trainer import (
     StepStats,
@@ -62,7 +63,8 @@ from slipstream.rl import LossConfig, TrainItem
 from slipstream.rl.schedule import weights_at
 from slipstream.schemas import ScoredEpisode
 
-RankResult = tuple[dict[str, float], dict[int, tuple[float, int]], float, bool]
+RankResult = tuple[dict[str, float], dict[int, tuple[float, int]], float, int]
+"""A rank's step: its loss sums, per-turn sums, the global gradient norm, the substeps applied (`Trainer.train`)."""
 
 
 class RankError(RuntimeError):
@@ -118,8 +120,11 @@ class RankWorker:
         torch.manual_seed(self.section.seed)
         model, tokenizer = load_model(self.source)
         n_params = sum(p.numel() for p in model.parameters())
+        # Before sharding: a full fine-tune's frozen copy stays whole on every rank, so its pass needs no
+        # collective (a LoRA reference is the sharded policy itself, adapters off).
+        reference = make_reference(model, self.loss)
         shard_model(model)
-        self.trainer = Trainer(model, self.section, self.loss, pad_id=tokenizer.pad_id)
+        self.trainer = Trainer(model, self.section, self.loss, pad_id=tokenizer.pad_id, reference=reference)
         return n_params
 
     def _trainer(self) -> Trainer:
@@ -128,11 +133,8 @@ class RankWorker:
         return self.trainer
 
     def step(self, chunks: list[list[TrainItem]], total_tokens: int) -> RankResult:
-        """Accumulate this rank's micro-batches, then clip and step together with the others."""
-        trainer = self._trainer()
-        sums, by_turn = trainer.accumulate(chunks, total_tokens)
-        grad_norm, applied = trainer.apply()
-        return sums, by_turn, grad_norm, applied
+        """Accumulate this rank's micro-batches, then clip and step together with the others (each substep)."""
+        return self._trainer().train(chunks, total_tokens)
 
     def pid(self) -> int:
         """This rank's process id (for operators and the fault-injection tests)."""
@@ -359,7 +361,8 @@ class RankGroup:
             [a.step.remote(c, total) for a, c in zip(self.actors, chunks, strict=True)], "train a step"
         )
         sums, by_turn = merge_sums([(r[0], r[1]) for r in results])
-        grad_norm, applied = results[0][2], results[0][3]
+        # The norm is global and every rank applies (or skips) the same substeps: rank 0's stand for all.
+        grad_norm, substeps = results[0][2], results[0][3]
         self.last_split = split
         self._steps += 1
         return step_stats(
@@ -369,10 +372,11 @@ class RankGroup:
             sums=sums,
             by_turn=by_turn,
             grad_norm=grad_norm,
-            applied=applied,
+            applied=substeps > 0,
             time_s=time.perf_counter() - start,
             weights=weights_at(self.section.reward_schedule, step),
             step_means=self.section.step_means,
+            substeps=substeps,
         )
 
     def full_state(self) -> dict[str, torch.Tensor]:
@@ -436,7 +440,7 @@ class RankGroup:
             if ckpt.sharded:
                 ckpt.write_sharded(tmp)
             else:
-                local = Trainer(self.mirror, self.section, self.loss, pad_id=self.pad_id)
+                local = Trainer(self.mirror, self.section, self.loss, pad_id=self.pad_id, reference=None)
                 restore(ckpt, local.model, local.optimizer)
                 save_state(local.model, local.optimizer, tmp)
             self.load(tmp)

@@ -13,7 +13,10 @@ from slipstream.learner.instruments import (
     MISSING_COMPONENTS,
     PUBLISH_ERRORS,
     STALENESS,
+    STEP_KL,
     STEP_LOSS,
+    STEP_MASKED,
+    STEP_MISMATCH,
     STEP_REWARD,
     STEP_TIME,
     STEP_VERSION,
@@ -35,6 +38,10 @@ def observe(stats: StepStats, progress: Progress, *, held: int) -> None:
     STEP_LOSS.set(stats.loss)
     STEP_REWARD.set(stats.reward_mean)
     STEP_VERSION.set(progress.version)
+    STEP_MISMATCH.set(stats.figures.get("behaviour_kl", 0.0))
+    STEP_MASKED.set(stats.figures.get("masked_share", 0.0))
+    if "kl" in stats.figures:
+        STEP_KL.set(stats.figures["kl"])
     HELD.set(held)
     for lag, n in stats.staleness.items():
         for _ in range(n):
@@ -67,6 +74,11 @@ def observe(stats: StepStats, progress: Progress, *, held: int) -> None:
         **{k: round(v, 4) for k, v in stats.episodes.items()},
         **({"episode_means": _rounded(stats.episode_means, 4)} if stats.episode_means else {}),
         **{k: round(v, 4) for k, v in stats.figures.items() if k in ("ratio_mean", "clip_fraction")},
+        # The train-inference mismatch and the off-policy mask's share, every step; KL only with a reference.
+        mismatch_kl=round(stats.figures.get("behaviour_kl", 0.0), 8),
+        masked_share=round(stats.figures.get("masked_share", 0.0), 6),
+        **({"kl": round(stats.figures["kl"], 8)} if "kl" in stats.figures else {}),
+        **({"substeps": stats.substeps} if stats.substeps != 1 else {}),
     )
 
 
@@ -104,6 +116,10 @@ async def publish_step(
         logprob_mismatch_by_turn=stats.mismatch_by_turn,
         reward_weights=stats.reward_weights,
         episode_means=stats.episode_means,
+        kl=stats.figures.get("kl"),
+        mismatch_kl=stats.figures.get("behaviour_kl", 0.0),
+        masked_share=stats.figures.get("masked_share", 0.0),
+        substeps=stats.substeps,
     )
     # The version is in the id: after a crash a step number is redone, but never a version.
     try:

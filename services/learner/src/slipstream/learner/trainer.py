@@ -12,6 +12,18 @@ behaviour-policy correction) is backpropagated per micro-batch. Every micro-batc
 whole step's normaliser, so the accumulated gradient equals the full batch's. Then the global
 gradient norm is clipped and AdamW steps once: a single pass over each trajectory.
 
+`[learner] substeps` = K > 1 repeats that K times over the same micro-batches (Context-1's 4
+gradient substeps per batch): each substep recomputes the log-probs under the weights the
+substeps before produced, and its ratio is still taken against the behaviour log-probs the
+workers recorded, so later substeps are corrected for their own drift as well. K = 1 (the
+default) is the single update above, unchanged. The step's figures are the first substep's
+(before any update: its `behaviour_kl` is the train–inference mismatch itself), with the last
+substep's ratio, clip and mask figures as `last_*`.
+
+With `[loss] kl_coef > 0` each micro-batch also runs a no-grad forward pass of the frozen
+reference (`reference.py`: the initial weights; with LoRA the base model, adapters off) for the
+KL penalty; its log-probs are computed once per step and reused by later substeps.
+
 A step whose gradient is not finite is not applied (the optimizer state stays as it was) and is
 reported as such; the caller decides what to do with its trajectories. This module runs in a
 worker thread (the service's event loop keeps draining NATS meanwhile) and does no I/O.
@@ -26,6 +38,7 @@ import typing
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 import msgspec
 import torch
@@ -35,13 +48,27 @@ from torch import nn
 from slipstream.engine.kernels import upcast_bf16_default
 from slipstream.engine.model import CausalLM
 from slipstream.learner.config import AutocastDtype, LearnerSection
+from slipstream.learner.reference import Reference, make_reference
 from slipstream.rl import LossConfig, TrainItem, compute_loss, pack_batch, staleness, token_logprobs, turn_mismatch
+from slipstream.rl.batch import Batch
 from slipstream.rl.credit import SampleWeighting, episode_figures, episode_means, group_rows
 from slipstream.rl.schedule import missing_components, reweighted, weights_at
 from slipstream.schemas import ScoredEpisode
 
 # Loss figures averaged over trained tokens across micro-batches (the rest are summed or min/max'ed).
-_TOKEN_MEANS = ("ratio_mean", "clip_fraction", "behaviour_kl", "kl")
+_TOKEN_MEANS = (
+    "ratio_mean",
+    "clip_fraction",
+    "behaviour_kl",
+    "kl",
+    "masked_share",
+    "last_ratio_mean",
+    "last_clip_fraction",
+    "last_behaviour_kl",
+    "last_masked_share",
+)
+_LAST = ("ratio_mean", "clip_fraction", "behaviour_kl", "masked_share")
+"""Figures of the last substep reported beside the first's (as last_<name>) when substeps > 1."""
 
 
 @dataclass(frozen=True)
@@ -74,6 +101,8 @@ class StepStats:
     """Means over the step's episodes: the `step_means` counts and 'component.<name>' of every score component."""
     missing_components: dict[str, int] = field(default_factory=dict)
     """Scheduled component -> episodes of the step whose score does not name it (counted as 0)."""
+    substeps: int = 1
+    """Optimizer updates applied over this step's batch (`[learner] substeps`, fewer if one was not finite)."""
 
 
 def train_items(
@@ -163,6 +192,7 @@ def step_stats(
     time_s: float,
     weights: Mapping[str, float] | None = None,
     step_means: Sequence[str] = (),
+    substeps: int = 1,
 ) -> StepStats:
     """The StepStats of a step from its loss sums (see `merge_sums`) and per-turn mismatch sums.
 
@@ -193,6 +223,7 @@ def step_stats(
         reward_weights=weights,
         episode_means=episode_means(trajectories, step_means),
         missing_components=missing,
+        substeps=substeps,
     )
 
 
@@ -222,7 +253,17 @@ class Trainer:
     sharded_writer: Callable[[Path], None] | None = None
     """Checkpoints of this trainer are whole files (`RankGroup` sets a torch.distributed.checkpoint writer)."""
 
-    def __init__(self, model: nn.Module, section: LearnerSection, loss: LossConfig, *, pad_id: int) -> None:
+    def __init__(
+        self,
+        model: nn.Module,
+        section: LearnerSection,
+        loss: LossConfig,
+        *,
+        pad_id: int,
+        reference: Reference | Literal["initial"] | None = "initial",
+    ) -> None:
+        """`reference`: the KL penalty's frozen reference; "initial" makes it from `model` as it is now
+        (None without a KL penalty), None runs without one (a trainer that never steps)."""
         self.model = model
         self.section = section
         self.loss_cfg = loss
@@ -238,6 +279,7 @@ class Trainer:
             eps=section.adam_eps,
             weight_decay=section.weight_decay,
         )
+        self.reference = make_reference(model, loss) if reference == "initial" else reference
 
     def step(self, groups: Sequence[Sequence[ScoredEpisode]], version: int, *, step: int = 0) -> StepStats:
         """One optimizer step over `groups`, trained at policy `version` (the weights before the step) and
@@ -245,8 +287,8 @@ class Trainer:
         start = time.perf_counter()
         items = step_items(groups, self.section, step=step)
         total_tokens = trained_tokens(items)
-        sums, by_turn = self.accumulate(micro_batches(items, self.section.micro_batch), total_tokens)
-        grad_norm, applied = self.apply()
+        sums, by_turn, grad_norm, substeps = self.train(micro_batches(items, self.section.micro_batch), total_tokens)
+        applied = substeps > 0
         return step_stats(
             groups,
             version,
@@ -258,23 +300,55 @@ class Trainer:
             time_s=time.perf_counter() - start,
             weights=weights_at(self.section.reward_schedule, step),
             step_means=self.section.step_means,
+            substeps=substeps,
         )
 
-    def accumulate(
+    def train(
         self, chunks: Sequence[Sequence[TrainItem]], total_tokens: int
+    ) -> tuple[dict[str, float], dict[int, tuple[float, int]], float, int]:
+        """The step's `[learner] substeps` updates over `chunks`: (first substep's loss sums, per-turn sums,
+        first gradient norm, updates applied). A substep whose gradient is not finite is not applied and
+        ends the step there; 0 applied means the weights did not change at all."""
+        refs: list[torch.Tensor | None] = []
+        sums, by_turn = self.accumulate(chunks, total_tokens, refs=refs)
+        grad_norm, applied = self.apply()
+        done = int(applied)
+        last: dict[str, float] = {}
+        while applied and done < self.section.substeps:
+            last, _ = self.accumulate(chunks, total_tokens, refs=refs)
+            _, applied = self.apply()
+            done += int(applied)
+        if self.section.substeps > 1:
+            sums.update({f"last_{name}": last.get(name, 0.0) for name in _LAST})
+        return sums, by_turn, grad_norm, done
+
+    def accumulate(
+        self,
+        chunks: Sequence[Sequence[TrainItem]],
+        total_tokens: int,
+        *,
+        refs: list[torch.Tensor | None] | None = None,
     ) -> tuple[dict[str, float], dict[int, tuple[float, int]]]:
         """Backpropagate every micro-batch of a step (gradients accumulate), each divided by the step's
         `total_tokens`. An empty chunk is a pass that adds nothing: a rank of a sharded model with fewer
-        micro-batches than its peers runs it so that every rank joins every collective."""
+        micro-batches than its peers runs it so that every rank joins every collective.
+
+        `refs` caches the reference log-probs per chunk across substeps: empty, this call computes and
+        appends them; filled, it reuses them (every rank is at the same substep, so all skip alike)."""
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
         sums: dict[str, float] = {}
         by_turn: dict[int, tuple[float, int]] = {}
-        for chunk in chunks:
+        cached = refs is not None and len(refs) == len(chunks)
+        for i, chunk in enumerate(chunks):
+            ref = refs[i] if refs is not None and cached else None
             if chunk:
-                _accumulate(sums, self._backward(list(chunk), total_tokens, by_turn))
+                figures, ref = self._backward(list(chunk), total_tokens, by_turn, ref)
+                _accumulate(sums, figures)
             else:
-                self._null_pass()
+                self._null_pass(reference=not cached)
+            if refs is not None and not cached:
+                refs.append(ref)
         return sums, by_turn
 
     def apply(self) -> tuple[float, bool]:
@@ -291,14 +365,45 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         return grad_norm, applied
 
-    def _null_pass(self) -> None:
+    def _null_pass(self, *, reference: bool) -> None:
         ids = torch.full((1, 2), self.pad_id, dtype=torch.int64, device=self.device)
+        if reference and self.reference is not None:
+            # The reference pass of a real chunk is a round of collectives when it runs the sharded policy.
+            with torch.no_grad(), self.reference.active() as ref_model:
+                ref_model(ids)
         (self.model(ids).sum() * 0.0).backward()
 
     def _backward(
-        self, chunk: list[TrainItem], total_tokens: int, by_turn: dict[int, tuple[float, int]]
-    ) -> dict[str, float]:
+        self,
+        chunk: list[TrainItem],
+        total_tokens: int,
+        by_turn: dict[int, tuple[float, int]],
+        ref_logprobs: torch.Tensor | None = None,
+    ) -> tuple[dict[str, float], torch.Tensor | None]:
+        """One micro-batch's loss, backpropagated; returns its figures and the reference log-probs it used
+        (computed here, no grad, unless given)."""
         batch = pack_batch(chunk, pad_id=self.pad_id).to(self.device)
+        if self.reference is not None and ref_logprobs is None:
+            with torch.no_grad(), self.reference.active() as ref_model:
+                ref_logprobs = self._logprobs(ref_model, batch)
+        logprobs = self._logprobs(self.model, batch)
+        out = compute_loss(
+            self.loss_cfg,
+            logprobs=logprobs,
+            behaviour_logprobs=batch.behaviour_logprobs,
+            advantages=batch.advantages,
+            mask=batch.mask,
+            ref_logprobs=ref_logprobs,
+            total_tokens=total_tokens,
+        )
+        out.loss.backward()
+        for turn, (total, n) in turn_mismatch(logprobs, batch.behaviour_logprobs, batch.mask, batch.turn_index).items():
+            prev = by_turn.get(turn, (0.0, 0))
+            by_turn[turn] = (prev[0] + total, prev[1] + n)
+        return out.metrics, ref_logprobs
+
+    def _logprobs(self, model: nn.Module, batch: Batch) -> torch.Tensor:
+        """Per-position log-probs of `batch`'s targets under `model`, at the sampling temperature."""
         # fp32 master weights with bf16 matmuls: pure-bf16 weights lose updates below their
         # resolution (measured on SmolLM2: loss 13.566 -> 13.550 vs 13.175 with fp32 + autocast over 3 steps).
         autocast = (
@@ -309,8 +414,8 @@ class Trainer:
         temperature = self.section.sampling_temperature
         # A plain CausalLM only: FSDP2 (ranks > 1) swaps the class for a subclass whose forward
         # hook gathers the root's parameters, which a direct `hidden_states` call would skip.
-        if type(self.model) is CausalLM:
-            plain = typing.cast(CausalLM, self.model)
+        if type(model) is CausalLM:
+            plain = typing.cast(CausalLM, model)
             # Logits only from the first trained column on: the prompt's positions need none, and
             # on search_call's one-shot prompt (~85 of ~96 tokens) the lm_head and log-softmax there were
             # a fifth of the step. The columns before `start` are masked out of every loss term.
@@ -320,24 +425,10 @@ class Trainer:
                 hidden = plain.hidden_states(batch.input_ids, batch.attention_mask)[:, start:-1]
                 logits = plain.lm_head(hidden)
             tail = token_logprobs(logits, batch.targets[:, start:], temperature=temperature)
-            logprobs = F.pad(tail, (start, 0))
-        else:
-            with autocast:
-                logits = self.model(batch.input_ids, batch.attention_mask)[:, :-1]
-            logprobs = token_logprobs(logits, batch.targets, temperature=temperature)
-        out = compute_loss(
-            self.loss_cfg,
-            logprobs=logprobs,
-            behaviour_logprobs=batch.behaviour_logprobs,
-            advantages=batch.advantages,
-            mask=batch.mask,
-            total_tokens=total_tokens,
-        )
-        out.loss.backward()
-        for turn, (total, n) in turn_mismatch(logprobs, batch.behaviour_logprobs, batch.mask, batch.turn_index).items():
-            prev = by_turn.get(turn, (0.0, 0))
-            by_turn[turn] = (prev[0] + total, prev[1] + n)
-        return out.metrics
+            return F.pad(tail, (start, 0))
+        with autocast:
+            logits = model(batch.input_ids, batch.attention_mask)[:, :-1]
+        return token_logprobs(logits, batch.targets, temperature=temperature)
 
 
 def _accumulate(sums: dict[str, float], figures: dict[str, float]) -> None:
