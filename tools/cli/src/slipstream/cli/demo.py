@@ -531,7 +531,10 @@ def run_realtime(args: argparse.Namespace) -> int:
     )
     t0 = time.monotonic()
     summary = run_realtime(
-        rt, run_dir, emit=lambda m: console.print(f"[dim]{time.monotonic() - t0:6.1f}s[/dim] {escape(m)}")
+        rt,
+        demo_plan("reverse"),
+        run_dir,
+        emit=lambda m: console.print(f"[dim]{time.monotonic() - t0:6.1f}s[/dim] {escape(m)}"),
     )
     console.print(summary_table(summary))
     if summary.get("cycles"):
