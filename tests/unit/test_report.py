@@ -44,6 +44,9 @@ def steps_log() -> list[dict[str, Any]]:
             "dropped": {},
             "step_time_s": 0.5,
             "t": 2.0 * i,
+            "mismatch_kl": 0.001 * i,
+            "masked_share": 0.25 if i % 2 else 0.0,
+            "kl": None if i == 1 else 0.01 * i,  # a step that ran no reference reports None
         }
         for i in range(1, N + 1)
     ]
@@ -75,7 +78,8 @@ def write_run(tmp: Path, *, summary: bool = True, traces: bool = True, logs: boo
     if logs:
         learner = [
             {"event": "step", "step": i, "policy_version": i, "reward_mean": 0.3, "accuracy": 0.2,
-             "n_trajectories": 64, "time_s": 0.5, "staleness": {"0": 64}, "timestamp": stamp(T0 + 2 * i)}
+             "n_trajectories": 64, "time_s": 0.5, "staleness": {"0": 64}, "timestamp": stamp(T0 + 2 * i),
+             "mismatch_kl": 0.002, "masked_share": 0.5}
             for i in range(1, N + 1)
         ]  # fmt: skip
         publisher = [
@@ -123,7 +127,7 @@ def test_every_plot_is_written_with_one_point_per_step(tmp_path: Path) -> None:
     run = write_run(tmp_path)
     out = tmp_path / "out"
     report = build_report(run, out)
-    assert set(report["plots"]) == {"reward", "staleness", "throughput", "time_to_policy", "stages"}
+    assert set(report["plots"]) == {"reward", "staleness", "mismatch", "throughput", "time_to_policy", "stages"}
     assert report["skipped"] == {}
     for name in report["plots"]:
         assert (out / f"{name}.png").read_bytes()[:8] == PNG_MAGIC, name
@@ -142,6 +146,20 @@ def test_every_plot_is_written_with_one_point_per_step(tmp_path: Path) -> None:
     assert dist["trajectories"] == {"x": [0.0, 1.0, 2.0], "y": [40.0 * half + 64 * half, 20.0 * half, 4.0 * half]}
     assert per_step["mean staleness"]["x"] == steps
     assert per_step["mean staleness"]["y"][:2] == pytest.approx([28 / 64, 0.0])
+
+    mismatch = report["plots"]["mismatch"]
+    assert mismatch["title"] == "Train–inference mismatch and off-policy masking per step"
+    assert [p["title"] for p in mismatch["panels"]] == [
+        "train–inference mismatch: KL(behaviour ‖ learner) per trained token",
+        "share of trained tokens the off-policy mask removed",
+        "KL(policy ‖ frozen reference) per trained token",
+    ]
+    assert series(report, "mismatch", 0)["mismatch"] == {
+        "x": steps,
+        "y": pytest.approx([0.001 * i for i in range(1, N + 1)]),
+    }
+    assert series(report, "mismatch", 1)["masked share"]["y"] == [0.25, 0.0] * (N // 2)
+    assert series(report, "mismatch", 2)["KL to the reference"]["x"] == steps[1:]  # step 1 had none
 
     ttp = series(report, "time_to_policy")
     assert ttp["step -> first worker applied"]["x"] == steps
@@ -170,6 +188,13 @@ def test_without_traces_the_trace_plots_are_skipped_with_a_note(tmp_path: Path) 
     run = write_run(tmp_path, traces=False)
     report = build_report(run, tmp_path / "out", pictures=False)
     assert set(report["skipped"]) == {"stages"} and "--traces" in report["skipped"]["stages"]
+    old = write_run(tmp_path / "old", traces=False)  # a run from before the learner reported the mismatch
+    summary = json.loads((old / "summary.json").read_text())
+    for row in summary["steps_log"]:
+        del row["mismatch_kl"], row["masked_share"], row["kl"]
+    (old / "summary.json").write_text(json.dumps(summary))
+    skipped = build_report(old, tmp_path / "old-out", pictures=False)["skipped"]
+    assert "no mismatch_kl or masked_share" in skipped["mismatch"]
     assert [p["title"] for p in report["plots"]["throughput"]["panels"]] == ["learner: trajectories trained per second"]
     assert not list((tmp_path / "out").glob("*.png")) and not (tmp_path / "out" / "index.html").exists()
     write_html(load_run(run, []), [], report["skipped"], tmp_path / "page.html")
@@ -185,6 +210,9 @@ def test_without_a_summary_the_steps_come_from_the_learner_log(tmp_path: Path) -
     rw = series(report, "reward")
     assert rw["reward (mean per step)"]["x"] == [float(i) for i in range(1, N + 1)]
     assert "held-out accuracy" not in rw
+    assert series(report, "mismatch", 0)["mismatch"]["y"] == [0.002] * N  # from the learner's step lines
+    assert series(report, "mismatch", 1)["masked share"]["y"] == [0.5] * N
+    assert len(report["plots"]["mismatch"]["panels"]) == 2  # no KL in those lines: no KL panel
     # one stray print per service log; nats.log (no JSON at all) is a server's log, not counted
     assert report["notes"] == ["3 log lines were not JSON objects and were skipped"]
 

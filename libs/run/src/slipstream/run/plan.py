@@ -62,6 +62,15 @@ class TrainingPlan(msgspec.Struct, kw_only=True):
     lr: float = 5e-4
     loss: str = "grpo"
     loss_constant: float = 256.0
+    kl_coef: float = 0.0
+    """[loss] kl_coef: > 0 adds the KL penalty to the frozen reference, the weights RL starts from (0: off)."""
+    kl_estimator: str = "k3"
+    """[loss] kl_estimator: k1, k2 or k3 (slipstream.rl.kl)."""
+    substeps: int = 1
+    """[learner] substeps: optimizer updates per batch, each against the recorded behaviour log-probs."""
+    loss_options: dict[str, Any] = {}
+    """Any other [loss] field by name (off_policy_mask, mask_low, mask_high, kimi_alpha, kimi_beta, kimi_tau,
+    clip_low, ...), checked against slipstream.rl's LossConfig when a run file loads; {}: the defaults."""
     temperature: float = 0.7
     max_tokens: int = 8
     worker_max_batch: int = 64
@@ -256,6 +265,7 @@ def run_env(plan: TrainingPlan) -> dict[str, str]:
         env["SLIPSTREAM_TASKS__SAMPLER"] = plan.task_sampler
     if plan.reward_schedule:
         env["SLIPSTREAM_LEARNER__REWARD_SCHEDULE"] = json.dumps(plan.reward_schedule, sort_keys=True)
+    env.update(loss_env(plan))
     if plan.sft_export:
         env["SLIPSTREAM_LEARNER__SFT_EXPORT_MIN_REWARD"] = str(plan.sft_export_min_reward)
     if plan.toggle:
@@ -279,6 +289,31 @@ def run_env(plan: TrainingPlan) -> dict[str, str]:
         served = serve_options(plan)
         if served:
             env["SLIPSTREAM_SERVE__OPTIONS"] = json.dumps(served)
+    return env
+
+
+def check_loss(loss: str, kl_coef: float, kl_estimator: str, options: dict[str, Any]) -> None:
+    """A ValueError naming the bad key or value when these [loss] settings are not a valid `LossConfig`."""
+    from slipstream.rl.config import LossConfig
+
+    fields = {**options, "type": loss, "kl_coef": kl_coef, "kl_estimator": kl_estimator}
+    try:
+        msgspec.convert(fields, LossConfig)
+    except msgspec.ValidationError as exc:
+        raise ValueError(str(exc)) from None
+
+
+def loss_env(plan: TrainingPlan) -> dict[str, str]:
+    """The KL, substeps and `loss_options` knobs as variables, only those set away from their defaults
+    (a default run's environment stays as it was). Strings as text, everything else as JSON."""
+    env: dict[str, str] = {}
+    if plan.kl_coef:
+        env["SLIPSTREAM_LOSS__KL_COEF"] = str(plan.kl_coef)
+        env["SLIPSTREAM_LOSS__KL_ESTIMATOR"] = plan.kl_estimator
+    if plan.substeps != 1:
+        env["SLIPSTREAM_LEARNER__SUBSTEPS"] = str(plan.substeps)
+    for key, value in sorted(plan.loss_options.items()):
+        env[f"SLIPSTREAM_LOSS__{key.upper()}"] = value if isinstance(value, str) else json.dumps(value)
     return env
 
 

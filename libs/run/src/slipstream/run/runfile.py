@@ -11,7 +11,10 @@ Sections (every key optional; what is left out keeps `TrainingPlan`'s default):
     [model]      preset ("tiny", "25m"), name (a named pretrained model: "smollm2-135m"), device
                  (cpu | cuda | auto), rollout_dtype, learner_autocast, lora_rank, lora_alpha
     [env]        name, options (the environment's own options, e.g. {max_operand = 19})
-    [algorithm]  loss (grpo | cispo), lr, loss_constant, max_staleness, temperature
+    [algorithm]  loss (grpo | cispo | kimi), lr, loss_constant, max_staleness, temperature, kl_coef
+                 and kl_estimator (k1 | k2 | k3: the KL penalty to the frozen initial weights, 0 = off),
+                 substeps (optimizer updates per batch), loss_options (any other [loss] field:
+                 off_policy_mask, mask_low, mask_high, kimi_alpha, kimi_beta, kimi_tau, ...)
     [batch]      group_size, groups_per_step, max_steps, max_tokens, micro_batch, task_sampler ("off" |
                  "pass_rate": the task source serves again tasks whose latest group was informative)
     [warmstart]  sft_steps, sft_batch, sft_lr, sft_target_accuracy, sft_check_every,
@@ -60,7 +63,7 @@ from typing import Any, Literal
 import msgspec
 
 from slipstream.run.envcheck import check_env, check_suites
-from slipstream.run.plan import TrainingPlan, run_env
+from slipstream.run.plan import TrainingPlan, check_loss, run_env
 
 
 class RunFileError(ValueError):
@@ -92,6 +95,10 @@ class AlgorithmSection(_Section):
     loss_constant: float | None = None
     max_staleness: int | None = None
     temperature: float | None = None
+    kl_coef: float | None = None
+    kl_estimator: str | None = None
+    substeps: int | None = None
+    loss_options: dict[str, Any] | None = None
 
 
 class BatchSection(_Section):
@@ -243,12 +250,26 @@ def load(path: str | Path) -> RunFile:
         ("env", "name", lambda: check_env(env)),
         ("env", "options", lambda: check_env(env, run.env.options)),
         ("eval", "suites", lambda: check_suites(run.eval.suites or {})),
+        ("algorithm", "loss_options", lambda: check_loss_section(run.algorithm)),
     ):
         try:
             check()
         except ValueError as exc:
             raise RunFileError(f"{path}:{_line_of(text, table, key)}: [{table}] {exc}") from None
     return run
+
+
+def check_loss_section(a: AlgorithmSection) -> None:
+    """[algorithm]'s loss settings are a valid [loss] section (unknown loss_options keys included)."""
+    plan = TrainingPlan()
+    if a.substeps is not None and a.substeps < 1:
+        raise ValueError(f"substeps must be >= 1, got {a.substeps}")
+    check_loss(
+        a.loss or plan.loss,
+        plan.kl_coef if a.kl_coef is None else a.kl_coef,
+        a.kl_estimator or plan.kl_estimator,
+        a.loss_options or {},
+    )
 
 
 def env_file(run: RunFile) -> str:

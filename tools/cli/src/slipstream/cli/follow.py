@@ -110,6 +110,10 @@ async def _follow(
                     "invalid_call_rate": s.invalid_call_rate,
                     "reward_weights": dict(s.reward_weights),
                     "episode_means": dict(s.episode_means),
+                    # the train-inference mismatch, the off-policy mask's share, the KL to the reference (None: none)
+                    "mismatch_kl": s.mismatch_kl,
+                    "masked_share": s.masked_share,
+                    "kl": s.kl,
                     "t": time.monotonic() - t_train,
                 }
                 summary.steps_log.append(row)

@@ -4,7 +4,9 @@ From the run directory it reads `summary.json` (what `slipstream demo` writes; w
 learner's `step` log lines), the services' JSON logs under `logs/`, and the span files when the
 stack ran with `--traces` (named in `stack.json`). It plots reward and accuracy per step (with
 held-out accuracy where it was measured), the staleness distribution, throughput per service
-over time, time-to-policy per version and where time went per stage. A plot whose data is
+over time, time-to-policy per version, where time went per stage, and per step the
+train–inference mismatch, the share of tokens the off-policy mask removed and the KL to the
+reference (when the learner reported them). A plot whose data is
 missing is skipped with a note saying why. `DIR/report.json` holds every plotted series, so a
 script or a test can check what was drawn.
 """
@@ -128,6 +130,8 @@ def _ts(row: dict[str, Any]) -> float | None:
 # Episode shape the learner logs with each step (slipstream.rl.credit.episode_figures).
 EPISODE_FIGURES = ("turns_per_episode", "tool_calls_per_turn", "invalid_call_rate", "samples_per_episode")
 STEP_MAPS = ("reward_weights", "episode_means")
+# Per-step loss figures of learner.step and the step log line (kl is None on a step without a reference).
+LOSS_FIGURES = ("mismatch_kl", "masked_share", "kl")
 
 
 def steps_from_logs(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -147,6 +151,7 @@ def steps_from_logs(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
             **{k: float(r[k]) for k in EPISODE_FIGURES if k in r},
             # λ of the reward schedule and the per-step swarm means (learner.step's reward_weights, episode_means).
             **{k: {str(n): float(v) for n, v in r[k].items()} for k in STEP_MAPS if isinstance(r.get(k), dict)},
+            **{k: float(r[k]) for k in LOSS_FIGURES if isinstance(r.get(k), (int, float))},
         }
         for r in steps
     ]
@@ -311,6 +316,47 @@ def time_to_policy_plot(run: Run) -> Plot:
     )
 
 
+def mismatch_plot(run: Run) -> Plot:
+    """Per learner step: the train–inference mismatch, the off-policy mask's share, and the KL to the reference."""
+
+    def series(key: str) -> Series:
+        rows = [s for s in run.steps if isinstance(s.get(key), (int, float))]
+        return {"x": [float(s["step"]) for s in rows], "y": [float(s[key]) for s in rows]}
+
+    panels = []
+    mismatch, masked, kl = series("mismatch_kl"), series("masked_share"), series("kl")
+    if mismatch["y"]:
+        panels.append(
+            Panel(
+                "train–inference mismatch: KL(behaviour ‖ learner) per trained token", "learner step",
+                "k3 estimate of KL per token", "line", {"mismatch": mismatch},
+            )
+        )  # fmt: skip
+    if masked["y"]:
+        panels.append(
+            Panel(
+                "share of trained tokens the off-policy mask removed", "learner step", "masked share (0-1)", "line",
+                {"masked share": masked},
+            )
+        )  # fmt: skip
+    if kl["y"]:
+        panels.append(
+            Panel(
+                "KL(policy ‖ frozen reference) per trained token", "learner step", "KL per token ([loss] kl_estimator)",
+                "line", {"KL to the reference": kl},
+            )
+        )  # fmt: skip
+    return Plot(
+        "mismatch",
+        "Train–inference mismatch and off-policy masking per step",
+        "Per learner step, before its update: the k3 estimate of KL(π_behaviour ‖ π_learner) per trained token, "
+        "from the log-probs the workers recorded while sampling against the learner's recomputed ones (0 = no "
+        "mismatch); the share of trained tokens [loss] off_policy_mask removed from the loss (0 with the mask off); "
+        "and, when [loss] kl_coef > 0, the mean per-token KL of the policy to its frozen reference.",
+        panels if mismatch["y"] or masked["y"] else [],
+    )
+
+
 def stages_plot(run: Run) -> Plot:
     from slipstream.telemetry.trace_stats import time_by_stage
 
@@ -433,12 +479,20 @@ def build_report(
     """
     run = load_run(run_dir, list(traces or []))
     out.mkdir(parents=True, exist_ok=True)
-    plots = [reward_plot(run), staleness_plot(run), throughput_plot(run), time_to_policy_plot(run), stages_plot(run)]
+    plots = [
+        reward_plot(run),
+        staleness_plot(run),
+        mismatch_plot(run),
+        throughput_plot(run),
+        time_to_policy_plot(run),
+        stages_plot(run),
+    ]
     reasons = {
         "time_to_policy": "no version was both stepped by the learner and applied by a rollout worker in the logs",
         "stages": "no span files; start the stack with --traces FILE (or pass --traces to the report)",
         "throughput": "no span files and no step timings",
         "staleness": "no staleness histogram in the steps",
+        "mismatch": "no mismatch_kl or masked_share in the steps (a learner from before it reported them)",
     }
     drawn, skipped = [], {}
     for p in plots:
