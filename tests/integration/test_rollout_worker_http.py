@@ -5,28 +5,40 @@ serving the tiny preset; the worker holds only the tokenizer. Tasks become traje
 version announced while a long group is generating reaches the server between two decode steps
 (a trajectory spans versions [0, 1]), and the server's weights are then exactly the announced
 ones. A worker pointed at a port nobody listens on fails setup naming the URL.
+
+Frozen sub-agents (issue 32): the server's weights are live, so the worker keeps its own frozen
+copy of [model]; with the server at version 1 (other weights), a probe episode's sub-agent
+completes exactly as version 0 does greedily, and not as version 1, while the orchestrator's turn
+runs on the server at version 1.
 """
 
 from __future__ import annotations
 
 import asyncio
+import random
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import ClassVar
 
+import msgspec
 import pytest
 import torch
 
 from slipstream.bus import Bus, BusConfig, Consumer, connect_bus
 from slipstream.engine import ByteTokenizer, EngineError, TorchEngine, build_tiny
 from slipstream.engine.backend import EngineBackend
+from slipstream.engine.interface import GenerationRequest, SamplingParams
 from slipstream.engine.source import ModelSource
+from slipstream.envs import EpisodeContext, Outcome, Score, TaskSpec, registry
+from slipstream.envs.base import Environment, Problem
 from slipstream.harness.rollout import trajectory_of
 from slipstream.rollout_worker.config import RolloutWorkerConfig, WorkerSection
 from slipstream.rollout_worker.service import RolloutWorkerService
 from slipstream.runtime.lifecycle import Runtime
 from slipstream.runtime.section import ServiceSection
 from slipstream.schemas import Episode, Task, Trajectory, WeightAnnounce
+from slipstream.schemas.packing import unpack_ids
 from slipstream.schemas.subjects import WEIGHTS_ANNOUNCE, tasks_subject
 from slipstream.serve.config import InferenceSection
 from slipstream.serve.http_engine import HttpEngine
@@ -150,3 +162,88 @@ async def test_a_worker_pointed_at_nothing_fails_setup_naming_the_url(nats_serve
             await service.setup()
     finally:
         await service.close()
+
+
+class _Probe(Environment[msgspec.Struct]):
+    """One orchestrator turn, then one frozen sub-agent's turn; the answer is the sub-agent's."""
+
+    name: ClassVar[str] = "t-http-frozen-probe"
+
+    class Options(msgspec.Struct, frozen=True):
+        pass
+
+    components: ClassVar[tuple[str, ...]] = ("correct",)
+
+    def sample(self, rng: random.Random) -> Problem:
+        return Problem(key=f"k{rng.randrange(10**9)}", prompt="plan:", reference="")
+
+    def grade(self, task: TaskSpec, completion: str) -> Score:
+        return Score.of({"correct": 0.0}, correct=False, parse_ok=True, reason="")
+
+    async def run(self, ctx: EpisodeContext) -> Outcome:
+        thread = ctx.open(ctx.task.prompt)
+        gen = await ctx.generate(thread, max_tokens=8)
+        if ctx.task.metadata.get("child"):
+            return Outcome(final_text=gen.text, finish_reason=gen.finish_reason)
+        child = msgspec.structs.replace(
+            ctx.task, task_id=f"{ctx.task.task_id}/c", prompt="sub:", metadata={"child": True}
+        )
+        out = await ctx.spawn(self, child, agent_id="c0", trainable=False)
+        return Outcome(final_text=out.final_text, finish_reason="stop")
+
+
+async def _greedy(seed: int, prompt: list[int], n: int) -> list[int]:
+    """What the tiny model of `seed` completes greedily: the fingerprint of a set of weights."""
+    model, _ = build_tiny("tiny", seed=seed)
+    engine = TorchEngine(model, ByteTokenizer(), device="cpu", max_batch=1)
+    await engine.start()
+    try:
+        params = SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)
+        result = await engine.generate(GenerationRequest(request_id="fp", prompt_ids=prompt, params=params))
+        return list(result.completion_ids)
+    finally:
+        await engine.stop()
+
+
+async def test_sub_agents_of_an_http_worker_run_on_its_frozen_copy_not_the_live_server(
+    bus: Bus, nats_server: Server, server: InferenceServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(registry.ENVIRONMENTS, _Probe.name, _Probe)
+    cfg = _config(nats_server.url, tmp_path / "store", server.url)
+    cfg = msgspec.structs.replace(
+        cfg, worker=msgspec.structs.replace(cfg.worker, temperature=0.0, max_tokens=8, max_tasks_in_flight=1)
+    )
+    service = RolloutWorkerService(cfg)
+    runtime = Runtime(service, cfg.service)
+    running = asyncio.create_task(runtime.run(handle_signals=False))
+    reader = await bus.consumer("reward-model", Episode)
+    store = LocalObjectStore(str(tmp_path / "store"))
+    try:
+        await _until(lambda: runtime.readiness()[0], 60.0, "the worker to become ready")
+        assert service.frozen_engine is not None and service.frozen_engine.policy_version == 0
+        # Version 1: other weights altogether (the tiny model of seed 1), applied to the server.
+        other, _ = build_tiny("tiny", seed=1)
+        v1 = {k: v.detach() for k, v in other.state_dict().items()}
+        key, _ = await asyncio.to_thread(publish_snapshot, store, run_id=RUN, version=1, tensors=v1)
+        announce = WeightAnnounce(policy_version=1, manifest_key=key, run_id=RUN, announced_at=time.time())
+        await bus.publish(WEIGHTS_ANNOUNCE, announce, msg_id=f"{RUN}:1")
+        await _until(lambda: server.engine.policy_version == 1, 20.0, "the server to apply version 1")
+        task = Task(task_id="probe-0", env=_Probe.name, prompt="plan:", reference="", run_id=RUN, group_size=1)
+        await bus.publish(tasks_subject(task.env), task, msg_id=task.task_id)
+        (delivery,) = await reader.fetch(1, 60.0)
+        await delivery.ack()
+        root, child = delivery.msg.samples
+        assert (root.trainable, root.versions()) == (True, [1])
+        assert (child.role, child.trainable, child.versions()) == ("subagent", False, [0])
+        ids = unpack_ids(child.token_ids)
+        prompt, completion = ids[: child.prompt_len], ids[child.prompt_len :]
+        # The sub-agent's tokens are version 0's greedy completion, and not version 1's.
+        v0_says, v1_says = await _greedy(0, prompt, len(completion)), await _greedy(1, prompt, len(completion))
+        assert v0_says != v1_says
+        assert completion == v0_says
+        assert service.status()["subagents"]["frozen_started"] is True
+    finally:
+        runtime.request_stop("test")
+        code = await asyncio.wait_for(running, 30.0)
+        await reader.close()
+    assert code == 0

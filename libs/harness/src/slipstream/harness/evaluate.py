@@ -60,6 +60,9 @@ class EvalReport(msgspec.Struct, kw_only=True):
     parse_failures: int
     policy_versions: list[int]
     seconds: float
+    frozen_versions: Annotated[
+        list[int], Doc(description="Versions that produced the frozen (non-trainable) agents' tokens: sub-agents.")
+    ] = []
     tasks: list[TaskEval]
     tool_calls: Annotated[int, Doc(description="Tool calls over every episode.")] = 0
     invalid_calls: Annotated[int, Doc(description="Of those, calls tagged invalid_tool_call.")] = 0
@@ -104,6 +107,8 @@ async def evaluate(
     `summary` restarts long contexts as training does (a summary, or the truncation baseline).
     `frozen_engine` plays the frozen (non-trainable) agents, as in training: e.g. the swarm's
     sub-agents on the warm-start weights while `engine` holds the version under evaluation.
+    Without one they play on `engine`, the version under evaluation: callers that evaluate a
+    version other than the sub-agents' pin must pass it. `frozen_versions` lists what they ran on.
     """
     if not tasks:
         raise ValueError("evaluate needs at least one task")
@@ -120,6 +125,7 @@ async def evaluate(
     run = f"eval-{uuid.uuid4().hex[:8]}"
     slots = asyncio.Semaphore(concurrency)
     versions: set[int] = set()
+    frozen: set[int] = set()
     played: list[tuple[int, int, TaskSpec, Episode]] = []
     t0 = time.perf_counter()
 
@@ -141,6 +147,7 @@ async def evaluate(
         played.extend((i, j, spec, e) for j, e in enumerate(episodes))
         for e in episodes:
             versions.update(seg.policy_version for s in e.samples if s.trainable for seg in s.segments)
+            frozen.update(seg.policy_version for s in e.samples if not s.trainable for seg in s.segments)
         return TaskEval(
             task_id=spec.task_id,
             prompt=spec.prompt,
@@ -170,6 +177,7 @@ async def evaluate(
         mean_reward=sum(sum(r.rewards) for r in results) / n,
         parse_failures=sum(r.parse_ok.count(False) for r in results),
         policy_versions=sorted(versions),
+        frozen_versions=sorted(frozen),
         seconds=time.perf_counter() - t0,
         tasks=list(results),
         tool_calls=sum(sum(r.tool_calls) for r in results),

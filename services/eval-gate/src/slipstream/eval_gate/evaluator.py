@@ -5,6 +5,12 @@ are replaced per version). `score(version, manifest_key)` fetches the version fr
 store (sha256-verified), applies it, waits until the engine samples with it, and rolls out every
 suite task through `slipstream.harness.evaluate` — the rollout loop the workers train with.
 
+Frozen agents (sub-agents, spawn with trainable=False) never play on the version under test: as
+in the workers (`[subagents] pin_version` -1, the pool's default pin 0), they play on `[model]`
+as loaded, version 0, on a `FrozenEngine` over a copy taken before any version is applied (its
+engine built by the first sub-agent, so a suite without sub-agents holds only the copy). A
+rollout whose frozen tokens came from any other version fails the evaluation.
+
 Fetching reads a full snapshot directly; a delta version (from the chain codec) is rebuilt from
 its last keyframe. A version that cannot be fetched or applied raises `Unloadable`.
 """
@@ -12,10 +18,12 @@ its last keyframe. A version that cannot be fetched or applied raises `Unloadabl
 from __future__ import annotations
 
 import asyncio
+import copy
 import time
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+from slipstream.engine.interface import Engine
 from slipstream.engine.source import ModelSource
 from slipstream.eval_gate.config import GateSection
 from slipstream.eval_gate.suite import EnvSummary, EvalDetails, Suite, TaskScore
@@ -74,15 +82,29 @@ class Evaluator:
     """One engine, one suite: `score` any stored version on it."""
 
     def __init__(
-        self, engine: TorchEngine, tokenizer: Tokenizer, suite: Suite, store: ObjectStore, run_id: str
+        self,
+        engine: TorchEngine,
+        tokenizer: Tokenizer,
+        suite: Suite,
+        store: ObjectStore,
+        run_id: str,
+        frozen_engine: Engine | None = None,
     ) -> None:
         self.engine = engine
+        # Where sub-agents play: never `engine`, which holds the version under test (see the module doc).
+        self.frozen_engine = frozen_engine
         self.tokenizer = tokenizer
         self.suite = suite
         self.store = store
         self.run_id = run_id
         self.check: Callable[[WeightManifest], None] | None = None  # the verifier's signature step, when set
         self._lock = asyncio.Lock()  # one evaluation at a time: the engine holds one version
+
+    async def stop(self) -> None:
+        """Stop the engine and the frozen one (if its engine was ever built)."""
+        await self.engine.stop()
+        if self.frozen_engine is not None:
+            await self.frozen_engine.stop()
 
     async def score(self, version: int, manifest_key: str) -> EvalDetails:
         """Evaluate `version` (stored at `manifest_key`) on the suite; raises Unloadable."""
@@ -137,7 +159,15 @@ class Evaluator:
                 params=suite.params[name],
                 concurrency=max(1, self.engine.max_batch // suite.samples_per_task),
                 summary=suite.summary,
+                frozen_engine=self.frozen_engine,
             )
+            pinned = [] if self.frozen_engine is None else [self.frozen_engine.policy_version]
+            if report.frozen_versions and report.frozen_versions != pinned:
+                # Sub-agents on the candidate (or with no frozen engine) score another system than the trained one.
+                raise RuntimeError(
+                    f"evaluation of version {version}: frozen agents sampled under versions {report.frozen_versions}, "
+                    f"not the pinned {pinned or 'frozen engine (none given)'}"
+                )
             if report.policy_versions != [version]:
                 # Nothing else applies weights to this engine; if it happened, the scores are not this version's.
                 raise RuntimeError(f"evaluation of version {version} sampled under versions {report.policy_versions}")
@@ -184,20 +214,28 @@ async def build_evaluator(
 ) -> Evaluator:
     """Load `[model]` into a started TorchEngine and pin the suite of `[gate]` (played with `[summary]`)."""
     from slipstream.engine.engine import TorchEngine
+    from slipstream.engine.frozen import FrozenEngine
     from slipstream.engine.source import load_model, resolve_device, torch_dtype
 
     suite = Suite(gate, summary)  # first: a bad env or option fails before the model loads
     model, tokenizer = await asyncio.to_thread(load_model, model_source)
-    engine = TorchEngine(
-        model,
-        tokenizer,
-        max_batch=gate.max_batch,
-        device=resolve_device(model_source),
-        dtype=torch_dtype(model_source),
-        seed=gate.seed,
-        policy_version=-1,  # holds no stored version until the first `score`
-        # A LoRA run's versions are its adapters only; the frozen base stays as loaded.
-        allow_partial_updates=model_source.lora_rank > 0,
-    )
+    # Copied before any version is applied: the sub-agents' weights, [model] as loaded (version 0).
+    frozen_model = await asyncio.to_thread(copy.deepcopy, model)
+
+    def torch_engine(m: Any, version: int) -> TorchEngine:
+        return TorchEngine(
+            m,
+            tokenizer,
+            max_batch=gate.max_batch,
+            device=resolve_device(model_source),
+            dtype=torch_dtype(model_source),
+            seed=gate.seed,
+            policy_version=version,
+            # A LoRA run's versions are its adapters only; the frozen base stays as loaded.
+            allow_partial_updates=model_source.lora_rank > 0,
+        )
+
+    engine = torch_engine(model, -1)  # holds no stored version until the first `score`
     await engine.start()
-    return Evaluator(engine, tokenizer, suite, store, run_id)
+    frozen = FrozenEngine(frozen_model, lambda m: torch_engine(m, 0))
+    return Evaluator(engine, tokenizer, suite, store, run_id, frozen_engine=frozen)

@@ -116,7 +116,7 @@ class EvalGateService(BaseService):
 
     async def close(self) -> None:
         if self.evaluator is not None:
-            await self.evaluator.engine.stop()
+            await self.evaluator.stop()
         if self.consumer is not None:
             with contextlib.suppress(Exception):
                 await self.consumer.close()

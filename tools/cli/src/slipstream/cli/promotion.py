@@ -195,7 +195,7 @@ async def _eval(info: dict[str, Any], args: argparse.Namespace) -> int:
         verdict = await gate.judge(args.version, key)
         promoted = await gate.commit(verdict) if args.publish else None
     finally:
-        await evaluator.engine.stop()
+        await evaluator.stop()
         await bus.close()
         await control.close()
     if args.json:

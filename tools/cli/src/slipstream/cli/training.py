@@ -175,10 +175,19 @@ def _context_figures(split: str, report: Any) -> dict[str, float]:
 
 
 class HeldOut:
-    """Greedy held-out evaluation of any stored version, in this process (one engine, reused)."""
+    """Greedy held-out evaluation of any stored version, in this process (one engine, reused).
+
+    Frozen agents (sub-agents) play on `frozen`, a `FrozenEngine` over `model_dir` as loaded
+    (version 0), never on the version under evaluation: the workers' frozen copy (`[subagents]
+    pin_version` -1) holds the same weights. A pool pinned to a later version is refused.
+    """
 
     def __init__(self, plan: TrainingPlan, model_dir: Path) -> None:
+        import copy
+
         from slipstream.engine import TorchEngine
+        from slipstream.engine.frozen import FrozenEngine
+        from slipstream.engine.interface import Engine
         from slipstream.engine.source import ModelSource, load_model, resolve_device, torch_dtype
         from slipstream.envs import get_env
 
@@ -192,16 +201,28 @@ class HeldOut:
             lora_rank=plan.lora_rank,
             lora_alpha=plan.lora_alpha,
         )
+        if plan.subagent_pool_replicas > 0 and plan.subagent_pin_version != 0:
+            raise ValueError(
+                f"held-out evaluation plays sub-agents on the initial weights (version 0), but the run's sub-agent "
+                f"pool is pinned to version {plan.subagent_pin_version}: its sub-agents would not be the trained ones"
+            )
         model, self.tokenizer = load_model(source)
-        self.engine = TorchEngine(
-            model,
-            self.tokenizer,
-            max_batch=64,
-            max_seq_len=plan.max_seq_len or None,
-            device=resolve_device(source),
-            dtype=torch_dtype(source),
-            allow_partial_updates=plan.lora_rank > 0,
-        )
+        frozen_model = copy.deepcopy(model)  # before any version is applied: the sub-agents' weights
+
+        def engine_of(m: Any) -> TorchEngine:
+            return TorchEngine(
+                m,
+                self.tokenizer,
+                max_batch=64,
+                max_seq_len=plan.max_seq_len or None,
+                device=resolve_device(source),
+                dtype=torch_dtype(source),
+                allow_partial_updates=plan.lora_rank > 0,
+            )
+
+        self.engine = engine_of(model)
+        # Its engine (a second KV cache) is built by the first sub-agent only.
+        self.frozen: Engine = FrozenEngine(frozen_model, engine_of)
         self.tasks = self.env.generate("heldout", plan.heldout_tasks, plan.seed + 7)
         self.train_tasks = self.env.generate("train", plan.train_eval_tasks, plan.seed + 7)
         self.temperature = plan.temperature
@@ -231,8 +252,17 @@ class HeldOut:
             params=sampled,
             concurrency=32,
             summary=self.summary,
+            frozen_engine=self.frozen,
         )
-        g = await evaluate(self.engine, self.tokenizer, self.env, self.tasks, concurrency=64, summary=self.summary)
+        g = await evaluate(
+            self.engine,
+            self.tokenizer,
+            self.env,
+            self.tasks,
+            concurrency=64,
+            summary=self.summary,
+            frozen_engine=self.frozen,
+        )
         score = HeldOutScore(
             accuracy=s.accuracy,
             reward=s.mean_reward,
@@ -253,9 +283,16 @@ class HeldOut:
                 params=sampled,
                 concurrency=32,
                 summary=self.summary,
+                frozen_engine=self.frozen,
             )
             tg = await evaluate(
-                self.engine, self.tokenizer, self.env, self.train_tasks, concurrency=64, summary=self.summary
+                self.engine,
+                self.tokenizer,
+                self.env,
+                self.train_tasks,
+                concurrency=64,
+                summary=self.summary,
+                frozen_engine=self.frozen,
             )
             score.train_accuracy, score.train_greedy = t.accuracy, tg.accuracy
             score.train_invalid_call_rate = t.invalid_call_rate
@@ -274,9 +311,16 @@ class HeldOut:
         greedy = greedy_params(env)
         sampled = SamplingParams(temperature=self.temperature, max_tokens=greedy.max_tokens, stop=greedy.stop)
         s = await evaluate(
-            self.engine, self.tokenizer, env, tasks, samples_per_task=self.samples, params=sampled, concurrency=32
+            self.engine,
+            self.tokenizer,
+            env,
+            tasks,
+            samples_per_task=self.samples,
+            params=sampled,
+            concurrency=32,
+            frozen_engine=self.frozen,
         )
-        g = await evaluate(self.engine, self.tokenizer, env, tasks, concurrency=64)
+        g = await evaluate(self.engine, self.tokenizer, env, tasks, concurrency=64, frozen_engine=self.frozen)
         return {
             "tasks": float(len(tasks)),
             "pass@1_sampled": s.accuracy,
@@ -293,6 +337,7 @@ class HeldOut:
 
     async def stop(self) -> None:
         await self.engine.stop()
+        await self.frozen.stop()
 
 
 def earlier_run(run_dir: Path) -> str:
