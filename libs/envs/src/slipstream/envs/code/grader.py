@@ -177,6 +177,8 @@ async def run(provider: BwrapProvider, base: Path | Snapshot | None, payload: di
         if kind == "refused" and isinstance(value, str):
             refused.append(value)
         elif kind == "result":
+            if report is not None:
+                refused.append("two reports carry this run's nonce (one of them forged)")
             report = decode(value)
     return Run(result, report, refused)
 

@@ -219,7 +219,7 @@ def _main():
 
     # -- modes that load the agent's code --------------------------------------------------------
     import _thread
-    spawn, new_lock = _thread.start_new_thread, _thread.allocate_lock
+    spawn, new_lock, count = _thread.start_new_thread, _thread.allocate_lock, _thread._count
     calls_in = [(k, dec(ast.literal_eval(k))) for k in payload.get("calls", [])]
     blocked_imports = frozenset({"ctypes", "_ctypes", "gc", "signal", "_signal", "_posixsubprocess", "subprocess",
                        "multiprocessing", "_multiprocessing", "_testcapi", "_testinternalcapi",
@@ -272,67 +272,70 @@ def _main():
                 refuse("writing " + path)
 
     def isolated(job):
-        """Run `job` in a fresh thread and wait: the agent's code runs only there, where walking up
-        the frames (sys._getframe, a traceback) ends at this thread's first frame and never reaches
-        this function's locals (the nonce, the report channel). Signals, which would run in the main
-        thread with its frame, cannot be set up (the signal modules are refused)."""
+        """Run `job` in a fresh thread and wait; returns its result if an exact str, else "?", and
+        whether another thread was still alive when it ended.
+
+        The agent's code runs only in such threads: walking up the frames (sys._getframe, a
+        traceback) ends at the thread's first frame and never reaches this function's caller (the
+        nonce, the report channel); signals, which would run here with this frame, cannot be set
+        up (the signal modules are refused). Only a str crosses back, so no object of the agent's
+        (whose `__eq__` or `__del__` would run here) ever reaches this thread; the result sits in
+        a closure cell, which the agent's code can read through a frame but not write."""
         done = new_lock()
         done.acquire()
-        box = [None]
+        result, others = "?", 0
 
         def bottom():
+            nonlocal result, others
             try:
-                box[0] = job()
-            except BE as exc:
-                box[0] = exc
+                got = job()
+                if T(got) is str:
+                    result = got
+            except BE:
+                pass
+            others = count() - 1
             done.release()
 
         spawn(bottom, ())
         done.acquire()
-        return box[0]
+        return result, others
 
+    FUNCTION, CODE = T(describe), T(describe.__code__)
+    expected = {}
+    for _, source in payload.get("modules", ()):
+        for const in compile(source, "<test>", "exec").co_consts:
+            if T(const) is CODE and const.co_name.startswith("test_"):
+                expected[const.co_name] = const.co_code
     sys.addaudithook(hook)
     sys.path.append("/work")
     seen_builtins = dict(builtins.__dict__)
     if mode == "calls":
         module_name, entry_name = payload["module"], payload["entry"]
-        jobs = [args for _, args in calls_in]
 
         def play():
+            # In the agent's thread: results are encoded here, so only a str goes back.
             try:
                 fn = getattr(__import__(module_name), entry_name)
             except BE as exc:
-                return ("import", describe(exc))
-            out = []
-            for args, kwargs in jobs:
+                return enc({"import": describe(exc)})
+            out = {}
+            for key, (args, kwargs) in calls_in:
                 try:
-                    out.append(("ok", fn(*args, **dict(kwargs))))
+                    value = fn(*args, **dict(kwargs))
                 except BE as exc:
-                    out.append(("error", describe(exc)))
-            return ("done", out)
+                    out[key] = "('error'," + srepr(describe(exc)) + ")"
+                    continue
+                try:
+                    out[key] = "('ok'," + enc(value) + ")"
+                except Bad as exc:
+                    out[key] = "('error'," + srepr(exc.args[0]) + ")"
+                value = None
+            return enc(out)
 
-        played = isolated(play)
-        if T(played) is not tuple or L(played) != 2 or T(played[1]) is not (str if played[0] == "import" else list):
-            report("result", enc({"import": "the run was cut short"}))
-            exit_(0)
-        if seen:
-            for what in seen[:8]:
-                report("refused", srepr(what if T(what) is str else "?"))
-        if played[0] == "import":
-            report("result", enc({"import": played[1] if T(played[1]) is str else "?"}))
-            exit_(0)
-        results = {}
-        for (key, _), got in zip(calls_in, played[1]):
-            try:
-                if T(got) is not tuple or L(got) != 2:
-                    raise Bad("a result the runner did not make")
-                if got[0] == "error":
-                    results[key] = "('error'," + srepr(got[1] if T(got[1]) is str else "?") + ")"
-                else:
-                    results[key] = "('ok'," + enc(got[1]) + ")"
-            except Bad as exc:
-                results[key] = "('error'," + srepr(exc.args[0]) + ")"
-        report("result", enc(results))
+        played, _ = isolated(play)
+        for what in seen[:8]:
+            report("refused", srepr(what if T(what) is str else "?"))
+        report("result", played if played != "?" else enc({"import": "the run was cut short"}))
         exit_(0)
 
     # mode "tests": a package's own tests, in-process
@@ -377,8 +380,16 @@ def _main():
         return guarded
 
     installed = []
+    holder = [None]
 
     def setup():
+        try:
+            prepare()
+        except BE as exc:
+            return describe(exc) or "failed"
+        return ""
+
+    def prepare():
         package = __import__(guard["module"], fromlist=["*"])
         owners = [package] + [sys.modules[n] for n in guard["aliases"] if n in sys.modules]
         for name in guard["names"]:
@@ -396,8 +407,26 @@ def _main():
             for attr in sorted(n for n in sys.modules[name].__dict__ if n.startswith("test_")):
                 fn = sys.modules[name].__dict__[attr]
                 if callable(fn):
-                    append(found, (attr, fn))
-        return found
+                    append(found, (sstr(attr), fn))
+        holder[0] = tuple(found)
+
+    def run_test(attr, fn):
+        """In the agent's thread: one test, then whether the builtins and the guards are as they were."""
+        try:
+            fn()
+            outcome = ""
+        except BE as exc:
+            outcome = describe(exc) or "failed"
+        now = builtins.__dict__
+        changed = [k for k in seen_builtins if k not in now or now[k] is not seen_builtins[k]]
+        if changed:
+            return "!builtins changed during " + attr + ": " + join(", ", sorted(changed)[:5])
+        for owner, name, w in installed:
+            if owner.__dict__.get(name) is not w:
+                return "!the guard on " + name + " was replaced during " + attr
+        if spoiled:
+            return "!" + (spoiled[0] if T(spoiled[0]) is str else "?")
+        return outcome
 
     def cells(fn):
         return (fn.__code__,) + tuple(c.cell_contents for c in (fn.__closure__ or ()))
@@ -410,36 +439,48 @@ def _main():
                 return False
         return True
 
-    pristine = {f: cells(f) for f in (check, checked, wrap)}
-    found = isolated(setup)
-    if T(found) is not list:
-        report("result", enc({"import": isolated(lambda: describe(found))}))
-        exit_(0)
-    wrappers = [(owner, name, w, cells(w)) for owner, name, w in installed]
-    results = []
-    for attr, fn in found:
-        def one(fn=fn):
-            fn()
-        got = isolated(one)
-        ok = got is None
-        append(results, (attr, ok, "" if ok else isolated(lambda got=got: describe(got))))
-        now = builtins.__dict__
-        changed = [k for k in seen_builtins if k not in now or now[k] is not seen_builtins[k]]
-        if changed:
-            append(seen, "builtins changed during " + attr + ": " + join(", ", sorted(changed)[:5]))
-        for owner, name, w, saved in wrappers:
-            if owner.__dict__.get(name) is not w or not same(cells(w), saved):
-                append(seen, "the guard on " + name + " was replaced during " + attr)
-        for f, saved in items(pristine):
+    def intact(stage):
+        """Main thread: no thread of the agent's left running, the runner's functions untouched."""
+        for f, saved in pristine:
             if not same(cells(f), saved):
-                append(seen, "the runner's type check was rewritten during " + attr)
-        if spoiled:
-            append(seen, spoiled[0] if T(spoiled[0]) is str else "?")
-        if seen:
+                append(seen, "the runner's checks were rewritten during " + stage)
+                return False
+        return True
+
+    pristine = [(f, cells(f)) for f in (check, checked, wrap, run_test, describe)]
+    why, others = isolated(setup)
+    tests = holder[0]
+    if others:
+        append(seen, "the code under test left a thread running")
+    if why != "" or T(tests) is not tuple:
+        for what in seen[:8]:
+            report("refused", srepr(what if T(what) is str else "?"))
+        report("result", enc({"import": why or "the tests did not load"}))
+        exit_(0)
+    for entry in tests:
+        # Each test must be one the task's sources define (its bytecode, compiled here before any of
+        # the agent's code ran): a fake list of tests swapped in by a racing thread is refused.
+        if T(entry) is not tuple or L(entry) != 2 or T(entry[1]) is not FUNCTION:
+            append(seen, "a test the task does not define")
+            break
+        code = entry[1].__code__
+        if T(code) is not CODE or T(code.co_code) is not bytes or code.co_code != expected.get(entry[0]):
+            append(seen, "a test the task does not define: " + entry[0])
+            break
+    pristine += [(w, cells(w)) for _, _, w in installed]
+    results = []
+    for attr, fn in tests if not seen and intact("the import") else ():
+        outcome, others = isolated(lambda attr=attr, fn=fn: run_test(attr, fn))
+        if others:
+            append(seen, "the code under test left a thread running after " + attr)
+        if outcome.startswith("!"):
+            append(seen, outcome[1:])
+        append(results, (attr, outcome == "", outcome))
+        if seen or not intact(attr):
             break
     for what in seen[:8]:
         report("refused", srepr(what if T(what) is str else "?"))
-    report("result", enc({"tests": [(a, o, m if T(m) is str else "?") for a, o, m in results]}))
+    report("result", enc({"tests": results}))
     exit_(0)
 
 
