@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from slipstream.cli.demo import demo_plan
 from slipstream.cli.realtime import RealtimePlan, run_realtime
 
 pytestmark = [pytest.mark.e2e]
@@ -37,7 +38,7 @@ async def test_realtime_loop_closes_one_promote_cycle(tmp_path: Path) -> None:
         gate_margin=1.0,
         timeout_s=150.0,
     )
-    summary = await asyncio.to_thread(run_realtime, rt, tmp_path / "run")
+    summary = await asyncio.to_thread(run_realtime, rt, demo_plan("reverse"), tmp_path / "run")
     assert summary["ok"], summary["error"]
     rows = summary["cycles"]
     assert [r["version"] for r in rows] == [0, 1], rows

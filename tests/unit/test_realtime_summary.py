@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from slipstream.cli.realtime import Observed, RealtimePlan
-from slipstream.cli.realtime_report import cycle_rows, session_of, summarize
+from slipstream.cli.realtime import RealtimePlan
+from slipstream.cli.realtime_report import Observed, cycle_rows, session_of, summarize
 from slipstream.cli.sim import SimStats, Turn
 
 pytestmark = pytest.mark.unit
@@ -69,7 +69,7 @@ def test_cycles_report_acceptance_loop_time_staleness_and_the_gate() -> None:
         "histogram": {"0": 4, "1": 8},
     }
     assert rows[1]["gate"]["passed"] and rows[1]["rejected_before"] == []
-    head = summarize(RealtimePlan(), stats, rows)
+    head = summarize(RealtimePlan().preference, stats, rows)
     assert head["acceptance_rise"] == pytest.approx(1 / 3, abs=1e-3)
     assert head["gate_passed_every_promotion"] and head["rises_every_cycle"]
     assert head["cycles_completed"] == 1 and head["loop_time_s_median"] == 24.0

@@ -31,8 +31,9 @@ from typing import Any
 
 import msgspec
 
-from slipstream.cli.realtime_report import cycle_rows, read_outcomes, summarize
+from slipstream.cli.realtime_report import Observed, cycle_rows, read_outcomes, summarize
 from slipstream.cli.sim import FEEDBACK_KEY, SimConfig, SimStats, Simulator
+from slipstream.run.plan import TrainingPlan
 
 SERVICES = ("rollout-worker", "reward-model", "learner", "weight-publisher", "eval-gate")
 MODEL_NAME = "slipstream-tiny"
@@ -86,11 +87,10 @@ class RealtimePlan(msgspec.Struct, kw_only=True):
     def staleness(self) -> int:
         return self.max_staleness or 2 * self.steps_per_cycle
 
-    def training_plan(self) -> Any:
-        """The TrainingPlan the pipeline services are configured from (the default demo's reverse plan)."""
-        from slipstream.cli.demo import demo_plan
-
-        plan = demo_plan("reverse")
+    def training_plan(self, base: TrainingPlan) -> TrainingPlan:
+        """The TrainingPlan the pipeline services are configured from: `base` (the caller's; `slipstream
+        demo --realtime` gives the default demo's reverse plan) with this plan's sizes. `base` is changed."""
+        plan = base
         plan.seed = self.seed
         plan.max_steps = self.cycles * self.steps_per_cycle
         plan.group_size = self.group_size
@@ -127,11 +127,10 @@ def reward_spec() -> dict[str, Any]:
     }
 
 
-def stack_env(rt: RealtimePlan, endpoint_port: int) -> dict[str, dict[str, str]]:
-    """Per-service variables on top of the plan's `service_env`."""
+def stack_env(rt: RealtimePlan, plan: TrainingPlan, endpoint_port: int) -> dict[str, dict[str, str]]:
+    """Per-service variables on top of the plan's `service_env` (`plan`: `rt.training_plan(...)`)."""
     import json
 
-    plan = rt.training_plan()
     lag = str(rt.staleness())
     return {
         "rollout-worker": {
@@ -191,15 +190,6 @@ class ServingProbe:
                 self.version = int(status["policy_version"])
                 self.first_seen.setdefault(self.version, now)
             await asyncio.sleep(0.1)
-
-
-class Observed(msgspec.Struct, kw_only=True):
-    """What the bus said during the run (and the side judge's report, when one ran)."""
-
-    steps: list[dict[str, Any]] = []
-    evals: list[dict[str, Any]] = []
-    promotions: list[dict[str, Any]] = []
-    judge: dict[str, Any] = {}
 
 
 async def _judge(rt: RealtimePlan, stats: SimStats, seen: Observed, port: int, emit: Emit) -> dict[str, Any]:
@@ -359,8 +349,10 @@ async def drive(
     return sim.stats, seen, dict(probe.first_seen)
 
 
-def run_realtime(rt: RealtimePlan, run_dir: Path, emit: Emit | None = None) -> dict[str, Any]:
-    """Warm-start, start the stack, drive traffic, stop, and return the summary (never raises for a failed run)."""
+def run_realtime(rt: RealtimePlan, base: TrainingPlan, run_dir: Path, emit: Emit | None = None) -> dict[str, Any]:
+    """Warm-start, start the stack, drive traffic, stop, and return the summary (never raises for a failed run).
+
+    `base` is the training plan `rt` sizes (`RealtimePlan.training_plan`): the default demo's reverse plan."""
     from slipstream.cli.follow import RunFailed
     from slipstream.cli.spec import StackSpec, StoreSpec
     from slipstream.cli.stack import Stack, StackError
@@ -371,7 +363,7 @@ def run_realtime(rt: RealtimePlan, run_dir: Path, emit: Emit | None = None) -> d
     t0 = time.monotonic()
     run_dir = run_dir.resolve()
     run_dir.mkdir(parents=True, exist_ok=True)
-    plan = rt.training_plan()
+    plan = rt.training_plan(base)
     summary: dict[str, Any] = {"ok": False, "error": "", "run_dir": str(run_dir), "plan": msgspec.to_builtins(rt)}
     say(f"warm-start: supervised steps on reverse until greedy train accuracy {rt.sft_target:g} (<= {rt.sft_steps})")
     model_dir, summary["warmstart"] = initial_model(plan, run_dir)
@@ -384,7 +376,7 @@ def run_realtime(rt: RealtimePlan, run_dir: Path, emit: Emit | None = None) -> d
         store=StoreSpec(type="local", root=str(run_dir / "data" / "store")),
         run_id=run_dir.name,
         env=env,
-        service_env=stack_env(rt, port),
+        service_env=stack_env(rt, plan, port),
         drain_timeout_s=10.0,
         ready_timeout_s=240.0,
     )
@@ -415,7 +407,7 @@ def run_realtime(rt: RealtimePlan, run_dir: Path, emit: Emit | None = None) -> d
                 f.write(msgspec.json.encode(dataclasses.asdict(t)) + b"\n")
         rows = cycle_rows(stats, seen, serving_at, outcomes)
         summary["cycles"] = rows
-        summary.update(summarize(rt, stats, rows))
+        summary.update(summarize(rt.preference, stats, rows))
         summary["simulator_errors"] = stats.errors
         summary["trained_episodes"] = sum(1 for o in outcomes if o.get("outcome") == "trained")
         dropped: dict[str, int] = {}

@@ -9,14 +9,20 @@ from __future__ import annotations
 import itertools
 import statistics
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import msgspec
 
 from slipstream.cli.sim import PREFERENCES, SimStats
 
-if TYPE_CHECKING:
-    from slipstream.cli.realtime import Observed, RealtimePlan
+
+class Observed(msgspec.Struct, kw_only=True):
+    """What the bus said during the run (and the side judge's report, when one ran)."""
+
+    steps: list[dict[str, Any]] = []
+    evals: list[dict[str, Any]] = []
+    promotions: list[dict[str, Any]] = []
+    judge: dict[str, Any] = {}
 
 
 def session_of(episode_id: str) -> str:
@@ -128,12 +134,13 @@ def _token_staleness(trained: list[dict[str, Any]], sessions: dict[str, list[Any
     }
 
 
-def summarize(rt: RealtimePlan, stats: SimStats, rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """The headline: acceptance first vs last cycle, and whether every promotion passed the gate."""
+def summarize(preference: str, stats: SimStats, rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The headline: acceptance first vs last cycle, and whether every promotion passed the gate
+    (`preference`: the users' hidden preference, `RealtimePlan.preference`)."""
     trained_rows = [r for r in rows if r["cycle"] > 0]
     out: dict[str, Any] = {
-        "preference": rt.preference,
-        "preference_text": PREFERENCES[rt.preference][0],
+        "preference": preference,
+        "preference_text": PREFERENCES[preference][0],
         "cycles_completed": len(trained_rows),
         "sessions": stats.sessions,
         "answers": len(stats.turns),
