@@ -34,64 +34,20 @@ import hashlib
 import logging
 import random
 from collections.abc import Callable
-from typing import Annotated, Any, ClassVar, Generic, Literal, TypeVar, cast, get_args
+from typing import Annotated, Any, ClassVar, Generic, Literal, TypeVar, cast
 
 import msgspec
 
 from slipstream.envs.context import EpisodeContext, Outcome
+from slipstream.envs.task import SPLITS, Split, TaskSpec
 from slipstream.schemas import Episode as EpisodeRecord
-from slipstream.schemas import Task
 
 Doc = msgspec.Meta
-Split = Literal["train", "heldout"]
-SPLITS: tuple[str, ...] = get_args(Split)
 Role = Literal["observation", "policy"]
 
 log = logging.getLogger(__name__)
 
 OptionsT = TypeVar("OptionsT", bound=msgspec.Struct)
-
-
-class TaskSpec(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
-    """One generated task, as the environment knows it; travels as a `slipstream.schemas.Task`."""
-
-    task_id: Annotated[str, Doc(description="Unique per (env, split, seed, index); the advantage group key.")]
-    env: Annotated[str, Doc(description="Registered environment name.")]
-    prompt: Annotated[str, Doc(description="First observation shown to the policy.")]
-    reference: Annotated[str, Doc(description="Reference answer for the verifier; never shown to the policy.")]
-    seed: Annotated[int, Doc(description="Seed of the `generate` call that produced this task.")]
-    split: Annotated[Split, Doc(description="'train' or 'heldout'.")]
-    metadata: Annotated[dict[str, str], Doc(description="String tags; 'key' is the canonical problem key.")] = {}
-
-    def to_task(self, *, run_id: str = "", group_size: int = 1, created_at: float = 0.0) -> Task:
-        """The wire form, with the dispatch fields only the task source knows."""
-        return Task(
-            task_id=self.task_id,
-            env=self.env,
-            prompt=self.prompt,
-            reference=self.reference,
-            seed=self.seed,
-            split=self.split,
-            metadata=dict(self.metadata),
-            run_id=run_id,
-            group_size=group_size,
-            created_at=created_at,
-        )
-
-    @classmethod
-    def from_task(cls, task: Task) -> TaskSpec:
-        """Back from the wire; a split other than 'train'/'heldout' is an error naming it."""
-        if task.split not in SPLITS:
-            raise ValueError(f"task {task.task_id!r} has split {task.split!r}; expected one of {SPLITS}")
-        return cls(
-            task_id=task.task_id,
-            env=task.env,
-            prompt=task.prompt,
-            reference=task.reference,
-            seed=task.seed,
-            split=cast(Split, task.split),
-            metadata=dict(task.metadata),
-        )
 
 
 class Problem(msgspec.Struct, kw_only=True, frozen=True):

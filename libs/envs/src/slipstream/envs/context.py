@@ -28,14 +28,14 @@ catch it (and, say, summarise) or let it end the episode with finish_reason "len
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Annotated, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Annotated, Protocol, runtime_checkable
 
 import msgspec
 
+from slipstream.envs.task import TaskSpec
 from slipstream.schemas import ToolEvent
 
 if TYPE_CHECKING:
-    from slipstream.envs.base import Environment, TaskSpec
     from slipstream.tools import ToolRegistry, ToolTransport
 
 Doc = msgspec.Meta
@@ -109,6 +109,22 @@ class Thread(Protocol):
         ...
 
 
+class Nested(Protocol):
+    """What `EpisodeContext.spawn` plays as a nested agent: an environment (a `base.Environment` is one).
+
+    Declared here because an environment's `run` takes an `EpisodeContext`: the two would
+    otherwise import each other. A pooled child is rebuilt from `name` and `options`.
+    """
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def options(self) -> msgspec.Struct: ...
+
+    async def run(self, ctx: EpisodeContext) -> Outcome: ...
+
+
 @runtime_checkable
 class EpisodeContext(Protocol):
     """What an environment's `run` may do; the harness implements it (libs/harness/episode.py)."""
@@ -138,7 +154,7 @@ class EpisodeContext(Protocol):
 
     async def spawn(
         self,
-        env: Environment[Any],
+        env: Nested,
         task: TaskSpec,
         *,
         agent_id: str,

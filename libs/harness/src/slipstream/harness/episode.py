@@ -27,14 +27,14 @@ import hashlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import msgspec
 
 from slipstream.engine.interface import Engine, GenerationRequest, SamplingParams
 from slipstream.engine.tokenizer import Tokenizer
 from slipstream.envs.base import PLAY_REWARD_PREFIX, TaskSpec
-from slipstream.envs.context import ContextFull, Generation, Outcome, Span
+from slipstream.envs.context import ContextFull, Generation, Nested, Outcome, Span
 from slipstream.harness.state import EpisodeState, SampleBuilder
 from slipstream.harness.subagents import SubagentTransport, build_request, child_steps, merge_reply
 from slipstream.harness.summary import SummaryConfig
@@ -45,9 +45,6 @@ from slipstream.schemas import (
     Turn,
 )
 from slipstream.tools import LocalTransport, ToolRegistry, ToolTransport
-
-if TYPE_CHECKING:
-    from slipstream.envs.base import Environment
 
 _SEED_SPACE = 2**62
 
@@ -336,7 +333,7 @@ class Recorder:
 
     async def spawn(
         self,
-        env: Environment[Any],
+        env: Nested,
         task: TaskSpec,
         *,
         agent_id: str,

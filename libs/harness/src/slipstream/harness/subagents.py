@@ -22,20 +22,20 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import msgspec
 
 from slipstream.engine.interface import SamplingParams
 from slipstream.engine.tokenizer import Tokenizer
 from slipstream.envs.base import TaskSpec
-from slipstream.envs.context import Outcome
+from slipstream.envs.context import Nested, Outcome
 from slipstream.harness.state import EpisodeState, SampleBuilder
 from slipstream.schemas import Sample, SubagentReply, SubagentRequest, SubagentSampling, ToolEvent
 from slipstream.schemas.packing import unpack_floats, unpack_ids, unpack_mask
 
 if TYPE_CHECKING:
-    from slipstream.envs.base import Environment
+    pass
 
 SUBAGENT_TOOL = "subagent"
 """The tool name of the infra-error event a failed pool request leaves on the parent episode."""
@@ -82,7 +82,7 @@ def params_of(sampling: SubagentSampling, seed: int) -> SamplingParams:
 
 
 def build_request(
-    env: Environment[Any],
+    env: Nested,
     task: TaskSpec,
     *,
     episode_id: str,

@@ -8,13 +8,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from slipstream.envs.context import Generation, Outcome, Span
+from slipstream.envs.context import Generation, Nested, Outcome, Span
 from slipstream.harness.episode import Recorder
 from slipstream.harness.state import SampleBuilder
 from slipstream.harness.summary import TRUNCATED, SummaryConfig, restart_text
 
 if TYPE_CHECKING:
-    from slipstream.envs.base import Environment, TaskSpec
+    from slipstream.envs.base import TaskSpec
     from slipstream.schemas import ToolEvent
     from slipstream.tools import ToolRegistry, ToolTransport
 
@@ -146,7 +146,7 @@ class SummarisingContext:
         return new
 
     async def spawn(
-        self, env: Environment[Any], task: TaskSpec, *, agent_id: str, role: str = "subagent", trainable: bool = False
+        self, env: Nested, task: TaskSpec, *, agent_id: str, role: str = "subagent", trainable: bool = False
     ) -> Outcome:
         return await self.inner.spawn(env, task, agent_id=agent_id, role=role, trainable=trainable)
 
