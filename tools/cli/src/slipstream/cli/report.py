@@ -351,7 +351,9 @@ def mismatch_plot(run: Run) -> Plot:
         "Train–inference mismatch and off-policy masking per step",
         "Per learner step, before its update: the k3 estimate of KL(π_behaviour ‖ π_learner) per trained token, "
         "from the log-probs the workers recorded while sampling against the learner's recomputed ones (0 = no "
-        "mismatch); the share of trained tokens [loss] off_policy_mask removed from the loss (0 with the mask off); "
+        "mismatch; in an asynchronous run it also holds the drift of the versions a trajectory lags, not only "
+        "numerical differences); the share of trained tokens [loss] off_policy_mask removed from the loss (0 with the "
+        "mask off); "
         "and, when [loss] kl_coef > 0, the mean per-token KL of the policy to its frozen reference.",
         panels if mismatch["y"] or masked["y"] else [],
     )
