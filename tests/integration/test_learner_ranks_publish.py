@@ -20,8 +20,8 @@ from test_weight_publisher import Announces, running
 
 from slipstream.bus import Bus, BusConfig, connect_bus
 from slipstream.learner.config import LearnerConfig
-from slipstream.learner.handoff import unique_state
 from slipstream.learner.service import LearnerService
+from slipstream.learner.version_state import unique_state
 from slipstream.runtime.config import resolve
 from slipstream.runtime.section import ServiceSection
 from slipstream.stack import Server

@@ -14,8 +14,8 @@ from slipstream.engine import GenerationRequest, SamplingParams, TorchEngine, bu
 from slipstream.engine.lora import LoraLinear, adapter_state, attach_lora, merged_weight
 from slipstream.engine.source import ModelSource, load_model
 from slipstream.learner.config import LearnerSection
-from slipstream.learner.handoff import unique_state
 from slipstream.learner.trainer import Trainer
+from slipstream.learner.version_state import unique_state
 from slipstream.rl import LossConfig
 from slipstream.schemas import (
     PolicySegment,

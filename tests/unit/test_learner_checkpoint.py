@@ -15,10 +15,11 @@ from slipstream.engine import ModelConfig, build_tiny
 from slipstream.engine.presets import PRESETS
 from slipstream.learner.checkpoint import CheckpointError, Checkpoints, restore
 from slipstream.learner.config import LearnerSection
-from slipstream.learner.handoff import WeightHandoff, unique_state
+from slipstream.learner.handoff import WeightHandoff
 from slipstream.learner.ledger import TrainedLedger
 from slipstream.learner.outcomes import Outcome, OutcomeLog, read_outcomes
 from slipstream.learner.trainer import Trainer
+from slipstream.learner.version_state import unique_state
 from slipstream.rl import LossConfig
 from slipstream.store import LocalObjectStore
 from slipstream.weights.staging import list_staged, load_staged

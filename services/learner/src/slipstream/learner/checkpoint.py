@@ -36,7 +36,7 @@ from safetensors.torch import load as load_safetensors
 from safetensors.torch import save as save_safetensors
 from torch import nn
 
-from slipstream.learner.handoff import unique_state
+from slipstream.learner.version_state import unique_state
 from slipstream.store import ObjectNotFound, ObjectStore
 
 MODEL = "model.safetensors"

@@ -166,7 +166,7 @@ class RankWorker:
         """
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-        from slipstream.learner.handoff import DTYPES
+        from slipstream.learner.version_state import DTYPES
         from slipstream.weights.staging import rank_staging_dir, stage
 
         state = get_model_state_dict(self._trainer().model, options=StateDictOptions(full_state_dict=True))
@@ -389,7 +389,7 @@ class RankGroup:
     def part_names(self) -> list[list[str]]:
         """The tensor names each rank stages (`slipstream.weights.parts.partition` of what a version holds)."""
         if self._part_names is None:
-            from slipstream.learner.handoff import unique_state
+            from slipstream.learner.version_state import unique_state
             from slipstream.weights.parts import partition
 
             state = unique_state(self.mirror)

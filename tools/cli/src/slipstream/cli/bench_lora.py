@@ -65,8 +65,8 @@ async def _train(
     from slipstream.harness import rollout_group
     from slipstream.harness.evaluate import evaluate, greedy_params
     from slipstream.learner.config import LearnerSection
-    from slipstream.learner.handoff import unique_state
     from slipstream.learner.trainer import Trainer
+    from slipstream.learner.version_state import unique_state
     from slipstream.rl import LossConfig
     from slipstream.schemas import ScoredTrajectory, scored_episode_from_v1
 
@@ -216,7 +216,7 @@ def smollm2_bytes(rank: int, alpha: float) -> dict[str, Any]:
     from slipstream.engine.lora import attach_lora
     from slipstream.engine.source import ModelSource, load_model
     from slipstream.envs import get_env
-    from slipstream.learner.handoff import unique_state
+    from slipstream.learner.version_state import unique_state
     from slipstream.weights import encode_version
 
     torch.set_num_threads(2)
