@@ -54,7 +54,11 @@ def register(sub: Any) -> None:
         help="environment (default reverse; lookup: multi-turn tool use; swarm: an orchestrator over sub-agents)",
     )
     p.add_argument("--max-staleness", type=int, default=None, help="versions a trajectory may lag (default 2)")
-    p.add_argument("--loss", choices=("grpo", "cispo"), default=None, help="policy loss (default grpo)")
+    p.add_argument("--loss", choices=("grpo", "cispo", "kimi"), default=None, help="policy loss (default grpo)")
+    p.add_argument(
+        "--kl-coef", type=float, default=None, metavar="C", help="KL penalty to the initial weights (default 0: off)"
+    )
+    p.add_argument("--kl-estimator", choices=("k1", "k2", "k3"), default=None, help="KL estimator (default k3)")
     p.add_argument("--lr", type=float, default=None, help="learner AdamW learning rate")
     p.add_argument(
         "--task-sampler",
@@ -450,6 +454,8 @@ def plan_from_args(args: argparse.Namespace) -> Any:
         ("env", args.env),
         ("max_staleness", args.max_staleness),
         ("loss", args.loss),
+        ("kl_coef", getattr(args, "kl_coef", None)),
+        ("kl_estimator", getattr(args, "kl_estimator", None)),
         ("eval_every", args.eval_every),
         ("lr", args.lr),
         ("task_sampler", getattr(args, "task_sampler", None)),
