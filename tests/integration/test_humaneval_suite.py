@@ -86,7 +86,7 @@ def test_the_gate_reports_humaneval_beside_the_runs_env_without_deciding_by_it(t
 
 
 def test_the_held_out_evaluation_reports_humaneval_pass_at_1_sampled_and_greedy(tmp_path: Path) -> None:
-    from slipstream.cli.training import HeldOut
+    from slipstream.cli.heldout import HeldOut
     from slipstream.engine import build_tiny, save_pretrained
 
     model, tokenizer = build_tiny("micro", seed=0)

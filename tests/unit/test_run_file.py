@@ -306,7 +306,7 @@ def test_a_bad_summary_key_is_named(tmp_path: Path, body: str, words: str) -> No
 
 
 def test_a_summary_the_services_cannot_use_fails_before_anything_starts() -> None:
-    from slipstream.cli.training import summary_config
+    from slipstream.cli.summary_plan import summary_config
     from slipstream.rollout_worker.sampler import check_summary
     from slipstream.run import TrainingPlan
 

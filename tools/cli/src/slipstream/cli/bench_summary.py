@@ -135,7 +135,8 @@ def run(args: argparse.Namespace, arms: list[str]) -> dict[str, Any]:
     from rich.table import Table
 
     from slipstream.cli.demo import demo_plan, with_context
-    from slipstream.cli.training import run_training, summary_config, warm_start
+    from slipstream.cli.summary_plan import summary_config
+    from slipstream.cli.training import run_training, warm_start
 
     console = Console(highlight=False)
     root = (args.run_dir or Path(".slipstream/bench") / time.strftime("summary-%Y%m%d-%H%M%S")).resolve()

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from slipstream.cli.heldout import held_out
 from slipstream.cli.spec import kind_of
 from slipstream.schemas import LearnerStep, WeightAnnounce
 from slipstream.schemas.subjects import LEARNER_STEP, WEIGHTS_ANNOUNCE
@@ -23,7 +24,7 @@ from slipstream.schemas.subjects import LEARNER_STEP, WEIGHTS_ANNOUNCE
 if TYPE_CHECKING:
     from slipstream.cli.stack import Stack
     from slipstream.cli.tap import Tap
-    from slipstream.cli.training import HeldOutScore, RunSummary, TrainingPlan
+    from slipstream.run.plan import RunSummary, TrainingPlan
 
 Emit = Callable[[str, dict[str, Any]], None]
 
@@ -35,28 +36,6 @@ class RunFailed(RuntimeError):
 # The services that end on their own when the run reaches max_steps; the rest are stopped after.
 SELF_ENDING = ("learner", "task-source")
 STOP_ORDER = ("task-source", "rollout-worker", "reward-model", "weight-publisher")
-
-
-async def held_out(
-    plan: TrainingPlan, model_dir: Path, store_root: Path | None, manifest_key: str | None
-) -> HeldOutScore:
-    """Held-out scores of the initial weights or of a stored version."""
-    from slipstream.cli.training import HeldOut
-
-    ev = HeldOut(plan, model_dir)
-    await ev.start()
-    try:
-        if manifest_key and store_root is not None:
-            from slipstream.store import setup_store
-            from slipstream.store.config import StoreConfig
-            from slipstream.weights import fetch_version
-
-            store = setup_store(StoreConfig(type="local", root=str(store_root)))
-            manifest, tensors = await asyncio.to_thread(fetch_version, store, manifest_key)
-            return await ev.evaluate(manifest.policy_version, tensors)
-        return await ev.evaluate()
-    finally:
-        await ev.stop()
 
 
 async def follow_run(
