@@ -58,6 +58,12 @@ RUN_ELSEWHERE = {
     # The same model (SmolLM2 from its wheel), env, LoRA and bf16 rollouts as
     # tests/e2e/test_real_model_training.py, which runs them shrunk further.
     "search_call": "the SmolLM2 LoRA path, run end to end by tests/e2e/test_real_model_training.py",
+    # The env and options of these two, warm-started 150 steps and trained 3 RL steps on the stack
+    # (plus the eval-gate), with every rollout's ids checked against the model, in
+    # tests/e2e/test_plugin_envs.py; `slipstream train examples/sort.toml --steps 2 --sft-steps 150`
+    # passed here in 208 s on 2 loaded cores.
+    "sort": "the plugin env, run end to end by tests/e2e/test_plugin_envs.py",
+    "reasoning_gym": "reasoning-gym's spell_backward, run end to end by tests/e2e/test_plugin_envs.py",
 }
 EXAMPLES = [
     pytest.param(p, id=p.stem, marks=pytest.mark.skip(reason=NOT_YET_TRAINABLE[p.stem]))
