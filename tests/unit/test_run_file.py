@@ -347,7 +347,9 @@ def test_learner_ranks_in_a_run_file_reach_the_learner_and_the_stack(tmp_path: P
         load(path).plan()
     path.write_text("[learner]\nrank = 2\n")
     with pytest.raises(
-        RunFileError, match=r"ranks.toml:2: unknown key \[learner\] 'rank' \(known: ranks, reward_schedule, toggle\)"
+        RunFileError,
+        match=r"ranks.toml:2: unknown key \[learner\] 'rank' "
+        r"\(known: ranks, reward_schedule, toggle, sft_export, sft_export_min_reward\)",
     ):
         load(path)
 
