@@ -27,8 +27,9 @@ from rich.console import Console
 
 from slipstream.cli import up
 from slipstream.cli.credentials import Credentials, redis_url_for
+from slipstream.cli.handles import ServerHandle
 from slipstream.cli.spec import SERVICES, StackSpec, module_of
-from slipstream.cli.stack import ServerHandle, Stack, StackError, StackInterrupted
+from slipstream.cli.stack import Stack, StackError, StackInterrupted
 from slipstream.cli.supervisor import NO_RESTART, RestartPolicy
 from slipstream.stack import Server, pid_alive
 

@@ -15,6 +15,7 @@ import pytest
 from slipstream.bus.config import BusConfig
 from slipstream.cli import bench
 from slipstream.cli.__main__ import COMMANDS, build_parser, main
+from slipstream.cli.handles import ServerHandle
 from slipstream.cli.spec import (
     SERVICES,
     StackSpec,
@@ -25,7 +26,7 @@ from slipstream.cli.spec import (
     restart_policy,
     spec_from_args,
 )
-from slipstream.cli.stack import OWNED_ENV, OWNED_WHEN_SECURE, ServerHandle, Stack, StackError
+from slipstream.cli.stack import OWNED_ENV, OWNED_WHEN_SECURE, Stack, StackError
 from slipstream.cli.supervisor import NO_RESTART, RestartPolicy
 from slipstream.runtime.section import ServiceSection
 from slipstream.store.config import StoreConfig
