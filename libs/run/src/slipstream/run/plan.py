@@ -15,7 +15,6 @@ from typing import Any
 
 import msgspec
 
-
 SFT_SET = "learner-sft-set.jsonl"
 """The learner's SFT export in a local run's directory (beside its outcome log), with `plan.sft_export`."""
 
