@@ -32,7 +32,10 @@ def test_tool_sets_serve_builtins_and_the_tools_of_environments() -> None:
     ("sets", "options", "message"),
     [
         ([], {}, r"\[serve\] sets is empty"),
-        (["nope"], {}, r"unknown tool set 'nope'; known: calc, wait, .*lookup"),
+        (["nope"], {}, r"unknown tool set 'nope'; known: calc, wait, .*lookup.*sort"),
+        # A plugin's env (examples/plugin-env, installed by make install) is known here too: it is
+        # refused only because it has no tools, not as an unknown name.
+        (["sort"], {}, r"environment 'sort' has no tools to serve"),
         (["arith"], {}, "environment 'arith' has no tools to serve"),
         (["calc", "calc"], {}, "tool 'calculator' is in both tool sets 'calc' and 'calc'"),
         (["calc"], {"lookup": {}}, r"options names tool sets that are not served: \['lookup'\]"),

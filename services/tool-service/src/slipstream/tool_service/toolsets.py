@@ -18,7 +18,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from slipstream.envs import ENVIRONMENTS, EnvError, get_env
+from slipstream.envs import EnvError, get_env
+from slipstream.envs.registry import available
 from slipstream.store import StoreConfig
 from slipstream.tool_service.search import SearchSetError, search_toolset
 from slipstream.tools import Tool, ToolRegistry, calculator, wait
@@ -58,8 +59,9 @@ def tools_of(name: str, options: Mapping[str, Any], *, store: StoreConfig | None
             return search_toolset(options, store=store)
         except SearchSetError as exc:
             raise ToolSetError(str(exc)) from exc
-    if name not in ENVIRONMENTS:
-        known = ", ".join([*BUILTIN, "search", *sorted(ENVIRONMENTS)])
+    if name not in available():
+        # available(): the registered environments and the installed plugins' (imported when named).
+        known = ", ".join([*BUILTIN, "search", *available()])
         raise ToolSetError(f"unknown tool set {name!r}; known: {known}")
     return env_tools(name, options)[0]
 
