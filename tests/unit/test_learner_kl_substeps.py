@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import math
-from collections.abc import Iterator
 
 import pytest
 import structlog
@@ -34,17 +33,9 @@ from slipstream.schemas import (
 )
 from slipstream.schemas.subjects import LEARNER_STEP
 
-pytestmark = pytest.mark.unit
+pytestmark = [pytest.mark.unit, pytest.mark.usefixtures("one_torch_thread")]
 
 PROMPT = [1, 50, 51, 52]
-
-
-@pytest.fixture(autouse=True)
-def _one_torch_thread() -> Iterator[None]:
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def behaviour_of(model: torch.nn.Module, completion: list[int]) -> list[float]:
