@@ -58,3 +58,19 @@ def test_the_digest_follows_the_code(tmp_path: Path, monkeypatch: pytest.MonkeyP
     assert wc.source_digest(("wc_fake_pkg",)) == before
     (package / "__init__.py").write_text("X = 2\n")
     assert wc.source_digest(("wc_fake_pkg",)) != before
+
+
+def test_the_length_penalty_shares_a_warm_start_and_other_options_do_not() -> None:
+    """The penalty only shapes RL's reward (the warm-start's probe counts correct answers), so the
+    code demo with the penalty on and off starts from one cached model; any other option is a miss."""
+    from slipstream.cli.demo import with_length_penalty
+
+    on = demo_plan("code")
+    off = with_length_penalty(demo_plan("code"), 0.0)
+    assert off.env_options["length_penalty"]["scale"] == 0.0 and on.env_options["length_penalty"]["scale"] > 0
+    assert wc.plan_digest(on, "s") == wc.plan_digest(off, "s")
+    other = demo_plan("code")
+    other.env_options = {**other.env_options, "expert_guess_rate": 0.1}
+    assert wc.plan_digest(other, "s") != wc.plan_digest(on, "s")
+    with pytest.raises(SystemExit, match=r"-0\.5"):
+        with_length_penalty(demo_plan("code"), -0.5)

@@ -46,6 +46,13 @@ def register(bench_subparsers: Any) -> None:
     p.add_argument("--steps", type=int, default=None, help="learner steps (default: the demo's)")
     p.add_argument("--run-dir", type=Path, default=None, help="where the runs go (default .slipstream/bench/demo-<ts>)")
     p.add_argument(
+        "--length-penalty",
+        type=float,
+        default=None,
+        metavar="SCALE",
+        help="the env's length penalty scale (code: default 5e-4; 0: off)",
+    )
+    p.add_argument(
         "--task-sampler",
         choices=("off", "pass_rate"),
         default=None,
@@ -84,6 +91,9 @@ def row_of(seed: int, summary: Any) -> dict[str, Any]:
     for field in ("heldout_metrics", "train_metrics"):
         out[f"{field}_before"] = dict(getattr(summary, f"{field}_before"))
         out[f"{field}_after"] = dict(getattr(summary, f"{field}_after"))
+    for field in ("heldout_tokens_per_episode", "heldout_sampled_tokens_per_episode"):
+        out[f"{field}_before"] = summary.context_before.get(field, -1.0)
+        out[f"{field}_after"] = summary.context_after.get(field, -1.0)
     out["heldout_tasks"] = summary.heldout_tasks
     out["warmstart_steps"] = summary.warmstart.get("steps", 0)
     out["warmstart_probe"] = summary.warmstart.get("probe_accuracy", -1.0)
@@ -159,7 +169,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     from rich.console import Console
     from rich.table import Table
 
-    from slipstream.cli.demo import demo_plan
+    from slipstream.cli.demo import demo_plan, with_length_penalty
     from slipstream.cli.training import run_training
 
     console = Console(highlight=False)
@@ -173,6 +183,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             plan.max_steps = args.steps
         if getattr(args, "task_sampler", None) is not None:
             plan.task_sampler = args.task_sampler
+        with_length_penalty(plan, getattr(args, "length_penalty", None))
         plan.eval_every = 0  # before and after only: the figures compared
         loads.append(os.getloadavg())
         console.print(f"[bold]seed {seed}[/bold]: {plan.max_steps} steps on {plan.env} (load {loads[-1][0]:.1f}) ...")
@@ -184,8 +195,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         console.print(
             f"  held-out {r['heldout_accuracy_before']:.3f} -> {r['heldout_accuracy_after']:.3f} sampled, "
             f"{r['heldout_greedy_before']:.3f} -> {r['heldout_greedy_after']:.3f} greedy, invalid calls "
-            f"{r['heldout_invalid_call_rate_before']:.3f} -> {r['heldout_invalid_call_rate_after']:.3f}; "
-            f"{r['wall_time_s']:.0f} s"
+            f"{r['heldout_invalid_call_rate_before']:.3f} -> {r['heldout_invalid_call_rate_after']:.3f}, "
+            f"sampled tokens per episode {r['heldout_sampled_tokens_per_episode_before']:.0f} -> "
+            f"{r['heldout_sampled_tokens_per_episode_after']:.0f}; {r['wall_time_s']:.0f} s"
         )
         metrics = [
             f"{k} {r['heldout_metrics_before'][k]:.3f} -> {r['heldout_metrics_after'].get(k, float('nan')):.3f}"
@@ -230,7 +242,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     )
     if v["heldout_metric_change"]:
         console.print(f"held-out env figures, change per seed: {v['heldout_metric_change']}")
-    plan = demo_plan(args.env)
+    plan = with_length_penalty(demo_plan(args.env), getattr(args, "length_penalty", None))
     return {
         "ok": v["runs_ok"],
         "env": plan.env,

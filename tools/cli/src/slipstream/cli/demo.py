@@ -58,6 +58,13 @@ def register(sub: Any) -> None:
     p.add_argument(
         "--kl-coef", type=float, default=None, metavar="C", help="KL penalty to the initial weights (default 0: off)"
     )
+    p.add_argument(
+        "--length-penalty",
+        type=float,
+        default=None,
+        metavar="SCALE",
+        help="the env's length penalty scale, for envs that have one (code: default 5e-4; 0: off)",
+    )
     p.add_argument("--kl-estimator", choices=("k1", "k2", "k3"), default=None, help="KL estimator (default k3)")
     p.add_argument("--lr", type=float, default=None, help="learner AdamW learning rate")
     p.add_argument(
@@ -447,6 +454,17 @@ def pretrained_plan(model: str) -> Any:
     )
 
 
+def with_length_penalty(plan: Any, scale: float | None) -> Any:
+    """`plan` with its env's `length_penalty.scale` set to `scale` (None: unchanged; 0: off). An env
+    without the option is refused by the plan check before anything starts."""
+    if scale is not None:
+        if scale < 0:
+            raise SystemExit(f"slipstream: --length-penalty must be >= 0, got {scale}")
+        penalty = {**dict(plan.env_options.get("length_penalty") or {}), "scale": scale}
+        plan.env_options = {**plan.env_options, "length_penalty": penalty}
+    return plan
+
+
 def plan_from_args(args: argparse.Namespace) -> Any:
     plan = pretrained_plan(args.model) if getattr(args, "model", "") else demo_plan(args.env)
     for field, value in (
@@ -468,6 +486,7 @@ def plan_from_args(args: argparse.Namespace) -> Any:
     ):
         if value is not None:
             setattr(plan, field, copy.deepcopy(value))
+    with_length_penalty(plan, getattr(args, "length_penalty", None))
     if args.sft_steps is not None:
         plan.sft_settle_steps = 0  # --sft-steps caps the whole warm-start, settle steps included
     return with_context(plan, getattr(args, "context", None))

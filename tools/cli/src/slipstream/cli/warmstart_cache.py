@@ -27,6 +27,9 @@ import msgspec
 
 PACKAGES = ("slipstream.envs", "slipstream.harness", "slipstream.engine", "slipstream.tools", "slipstream.sandbox")
 PLAN_FIELDS = ("env", "env_options", "preset", "seed", "temperature", "summary", "model")
+REWARD_ONLY_OPTIONS = ("length_penalty",)
+"""Env options that only shape RL's reward: the warm-start (the expert's episodes, supervised steps and
+the probe's pass rate) never reads them, so runs that differ only in these share a warm-start."""
 
 
 def cache_root() -> Path:
@@ -46,6 +49,7 @@ def source_digest(packages: tuple[str, ...] = PACKAGES) -> str:
 def plan_digest(plan: Any, sources: str) -> str:
     fields = msgspec.to_builtins(plan)
     kept = {k: v for k, v in fields.items() if k in PLAN_FIELDS or k.startswith("sft_")}
+    kept["env_options"] = {k: v for k, v in (kept.get("env_options") or {}).items() if k not in REWARD_ONLY_OPTIONS}
     text = json.dumps(
         {"plan": kept, "torch": metadata.version("torch"), "sources": sources}, sort_keys=True, default=str
     )
