@@ -413,3 +413,23 @@ def test_delta_weight_sync_on_a_moe_model_is_bit_exact_and_serves_the_learners_l
             ids.append(int(reference(torch.tensor([ids]))[0, -1].argmax()))
     assert res.completion_ids == ids[len(prompt) :]
     assert isinstance(moe_blocks(serving)[0], MoeBlock)
+
+
+def test_the_bench_section_reports_bf16_and_fp32_rows_per_seed(capsys: pytest.CaptureFixture[str]) -> None:
+    import argparse
+
+    from slipstream.cli.bench_moe import moe_section
+
+    args = argparse.Namespace(
+        no_moe=False, moe_model="tiny-moe", moe_seeds=[0, 1], moe_requests=2, moe_new=4, device="cpu"
+    )
+    out = moe_section(args)
+    assert out is not None
+    assert [(r["engine_dtype"], r["seed"], r["tokens"]) for r in out["rows"]] == [
+        ("bfloat16", 0, 8),
+        ("bfloat16", 1, 8),
+        ("float32", 0, 8),
+        ("float32", 1, 8),
+    ]
+    assert "MoE router replay (tiny-moe)" in capsys.readouterr().out
+    assert moe_section(argparse.Namespace(no_moe=True)) is None

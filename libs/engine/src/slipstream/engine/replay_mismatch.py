@@ -36,8 +36,10 @@ def measure_replay_mismatch(
     max_tokens: int = 48,
     engine_dtype: torch.dtype = torch.bfloat16,
     temperature: float = 1.0,
+    device: str = "cpu",
 ) -> dict[str, Any]:
-    """Mismatch figures for `model` (None: the seeded `preset`), engine in `engine_dtype`, learner in fp32.
+    """Mismatch figures for `model` (None: the seeded `preset`), engine in `engine_dtype`, learner in fp32,
+    both on `device`.
 
     Returns per-token figures over every sampled token whose context the engine routed:
     `mean_abs_logprob_diff` / `max_abs_logprob_diff` / `mismatch_kl` (the learner's k3 estimate
@@ -54,8 +56,8 @@ def measure_replay_mismatch(
     tokenizer = ByteTokenizer()
     # The same weight values on both sides: the engine's copy in its dtype, the learner's widened to fp32.
     served = copy.deepcopy(model).to(dtype=engine_dtype)
-    learner = copy.deepcopy(served).to(dtype=torch.float32).eval()
-    results = _sample(served, tokenizer, engine_dtype, seed, requests, prompt_len, max_tokens, temperature)
+    learner = copy.deepcopy(served).to(device=device, dtype=torch.float32).eval()
+    results = _sample(served, tokenizer, engine_dtype, device, seed, requests, prompt_len, max_tokens, temperature)
     rows = [list(r.prompt_ids) + list(r.completion_ids) for r in results]
     width = max(len(r) for r in rows)
     ids = torch.full((len(rows), width), tokenizer.pad_id, dtype=torch.int64)
@@ -67,11 +69,13 @@ def measure_replay_mismatch(
         attention[i, : len(row)] = True
         recorded = unpack_routes(res.routes, per_token)
         routes[i, : recorded.shape[0]] = recorded
+    ids, attention, routes = ids.to(device), attention.to(device), routes.to(device)
     with torch.no_grad():
-        own_logits = learner(ids, attention)
-        own_routes = last_routes(moe_blocks(learner))
+        own_logits = learner(ids, attention).cpu()
+        own_routes = last_routes(moe_blocks(learner)).cpu()
         with force_routes(learner, routes):
-            replay_logits = learner(ids, attention)
+            replay_logits = learner(ids, attention).cpu()
+    ids, routes = ids.cpu(), routes.cpu()
     behaviour: list[float] = []
     own: list[float] = []
     replayed: list[float] = []
@@ -90,6 +94,7 @@ def measure_replay_mismatch(
     mine = own_routes[covered].view(-1, layers, k).sort(dim=-1).values
     flips = (rec != mine).any(dim=-1)
     return {
+        "device": device,
         "engine_dtype": str(engine_dtype).removeprefix("torch."),
         "learner_dtype": "float32",
         "requests": len(results),
@@ -104,13 +109,14 @@ def _sample(
     model: CausalLM,
     tokenizer: Any,
     dtype: torch.dtype,
+    device: str,
     seed: int,
     requests: int,
     prompt_len: int,
     max_tokens: int,
     temperature: float,
 ) -> list[GenerationResult]:
-    engine = TorchEngine(model, tokenizer, max_batch=requests, device="cpu", dtype=dtype, seed=seed)
+    engine = TorchEngine(model, tokenizer, max_batch=requests, device=device, dtype=dtype, seed=seed)
     gen = torch.Generator().manual_seed(seed)
     for r in range(requests):
         body = torch.randint(32, 127, (prompt_len,), generator=gen).tolist()
