@@ -433,3 +433,21 @@ def test_the_bench_section_reports_bf16_and_fp32_rows_per_seed(capsys: pytest.Ca
     ]
     assert "MoE router replay (tiny-moe)" in capsys.readouterr().out
     assert moe_section(argparse.Namespace(no_moe=True)) is None
+
+
+def test_router_replay_in_a_run_file_reaches_the_learner(tmp_path: Path) -> None:
+    from slipstream.learner.config import LearnerConfig
+    from slipstream.run import load, service_env
+    from slipstream.runtime.config import resolve
+
+    path = tmp_path / "moe.toml"
+    path.write_text(
+        'name = "moe"\n[model]\npreset = "tiny-moe"\n[learner]\nrouter_replay = true\nmoe_aux_coef = 0.05\n'
+    )
+    plan = load(path).plan()
+    assert plan.preset == "tiny-moe" and plan.router_replay and plan.moe_aux_coef == 0.05
+    learner = resolve(LearnerConfig, environ=service_env(plan, Path("/m"), Path("/s"), Path("/o"))).learner
+    assert learner.router_replay is True and learner.moe_aux_coef == 0.05
+    path.write_text('name = "moe"\n[model]\npreset = "tiny-moe"\n')
+    default = resolve(LearnerConfig, environ=service_env(load(path).plan(), Path("/m"), Path("/s"), Path("/o")))
+    assert default.learner.router_replay is False and default.learner.moe_aux_coef == 0.01
