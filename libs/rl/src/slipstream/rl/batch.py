@@ -11,6 +11,9 @@ prompt position P−1. Sequences are right-padded.
     compute_loss(cfg, logprobs=logprobs, behaviour_logprobs=batch.behaviour_logprobs,
                  advantages=batch.advantages, mask=batch.mask)
 
+A mixture-of-experts sampler's recorded routes (router replay) sit on the *input* axis instead:
+`routes[b, j]` are the experts input token j was routed to, −1 where none were recorded.
+
 This module does not know the wire schema: `credit.py` turns each trainable sample of an episode
 (plus its agent's group advantage and its loss weight) into a TrainItem.
 
