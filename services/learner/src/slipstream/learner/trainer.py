@@ -24,6 +24,11 @@ With `[loss] kl_coef > 0` each micro-batch also runs a no-grad forward pass of t
 reference (`reference.py`: the initial weights; with LoRA the base model, adapters off) for the
 KL penalty; its log-probs are computed once per step and reused by later substeps.
 
+A mixture-of-experts policy (slipstream.engine.moe) adds its load-balancing loss, weighted by
+`[learner] moe_aux_coef` and by each micro-batch's share of the step's trained tokens, and reports
+it as `moe_aux_loss`; with `[learner] router_replay` its forward uses the experts the engine
+recorded for each token (`Batch.routes`) instead of choosing its own.
+
 A step whose gradient is not finite is not applied (the optimizer state stays as it was) and is
 reported as such; the caller decides what to do with its trajectories. This module runs in a
 worker thread (the service's event loop keeps draining NATS meanwhile) and does no I/O.
