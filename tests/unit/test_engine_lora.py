@@ -1,4 +1,5 @@
-"""LoRA: adapters on a frozen base; version 0 is the base, a step trains only adapters, versions are adapters only."""
+"""LoRA: adapters on a frozen base; version 0 is the base, a step trains only adapters, versions are adapters only
+(on the dense tiny preset and on tiny-moe, whose experts' projections carry adapters too)."""
 
 from __future__ import annotations
 
@@ -101,8 +102,9 @@ def test_bad_targets_and_double_attach_are_refused() -> None:
         ModelSource(lora_rank=4, lora_targets=[])
 
 
-def test_a_lora_step_moves_adapters_only_and_a_version_is_the_adapters() -> None:
-    model, tok = load_model(ModelSource(lora_rank=4, lora_alpha=8.0, threads=0))
+@pytest.mark.parametrize("preset", ["tiny", "tiny-moe"])
+def test_a_lora_step_moves_adapters_only_and_a_version_is_the_adapters(preset: str) -> None:
+    model, tok = load_model(ModelSource(preset=preset, lora_rank=4, lora_alpha=8.0, threads=0))
     base = {n: p.detach().clone() for n, p in model.named_parameters() if not p.requires_grad}
     before = {n: t.detach().clone() for n, t in adapter_state(model).items()}
     trainer = Trainer(model, LearnerSection(lr=1e-2), LossConfig(), pad_id=tok.pad_id)
@@ -114,6 +116,8 @@ def test_a_lora_step_moves_adapters_only_and_a_version_is_the_adapters() -> None
             assert torch.equal(p, base[name]), name
     moved = [n for n, t in adapter_state(model).items() if not torch.equal(t, before[n])]
     assert any(n.endswith("lora_B") for n in moved)
+    if preset == "tiny-moe":  # the experts' projections carry adapters too, and the routed ones train
+        assert any(".experts." in n and n.endswith("lora_B") for n in moved)
     state = unique_state(model)
     assert sorted(state) == sorted(adapter_state(model))
     full = sum(p.numel() for p in model.parameters())
@@ -122,8 +126,9 @@ def test_a_lora_step_moves_adapters_only_and_a_version_is_the_adapters() -> None
     assert sum(len(g["params"]) for g in trainer.optimizer.param_groups) == len(state)
 
 
-def test_engine_applies_adapter_versions_in_flight() -> None:
-    source = ModelSource(lora_rank=4, lora_alpha=8.0, threads=0)
+@pytest.mark.parametrize("preset", ["tiny", "tiny-moe"])
+def test_engine_applies_adapter_versions_in_flight(preset: str) -> None:
+    source = ModelSource(preset=preset, lora_rank=4, lora_alpha=8.0, threads=0)
     trained, tok = load_model(source)
     with torch.no_grad():
         gen = torch.Generator().manual_seed(5)

@@ -241,6 +241,8 @@ def test_untrained_hands_back_pending_and_queued_members() -> None:
         ({"segments": [PolicySegment(-1, 3)]}, "negative policy_version"),
         ({"token_ids": b"\x00\x01"}, "not a multiple of 4"),
         ({"logprobs": pack_floats([-1.0, float("nan"), -1.0])}, "not finite"),
+        ({"routes": bytes(5), "routes_per_token": 2}, "5 route bytes are not whole tokens of routes_per_token 2"),
+        ({"routes": bytes(14), "routes_per_token": 2}, "routes for 7 tokens, the sample has 6"),
     ],
 )
 def test_inspect_names_the_problem(change: dict[str, object], needle: str) -> None:

@@ -349,7 +349,7 @@ def test_learner_ranks_in_a_run_file_reach_the_learner_and_the_stack(tmp_path: P
     with pytest.raises(
         RunFileError,
         match=r"ranks.toml:2: unknown key \[learner\] 'rank' "
-        r"\(known: ranks, reward_schedule, toggle, sft_export, sft_export_min_reward\)",
+        r"\(known: ranks, reward_schedule, toggle, sft_export, sft_export_min_reward, router_replay, moe_aux_coef\)",
     ):
         load(path)
 

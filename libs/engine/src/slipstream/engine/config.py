@@ -40,6 +40,10 @@ class ModelConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, froz
     bos_token_id: Annotated[int | None, Doc(description="Beginning-of-sequence id, if the model uses one.")] = None
     eos_token_id: Annotated[int | None, Doc(description="End-of-sequence id.")] = None
     pad_token_id: Annotated[int | None, Doc(description="Padding id.")] = None
+    num_experts: Annotated[
+        int, Doc(description="Experts per MoE layer (slipstream.engine.moe); 0 = a dense SwiGLU MLP, at most 256.")
+    ] = 0
+    num_experts_per_tok: Annotated[int, Doc(description="Experts each token is routed to (top-k), MoE only.")] = 2
 
     def __post_init__(self) -> None:
         for name in ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "vocab_size"):
@@ -54,6 +58,11 @@ class ModelConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, froz
             raise ValueError(
                 f"ModelConfig.hidden_size ({self.hidden_size}) is not divisible by "
                 f"num_attention_heads ({self.num_attention_heads}); set head_dim"
+            )
+        if self.num_experts and not 1 <= self.num_experts_per_tok <= self.num_experts <= 256:
+            raise ValueError(
+                f"ModelConfig MoE needs 1 <= num_experts_per_tok ({self.num_experts_per_tok}) <= num_experts "
+                f"({self.num_experts}) <= 256"
             )
         if self.dim_per_head % 2:
             raise ValueError(f"ModelConfig head_dim must be even for RoPE, got {self.dim_per_head}")
@@ -120,6 +129,8 @@ class ModelConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, froz
             bos_token_id=_first_id(raw.get("bos_token_id")),
             eos_token_id=_first_id(raw.get("eos_token_id")),
             pad_token_id=_first_id(raw.get("pad_token_id")),
+            num_experts=int(raw.get("num_experts") or 0),
+            num_experts_per_tok=int(raw.get("num_experts_per_tok") or 2),
         )
 
     def to_hf(self, dtype_name: str = "float32") -> dict[str, Any]:
@@ -150,6 +161,11 @@ class ModelConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, froz
             "torch_dtype": dtype_name,
             "dtype": dtype_name,
         }
+        if self.num_experts:
+            # Slipstream's own MoE layout (moe.py): its loader reads these back; transformers has no
+            # llama with experts, so such a directory is for Slipstream's processes only.
+            out["num_experts"] = self.num_experts
+            out["num_experts_per_tok"] = self.num_experts_per_tok
         if self.model_type == "llama":
             out["attention_bias"] = self.attention_bias
             out["mlp_bias"] = False

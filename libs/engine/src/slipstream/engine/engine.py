@@ -491,6 +491,8 @@ class TorchEngine:
     def _retire(self, seq: SequenceState, reason: str, done: list[SequenceState]) -> None:
         seq.finish(reason)  # type: ignore[arg-type]
         if seq.slot >= 0 and self._slots[seq.slot] is seq:
+            # A MoE model's routes of every cached token, for router replay (before the slot is reused).
+            seq.routes, seq.routes_per_token = self.cache.route_bytes(seq.slot, seq.cache_len), self.cache.route_width
             self._slots[seq.slot] = None
             session = seq.request.session_id
             if session and reason != "abort" and seq.cache_len > 0:

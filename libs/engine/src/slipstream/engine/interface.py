@@ -96,6 +96,14 @@ class GenerationResult(msgspec.Struct, kw_only=True):
     ]
     finish_reason: FinishReason
     timings: Timings = msgspec.field(default_factory=Timings)
+    routes: Annotated[
+        bytes,
+        Doc(
+            description="MoE models: the experts each forwarded token (prompt + completion but the last) was routed "
+            "to, uint8 [token, layer, k] (slipstream.engine.moe); empty for a dense model or an engine that keeps none."
+        ),
+    ] = b""
+    routes_per_token: Annotated[int, Doc(description="Entries of `routes` per token (layers x k); 0 without.")] = 0
 
     @property
     def policy_versions(self) -> list[int]:

@@ -5,6 +5,11 @@ contiguous block, so attention reads them as a view, with no copy. A sequence ke
 from prefill to finish; row b of a forward writes at its own positions in its own slot, so rows
 of different lengths decode together without padding or copying caches around. The pool is
 allocated once, so memory use is known at start-up and never grows.
+
+A mixture-of-experts model also keeps each cached token's routes (the experts every layer sent
+it to, `route_width` = layers × k bytes per position, slipstream.engine.moe) in `routes`
+[slots, max_seq_len, route_width]: they belong to a position exactly as its keys do, so every
+prefix copy copies them too, and a finished request reads its slot's routes back for router replay.
 """
 
 from __future__ import annotations
@@ -40,6 +45,7 @@ class KVCache:
         head_dim: int,
         dtype: torch.dtype,
         device: torch.device | str,
+        route_width: int = 0,
     ) -> None:
         shape = (slots, kv_heads, max_seq_len, head_dim)
         # Zeros, not empty: masked-out keys still flow through the attention matmul, and garbage
@@ -49,6 +55,10 @@ class KVCache:
         self.slots = slots
         self.max_seq_len = max_seq_len
         self.kv_heads = kv_heads
+        self.route_width = route_width
+        self.routes: Tensor | None = (
+            torch.zeros((slots, max_seq_len, route_width), dtype=torch.uint8, device=device) if route_width else None
+        )
 
     @property
     def nbytes(self) -> int:
@@ -89,6 +99,20 @@ class KVCache:
         index = torch.tensor(dst, dtype=torch.long, device=self.k[0].device)
         for cache in (*self.k, *self.v):
             cache[index, :, :length] = cache[src, :, :length]
+        if self.routes is not None:
+            self.routes[index, :length] = self.routes[src, :length]
+
+    def write_routes(self, sel: SlotSelection, positions: Tensor, routes: Tensor) -> None:
+        """Store routes [B, T, route_width] of the selected slots' tokens at `positions` [B, T]."""
+        if self.routes is None:
+            raise ValueError("KVCache.write_routes on a cache built without route_width")
+        self.routes[sel.index[:, None], positions] = routes.to(torch.uint8)
+
+    def route_bytes(self, slot: int, length: int) -> bytes:
+        """The routes of slot `slot`'s first `length` positions, uint8 token-major ('' without routes)."""
+        if self.routes is None or length <= 0:
+            return b""
+        return bytes(self.routes[slot, :length].cpu().numpy().tobytes())
 
     def read(self, layer: int, sel: SlotSelection, span: int) -> tuple[Tensor, Tensor]:
         """Keys and values [B, kv, span, D] of the selected slots, positions 0..span-1."""

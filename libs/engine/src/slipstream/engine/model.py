@@ -24,6 +24,7 @@ from torch import Tensor, nn
 from slipstream.engine.config import ModelConfig
 from slipstream.engine.kernels import WeightCache, project
 from slipstream.engine.kv_cache import KVCache, SlotSelection
+from slipstream.engine.moe import MoeBlock, last_routes, moe_blocks, routes_per_token
 
 
 class RMSNorm(nn.Module):
@@ -159,12 +160,12 @@ class MLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    """Pre-norm attention + MLP with residuals."""
+    """Pre-norm attention + MLP (dense, or mixture-of-experts when the config has experts) with residuals."""
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.self_attn = Attention(cfg)
-        self.mlp = MLP(cfg)
+        self.mlp: nn.Module = MoeBlock(cfg, MLP) if cfg.num_experts else MLP(cfg)
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
@@ -313,6 +314,8 @@ class CausalLM(nn.Module):
         mask = torch.arange(span, device=h.device)[None, None, None, :] <= positions[:, None, :, None]
         for i, layer in enumerate(self.decoder_layers):
             h = layer.forward_cached(h, cos, sin, i, cache, sel, mask, span, flat, kernel)
+        if cache.routes is not None:  # a MoE model: each token's experts go beside its keys (moe.py)
+            cache.write_routes(sel, positions, last_routes(moe_blocks(self)))
         if last is not None:
             h = h[torch.arange(h.shape[0], device=h.device), last]
         return project(self.lm_head, self.model.norm(h), kernel)
@@ -329,6 +332,7 @@ class CausalLM(nn.Module):
             head_dim=cfg.dim_per_head,
             dtype=p.dtype,
             device=p.device,
+            route_width=routes_per_token(cfg),
         )
 
 

@@ -9,8 +9,12 @@
   supervised steps at a quarter of the tiny model's step time (measured on a shared 2-core CPU:
   teacher-forced episode accuracy 0% at 300 steps, 91% at 600, 89 s), where "tiny" was at 0%
   after 500 steps and 384 s.
+- "tiny-moe" (~3.4M parameters, ~1.05M active per token, as many as tiny has): "tiny" with each MLP replaced by a
+  mixture of 8 SwiGLU experts of width 256, top-2 routing (slipstream.engine.moe), so a token's
+  active feed-forward width (2 x 256) equals tiny's 512. What router replay is tested and
+  measured on.
 
-Both use the ByteTokenizer's 259-id vocabulary, so no tokenizer files are involved.
+All use the ByteTokenizer's 259-id vocabulary, so no tokenizer files are involved.
 """
 
 from __future__ import annotations
@@ -51,6 +55,22 @@ PRESETS: dict[str, ModelConfig] = {
         bos_token_id=_BYTES.BOS,
         eos_token_id=_BYTES.EOS,
         pad_token_id=_BYTES.PAD,
+    ),
+    "tiny-moe": ModelConfig(
+        model_type="llama",
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=_BYTES.vocab_size,
+        max_position_embeddings=2048,
+        rope_theta=10000.0,
+        bos_token_id=_BYTES.BOS,
+        eos_token_id=_BYTES.EOS,
+        pad_token_id=_BYTES.PAD,
+        num_experts=8,
+        num_experts_per_tok=2,
     ),
     "25m": ModelConfig(
         model_type="llama",

@@ -39,6 +39,9 @@ class SequenceState:
     logprobs: list[float] = field(default_factory=list)
     segments: list[list[int]] = field(default_factory=list)
     finish_reason: FinishReason | None = None
+    # MoE models: the routes of the cached tokens, read from the cache when the request retires.
+    routes: bytes = b""
+    routes_per_token: int = 0
 
     def __post_init__(self) -> None:
         self.tokens = list(self.request.prompt_ids)
@@ -98,4 +101,6 @@ class SequenceState:
                 finished_at=self.finished_at,
                 generate_s=max(0.0, self.finished_at - self.queued_at),
             ),
+            routes=self.routes,
+            routes_per_token=self.routes_per_token,
         )

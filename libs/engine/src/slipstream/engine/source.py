@@ -30,7 +30,7 @@ Doc = msgspec.Meta
 
 DTypeName = Literal["float32", "bfloat16", "float16"]
 # The presets' names (presets.PRESETS holds their configs; importing it would import torch).
-PRESET_NAMES: tuple[str, ...] = ("tiny", "micro", "25m")
+PRESET_NAMES: tuple[str, ...] = ("tiny", "micro", "tiny-moe", "25m")
 # The catalog's names (catalog.CATALOG holds them; kept here so config parsing stays import-light).
 MODEL_NAMES: tuple[str, ...] = ("smollm2-135m",)
 
@@ -52,7 +52,11 @@ class ModelSource(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         str, Doc(description="Where named models are converted to; empty = ~/.cache/slipstream/models.")
     ] = ""
     preset: Annotated[
-        str, Doc(description="Preset built from its config when path and name are empty: 'tiny' or '25m' (seeded).")
+        str,
+        Doc(
+            description="Preset built from its config when path and name are empty: 'tiny', 'micro', 'tiny-moe' "
+            "or '25m' (seeded)."
+        ),
     ] = "tiny"
     dtype: Annotated[DTypeName, Doc(description="Parameter dtype: float32, bfloat16 or float16.")] = "float32"
     device: Annotated[str, Doc(description="torch device: 'cpu', 'cuda', 'cuda:N', or 'auto' (cuda if present).")] = (

@@ -262,6 +262,9 @@ class Recorder:
         sample.logprobs.extend(result.logprobs)
         sample.mask.extend([1] * len(result.completion_ids))
         sample.add_versions(list(result.segments))
+        if result.routes_per_token:
+            # The engine's routes cover this call's whole context, so the latest call's replace the earlier ones.
+            sample.routes, sample.routes_per_token = result.routes, result.routes_per_token
         tok = run.tokenizer
         text = tok.decode([t for t in result.completion_ids if t != tok.eos_id])
         sample.turns.append(Turn(role="policy", start=start, end=len(sample), text=text))

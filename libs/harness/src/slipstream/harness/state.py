@@ -33,6 +33,9 @@ class SampleBuilder:
     finish_reason: str = ""
     calls: int = 0
     closed: bool = False
+    # MoE engines: the routes of the sample's tokens as of its latest turn (which covers every earlier one).
+    routes: bytes = b""
+    routes_per_token: int = 0
 
     def __len__(self) -> int:
         return len(self.prompt) + len(self.after)
@@ -74,6 +77,8 @@ class SampleBuilder:
             branch_pos=self.branch_pos,
             edit=self.edit,
             finish_reason=self.finish_reason,
+            routes=self.routes,
+            routes_per_token=self.routes_per_token,
         )
 
 

@@ -11,6 +11,9 @@ prompt position P−1. Sequences are right-padded.
     compute_loss(cfg, logprobs=logprobs, behaviour_logprobs=batch.behaviour_logprobs,
                  advantages=batch.advantages, mask=batch.mask)
 
+A mixture-of-experts sampler's recorded routes (router replay) sit on the *input* axis instead:
+`routes[b, j]` are the experts input token j was routed to, −1 where none were recorded.
+
 This module does not know the wire schema: `credit.py` turns each trainable sample of an episode
 (plus its agent's group advantage and its loss weight) into a TrainItem.
 
@@ -48,6 +51,10 @@ class TrainItem:
     """Multiplies this row's policy-loss terms (see slipstream.rl.credit for the weighting)."""
     turn_index: Sequence[int] = ()
     """Optional, per completion token: the episode's policy-turn index that sampled it, −1 elsewhere."""
+    routes: bytes = b""
+    """Optional, MoE models: the sampler's experts for the first N tokens, uint8 [token, layer, k] (router replay)."""
+    routes_per_token: int = 0
+    """Entries of `routes` per token (layers × k); 0 without routes."""
 
 
 @dataclass(frozen=True)
@@ -70,6 +77,9 @@ class Batch:
     """[B] int64, real token count of each sequence."""
     turn_index: Tensor
     """[B, T-1] int64, the policy-turn index of each target token (−1: none / not given)."""
+    routes: Tensor | None = None
+    """[B, T, layers × k] int64, the sampler's experts per input token (−1: not recorded); None when no
+    item carries routes (slipstream.engine.moe.force_routes replays them)."""
 
     @property
     def n_tokens(self) -> int:
@@ -87,6 +97,7 @@ class Batch:
             advantages=self.advantages.to(device),
             lengths=self.lengths.to(device),
             turn_index=self.turn_index.to(device),
+            routes=None if self.routes is None else self.routes.to(device),
         )
 
 
@@ -115,6 +126,10 @@ def _check_item(index: int, item: TrainItem, behaviour: Tensor, loss_mask: Tenso
         raise ValueError(f"{where}: loss_weight must be finite and >= 0, got {item.loss_weight}")
     if item.turn_index and len(item.turn_index) != completion:
         raise ValueError(f"{where}: turn_index has {len(item.turn_index)} entries for {completion} completion tokens")
+    if item.routes and (item.routes_per_token < 1 or len(item.routes) % item.routes_per_token):
+        raise ValueError(f"{where}: {len(item.routes)} route bytes are not whole tokens of {item.routes_per_token}")
+    if item.routes and len(item.routes) // item.routes_per_token > n_total:
+        raise ValueError(f"{where}: routes for {len(item.routes) // item.routes_per_token} tokens, {n_total} tokens")
 
 
 def pack_batch(items: Sequence[TrainItem], pad_id: int = 0) -> Batch:
@@ -130,6 +145,10 @@ def pack_batch(items: Sequence[TrainItem], pad_id: int = 0) -> Batch:
     advantages = torch.zeros((n, width - 1), dtype=torch.float32)
     lengths = torch.zeros(n, dtype=torch.int64)
     turn_index = torch.full((n, width - 1), -1, dtype=torch.int64)
+    widths = {item.routes_per_token for item in items if item.routes}
+    if len(widths) > 1:
+        raise ValueError(f"pack_batch: items carry routes of different widths {sorted(widths)}")
+    routes = torch.full((n, width, widths.pop()), -1, dtype=torch.int64) if widths else None
     for i, item in enumerate(items):
         behaviour = torch.as_tensor(item.behaviour_logprobs, dtype=torch.float32).reshape(-1)
         loss_mask = torch.as_tensor(item.loss_mask, dtype=torch.int64).reshape(-1)
@@ -145,6 +164,9 @@ def pack_batch(items: Sequence[TrainItem], pad_id: int = 0) -> Batch:
         advantages[i, span] = item.advantage * item.loss_weight
         if item.turn_index:
             turn_index[i, span] = torch.as_tensor(item.turn_index, dtype=torch.int64)
+        if routes is not None and item.routes:
+            recorded = torch.frombuffer(bytearray(item.routes), dtype=torch.uint8).view(-1, routes.shape[-1])
+            routes[i, : recorded.shape[0]] = recorded.to(torch.int64)
     return Batch(
         input_ids=input_ids,
         attention_mask=attention_mask,
@@ -154,6 +176,7 @@ def pack_batch(items: Sequence[TrainItem], pad_id: int = 0) -> Batch:
         advantages=advantages,
         lengths=lengths,
         turn_index=turn_index,
+        routes=routes,
     )
 
 

@@ -189,6 +189,8 @@ def episode_rows(
                 advantage=float(advantages[s.agent_id]),
                 loss_weight=weights[s.sample_id],
                 turn_index=turns,
+                routes=s.routes,
+                routes_per_token=s.routes_per_token,
             )
         )
         ids.append(s.sample_id)

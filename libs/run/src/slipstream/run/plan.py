@@ -121,6 +121,10 @@ class TrainingPlan(msgspec.Struct, kw_only=True):
     toggle: dict[str, Any] = {}
     """[learner] toggle: {enabled, period, rho, accuracy}, Toggle's budget phases (slipstream.rl.toggle);
     {}: off, every answer trains with its scored reward."""
+    router_replay: bool = False
+    """[learner] router_replay: a MoE model's learner replays the experts the rollouts were routed to."""
+    moe_aux_coef: float = 0.01
+    """[learner] moe_aux_coef: weight of a MoE model's load-balancing loss (no effect on dense models)."""
     sft_export: bool = False
     """The learner exports its settled train episodes with reward >= sft_export_min_reward to
     `learner-sft-set.jsonl` in the run directory (services/learner sft_export.py), an SFT set for `sft_from`."""
@@ -269,6 +273,10 @@ def run_env(plan: TrainingPlan) -> dict[str, str]:
         env["SLIPSTREAM_LEARNER__SFT_EXPORT_MIN_REWARD"] = str(plan.sft_export_min_reward)
     if plan.toggle:
         env["SLIPSTREAM_LEARNER__TOGGLE"] = json.dumps(plan.toggle, sort_keys=True)
+    if plan.router_replay:
+        env["SLIPSTREAM_LEARNER__ROUTER_REPLAY"] = "true"
+    if plan.moe_aux_coef != 0.01:
+        env["SLIPSTREAM_LEARNER__MOE_AUX_COEF"] = str(plan.moe_aux_coef)
     if plan.learner_ranks > 1:
         # The publishers' rank and ranks are per process: the local stack sets them (a cluster runs
         # one publisher sidecar per rank, each with its own SLIPSTREAM_PUBLISHER__RANK).

@@ -8,7 +8,7 @@ Sections (every key optional; what is left out keeps `TrainingPlan`'s default):
 
     name = "arith"         the run id               seed = 0     task order, held-out set, learner RNG
     timeout_s = 900.0      the local run's budget
-    [model]      preset ("tiny", "25m"), name (a named pretrained model: "smollm2-135m"), device
+    [model]      preset ("tiny", "micro", "tiny-moe", "25m"), name (a named pretrained model: "smollm2-135m"), device
                  (cpu | cuda | auto), rollout_dtype, learner_autocast, lora_rank, lora_alpha
     [env]        name, options (the environment's own options, e.g. {max_operand = 19})
     [algorithm]  loss (grpo | cispo | kimi), lr, loss_constant, max_staleness, temperature, kl_coef
@@ -39,6 +39,8 @@ Sections (every key optional; what is left out keeps `TrainingPlan`'s default):
                  schedule"); checked by the learner's config when its config is resolved
     [learner.toggle]  enabled, period, rho, accuracy: Toggle's budget phases (slipstream.rl.toggle;
                  services/learner README, "Toggle"), checked the same way
+    [learner]    router_replay (true: a MoE model's learner forces the experts the rollouts recorded),
+                 moe_aux_coef (weight of its load-balancing loss, default 0.01)
     [learner]    sft_export (true: the learner writes its settled train episodes with reward >=
                  sft_export_min_reward, default 1.0, to learner-sft-set.jsonl in the run directory)
     [replicas]   rollout-worker, reward-model, eval-gate (the cluster's replica counts); tool-service
@@ -158,6 +160,8 @@ class LearnerSection(_Section):
     toggle: dict[str, Any] | None = None
     sft_export: bool | None = None
     sft_export_min_reward: float | None = None
+    router_replay: bool | None = None
+    moe_aux_coef: float | None = None
 
 
 class ReplicasSection(_Section, rename="kebab"):

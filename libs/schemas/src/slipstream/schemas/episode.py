@@ -87,6 +87,16 @@ class Sample(msgspec.Struct, kw_only=True):
         str, Doc(description="The context edit that started this sample: 'prune', 'summary', 'handoff' or ''.")
     ] = ""
     finish_reason: Annotated[str, Doc(description="Why this sample ended: 'stop', 'length', 'edit', ...")] = ""
+    routes: Annotated[
+        bytes,
+        Doc(
+            description="Mixture-of-experts models: the experts the engine routed each of the first N tokens of "
+            "token_ids to, uint8 token-major [token, layer, k] (N * routes_per_token bytes; the tokens after N, "
+            "such as the last sampled one, were never forwarded). The learner can replay them (router replay). "
+            "Empty for dense models."
+        ),
+    ] = b""
+    routes_per_token: Annotated[int, Doc(description="Bytes of `routes` per token: MoE layers x top-k; 0 = none.")] = 0
 
     # Convenience views; not part of the wire format.
     def ids(self) -> list[int]:

@@ -85,3 +85,10 @@ class LearnerStep(msgspec.Struct, kw_only=True):
     substeps: Annotated[
         int, Doc(description="Optimizer updates applied over the step's batch ([learner] substeps).")
     ] = 1
+    moe_aux_loss: Annotated[
+        float | None,
+        Doc(
+            description="MoE models: the load-balancing auxiliary loss per trained token before the update (1.0 at "
+            "uniform routing), added at [learner] moe_aux_coef; null for a dense model."
+        ),
+    ] = None

@@ -95,6 +95,21 @@ class LearnerSection(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             "weights the ones before produced, its ratio against the recorded behaviour log-probs; 1 = one update."
         ),
     ] = 1
+    router_replay: Annotated[
+        bool,
+        Doc(
+            description="MoE models: recompute log-probs with the experts the engine routed each token to (the "
+            "routes recorded in the episode) instead of the learner's own top-k; tokens without routes route "
+            "themselves. No effect on dense models."
+        ),
+    ] = False
+    moe_aux_coef: Annotated[
+        float,
+        Doc(
+            description="MoE models: weight of the load-balancing auxiliary loss (slipstream.engine.moe, 1.0 at "
+            "uniform routing) added to the policy loss; 0 = off. No effect on dense models."
+        ),
+    ] = 0.01
     checkpoint_every: Annotated[
         int,
         Doc(
@@ -247,6 +262,7 @@ class LearnerSection(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             (self.uniform_tol >= 0, f"uniform_tol must be >= 0, got {self.uniform_tol}"),
             (self.micro_batch >= 1, f"micro_batch must be >= 1, got {self.micro_batch}"),
             (self.substeps >= 1, f"substeps must be >= 1, got {self.substeps}"),
+            (self.moe_aux_coef >= 0, f"moe_aux_coef must be >= 0, got {self.moe_aux_coef}"),
             (self.checkpoint_every >= 0, f"checkpoint_every must be >= 0, got {self.checkpoint_every}"),
             (self.commit_when_idle_s >= 0, f"commit_when_idle_s must be >= 0, got {self.commit_when_idle_s}"),
             (self.keep_checkpoints >= 1, f"keep_checkpoints must be >= 1, got {self.keep_checkpoints}"),

@@ -88,6 +88,10 @@ def _inspect_sample(s: Sample, vocab_size: int) -> str:
     covered = sum(seg.n_tokens for seg in s.segments)
     if covered != completion:
         return f"{where}: segments cover {covered} tokens, {completion} follow the prompt"
+    if s.routes and (s.routes_per_token < 1 or len(s.routes) % s.routes_per_token):
+        return f"{where}: {len(s.routes)} route bytes are not whole tokens of routes_per_token {s.routes_per_token}"
+    if s.routes and len(s.routes) // s.routes_per_token > n_total:
+        return f"{where}: routes for {len(s.routes) // s.routes_per_token} tokens, the sample has {n_total}"
     if s.trainable:  # a frozen agent may speak another model's vocabulary; its tokens are never trained
         ids = s.ids()
         if min(ids) < 0 or max(ids) >= vocab_size:

@@ -79,6 +79,8 @@ def observe(stats: StepStats, progress: Progress, *, held: int) -> None:
         masked_share=round(stats.figures.get("masked_share", 0.0), 6),
         **({"kl": round(stats.figures["kl"], 8)} if "kl" in stats.figures else {}),
         **({"substeps": stats.substeps} if stats.substeps != 1 else {}),
+        # MoE models: the load-balancing loss (1.0 = uniform routing) the step added at [learner] moe_aux_coef.
+        **({"moe_aux_loss": round(stats.figures["moe_aux_loss"], 6)} if "moe_aux_loss" in stats.figures else {}),
     )
 
 
@@ -120,6 +122,7 @@ async def publish_step(
         mismatch_kl=stats.figures.get("behaviour_kl", 0.0),
         masked_share=stats.figures.get("masked_share", 0.0),
         substeps=stats.substeps,
+        moe_aux_loss=stats.figures.get("moe_aux_loss"),
     )
     # The version is in the id: after a crash a step number is redone, but never a version.
     try:

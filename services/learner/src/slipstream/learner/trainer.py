@@ -24,6 +24,11 @@ With `[loss] kl_coef > 0` each micro-batch also runs a no-grad forward pass of t
 reference (`reference.py`: the initial weights; with LoRA the base model, adapters off) for the
 KL penalty; its log-probs are computed once per step and reused by later substeps.
 
+A mixture-of-experts policy (slipstream.engine.moe) adds its load-balancing loss, weighted by
+`[learner] moe_aux_coef` and by each micro-batch's share of the step's trained tokens, and reports
+it as `moe_aux_loss`; with `[learner] router_replay` its forward uses the experts the engine
+recorded for each token (`Batch.routes`) instead of choosing its own.
+
 A step whose gradient is not finite is not applied (the optimizer state stays as it was) and is
 reported as such; the caller decides what to do with its trajectories. This module runs in a
 worker thread (the service's event loop keeps draining NATS meanwhile) and does no I/O.
@@ -47,6 +52,7 @@ from torch import nn
 
 from slipstream.engine.kernels import upcast_bf16_default
 from slipstream.engine.model import CausalLM
+from slipstream.engine.moe import aux_loss, force_routes
 from slipstream.learner.config import AutocastDtype, LearnerSection
 from slipstream.learner.reference import Reference, make_reference
 from slipstream.rl import LossConfig, TrainItem, compute_loss, pack_batch, staleness, token_logprobs, turn_mismatch
@@ -66,6 +72,7 @@ _TOKEN_MEANS = (
     "last_clip_fraction",
     "last_behaviour_kl",
     "last_masked_share",
+    "moe_aux_loss",
 )
 _LAST = ("ratio_mean", "clip_fraction", "behaviour_kl", "masked_share")
 """Figures of the last substep reported beside the first's (as last_<name>) when substeps > 1."""
@@ -386,7 +393,7 @@ class Trainer:
         if self.reference is not None and ref_logprobs is None:
             with torch.no_grad(), self.reference.active() as ref_model:
                 ref_logprobs = self._logprobs(ref_model, batch)
-        logprobs = self._logprobs(self.model, batch)
+        logprobs = self._logprobs(self.model, batch, replay=self.section.router_replay)
         out = compute_loss(
             self.loss_cfg,
             logprobs=logprobs,
@@ -396,14 +403,25 @@ class Trainer:
             ref_logprobs=ref_logprobs,
             total_tokens=total_tokens,
         )
-        out.loss.backward()
+        loss = out.loss
+        balance = aux_loss(self.model, batch.attention_mask)
+        if balance is not None:
+            # The micro-batch's share of the step's trained tokens: summed over micro-batches, a token-weighted mean.
+            loss = loss + self.section.moe_aux_coef * balance * (batch.n_tokens / max(total_tokens, 1))
+            out.metrics["moe_aux_loss"] = float(balance.detach())
+        loss.backward()
         for turn, (total, n) in turn_mismatch(logprobs, batch.behaviour_logprobs, batch.mask, batch.turn_index).items():
             prev = by_turn.get(turn, (0.0, 0))
             by_turn[turn] = (prev[0] + total, prev[1] + n)
         return out.metrics, ref_logprobs
 
-    def _logprobs(self, model: nn.Module, batch: Batch) -> torch.Tensor:
-        """Per-position log-probs of `batch`'s targets under `model`, at the sampling temperature."""
+    def _logprobs(self, model: nn.Module, batch: Batch, *, replay: bool = False) -> torch.Tensor:
+        """Per-position log-probs of `batch`'s targets under `model`, at the sampling temperature; with
+        `replay`, a MoE model routes each token to the experts the engine recorded (router replay)."""
+        with force_routes(model, batch.routes if replay else None):
+            return self._forward_logprobs(model, batch)
+
+    def _forward_logprobs(self, model: nn.Module, batch: Batch) -> torch.Tensor:
         # fp32 master weights with bf16 matmuls: pure-bf16 weights lose updates below their
         # resolution (measured on SmolLM2: loss 13.566 -> 13.550 vs 13.175 with fp32 + autocast over 3 steps).
         autocast = (

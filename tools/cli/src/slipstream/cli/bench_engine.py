@@ -45,6 +45,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from slipstream.cli.bench_moe import add_moe_arguments, moe_section
+
 GROUP = 8
 TARGET_ENGINE = 1.5
 TARGET_LEARNER = 1.0
@@ -91,6 +93,7 @@ def register(bench_subparsers: Any) -> None:
         action="store_true",
         help="engine uses F.linear in fp32 instead of MKL's packed GEMM (see engine kernels.py)",
     )
+    add_moe_arguments(p)  # the MoE router-replay section (bench_moe.py)
     p.set_defaults(func=_command)
 
 
@@ -388,6 +391,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "learner_ratio": TARGET_LEARNER,
             "learner_met": None if learner is None else learner["ratio"] >= TARGET_LEARNER,
         },
+        "moe_replay": moe_section(args),
         "seconds": round(time.monotonic() - t0, 1),
     }
     if by_workload:

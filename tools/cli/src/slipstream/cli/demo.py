@@ -101,6 +101,18 @@ def register(sub: Any) -> None:
         "none (full); default: the env's plan (recall: summary)",
     )
     p.add_argument("--lora-rank", type=int, default=None, help="train LoRA adapters of this rank only (0: full)")
+    p.add_argument(
+        "--preset",
+        choices=("tiny", "micro", "tiny-moe", "25m"),
+        default=None,
+        help="model preset (default: the env's plan; tiny-moe: 8 experts, top-2)",
+    )
+    p.add_argument(
+        "--rollout-dtype", choices=("float32", "bfloat16"), default=None, help="dtype the rollout workers sample in"
+    )
+    p.add_argument(
+        "--router-replay", action="store_true", default=None, help="MoE: the learner replays the rollouts' routes"
+    )
     p.add_argument("--heldout-tasks", type=int, default=None, help="held-out tasks evaluated before and after")
     p.add_argument(
         "--init-model",
@@ -483,6 +495,9 @@ def plan_from_args(args: argparse.Namespace) -> Any:
         ("seed", getattr(args, "seed", None)),
         ("lora_rank", getattr(args, "lora_rank", None)),
         ("heldout_tasks", getattr(args, "heldout_tasks", None)),
+        ("preset", getattr(args, "preset", None)),
+        ("rollout_dtype", getattr(args, "rollout_dtype", None)),
+        ("router_replay", getattr(args, "router_replay", None)),
     ):
         if value is not None:
             setattr(plan, field, copy.deepcopy(value))
