@@ -30,6 +30,7 @@ BENCHES: dict[str, str] = {
     "summary": "bench_summary",
     "code-baselines": "bench_code_baselines",
     "humaneval": "bench_humaneval",
+    "search-budget": "bench_search_budget",
 }
 
 
