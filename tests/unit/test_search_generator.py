@@ -250,7 +250,9 @@ def test_the_pruning_plan_corpus_hops_distractors_and_first_hop_clues() -> None:
                 assert titles[later] in texts[d] and d not in t.targets
     # The defaults are the old corpus: hops cycle from 1, no new documents.
     old = GeneratorOptions(seed=3)
-    assert [t.hops for t in generate_corpus(old).tasks][:3] == [1, 2, 3] and old.documents() == generate_corpus(old).documents.__len__()
+    assert [t.hops for t in generate_corpus(old).tasks][:3] == [1, 2, 3] and old.documents() == generate_corpus(
+        old
+    ).documents.__len__()
     with pytest.raises(ValueError, match="min_hops"):
         GeneratorOptions(min_hops=4, max_hops=3)
     with pytest.raises(ValueError, match="unique_first_hop needs distractor_clue 'region'"):

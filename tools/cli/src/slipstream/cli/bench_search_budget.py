@@ -27,7 +27,6 @@ import argparse
 import asyncio
 import json
 import re
-import statistics
 from typing import Any
 
 from slipstream.cli.bench import write_json
@@ -133,16 +132,13 @@ def _metrics(env: Any, specs: list[Any], episodes: list[Any]) -> dict[str, Any]:
     correct = [env.score(spec, episode).correct for spec, episode in zip(specs, episodes, strict=True)]
     for spec, ok in zip(specs, correct, strict=True):
         by_hops.setdefault(spec.metadata["hops"], []).append(ok)
-    turns = [e.counts.get("turns", 0) for e in episodes]
     metrics.update(
         {
             "final_answer_by_hops": {h: round(sum(v) / len(v), 3) for h, v in sorted(by_hops.items())},
             "hops": {h: len(v) for h, v in sorted(by_hops.items())},
-            "prune_share": sum(any(ev.name == "prune_chunks" for ev in e.tool_log) for e in episodes) / len(episodes),
             "refused_share": sum(any(ev.info.get("refused") for ev in e.tool_log) for e in episodes) / len(episodes),
             "budget_blocked_share": sum(map(_blocked, episodes)) / len(episodes),
             "failed_blocked_share": _share([_blocked(e) for e, ok in zip(episodes, correct, strict=True) if not ok]),
-            "turns_median": statistics.median(turns),
         }
     )
     return metrics

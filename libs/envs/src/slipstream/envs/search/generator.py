@@ -336,7 +336,9 @@ class _Builder:
         self.first_pairs: list[tuple[str, int]] = []
         if options.unique_first_hop:
             every = [(r, d) for r in sorted(options.region_map()) for d in range(options.min_year // 10, 200)]
-            drawn = random.Random(f"search-first-hops|{options.seed}").sample(every, len(DOMAINS) * options.tasks_per_domain)
+            drawn = random.Random(f"search-first-hops|{options.seed}").sample(
+                every, len(DOMAINS) * options.tasks_per_domain
+            )
             self.reserved = set(drawn)
             self.first_pairs = drawn[::-1]
         self.ids: set[str] = set()
