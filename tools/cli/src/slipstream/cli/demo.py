@@ -342,6 +342,10 @@ ENV_PLANS: dict[str, dict[str, Any]] = {
         # episodes first wrote '3' for a '9') and 60 RL steps moved nothing (held-out 0.324 -> 0.281).
         "sft_steps": 3000,
         "sft_batch": 8,
+        # Epochs over the train split's expert episodes: the SFT filter keeps one episode per task
+        # among those that found every target, so a stream of tasks drawn with replacement ran dry
+        # (100 steps of 8 rows outran 800 drawn tasks' kept examples).
+        "sft_pool_tasks": 645,
         "sft_lr": 3e-3,
         "sft_target_accuracy": 0.75,
         "sft_check_every": 25,
