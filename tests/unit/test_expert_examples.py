@@ -103,3 +103,23 @@ def test_a_pool_of_tasks_is_played_once_and_cycled_in_order() -> None:
     assert env.played == 3 and figures["steps"] == 4 and figures["examples"] == 16
     with pytest.raises(ValueError, match="pool_tasks"):
         ws.sft_warmstart(model, TOK, env, steps=4, pool_tasks=-1)
+
+
+class KeepsOne(TwoSamples):
+    """A curating env that keeps one expert episode of all: its examples run out at once."""
+
+    def curate_expert_episodes(self, tasks: list[TaskSpec], episodes: list[Episode]) -> list[bool]:
+        return [i == 0 for i in range(len(episodes))]
+
+
+def test_a_warm_start_whose_curated_examples_run_out_says_so() -> None:
+    """A filter that keeps few episodes (search's keeps one per task) outran by the steps: an error
+    naming the step and the fix, not an empty batch; with a pool the steps cycle over what was kept."""
+    import slipstream.harness.warmstart as ws
+    from slipstream.engine import build_tiny
+
+    model, _ = build_tiny("micro", seed=1)
+    with pytest.raises(ValueError, match=r"examples ran out at step 1 of 3 .*sft_pool_tasks"):
+        ws.sft_warmstart(model, TOK, KeepsOne(), steps=3, batch_size=4, lr=1e-3, seed=5)
+    figures = ws.sft_warmstart(model, TOK, KeepsOne(), steps=3, batch_size=4, lr=1e-3, seed=5, pool_tasks=4)
+    assert figures["steps"] == 3 and figures["examples"] == 12

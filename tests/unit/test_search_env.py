@@ -19,9 +19,11 @@ import search_backend  # noqa: F401  (registers the "terms" backend)
 from slipstream.engine import ByteTokenizer, SamplingParams
 from slipstream.envs import get_env, task_of
 from slipstream.envs.base import TaskSpec
+from slipstream.envs.context import Purpose
 from slipstream.envs.search import Search
 from slipstream.envs.search.expert import call
-from slipstream.harness import RecordingEngine, ScriptedEngine, rollout_episodes, token_problems
+from slipstream.envs.search.reward import f_beta
+from slipstream.harness import RecordingEngine, ScriptedEngine, evaluate, rollout_episodes, token_problems
 from slipstream.schemas import Episode
 
 pytestmark = pytest.mark.unit
@@ -40,16 +42,21 @@ def task(e: Search, split: str = "train", hops: int = 2) -> TaskSpec:
     return next(t for t in e.generate(split, 40, seed=1) if t.metadata["hops"] == str(hops))  # type: ignore[arg-type]
 
 
-async def play(e: Search, t: TaskSpec, lines: Sequence[str] | None = None) -> Episode:
-    """One episode; `lines` are the model's turns in order (None: the env's expert)."""
+async def play(
+    e: Search, t: TaskSpec, lines: Sequence[str] | None = None, *, purpose: Purpose = "train", version: int = 0
+) -> Episode:
+    """One episode played for `purpose` by policy `version`; `lines` are the model's turns in order
+    (None: the env's expert)."""
     script = iter(lines or [])
 
     def reply(_req: Any, context: str) -> str:
         return next(script, "<docs></docs>\n") if lines is not None else e.expert(t, context)
 
-    engine = RecordingEngine(ScriptedEngine(TOK, reply, max_seq_len=1 << 16))
+    engine = RecordingEngine(ScriptedEngine(TOK, reply, max_seq_len=1 << 16, policy_version=version))
     params = SamplingParams(temperature=1.0, max_tokens=4096)
-    (episode,) = await rollout_episodes(engine, TOK, e, t, group_size=1, params=params, group_id=f"g-{t.task_id}")
+    (episode,) = await rollout_episodes(
+        engine, TOK, e, t, group_size=1, params=params, group_id=f"g-{t.task_id}", purpose=purpose
+    )
     # Every episode here is also checked against the engine calls that made it (ids, masks, edits).
     assert token_problems(episode, engine.calls_of(episode), TOK) == []
     return episode
@@ -82,21 +89,68 @@ async def test_usage_line_after_every_turn_is_exact_and_counts_the_context() -> 
     assert used > 1000 and line.startswith(f"[Token usage: {used:,}/32,768]\n") and "," in line.split("/")[0]
 
 
-async def test_soft_message_past_half_budget_in_training_only() -> None:
+async def test_soft_message_past_half_budget_on_training_rollouts_only_not_by_split() -> None:
     e = env(budget_tokens=1024, search_tokens=600, reserve_tokens=160, hard_cutoff=1.0)
     lines = [search("town company patent thread"), search("it is a in the"), "<docs>x</docs>\n"]
-    train = await play(e, task(e, "train"), lines)
-    held = await play(e, task(e, "heldout"), lines)
     soft = "[Over half the budget"
-    train_obs, held_obs = observations(train), observations(held)
-    assert any(soft in o for o in train_obs) and train.counts.get("soft_messages", 0) >= 1
-    assert not any(soft in o for o in held_obs)
+    t = task(e, "train")
+    rollout = await play(e, t, lines)  # the rollout worker's purpose
+    train_obs = observations(rollout)
+    assert any(soft in o for o in train_obs) and rollout.counts.get("soft_messages", 0) >= 1
+    # The same train-split task played as an evaluation: past half the budget alike, no message.
+    as_eval = await play(e, t, lines, purpose="eval")
+    usage = [o for o in observations(as_eval) if o.startswith("[Token usage")]
+    assert usage[0] == next(o for o in train_obs if o.startswith("[Token usage")).split("]")[0] + "]\n"
+    assert int(USAGE.match(usage[0]).group(1).replace(",", "")) > 512  # type: ignore[union-attr]
+    assert not any(soft in o for o in observations(as_eval)) and "soft_messages" not in as_eval.counts
+    # A held-out task in a training rollout sees it: the purpose decides, not the split.
+    assert any(soft in o for o in observations(await play(e, task(e, "heldout"), lines)))
+    # Through the evaluation loop itself (eval-gate's and the demo's held-out figures), a train-split
+    # task's contexts never hold it, though they pass half the budget.
+    contexts: list[str] = []
+    script = iter(lines)
+
+    def reply(_req: Any, context: str) -> str:
+        contexts.append(context)
+        return next(script, "<docs></docs>\n")
+
+    engine = ScriptedEngine(TOK, reply, max_seq_len=1 << 16)
+    report = await evaluate(engine, TOK, e, [t], params=SamplingParams(temperature=0.0, max_tokens=4096))
+    assert report.n == 1 and len(contexts) == 3
+    used = [int(u.replace(",", "")) for u in re.findall(r"\[Token usage: ([\d,]+)/", contexts[-1])]
+    assert max(used) > 512 and not any(soft in c for c in contexts)
     # Below half the budget there is no message, even in training.
     first = next(o for o in train_obs if o.startswith("[Token usage"))
-    used = int(USAGE.match(first).group(1).replace(",", ""))  # type: ignore[union-attr]
-    assert (soft in first) == (used > 512)
+    used_first = int(USAGE.match(first).group(1).replace(",", ""))  # type: ignore[union-attr]
+    assert (soft in first) == (used_first > 512)
     always = env(budget_tokens=1024, search_tokens=600, reserve_tokens=160, hard_cutoff=1.0, soft_message="always")
-    assert any(soft in o for o in observations(await play(always, task(always, "heldout"), lines)))
+    assert any(soft in o for o in observations(await play(always, t, lines, purpose="eval")))
+
+
+async def test_the_beta_schedule_reaches_the_reward() -> None:
+    """F_beta's beta follows the policy version that sampled the episode, as the reward-model scores it."""
+    from slipstream.reward_model.scorer import Scorer
+
+    options = {"backend": "terms", "beta_anneal_versions": 100}
+    e = env(beta_anneal_versions=100)
+    t = task(e, hops=2)
+    targets = t.metadata["targets"].split()
+    output = [targets[0], "x001", "x002"]  # P = 1/3, R = 1/2: F_beta moves with beta
+    line = f"<docs>{' '.join(output)}</docs>\n"
+    scheduled, fixed = Scorer({"search": options}), Scorer({"search": {"backend": "terms"}})
+    betas = {0: 4.0, 25: 3.5, 50: 3.0, 100: 2.0, 150: 2.0}
+    for version, beta in betas.items():
+        episode = await play(e, t, [line], version=version)
+        assert episode.oldest_version() == version
+        scored, score = scheduled.score(episode, now=0.0)
+        assert f"beta={beta:g}" in score.reason, (version, score.reason)
+        assert scored.components["f_beta"] == pytest.approx(0.7 * f_beta(output, set(targets), beta))
+        unscheduled, _ = fixed.score(episode, now=0.0)
+        assert unscheduled.components["f_beta"] == pytest.approx(0.7 * f_beta(output, set(targets), 4.0))
+    # Annealed, recall weighs less: this high-recall, low-precision output earns more at beta 4 than at 2.
+    early = scheduled.score(await play(e, t, [line], version=0), now=0.0)[0]
+    late = scheduled.score(await play(e, t, [line], version=100), now=0.0)[0]
+    assert early.reward > late.reward
 
 
 async def test_past_the_hard_cutoff_every_tool_but_prune_is_refused() -> None:

@@ -207,3 +207,55 @@ def test_varied_nouns_vary_training_wording_and_keep_the_held_out_domain_its_own
 def test_supporting_doc_struct_roundtrips() -> None:
     s = SupportingDoc(doc_id="w0001", document_quotes=["a"], clue_quotes=[], truth_quotes=["b"])
     assert msgspec.json.decode(msgspec.json.encode(s), type=SupportingDoc) == s
+
+
+def test_the_pruning_plan_corpus_hops_distractors_and_first_hop_clues() -> None:
+    """Issue 33's corpus: 2-3 hops, distractors sharing the first hop's region, documents naming
+    each later hop's entity, and first-hop clues no other document shares."""
+    options = GeneratorOptions(
+        seed=3,
+        min_hops=2,
+        max_hops=3,
+        tasks_per_domain=30,
+        distractors=3,
+        distractor_clue="region",
+        hop_distractors=2,
+        filler_per_domain=20,
+        regions=12,
+        min_year=1000,
+        unique_first_hop=True,
+    )
+    corpus = generate_corpus(options)
+    assert len(corpus.documents) == options.documents()
+    assert {t.hops for t in corpus.tasks} == {2, 3}
+    texts = {d.doc_id: d.text for d in corpus.documents}
+    titles = {d.doc_id: d.title for d in corpus.documents}
+
+    def clue(text: str) -> tuple[str, str]:
+        return text.split(". It dates from ")[0].rsplit(" ", 1)[-1], text.split("It dates from ")[1][:3]
+
+    firsts = {clue(texts[t.targets[0]]): t.targets[0] for t in corpus.tasks}
+    assert len(firsts) == len(corpus.tasks)
+    for doc_id, text in texts.items():
+        owner = firsts.get(clue(text))
+        assert owner in (None, doc_id), f"{doc_id} shares the first-hop clues of {owner}"
+    for t in corpus.tasks:
+        assert verify(t, texts) is None
+        region = clue(texts[t.targets[0]])[0]
+        shares_region, names_a_hop = t.distractors[:3], t.distractors[3:]
+        assert all(clue(texts[d])[0] == region for d in shares_region)
+        assert len(names_a_hop) == 2 * (t.hops - 1)
+        for k, later in enumerate(t.targets[1:]):
+            for d in names_a_hop[2 * k : 2 * k + 2]:
+                assert titles[later] in texts[d] and d not in t.targets
+    # The defaults are the old corpus: hops cycle from 1, no new documents.
+    old = GeneratorOptions(seed=3)
+    assert [t.hops for t in generate_corpus(old).tasks][:3] == [1, 2, 3] and old.documents() == generate_corpus(
+        old
+    ).documents.__len__()
+    with pytest.raises(ValueError, match="min_hops"):
+        GeneratorOptions(min_hops=4, max_hops=3)
+    with pytest.raises(ValueError, match="unique_first_hop needs distractor_clue 'region'"):
+        GeneratorOptions(unique_first_hop=True)
+    with pytest.raises(ValueError, match="unique_first_hop: 1200 tasks"):
+        msgspec.structs.replace(options, tasks_per_domain=300)

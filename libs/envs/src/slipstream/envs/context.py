@@ -21,6 +21,10 @@ wire `Episode` (samples, tool log, counts) from what the loop did:
   results are classified the same either way.
 - `log_tool` / `count` record the environment's log for scorers; `reward` adds a named reward
   component known only during play (it is summed with the scorer's components).
+- `purpose` says why the episode is played: "train" (a rollout the learner may train on, or a
+  teacher's episode for the warm-start) or "eval" (an evaluation, whatever the task's split). An
+  environment that helps only while training (the search harness's soft budget message) reads it,
+  never the task's split: a train-split task is also evaluated.
 
 `ContextFull` is raised when a sample would outgrow the engine's context; an environment may
 catch it (and, say, summarise) or let it end the episode with finish_reason "length".
@@ -28,7 +32,7 @@ catch it (and, say, summarise) or let it end the episode with finish_reason "len
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Annotated, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Annotated, Literal, Protocol, runtime_checkable
 
 import msgspec
 
@@ -39,6 +43,9 @@ if TYPE_CHECKING:
     from slipstream.tools import ToolRegistry, ToolTransport
 
 Doc = msgspec.Meta
+
+Purpose = Literal["train", "eval"]
+PURPOSES: tuple[Purpose, ...] = ("train", "eval")
 
 
 class ContextFull(Exception):
@@ -131,6 +138,11 @@ class EpisodeContext(Protocol):
 
     @property
     def task(self) -> TaskSpec: ...
+
+    @property
+    def purpose(self) -> Purpose:
+        """Why the episode is played: "train" (a training rollout or a teacher's episode) or "eval"."""
+        ...
 
     def open(
         self, prompt: str, *, agent_id: str | None = None, role: str | None = None, trainable: bool | None = None

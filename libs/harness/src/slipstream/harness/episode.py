@@ -34,7 +34,7 @@ import msgspec
 from slipstream.engine.interface import Engine, GenerationRequest, SamplingParams
 from slipstream.engine.tokenizer import Tokenizer
 from slipstream.envs.base import PLAY_REWARD_PREFIX, TaskSpec
-from slipstream.envs.context import ContextFull, Generation, Nested, Outcome, Span
+from slipstream.envs.context import PURPOSES, ContextFull, Generation, Nested, Outcome, Purpose, Span
 from slipstream.harness.state import EpisodeState, SampleBuilder
 from slipstream.harness.subagents import SubagentTransport, build_request, child_steps, merge_reply
 from slipstream.harness.summary import SummaryConfig
@@ -112,6 +112,12 @@ class EpisodeRun:
     """The training run, told to the sub-agent pool."""
     worker_id: str = ""
     """Who plays this episode, told to the sub-agent pool (logs)."""
+    purpose: Purpose = "train"
+    """Why it is played: "train" (a rollout or a teacher's episode) or "eval" (`EpisodeContext.purpose`)."""
+
+    def __post_init__(self) -> None:
+        if self.purpose not in PURPOSES:
+            raise ValueError(f"purpose must be one of {PURPOSES}, got {self.purpose!r}")
 
 
 class Recorder:
@@ -151,6 +157,10 @@ class Recorder:
     @property
     def task(self) -> TaskSpec:
         return self._task
+
+    @property
+    def purpose(self) -> Purpose:
+        return self._run.purpose
 
     @property
     def state(self) -> EpisodeState:

@@ -142,6 +142,7 @@ async def evaluate(
                 group_id=f"{run}/{i}",
                 summary=summary,
                 frozen_engine=frozen_engine,
+                purpose="eval",
             )
         scores = [env.score(spec, e) for e in episodes]
         played.extend((i, j, spec, e) for j, e in enumerate(episodes))

@@ -29,7 +29,7 @@ import msgspec
 from slipstream.engine.interface import Engine, SamplingParams
 from slipstream.engine.tokenizer import Tokenizer
 from slipstream.envs.base import Environment, TaskSpec
-from slipstream.envs.context import ContextFull, EpisodeContext, Outcome
+from slipstream.envs.context import ContextFull, EpisodeContext, Outcome, Purpose
 from slipstream.harness.episode import (
     EpisodeRun,
     Recorder,
@@ -124,6 +124,7 @@ async def rollout_episodes(
     tools: Callable[[ToolRegistry], ToolTransport] | None = None,
     summary: SummaryConfig | None = None,
     subagents: SubagentTransport | None = None,
+    purpose: Purpose = "train",
 ) -> list[Episode]:
     """Play `task` `group_size` times (default: the wire task's group_size, else 1), concurrently.
 
@@ -133,7 +134,9 @@ async def rollout_episodes(
     params carry a seed, else a hash of (group id, i, k). `frozen_engine` serves the calls of
     frozen (non-trainable) agents; `tools` says where tool calls run (None: in this process);
     `summary` makes long contexts summarise and restart (summary.py; one threshold per group);
-    `subagents` plays frozen spawned agents in the pinned pool instead (subagents.py).
+    `subagents` plays frozen spawned agents in the pinned pool instead (subagents.py); `purpose`
+    is what the episodes are played for ("train": a training rollout or a teacher's episode;
+    "eval": an evaluation), which the environment reads from its context (`EpisodeContext.purpose`).
     Raises TaskRejected for a task this env/engine can never run, RolloutAborted when the engine
     aborts a call; on any failure the other episodes are cancelled.
     """
@@ -162,6 +165,7 @@ async def rollout_episodes(
             subagents=subagents,
             run_id=run_id,
             worker_id=worker_id,
+            purpose=purpose,
         )
         for i in range(size)
     ]

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from slipstream.envs.context import Generation, Nested, Outcome, Span
+from slipstream.envs.context import Generation, Nested, Outcome, Purpose, Span
 from slipstream.harness.episode import Recorder
 from slipstream.harness.state import SampleBuilder
 from slipstream.harness.summary import TRUNCATED, SummaryConfig, restart_text
@@ -72,6 +72,10 @@ class SummarisingContext:
     @property
     def task(self) -> TaskSpec:
         return self.inner.task
+
+    @property
+    def purpose(self) -> Purpose:
+        return self.inner.purpose
 
     @property
     def agent_id(self) -> str:

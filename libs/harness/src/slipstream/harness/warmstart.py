@@ -245,6 +245,12 @@ def sft_warmstart(
                 if reached:
                     break
             rows = examples.take(step * batch_size, (step + 1) * batch_size)
+            if not rows:
+                raise ValueError(
+                    f"warm-start: {env.name}'s examples ran out at step {step} of {steps + settle_steps} (batch "
+                    f"{batch_size}); its expert's kept episodes are fewer than the steps need: set pool_tasks "
+                    "(sft_pool_tasks) for epochs over them"
+                )
             rows = rows + copy_mix[step * copy_rows : (step + 1) * copy_rows]
             loss, trained = _train_step(model, opt, sched, rows, tokenizer.pad_id, grad_clip)
             losses.append(loss)

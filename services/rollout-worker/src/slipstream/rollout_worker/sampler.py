@@ -115,6 +115,7 @@ class Sampler:
             summary=self.summary,
             frozen_engine=self.frozen_engine,
             subagents=self.subagents,
+            purpose="train",  # what training-only help (the search env's soft budget message) keys on
         )
         ROLLOUT_S.observe(time.perf_counter() - t0)
         return episodes

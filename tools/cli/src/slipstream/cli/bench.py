@@ -31,6 +31,7 @@ BENCHES: dict[str, str] = {
     "code-baselines": "bench_code_baselines",
     "humaneval": "bench_humaneval",
     "moe": "bench_moe",
+    "search-budget": "bench_search_budget",
 }
 
 

@@ -190,7 +190,7 @@ CODE_OPTIONS = {
     "expert_guess_rate": 0.4,
     "length_penalty": {"scale": 0.0005},
 }
-# `search` (Context-1's search agent, issue 13), sized for a CPU: one hop, the BM25-only backend
+# The first `search` plans (issue 13), sized for a CPU: one hop, the BM25-only backend
 # (the hybrid one's MiniLM encode costs every process tens of seconds), the question without the
 # tool list, a 1,536-token budget with 420-token results and at most 4 turns. The expert finds the
 # hop with grep_corpus on the clues (BM25 cannot match the decade "1870s" to a year) and is
@@ -203,7 +203,9 @@ CODE_OPTIONS = {
 # its id (`Id 417.`), so both copies sit a fixed distance before they are made; 225 tasks per
 # domain without distractors in 12 regions with unique (region, decade) clues and random 3-digit
 # ids (879 tasks, 661 train: too many to memorise), so the grep returns the target alone.
-# libs/envs/README.md, "The CPU demo plan", has the probe curves.
+# libs/envs/README.md, "The CPU demo plan", has the probe curves. Every episode of that plan was
+# two turns, one grep and no prune (issue 33): SEARCH_ONEHOP_OPTIONS keeps it (the swarm demo's
+# corpus); SEARCH_OPTIONS below is the plan that needs the harness.
 SEARCH_GREP_OPTIONS = {
     "backend": "bm25",
     "max_hops": 1,
@@ -218,7 +220,7 @@ SEARCH_GREP_OPTIONS = {
     "expert_grep": True,
     "expert_slip_rate": 0.3,
 }
-SEARCH_OPTIONS = {
+SEARCH_ONEHOP_OPTIONS = {
     **SEARCH_GREP_OPTIONS,
     "tasks_per_domain": 225,
     "distractors": 0,
@@ -236,6 +238,40 @@ SEARCH_OPTIONS = {
     # them (seed 0, mid-cliff: 11 of 64 held-out episodes first went wrong inside the tool name, 10 in
     # the region word; none on train), and RL raised train success but not held-out.
     "varied_nouns": True,
+}
+# `search` (issue 33): tasks that need the harness. 2-3 hops; the first hop's clues are searched
+# (no grep) and three distractors per task share its region and kind, so they rank with the
+# target; each later hop's search for the bridge entity also returns two documents that name it;
+# 100 filler documents per domain. One first-hop search result may cost 1,300 of the 2,048-token
+# budget, so without pruning the next hop is refused at the hard cutoff or finds no room:
+# `slipstream bench search-budget` (200 distinct train and 200 held-out tasks) measures a teacher
+# that never prunes against one that always does (libs/envs README, "The pruning plan").
+# The warm-start's teacher prunes on 8% of tasks (`expert_prune_rate`; <= 10% of episodes on both
+# splits as measured, a fixed draw per task), so RL must raise the
+# share; F_beta's beta goes 4 -> 2 over the run's 100 learner steps (`beta_anneal_versions`).
+# Held out: the email domain, whose nouns (thread, signature, earlier thread, meeting place) no
+# training question uses, and whose documents and entities no training task has.
+SEARCH_OPTIONS = {
+    "backend": "bm25",
+    "min_hops": 2,
+    "max_hops": 3,
+    "tasks_per_domain": 220,
+    "distractors": 3,
+    "distractor_clue": "region",
+    "hop_distractors": 2,
+    "filler_per_domain": 100,
+    "regions": 12,
+    "min_year": 1000,
+    "unique_first_hop": True,
+    "varied_nouns": True,
+    "tools_line": False,
+    "budget_tokens": 2048,
+    "search_tokens": 1300,
+    "reserve_tokens": 200,
+    "max_turns": 12,
+    "expert_fallback": "grep",
+    "expert_prune_rate": 0.08,
+    "beta_anneal_versions": 100,
 }
 # `recall` (issue 14: summaries vs truncation): 2 facts among 8 lines, then a question about one.
 # Whole episodes are ~120 tokens; the context threshold is drawn per group in [64, 88], so every
@@ -307,7 +343,8 @@ ENV_PLANS: dict[str, dict[str, Any]] = {
         "env_options": SEARCH_OPTIONS,
         "preset": "micro",
         "loss": "cispo",
-        # Not the copy curriculum: with it (4 copy rows a batch) seed 0's warm-start ended its 1,600
+        # The warm-start below was sized on the one-hop plan (SEARCH_ONEHOP_OPTIONS), not yet on this
+        # one. There: not the copy curriculum: with it (4 copy rows a batch) seed 0's warm-start ended its 1,600
         # steps at probe 0.28 / sampled 0.11 (0.96 / 0.25 at 375 without), held-out 0.000 -> 0.016.
         # The copies form on a cliff whose onset varies by seed (~1,400 steps for seed 0 with varied
         # nouns; README). A cap of 3,000 sets the cosine's length, so the lr is still near its peak
@@ -317,24 +354,29 @@ ENV_PLANS: dict[str, dict[str, Any]] = {
         # episodes first wrote '3' for a '9') and 60 RL steps moved nothing (held-out 0.324 -> 0.281).
         "sft_steps": 3000,
         "sft_batch": 8,
+        # Epochs over the train split's expert episodes: the SFT filter keeps one episode per task
+        # among those that found every target, so a stream of tasks drawn with replacement ran dry
+        # (100 steps of 8 rows outran 800 drawn tasks' kept examples).
+        "sft_pool_tasks": 645,
         "sft_lr": 3e-3,
         "sft_target_accuracy": 0.75,
         "sft_check_every": 25,
         "sft_settle_steps": 800,
         "sft_target_sampled": 0.5,
         "temperature": 1.0,
-        "max_tokens": 128,
-        "max_seq_len": 1536,
+        # A turn may be as long as the env's reserve (a batched prune names up to ~12 chunks), and a
+        # sample as long as the 2,048-token budget; the cap leaves the request room.
+        "max_tokens": 200,
+        "max_seq_len": 2304,
         "lr": 1e-4,  # at 3e-4 the first plan's batch reward fell 0.14 -> 0.05 in five steps
         "group_size": 8,
         "groups_per_step": 4,
-        # 100 steps of 32 episodes take ~3 minutes on a quiet machine. Seed 0's held-out rise after 60
-        # steps was +0.126 in one run and +0.056 in another (RL is asynchronous, so runs differ);
-        # over 120 steps it was +0.054 at step 40, +0.109 at step 105 and flat after.
+        # The first plan's 100 steps of 32 one-hop episodes took ~3 minutes on a quiet machine; this
+        # plan's episodes are 3-8 turns of up to 2,048 tokens. beta_anneal_versions matches it.
         "max_steps": 100,
         "eval_every": 0,
-        # 200 of the 218 held-out (email) tasks and 128 train tasks, 4 samples each: one seed's
-        # change then has a binomial standard error of ~0.05 (counting tasks, not samples).
+        # 200 held-out (email) tasks and 128 train tasks, 4 samples each: one seed's change then
+        # has a binomial standard error of ~0.05 (counting tasks, not samples).
         "heldout_tasks": 200,
         "heldout_samples": 4,
         "train_eval_tasks": 128,
@@ -400,7 +442,7 @@ ENV_PLANS: dict[str, dict[str, Any]] = {
     },
     # `swarm` (issue 15): an orchestrator over frozen search sub-agents on the search plan's corpus
     # (slipstream.cli.swarm_demo: the plan, then swarm vs single on the held-out split).
-    "swarm": swarm_plan(SEARCH_OPTIONS),
+    "swarm": swarm_plan(SEARCH_ONEHOP_OPTIONS),
 }
 
 

@@ -27,7 +27,7 @@ import msgspec
 
 PACKAGES = ("slipstream.envs", "slipstream.harness", "slipstream.engine", "slipstream.tools", "slipstream.sandbox")
 PLAN_FIELDS = ("env", "env_options", "preset", "seed", "temperature", "summary", "model")
-REWARD_ONLY_OPTIONS = ("length_penalty",)
+REWARD_ONLY_OPTIONS = ("length_penalty", "beta_final", "beta_anneal_versions")
 """Env options that only shape RL's reward: the warm-start (the expert's episodes, supervised steps and
 the probe's pass rate) never reads them, so runs that differ only in these share a warm-start."""
 

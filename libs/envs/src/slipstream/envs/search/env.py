@@ -12,8 +12,9 @@ The harness rules (techniques.md §4.2):
 - a token budget (`budget_tokens`: 2,048 by default for the tiny byte-level model, 32,768 for a
   real one) over the sample the model continues; after every turn the observation ends with
   `[Token usage: X/Y]` (X counted after the turn's results were appended);
-- past half the budget, in training rollouts only (split "train"; `soft_message`), a suggestion to
-  prune or conclude follows the usage line;
+- past half the budget, in training rollouts only (`soft_message`; the episode's purpose,
+  `EpisodeContext.purpose`, not the task's split: a train-split evaluation never sees it), a
+  suggestion to prune or conclude follows the usage line;
 - past `hard_cutoff` (a fraction in [0.5, 1]) every call but prune_chunks is refused with an
   error telling the model to prune or conclude (counted: `budget_refusals`);
 - results are cut to `search_tokens` per call and to what the budget leaves after `reserve_tokens`
@@ -22,7 +23,9 @@ The harness rules (techniques.md §4.2):
   chunk (view.py); the tool log keeps every result unpruned (events whose chunks were all pruned
   are marked `hidden`), and the reward reads that log.
 
-The reward is reward.py's, from the tool log and the final output; the expert is expert.py's.
+The reward is reward.py's, from the tool log and the final output, with F_beta's beta for the
+policy version that sampled the episode (`SearchOptions.beta_at`: 4 annealed to 2 over
+`beta_anneal_versions` learner steps when the run sets it); the expert is expert.py's.
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ from typing import Any, ClassVar
 import msgspec
 
 from slipstream.envs.base import SPLITS, Environment, Problem, Score, Split, TaskSpec
-from slipstream.envs.context import EpisodeContext, Outcome
+from slipstream.envs.context import EpisodeContext, Outcome, Purpose
 from slipstream.envs.registry import register
 from slipstream.envs.search import expert as expert_policy
 from slipstream.envs.search import reward as rw
@@ -213,10 +216,12 @@ class Search(Environment[SearchOptions]):
 
     # -- the episode ------------------------------------------------------------------------------
 
-    def training(self, task: TaskSpec) -> bool:
-        """Whether the soft suggestion is shown: training rollouts only (by default)."""
+    def training(self, purpose: Purpose) -> bool:
+        """Whether the soft suggestion is shown to an episode played for `purpose`: by default
+        (`soft_message` "train") in training rollouts and teacher episodes, never in evaluations,
+        whichever split the task is from."""
         o = self.options.soft_message
-        return o == "always" or (o == "train" and task.split == "train")
+        return o == "always" or (o == "train" and purpose == "train")
 
     async def run(self, ctx: EpisodeContext) -> Outcome:
         o = self.options
@@ -228,7 +233,7 @@ class Search(Environment[SearchOptions]):
             # instead of every call coming back as a tool crash.
             self.backend()
         runner = TurnRunner(o, self.renderer, self.count_tokens, ctx, transport)
-        soft = self.training(ctx.task)
+        soft = self.training(ctx.purpose)
         steps = 0  # tool invocations + 1 for the final turn (Outcome.steps: a parent's critical steps)
         for _ in range(o.max_turns):
             room = o.budget_tokens - len(thread)
@@ -263,17 +268,23 @@ class Search(Environment[SearchOptions]):
     def grade_episode(self, task: TaskSpec, episode: EpisodeRecord) -> Score:
         seen = {doc_of(c) for ev in episode.tool_log if ev.status == "ok" for c in _chunks(ev.info)}
         calls = [ev.name for ev in episode.tool_log]
-        return self._grade(task, episode.final_text, seen, calls, episode.counts.get("turns", 1))
+        # The version that sampled the episode is the learner's step count when it was published:
+        # F_beta's beta follows the run's schedule through it (an unsampled episode counts as 0).
+        version = max(0, episode.oldest_version())
+        return self._grade(task, episode.final_text, seen, calls, episode.counts.get("turns", 1), version=version)
 
     def grade(self, task: TaskSpec, completion: str) -> Score:
         output = parse_output(completion, self.options.max_output_docs) or []
-        return self._grade(task, completion, set(output), [], 1)
+        return self._grade(task, completion, set(output), [], 1, version=0)
 
-    def _grade(self, task: TaskSpec, final: str, seen: set[str], calls: list[str], turns: int) -> Score:
+    def _grade(
+        self, task: TaskSpec, final: str, seen: set[str], calls: list[str], turns: int, *, version: int
+    ) -> Score:
         output = parse_output(final, self.options.max_output_docs)
         if output is None:
             return self.failure("no final output: expected <docs>ids</docs>")
         meta = task.metadata
+        config = self.options.reward_config(version)
         b = rw.reward(
             output=output,
             targets=set(meta["targets"].split()),
@@ -281,11 +292,11 @@ class Search(Environment[SearchOptions]):
             answer_docs=set(meta["answer_docs"].split()),
             tool_calls=calls,
             turns=turns,
-            config=self.options.reward_config(),
+            config=config,
         )
         reason = (
             f"P={b.precision:.2f} R={b.recall:.2f} traj={b.traj_recall:.2f} "
-            f"answer={'found' if b.final_answer else 'missed'}"
+            f"answer={'found' if b.final_answer else 'missed'} beta={config.beta:g}"
         )
         return Score.of(b.components, correct=b.final_answer, parse_ok=True, reason=reason)
 

@@ -11,11 +11,15 @@ the bridge entity's name; `metadata["targets"]`). Each turn, in order:
    `expert_grep`, the first hop is grep_corpus on the clues instead: the region's name and the
    decade's first three digits, `north. It dates from 187`, which finds the document whose text
    says both, where a BM25 search for "1870s" matches no year);
-3. searched but still missing: read_document(target);
+3. searched but still missing: read_document(target) (with `expert_fallback` "grep", the first
+   hop is grepped on its clues first, as expert_grep greps them, and read only if that fails);
 4. every target in view, past the hard cutoff, refused, or nothing left to try: the final
    output, the targets seen, in chain order.
 
-`expert_stop_rate` / `expert_distractor_rate` / `expert_slip_rate` make it an imperfect teacher,
+`expert_prune_rate` is the share of tasks on which it prunes at all (a teacher without the
+behaviour, for RL to raise: on the other tasks it never prunes, is refused at the hard cutoff and
+concludes with what it saw). `expert_stop_rate` / `expert_distractor_rate` / `expert_slip_rate`
+make it an imperfect teacher,
 as a stronger model's trajectories are: on a fixed share of tasks it concludes one hop short (the
 answer document missing), on another it adds a non-target document it saw to the output, on
 another (with `expert_grep`) its first grep names the neighbouring decade, and it greps again. With nothing to output
@@ -67,9 +71,10 @@ def next_turn(task: TaskSpec, context: str, options: SearchOptions) -> str:
     budget = options.budget_tokens
     refused = context.rfind("refused, ") > context.rfind("<tool>")
     irrelevant = [c for c in visible if doc_of(c) not in targets]
-    prune = (used > budget / 2 or refused) and irrelevant and not (calls and calls[-1][0] == PRUNE)
-    missing = [t for t in targets if t not in visible_docs]
     key = task.metadata.get("key", task.task_id)
+    prunes = _draw(key, "prune") < options.expert_prune_rate
+    prune = prunes and (used > budget / 2 or refused) and irrelevant and not (calls and calls[-1][0] == PRUNE)
+    missing = [t for t in targets if t not in visible_docs]
     # The imperfect teacher: on a fixed share of tasks it stops one hop short.
     stop_early = _draw(key, "stop") < options.expert_stop_rate and missing == [targets[-1]]
     action = ""
@@ -86,14 +91,17 @@ def next_turn(task: TaskSpec, context: str, options: SearchOptions) -> str:
             action = call(GREP, pattern=pattern)
         elif not pattern and queries[hop] not in searched:
             action = call(SEARCH, query=queries[hop])
+        elif hop == 0 and options.expert_fallback == "grep" and (clue := grep_pattern(queries[0])) not in grepped:
+            action = call(GREP, pattern=clue)
         elif missing[0] not in read:
             action = call(READ, doc_id=missing[0])
     if prune:
         # One batched prune, with the next search in the same turn when both fit in a response
-        # (the reserve bounds its length): parallel calls, as the system prompt asks.
-        line = _fit_prune(irrelevant, action, options.reserve_tokens) or _fit_prune(
-            irrelevant, "", options.reserve_tokens
-        )
+        # (the reserve bounds its length): parallel calls, as the system prompt asks. When the
+        # action would crowd chunk ids out of the line, the prune goes alone (every id that fits).
+        line, n = _fit_prune(irrelevant, action, options.reserve_tokens)
+        if n < len(irrelevant):
+            line, _ = _fit_prune(irrelevant, "", options.reserve_tokens)
         if line:
             return line
     if action:
@@ -125,15 +133,16 @@ def _draw(key: str, what: str) -> float:
     return fixed_draw(f"search-expert:{what}:{key}")
 
 
-def _fit_prune(ids: list[str], action: str, limit: int) -> str:
-    """prune_chunks of as many of `ids` as fit with `action` in `limit` bytes; "" if none fits."""
+def _fit_prune(ids: list[str], action: str, limit: int) -> tuple[str, int]:
+    """prune_chunks of as many of `ids` as fit with `action` in `limit` bytes, and how many that is;
+    ("", 0) if none fits."""
     ids = list(ids)
     while ids:
         line = call(PRUNE, chunk_ids=ids) + action + "\n"
         if len(line.encode()) < limit:
-            return line
+            return line, len(ids)
         ids.pop()
-    return ""
+    return "", 0
 
 
 def answer(doc_ids: list[str]) -> str:

@@ -15,9 +15,12 @@ One call builds a whole corpus and the tasks over it, a pure function of (seed, 
    what we do.) `noise` simulates a generator's slips (a quoted fact paraphrased away, the answer
    leaked into a distractor) so verification has something to catch;
 4. distractors: documents of the same kind that share one clue but not the other and point
-   elsewhere;
+   elsewhere (`distractor_clue`: the decade, or the region, which a lexical search for the
+   clues matches as well as it matches the target); with `hop_distractors`, documents that name
+   a later hop's entity (the only clue a search for that hop has) without being it;
 5. chaining: a task of h hops follows h - 1 links (sister town, parent company, ...) from the
-   entity the clues describe; the answer sits in the h-th document. `hops` is exactly that.
+   entity the clues describe; the answer sits in the h-th document. `hops` is exactly that,
+   cycling over min_hops..max_hops.
 
 Several domains (web, legal, finance, email); `heldout_domain` (email, as in Context-1) is the
 held-out split. Filler documents pad each domain. Texts are one or two short sentences per fact
@@ -30,7 +33,7 @@ from __future__ import annotations
 import itertools
 import random
 from collections import Counter
-from typing import Annotated
+from typing import Annotated, Literal
 
 import msgspec
 
@@ -106,8 +109,17 @@ class GeneratorOptions(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown
 
     seed: Annotated[int, Doc(description="Corpus seed: the same seed gives the same corpus and tasks.")] = 0
     tasks_per_domain: Annotated[int, Doc(description="Tasks generated per domain (before verification).")] = 24
-    max_hops: Annotated[int, Doc(description="Hop counts 1..max_hops are generated evenly.")] = 3
+    max_hops: Annotated[int, Doc(description="Hop counts min_hops..max_hops are generated evenly.")] = 3
+    min_hops: Annotated[int, Doc(description="The fewest hops a task has (1..max_hops).")] = 1
     distractors: Annotated[int, Doc(description="Distractor documents per task.")] = 2
+    distractor_clue: Annotated[
+        Literal["decade", "region"],
+        Doc(description="The clue a distractor shares with the first hop's document: its decade or its region."),
+    ] = "decade"
+    hop_distractors: Annotated[
+        int,
+        Doc(description="Per later hop, documents that name that hop's entity without being it (share its clue)."),
+    ] = 0
     filler_per_domain: Annotated[int, Doc(description="Unrelated documents per domain.")] = 12
     doc_facts: Annotated[int, Doc(description="Extra filler facts per document (longer texts).")] = 0
     heldout_domain: Annotated[str, Doc(description="The domain whose tasks form the held-out split.")] = "email"
@@ -116,6 +128,13 @@ class GeneratorOptions(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown
     unique_clues: Annotated[
         bool,
         Doc(description="No two documents share a (region, decade) pair: one-hop clues single out a document."),
+    ] = False
+    unique_first_hop: Annotated[
+        bool,
+        Doc(
+            description="No other document shares a task's first-hop (region, decade) pair, so its clues single "
+            "it out while other documents may share pairs among themselves (needs distractor_clue 'region')."
+        ),
     ] = False
     short_ids: Annotated[
         bool, Doc(description="Three-digit document ids drawn at random (417), not per-domain ones (w0007).")
@@ -140,9 +159,14 @@ class GeneratorOptions(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown
         """The regions in use (name -> the clue's description): the first `regions` of the list."""
         return {**_REGIONS, **dict(list(_MORE_REGIONS.items())[: self.regions - len(_REGIONS)])}
 
+    def hops_of(self, index: int) -> int:
+        """The hop count of a domain's task `index`: min_hops..max_hops in turn."""
+        return self.min_hops + index % (self.max_hops - self.min_hops + 1)
+
     def documents(self) -> int:
         """How many documents the corpus holds (every task's hops and distractors, and the filler)."""
-        per_domain = sum(1 + i % self.max_hops for i in range(self.tasks_per_domain))
+        hops = [self.hops_of(i) for i in range(self.tasks_per_domain)]
+        per_domain = sum(hops) + sum(h - 1 for h in hops) * self.hop_distractors
         return len(DOMAINS) * (per_domain + self.tasks_per_domain * self.distractors + self.filler_per_domain)
 
     def __post_init__(self) -> None:
@@ -150,6 +174,12 @@ class GeneratorOptions(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown
             raise ValueError(f"heldout_domain must be one of {DOMAIN_NAMES}, got {self.heldout_domain!r}")
         if not 1 <= self.max_hops <= 6:
             raise ValueError(f"max_hops must be in 1..6, got {self.max_hops}")
+        if not 1 <= self.min_hops <= self.max_hops:
+            raise ValueError(f"min_hops must be in 1..max_hops ({self.max_hops}), got {self.min_hops}")
+        if not 0 <= self.hop_distractors <= 10:
+            raise ValueError(f"hop_distractors must be in 0..10, got {self.hop_distractors}")
+        if self.distractor_clue not in ("decade", "region"):
+            raise ValueError(f"distractor_clue must be 'decade' or 'region', got {self.distractor_clue!r}")
         if not 1 <= self.tasks_per_domain <= 2000:
             raise ValueError(f"tasks_per_domain must be in 1..2000, got {self.tasks_per_domain}")
         if (
@@ -167,6 +197,13 @@ class GeneratorOptions(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown
         if not len(_REGIONS) <= self.regions <= len(_REGIONS) + len(_MORE_REGIONS):
             raise ValueError(f"regions must be in 6..12, got {self.regions}")
         pairs = self.regions * (200 - self.min_year // 10)
+        if self.unique_first_hop and (self.unique_clues or self.distractor_clue != "region"):
+            raise ValueError("unique_first_hop needs distractor_clue 'region' and not unique_clues")
+        if self.unique_first_hop and len(DOMAINS) * self.tasks_per_domain > pairs * 3 // 4:
+            raise ValueError(
+                f"unique_first_hop: {len(DOMAINS) * self.tasks_per_domain} tasks need more than 3/4 of the {pairs} "
+                "(region, decade) pairs; lower tasks_per_domain or min_year, or raise regions"
+            )
         if self.unique_clues and self.documents() > pairs * 3 // 4:
             raise ValueError(
                 f"unique_clues: {self.documents()} documents need more than 3/4 of the {pairs} (region, decade) "
@@ -293,6 +330,17 @@ class _Builder:
         self.docs: list[Document] = []
         self.counts: Counter[str] = Counter()
         self.pairs: set[tuple[str, int]] = set()  # (region, decade) of every document, with unique_clues
+        # With unique_first_hop: one (region, decade) pair per task, drawn up front, that only the
+        # task's first hop has (its own stream, so the other draws stay as they were).
+        self.reserved: set[tuple[str, int]] = set()
+        self.first_pairs: list[tuple[str, int]] = []
+        if options.unique_first_hop:
+            every = [(r, d) for r in sorted(options.region_map()) for d in range(options.min_year // 10, 200)]
+            drawn = random.Random(f"search-first-hops|{options.seed}").sample(
+                every, len(DOMAINS) * options.tasks_per_domain
+            )
+            self.reserved = set(drawn)
+            self.first_pairs = drawn[::-1]
         self.ids: set[str] = set()
         self.region_map = options.region_map()
         self.regions = tuple(sorted(self.region_map))
@@ -314,11 +362,14 @@ class _Builder:
             domain, kind=kind, place=place, mark=mark, answer_attr=attr, link=f"sister {kind}"
         )
 
-    def entity(self, spare: int = 0, **fixed: object) -> _Entity:
+    def entity(self, spare: int = 0, *, first: bool = False, **fixed: object) -> _Entity:
         """A new entity. With `unique_clues`, its (region, decade) pair is one no document has yet
         (redrawn until free; a fixed region or year is kept), and `spare` other regions are still
-        free in its decade (for the distractors, which share it)."""
+        free in its decade (for the distractors, which share it). With `unique_first_hop`, a
+        task's `first` entity takes a pair no document has, and no later document takes it."""
         e = _new_entity(self.rng, self.names, self.o.min_year, self.regions, **fixed)
+        if self.o.unique_first_hop:
+            return self._first_hop_unique(e, first, fixed)
         if not self.o.unique_clues:
             return e
         for _ in range(10_000):
@@ -331,6 +382,21 @@ class _Builder:
             if "year" not in fixed:
                 e.year = self.rng.randint(self.o.min_year, 1999)
         raise ValueError(f"unique_clues: no free (region, decade) pair left for {fixed or 'an entity'}")
+
+    def _first_hop_unique(self, e: _Entity, first: bool, fixed: dict[str, object]) -> _Entity:
+        if first:
+            # The next of the pairs drawn up front for first hops: no document before or after has it.
+            region, decade = self.first_pairs.pop()
+            e.region, e.year = region, decade * 10 + self.rng.randint(0, 9)
+            return e
+        for _ in range(10_000):
+            if (e.region, e.year // 10) not in self.reserved:
+                return e
+            if "region" not in fixed:
+                e.region = self.rng.choice(self.regions)
+            if "year" not in fixed:
+                e.year = self.rng.randint(self.o.min_year, 1999)
+        raise ValueError(f"unique_first_hop: no (region, decade) pair left for {fixed or 'an entity'}")
 
     def add(self, domain: Domain, entity: _Entity, extra: list[str] | None = None) -> str:
         doc_id = f"{domain.prefix}{self.counts[domain.name]:04d}"
@@ -350,10 +416,17 @@ class _Builder:
         self.docs.append(Document(doc_id=doc_id, title=entity.name, text=" ".join(facts)))
         return doc_id
 
+    def _region_distractor(self, first: _Entity) -> _Entity:
+        """Same region as the first hop, another decade: a search for the clues finds it as readily."""
+        if self.o.unique_clues or self.o.unique_first_hop:
+            return self.entity(region=first.region)  # its (region, decade) pair differs from the target's
+        year = _other_decade_year(self.rng, self.o.min_year, first.year // 10)
+        return self.entity(region=first.region, year=year)
+
     def task(self, domain: Domain, index: int, hops: int) -> SearchTask:
         rng = self.rng
         domain = self.nouns(domain)
-        chain = [self.entity(spare=self.o.distractors if i == 0 else 0) for i in range(hops)]
+        chain = [self.entity(spare=self.o.distractors if i == 0 else 0, first=i == 0) for i in range(hops)]
         for a, b in itertools.pairwise(chain):
             a.link = b.name
         chain[-1].answer = self.names()
@@ -393,19 +466,29 @@ class _Builder:
             )
         distractors = []
         for d in range(self.o.distractors):
-            # Same decade clue, another region, another chain: it matches one clue and points elsewhere.
-            taken = {r for r, decade in self.pairs if decade == first.year // 10} if self.o.unique_clues else set()
-            regions = [r for r in self.regions if r != first.region and r not in taken]
-            if not regions:
-                raise ValueError(f"unique_clues: no region left in the {first.year // 10 * 10}s for a distractor")
-            region = rng.choice(regions)
-            other = self.entity(region=region, year=first.year // 10 * 10 + rng.randint(0, 9))
+            if self.o.distractor_clue == "region":
+                other = self._region_distractor(first)
+            else:
+                # Same decade clue, another region, another chain: it matches one clue and points elsewhere.
+                taken = {r for r, dec in self.pairs if dec == first.year // 10} if self.o.unique_clues else set()
+                regions = [r for r in self.regions if r != first.region and r not in taken]
+                if not regions:
+                    raise ValueError(f"unique_clues: no region left in the {first.year // 10 * 10}s for a distractor")
+                region = rng.choice(regions)
+                other = self.entity(region=region, year=first.year // 10 * 10 + rng.randint(0, 9))
             other.link = self.names() if hops > 1 else ""
             other.answer = self.names() if hops == 1 else ""
             if slip_kind == "leak" and d == 0:
                 distractors.append(self.add(domain, other, extra=[f"It traded with {answer}."]))
             else:
                 distractors.append(self.add(domain, other))
+        for e in chain[1:]:
+            for _ in range(self.o.hop_distractors):
+                # Names the hop's entity, the one clue a search for it has, and is not it.
+                other = self.entity()
+                other.link = self.names()
+                days = rng.randint(2, 40)
+                distractors.append(self.add(domain, other, extra=[f"It once hosted {e.name} for {days} days."]))
         queries = [f"{domain.kind} {first.region.split()[-1]} {first.year // 10 * 10}s"] + [e.name for e in chain[1:]]
         return SearchTask(
             key=f"{domain.name}/{index}",
@@ -418,6 +501,14 @@ class _Builder:
             distractors=distractors,
             queries=queries,
         )
+
+
+def _other_decade_year(rng: random.Random, min_year: int, decade: int) -> int:
+    """A year in [min_year, 1999] outside `decade` (a decade number: 187 for the 1870s)."""
+    while True:
+        year = rng.randint(min_year, 1999)
+        if year // 10 != decade:
+            return year
 
 
 def verify(task: SearchTask, texts: dict[str, str]) -> str | None:
@@ -440,12 +531,12 @@ def verify(task: SearchTask, texts: dict[str, str]) -> str | None:
 
 
 def generate_corpus(options: GeneratorOptions = GeneratorOptions()) -> GeneratedCorpus:
-    """The corpus and its verified tasks; hop counts cycle 1..max_hops within each domain."""
+    """The corpus and its verified tasks; hop counts cycle min_hops..max_hops within each domain."""
     b = _Builder(options)
     candidates: list[SearchTask] = []
     for domain in DOMAINS:
         for i in range(options.tasks_per_domain):
-            candidates.append(b.task(domain, i, hops=1 + i % options.max_hops))
+            candidates.append(b.task(domain, i, hops=options.hops_of(i)))
         for _ in range(options.filler_per_domain):
             e = b.entity()
             e.link = b.names()

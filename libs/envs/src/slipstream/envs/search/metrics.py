@@ -10,7 +10,8 @@ the full, unpruned record):
 - `pruned` / `pruned_irrelevant`: chunks pruned, and of those, how many belong to no target
   (prune accuracy = irrelevant / pruned, pooled over episodes; None where nothing was pruned);
 - `tool_calls`, `call_turns`, `turns`: calls, turns that made calls, model turns
-  (tool calls per turn = calls / call turns, pooled);
+  (tool calls per turn = calls / call turns, pooled; turns per episode as a mean and a median);
+- the share of episodes that pruned at least one chunk (`prune_share`, pooled);
 - `budget_refusals`: calls refused by the budget rules;
 - `parse_ok`: the final output was a well-formed `<docs>` list.
 
@@ -19,6 +20,7 @@ the full, unpruned record):
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Mapping, Sequence
 
 import msgspec
@@ -98,6 +100,8 @@ def aggregate(metrics: Sequence[EpisodeMetrics], *, prefix: str = "search") -> d
         "traj_recall": mean([m.traj_recall for m in metrics]),
         "tool_calls_per_turn": sum(m.tool_calls for m in metrics) / max(1, sum(m.call_turns for m in metrics)),
         "turns_per_episode": mean([float(m.turns) for m in metrics]),
+        "turns_median": float(statistics.median(m.turns for m in metrics)),
+        "prune_share": mean([float(m.pruned > 0) for m in metrics]),
         "budget_refusals": float(sum(m.budget_refusals for m in metrics)),
         "malformed_output": mean([float(not m.parse_ok) for m in metrics]),
         "episodes": float(n),

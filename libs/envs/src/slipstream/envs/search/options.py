@@ -20,8 +20,15 @@ class SearchOptions(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fi
 
     corpus_seed: Annotated[int, Doc(description="Seed of the generated corpus and its tasks.")] = 0
     tasks_per_domain: Annotated[int, Doc(description="Tasks generated per domain.")] = 24
-    max_hops: Annotated[int, Doc(description="Hop counts 1..max_hops.")] = 3
+    max_hops: Annotated[int, Doc(description="Hop counts min_hops..max_hops.")] = 3
+    min_hops: Annotated[int, Doc(description="The fewest hops a task has.")] = 1
     distractors: Annotated[int, Doc(description="Distractor documents per task.")] = 2
+    distractor_clue: Annotated[
+        Literal["decade", "region"], Doc(description="The first-hop clue a distractor shares: decade or region.")
+    ] = "decade"
+    hop_distractors: Annotated[
+        int, Doc(description="Per later hop, documents that name that hop's entity without being it.")
+    ] = 0
     filler_per_domain: Annotated[int, Doc(description="Unrelated documents per domain.")] = 12
     doc_facts: Annotated[int, Doc(description="Extra filler facts per document.")] = 0
     heldout_domain: Annotated[str, Doc(description="The held-out split's domain.")] = "email"
@@ -31,6 +38,9 @@ class SearchOptions(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fi
     unique_clues: Annotated[
         bool,
         Doc(description="No two documents share a (region, decade) pair: one-hop clues single out a document."),
+    ] = False
+    unique_first_hop: Annotated[
+        bool, Doc(description="No other document shares a first hop's (region, decade) pair.")
     ] = False
     short_ids: Annotated[bool, Doc(description="Three-digit document ids drawn at random (417), not w0007.")] = False
     regions: Annotated[int, Doc(description="How many regions entities lie in (6..12).")] = 6
@@ -59,7 +69,15 @@ class SearchOptions(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fi
     ] = True
     max_output_docs: Annotated[int, Doc(description="Ranked ids read from the final output.")] = 5
     bytes_per_token: Annotated[float, Doc(description="Token estimate for backend budgets (1: bytes).")] = 1.0
-    beta: Annotated[float, Doc(description="F_beta's beta (4, annealed to 2 by the trainer).")] = 4.0
+    beta: Annotated[float, Doc(description="F_beta's beta at policy version 0 (Context-1: 4).")] = 4.0
+    beta_final: Annotated[float, Doc(description="F_beta's beta once annealed (Context-1: 2).")] = 2.0
+    beta_anneal_versions: Annotated[
+        int,
+        Doc(
+            description="Learner steps (policy versions) over which beta goes linearly from `beta` to `beta_final` "
+            "(reward.annealed_beta), read from the version that sampled each episode; 0: beta stays `beta`."
+        ),
+    ] = 0
     floor: Annotated[float, Doc(description="Reward floor for a trajectory that found something.")] = 0.01
     turn_start: Annotated[int, Doc(description="Turn penalty starts (0: 64 scaled with the budget).")] = 0
     turn_end: Annotated[int, Doc(description="Turn penalty peaks (0: 128 scaled with the budget).")] = 0
@@ -69,6 +87,20 @@ class SearchOptions(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fi
     expert_distractor_rate: Annotated[
         float, Doc(description="Share of tasks on which the expert also outputs a non-target document it saw.")
     ] = 0.0
+    expert_prune_rate: Annotated[
+        float,
+        Doc(
+            description="Share of tasks on which the expert prunes (a fixed draw per task); on the others it "
+            "never prunes, and a refused call makes it conclude with what it has (1: always prunes)."
+        ),
+    ] = 1.0
+    expert_fallback: Annotated[
+        Literal["read", "grep"],
+        Doc(
+            description="When the first hop's search did not surface its document, the expert reads it by id "
+            "('read') or greps the clues (region and decade, as expert_grep) first ('grep')."
+        ),
+    ] = "read"
     expert_grep: Annotated[
         bool, Doc(description="The expert finds the first hop with grep_corpus on the clues (region, decade).")
     ] = False
@@ -93,6 +125,7 @@ class SearchOptions(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fi
             ("expert_stop_rate", self.expert_stop_rate),
             ("expert_distractor_rate", self.expert_distractor_rate),
             ("expert_slip_rate", self.expert_slip_rate),
+            ("expert_prune_rate", self.expert_prune_rate),
         ):
             if not 0.0 <= rate <= 1.0:
                 raise ValueError(f"{name} must be in [0, 1], got {rate}")
@@ -101,6 +134,9 @@ class SearchOptions(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fi
         if (self.turn_start, self.turn_end) != (0, 0) and not 0 < self.turn_start < self.turn_end:
             raise ValueError(f"need 0 < turn_start < turn_end (or both 0), got {self.turn_start}, {self.turn_end}")
         rw.RewardConfig(beta=self.beta, floor=self.floor)  # validates both
+        rw.RewardConfig(beta=self.beta_final)
+        if not 0 <= self.beta_anneal_versions <= 1_000_000:
+            raise ValueError(f"beta_anneal_versions must be in 0..1000000, got {self.beta_anneal_versions}")
         self.generator()  # validates the corpus options
 
     def generator(self) -> GeneratorOptions:
@@ -108,21 +144,36 @@ class SearchOptions(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fi
             seed=self.corpus_seed,
             tasks_per_domain=self.tasks_per_domain,
             max_hops=self.max_hops,
+            min_hops=self.min_hops,
             distractors=self.distractors,
+            distractor_clue=self.distractor_clue,
+            hop_distractors=self.hop_distractors,
             filler_per_domain=self.filler_per_domain,
             doc_facts=self.doc_facts,
             heldout_domain=self.heldout_domain,
             noise=self.noise,
             min_year=self.min_year,
             unique_clues=self.unique_clues,
+            unique_first_hop=self.unique_first_hop,
             short_ids=self.short_ids,
             regions=self.regions,
             fixed_offsets=self.fixed_offsets,
             varied_nouns=self.varied_nouns,
         )
 
-    def reward_config(self) -> rw.RewardConfig:
+    def beta_at(self, version: int) -> float:
+        """F_beta's beta for an episode sampled by policy `version` (the learner steps taken when it
+        was published): `beta` at 0, linear to `beta_final` at `beta_anneal_versions`, flat after."""
+        if version < 0:
+            raise ValueError(f"version must be >= 0, got {version}")
+        n = self.beta_anneal_versions
+        if n == 0:
+            return self.beta
+        return rw.annealed_beta(min(version, n), n + 1, start=self.beta, end=self.beta_final)
+
+    def reward_config(self, version: int = 0) -> rw.RewardConfig:
+        """The reward's knobs for an episode sampled by policy `version` (beta follows `beta_at`)."""
         start, end = (self.turn_start, self.turn_end)
         if (start, end) == (0, 0):
             start, end = rw.scaled_turn_window(self.budget_tokens)
-        return rw.RewardConfig(beta=self.beta, floor=self.floor, turn_start=start, turn_end=end)
+        return rw.RewardConfig(beta=self.beta_at(version), floor=self.floor, turn_start=start, turn_end=end)

@@ -4,7 +4,8 @@
 
 - `f_beta(output, targets, beta)`: F_beta over the output set of document ids,
   (1 + beta^2) P R / (beta^2 P + R); beta = 4 at the start (recall weighted 16x), annealed to 2
-  between epochs (`annealed_beta`).
+  (`annealed_beta`; the environment steps it by the policy version that sampled the episode,
+  `SearchOptions.beta_at`).
 - `trajectory_recall(seen, targets)`: the fraction of target documents seen at any point of the
   episode, pruned or not (the full, unpruned log).
 - r_fa: +1.0 when a document whose chunk contains the final answer is in the output.
@@ -120,7 +121,10 @@ def trajectory_recall(seen: Collection[str], targets: Collection[str]) -> float:
 
 
 def annealed_beta(epoch: int, epochs: int, *, start: float = 4.0, end: float = 2.0) -> float:
-    """beta for `epoch` (0-based) of `epochs`: `start` in the first, linear to `end` in the last."""
+    """beta for `epoch` (0-based) of `epochs`: `start` in the first, linear to `end` in the last.
+
+    The search environment calls it with epoch = the policy version (capped) and epochs = the
+    anneal's versions + 1 (`SearchOptions.beta_at`)."""
     if epochs < 1 or not 0 <= epoch < epochs:
         raise ValueError(f"need 0 <= epoch < epochs, got epoch={epoch}, epochs={epochs}")
     if epochs == 1:
