@@ -40,6 +40,10 @@ class ModelConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, froz
     bos_token_id: Annotated[int | None, Doc(description="Beginning-of-sequence id, if the model uses one.")] = None
     eos_token_id: Annotated[int | None, Doc(description="End-of-sequence id.")] = None
     pad_token_id: Annotated[int | None, Doc(description="Padding id.")] = None
+    mtp_depth: Annotated[
+        int,
+        Doc(description="Multi-token-prediction modules (mtp.py): how many tokens past the next one the model drafts."),
+    ] = 0
 
     def __post_init__(self) -> None:
         for name in ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "vocab_size"):
@@ -55,6 +59,8 @@ class ModelConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, froz
                 f"ModelConfig.hidden_size ({self.hidden_size}) is not divisible by "
                 f"num_attention_heads ({self.num_attention_heads}); set head_dim"
             )
+        if self.mtp_depth < 0:
+            raise ValueError(f"ModelConfig.mtp_depth must be >= 0, got {self.mtp_depth}")
         if self.dim_per_head % 2:
             raise ValueError(f"ModelConfig head_dim must be even for RoPE, got {self.dim_per_head}")
 
@@ -120,6 +126,7 @@ class ModelConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, froz
             bos_token_id=_first_id(raw.get("bos_token_id")),
             eos_token_id=_first_id(raw.get("eos_token_id")),
             pad_token_id=_first_id(raw.get("pad_token_id")),
+            mtp_depth=int(raw.get("mtp_depth", 0)),
         )
 
     def to_hf(self, dtype_name: str = "float32") -> dict[str, Any]:
@@ -150,6 +157,8 @@ class ModelConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, froz
             "torch_dtype": dtype_name,
             "dtype": dtype_name,
         }
+        if self.mtp_depth:
+            out["mtp_depth"] = self.mtp_depth  # Slipstream's own key; transformers ignores it
         if self.model_type == "llama":
             out["attention_bias"] = self.attention_bias
             out["mlp_bias"] = False

@@ -39,6 +39,9 @@ class SequenceState:
     logprobs: list[float] = field(default_factory=list)
     segments: list[list[int]] = field(default_factory=list)
     finish_reason: FinishReason | None = None
+    # Speculative decoding: the main model's hidden state at the position whose distribution gave
+    # tokens[-1] (what the MTP modules draft the next tokens from); None until a forward made it.
+    draft_hidden: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
         self.tokens = list(self.request.prompt_ids)
