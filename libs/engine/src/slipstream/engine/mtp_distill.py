@@ -13,7 +13,9 @@ separate step on token sequences, such as ones the model generated itself: `gene
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
+from typing import Any
 
 import msgspec
 import torch
@@ -40,42 +42,63 @@ def distill_loss(
     attention_mask: Tensor | None = None,
     *,
     hidden: Tensor | None = None,
+    positions: Tensor | None = None,
     temperature: float = 1.0,
 ) -> tuple[Tensor, list[float]]:
     """Sum over depths of the mean KL(p_main || q_k) on `input_ids` [B, T]; also each depth's KL.
 
     `hidden`: the main model's final-norm hidden states [B, T, H] if the caller has them (detached
     here); otherwise computed without gradient. `attention_mask` [B, T]: 1 = token, 0 = padding.
+    `positions` [P, 2]: the (row, t) starting points to train on (a sample, to bound a step's cost
+    on a large vocabulary); None takes every position. Depth k at t counts where t and t+k are
+    both real tokens.
     """
     modules = modules_of(model.mtp)
     if not modules:
         raise ValueError("distill_loss: the model has no MTP modules (its config's mtp_depth is 0)")
     if temperature <= 0:
         raise ValueError(f"distill_loss: temperature must be > 0, got {temperature}")
-    t = input_ids.shape[1]
+    b, t = input_ids.shape
+    device = input_ids.device
     valid = torch.ones_like(input_ids, dtype=torch.bool) if attention_mask is None else attention_mask.bool()
     head = model.lm_head.weight.detach()
+    if positions is None:
+        grid = torch.cartesian_prod(torch.arange(b, device=device), torch.arange(max(t - 1, 0), device=device))
+        positions = grid.reshape(-1, 2)
+    rows, starts = positions[:, 0], positions[:, 1]
     with torch.no_grad():
         if hidden is None:
             hidden = model.hidden_states(input_ids, attention_mask)
-        embeds = model.model.embed_tokens(input_ids)
-        teacher = F.log_softmax(F.linear(hidden, head).float() / temperature, dim=-1)
-    x = hidden.detach()
-    total = torch.zeros((), device=input_ids.device)
+        hidden = hidden.detach()
+    x = hidden[rows, starts]
+    total = torch.zeros((), device=device)
     per_depth: list[float] = []
     for k, module in enumerate(modules, start=1):
-        if t <= k:
+        ahead = (starts + k).clamp(max=t - 1)
+        ok = (starts + k < t) & valid[rows, starts] & valid[rows, ahead]
+        if not bool(ok.any()):
             break
-        # Depth k at position t: x_{k-1} at t, the token at t+k, the teacher's distribution at t+k.
-        x = module(x[:, : t - k], embeds[:, k:])
+        with torch.no_grad():
+            embeds = model.model.embed_tokens(input_ids[rows, ahead])
+            teacher = F.log_softmax(F.linear(hidden[rows, ahead], head).float() / temperature, dim=-1)
+        # Depth k at t: x_{k-1} at t and the token at t+k in, the teacher's distribution at t+k out.
+        x = module(x, embeds)
         student = F.log_softmax(F.linear(module.head_input(x), head).float() / temperature, dim=-1)
-        target = teacher[:, k:]
-        kl = (target.exp() * (target - student)).sum(dim=-1)  # [B, T-k]
-        mask = valid[:, : t - k] & valid[:, k:]
-        depth_kl = (kl * mask).sum() / mask.sum().clamp(min=1)
+        kl = (teacher.exp() * (teacher - student)).sum(dim=-1)
+        depth_kl = (kl * ok).sum() / ok.sum()
         total = total + depth_kl
         per_depth.append(float(depth_kl.detach()))
     return total, per_depth
+
+
+def sample_positions(attention_mask: Tensor, count: int, generator: torch.Generator) -> Tensor:
+    """`count` (row, t) pairs [count, 2], uniformly among the positions whose next token is real."""
+    valid = attention_mask.bool()
+    usable = torch.nonzero(valid[:, :-1] & valid[:, 1:])
+    if len(usable) <= count:
+        return usable
+    pick = torch.randperm(len(usable), generator=generator)[:count].to(usable.device)
+    return usable[pick]
 
 
 def _batches(
@@ -121,11 +144,13 @@ def self_distill(
     steps: int,
     lr: float = 3e-3,
     batch_size: int = 16,
+    positions_per_step: int = 0,
     pad_id: int = 0,
     seed: int = 0,
 ) -> list[float]:
     """Train the MTP modules alone for `steps` AdamW steps on `sequences` (shuffled, seeded);
     returns each step's loss. The rest of the model is left exactly as it was.
+    `positions_per_step` > 0 trains each step on that many positions drawn from its batch.
 
     The main model is frozen, so its hidden states are computed once per sequence, up front, and
     each step runs only the modules and the lm_head (a 135M model's step on CPU drops from a full
@@ -159,7 +184,8 @@ def self_distill(
             ids = torch.stack([_fit(ids_all[i], width, pad_id) for i in picked])
             mask = torch.stack([_fit(mask_all[i], width, 0) for i in picked])
             hidden = torch.stack([_fit(hidden_all[i], width, 0) for i in picked])
-            loss, _ = distill_loss(model, ids, mask, hidden=hidden)
+            sampled = sample_positions(mask, positions_per_step, gen) if positions_per_step > 0 else None
+            loss, _ = distill_loss(model, ids, mask, hidden=hidden, positions=sampled)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(params, 1.0)
@@ -232,3 +258,76 @@ def generate_corpus(
         results += engine.step()
     results.sort(key=lambda r: r.request_id)
     return [list(r.prompt_ids) + list(r.completion_ids) for r in results]
+
+
+def distill_on_own_samples(
+    model: CausalLM,
+    tokenizer: Tokenizer,
+    corpus_prompts: Sequence[Sequence[int]],
+    held_prompts: Sequence[Sequence[int]],
+    *,
+    depth: int,
+    steps: int = 300,
+    lr: float = 3e-3,
+    batch_size: int = 16,
+    positions_per_step: int = 0,
+    samples_per_prompt: int = 4,
+    max_tokens: int = 96,
+    seed: int = 0,
+) -> dict[str, Any]:
+    """The whole separate step: give `model` `depth` MTP modules if it has fewer, sample a corpus
+    from it (`corpus_prompts`, temperature 1) and a held-out set (`held_prompts`, one sample each),
+    self-distil the modules, and report the held-out KL per depth before and after."""
+    if not corpus_prompts or not held_prompts:
+        raise ValueError("distill_on_own_samples: needs corpus prompts and held-out prompts")
+    fresh = len(modules_of(model.mtp)) < depth
+    if fresh:
+        attach_mtp(model, depth, seed=seed)
+    device = model.lm_head.weight.device
+    t0 = time.perf_counter()
+    corpus = generate_corpus(
+        model,
+        tokenizer,
+        corpus_prompts,
+        samples_per_prompt=samples_per_prompt,
+        max_tokens=max_tokens,
+        seed=seed,
+        max_batch=min(64, len(corpus_prompts) * samples_per_prompt),
+        device=device,
+    )
+    held = generate_corpus(
+        model,
+        tokenizer,
+        held_prompts,
+        samples_per_prompt=1,
+        max_tokens=max_tokens,
+        seed=seed + 1,
+        max_batch=min(64, len(held_prompts)),
+        device=device,
+    )
+    corpus_s = time.perf_counter() - t0
+    before = held_out_kl(model, held, batch_size=batch_size)
+    t0 = time.perf_counter()
+    losses = self_distill(
+        model, corpus, steps=steps, lr=lr, batch_size=batch_size, positions_per_step=positions_per_step, seed=seed
+    )
+    distill_s = time.perf_counter() - t0
+    after = held_out_kl(model, held, batch_size=batch_size)
+    model.eval()
+    return {
+        "depth": depth,
+        "mtp_fresh": fresh,
+        "steps": steps,
+        "lr": lr,
+        "batch": batch_size,
+        "positions_per_step": positions_per_step,
+        "corpus_sequences": len(corpus),
+        "corpus_tokens": sum(len(s) for s in corpus),
+        "held_out_sequences": len(held),
+        "held_out_kl_before": before,
+        "held_out_kl_after": after,
+        "first_loss": losses[0] if losses else None,
+        "last_loss": losses[-1] if losses else None,
+        "corpus_s": round(corpus_s, 2),
+        "distill_s": round(distill_s, 2),
+    }
