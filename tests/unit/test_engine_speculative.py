@@ -27,6 +27,21 @@ from slipstream.engine.sampling import row_logprobs
 
 pytestmark = [pytest.mark.unit, pytest.mark.usefixtures("one_torch_thread")]
 
+# Every test runs on the CPU, and on CUDA too where torch sees a device (marked gpu): the same
+# exactness on the device the rollouts run on.
+DEVICES = [
+    "cpu",
+    pytest.param(
+        "cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")]
+    ),
+]
+
+
+def _on(model: CausalLM, device: str) -> CausalLM:
+    """`model` for an engine on `device`: a copy off the CPU (an engine moves the model it is given)."""
+    return model if device == "cpu" else copy.deepcopy(model)
+
+
 TOK = ByteTokenizer()
 PROMPTS = [TOK.encode(p) for p in ("12+30=", "7+8=", "hello there, ", "99+1=")]
 
@@ -62,8 +77,9 @@ def _teacher_logprobs(model: CausalLM, prompt: list[int], completion: list[int],
     return lp.gather(1, torch.tensor(completion)[:, None])[:, 0].tolist()
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("max_seq_len", [96, 24])
-def test_greedy_tokens_equal_plain_decoding(drafted: CausalLM, max_seq_len: int) -> None:
+def test_greedy_tokens_equal_plain_decoding(drafted: CausalLM, max_seq_len: int, device: str) -> None:
     # max_seq_len 24 puts rows near the end of their cache, where verify rows are padded past it.
     requests = [
         GenerationRequest(
@@ -73,8 +89,9 @@ def test_greedy_tokens_equal_plain_decoding(drafted: CausalLM, max_seq_len: int)
         )
         for i, p in enumerate(PROMPTS)
     ]
-    plain = _run(TorchEngine(drafted, TOK, max_batch=4, max_seq_len=max_seq_len, device="cpu"), requests)
-    spec_engine = TorchEngine(drafted, TOK, max_batch=4, max_seq_len=max_seq_len, device="cpu", speculative_tokens=3)
+    model = _on(drafted, device)
+    plain = _run(TorchEngine(model, TOK, max_batch=4, max_seq_len=max_seq_len, device=device), requests)
+    spec_engine = TorchEngine(model, TOK, max_batch=4, max_seq_len=max_seq_len, device=device, speculative_tokens=3)
     spec = _run(spec_engine, requests)
     stats = spec_engine.stats()
     assert 0 < stats["spec_accepted_tokens"] < stats["spec_drafted_tokens"], stats
@@ -103,9 +120,10 @@ def test_sessions_resume_from_a_speculative_cache(drafted: CausalLM) -> None:
     assert outs[0][2] == pytest.approx(outs[1][2], abs=1e-4)
 
 
-def test_recorded_logprobs_are_the_main_models(drafted: CausalLM) -> None:
+@pytest.mark.parametrize("device", DEVICES)
+def test_recorded_logprobs_are_the_main_models(drafted: CausalLM, device: str) -> None:
     params = SamplingParams(temperature=0.9, top_k=40, top_p=0.95, max_tokens=30, ignore_eos=True, seed=11)
-    engine = TorchEngine(drafted, TOK, max_batch=4, max_seq_len=96, device="cpu", speculative_tokens=3)
+    engine = TorchEngine(_on(drafted, device), TOK, max_batch=4, max_seq_len=96, device=device, speculative_tokens=3)
     out = _run(
         engine, [GenerationRequest(request_id=f"r{i}", prompt_ids=p, params=params) for i, p in enumerate(PROMPTS)]
     )
@@ -117,17 +135,18 @@ def test_recorded_logprobs_are_the_main_models(drafted: CausalLM) -> None:
         assert all(math.isfinite(x) for x in lps)
 
 
-def test_a_weight_update_lands_between_speculative_steps(drafted: CausalLM) -> None:
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_weight_update_lands_between_speculative_steps(drafted: CausalLM, device: str) -> None:
     old = copy.deepcopy(drafted)  # the engine copies the update into the model it is given
     new, _ = build_tiny("micro", seed=9)
     attach_mtp(new, 3, seed=10)
-    new_state = {k: v.clone() for k, v in new.state_dict().items()}
+    new_state = {k: v.to(device, copy=True) for k, v in new.state_dict().items()}
     assert any(k.startswith("mtp.") for k in new_state)
     params = SamplingParams(temperature=1.0, max_tokens=40, ignore_eos=True, seed=1)
     # Recomputing the cache under the new weights makes the later tokens' log-probs those of a
     # clean forward of the new model (the default keeps the old keys/values, as DESIGN says).
     engine = TorchEngine(
-        old, TOK, max_batch=1, max_seq_len=96, device="cpu", speculative_tokens=3, recompute_kv_on_update=True
+        old, TOK, max_batch=1, max_seq_len=96, device=device, speculative_tokens=3, recompute_kv_on_update=True
     )
     engine.submit(GenerationRequest(request_id="r", prompt_ids=PROMPTS[0], params=params))
     engine.step()
@@ -218,18 +237,21 @@ def _chi_square_z(counts: torch.Tensor, probs: torch.Tensor, draws: int) -> floa
     return ((chi2 / df) ** (1 / 3) - (1 - 2 / (9 * df))) / math.sqrt(2 / (9 * df))
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize(
     "params",
     [SamplingParams(temperature=1.0), SamplingParams(temperature=0.8, top_k=5), SamplingParams(top_p=0.8)],
     ids=["t1", "t0.8-topk5", "topp0.8"],
 )
-def test_sampled_tokens_follow_the_main_models_distribution(params: SamplingParams) -> None:
+def test_sampled_tokens_follow_the_main_models_distribution(params: SamplingParams, device: str) -> None:
     model = _peaky_model()
     params = SamplingParams(
         temperature=params.temperature, top_k=params.top_k, top_p=params.top_p, max_tokens=NEW, ignore_eos=True
     )
     exact = _exact_joint(model, params)
-    engine = TorchEngine(model, TOK, max_batch=250, max_seq_len=16, device="cpu", seed=17, speculative_tokens=2)
+    engine = TorchEngine(
+        _on(model, device), TOK, max_batch=250, max_seq_len=16, device=device, seed=17, speculative_tokens=2
+    )
     out = _run(
         engine, [GenerationRequest(request_id=str(i), prompt_ids=STAT_PROMPT, params=params) for i in range(DRAWS)]
     )

@@ -12,7 +12,9 @@ Scheduling, one `step()` at a time:
    keys/values;
 4. decode every running row in one batched forward (each row at its own position, attending to
    its own slot's valid prefix), sample, and retire rows that hit eos, a stop string,
-   max_tokens or max_seq_len.
+   max_tokens or max_seq_len. With `speculative_tokens` = k the forward verifies up to k tokens
+   per row drafted by the model's MTP modules and emits 1 to k+1 tokens a row (speculative.py:
+   exact rejection sampling, the main model's log-probs, all tagged with the version in use).
 
 Sessions (multi-turn episodes): a request with a `session_id` leaves its cache slot *parked*
 when it finishes, holding the keys/values of every token it forwarded. The session's next
