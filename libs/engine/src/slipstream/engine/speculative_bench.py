@@ -11,6 +11,7 @@ drafts over drafted ones. `slipstream bench engine` calls it; any front end or t
 
 from __future__ import annotations
 
+import os
 import statistics
 import time
 from collections.abc import Sequence
@@ -120,6 +121,7 @@ def measure_speculation(
                 f"warm/{name}",
             )
         pairs: list[dict[str, dict[str, float]]] = []
+        load_avg = os.getloadavg()[0]  # timings on a shared machine mean little without it
         for rep in range(repeats):
             order = ("plain", "speculative") if rep % 2 == 0 else ("speculative", "plain")
             pairs.append(
@@ -136,9 +138,13 @@ def measure_speculation(
             "speculative_tok_s": statistics.median(p["speculative"]["tok_s"] for p in pairs),
             "speedup": statistics.median(p["speculative"]["tok_s"] / p["plain"]["tok_s"] for p in pairs),
             "acceptance_rate": accepted / drafted if drafted else 0.0,
-            "tokens_per_step_plain": statistics.median(p["plain"]["tokens"] / p["plain"]["steps"] for p in pairs),
-            "tokens_per_step_speculative": statistics.median(
-                p["speculative"]["tokens"] / p["speculative"]["steps"] for p in pairs
+            "load_avg": load_avg,
+            # Tokens each row gained per engine step (prefill step included): 1 for plain decoding.
+            "tokens_per_row_step_plain": statistics.median(
+                p["plain"]["tokens"] / p["plain"]["steps"] / len(prompts) for p in pairs
+            ),
+            "tokens_per_row_step_speculative": statistics.median(
+                p["speculative"]["tokens"] / p["speculative"]["steps"] / len(prompts) for p in pairs
             ),
             "repeats": pairs,
         }

@@ -326,8 +326,9 @@ def _speculation(args: argparse.Namespace) -> dict[str, Any]:
     for row in out["rows"]:
         print(
             f"speculation T={row['temperature']:.1f} batch {row['batch']}: acceptance {row['acceptance_rate']:.3f}, "
-            f"{row['tokens_per_step_speculative']:.2f} tokens/step; plain {row['plain_tok_s']:.1f} tok/s, "
-            f"speculative {row['speculative_tok_s']:.1f} tok/s, speed-up {row['speedup']:.2f}x",
+            f"{row['tokens_per_row_step_speculative']:.2f} tokens a row per step; plain {row['plain_tok_s']:.1f} "
+            f"tok/s, speculative {row['speculative_tok_s']:.1f} tok/s, speed-up {row['speedup']:.2f}x "
+            f"(load {row['load_avg']:.1f})",
             flush=True,
         )
     return out
