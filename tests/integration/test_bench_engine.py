@@ -53,7 +53,9 @@ def test_speculation_section_reports_acceptance_and_both_speeds(tmp_path: Path) 
     bench_engine.register(parser.add_subparsers())
     out = tmp_path / "engine.json"
     argv = "engine --model tiny --no-generation --no-learner --new 12 --repeats 1 --threads 1"
-    argv += " --spec-tokens 2 --spec-batch 4 --spec-distill-steps 30 --spec-corpus-prompts 8 --spec-corpus-tokens 32"
+    argv += (
+        " --spec-tokens 2 --spec-batches 1 4 --spec-distill-steps 30 --spec-corpus-prompts 8 --spec-corpus-tokens 32"
+    )
     args = parser.parse_args([*argv.split(), "--json", str(out)])
     threads = torch.get_num_threads()
     try:
@@ -65,10 +67,10 @@ def test_speculation_section_reports_acceptance_and_both_speeds(tmp_path: Path) 
     distill = spec["distill"]
     assert distill["corpus_sequences"] == 8 * 4
     assert all(a < b for a, b in zip(distill["held_out_kl_after"], distill["held_out_kl_before"], strict=True))
-    assert [r["temperature"] for r in spec["rows"]] == [0.0, 0.7]
+    assert [(r["batch"], r["temperature"]) for r in spec["rows"]] == [(1, 0.0), (1, 0.7), (4, 0.0), (4, 0.7)]
     for row in spec["rows"]:
         (pair,) = row["repeats"]
-        assert pair["plain"]["tokens"] == pair["speculative"]["tokens"] == 4 * 12
+        assert pair["plain"]["tokens"] == pair["speculative"]["tokens"] == row["batch"] * 12
         assert pair["speculative"]["drafted"] > 0 and 0.0 <= row["acceptance_rate"] <= 1.0
         assert pair["speculative"]["steps"] < pair["plain"]["steps"] or row["acceptance_rate"] == 0.0
         assert row["plain_tok_s"] > 0 and row["speculative_tok_s"] > 0

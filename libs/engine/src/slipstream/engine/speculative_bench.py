@@ -54,6 +54,42 @@ def _decode(
     }
 
 
+def _compare(
+    engines: dict[str, TorchEngine], prompts: Sequence[Sequence[int]], temperature: float, new_tokens: int, repeats: int
+) -> dict[str, Any]:
+    """Plain against speculative decoding of `prompts` at one temperature: medians over repeats."""
+    params = SamplingParams(temperature=temperature, max_tokens=new_tokens, ignore_eos=True)
+    warm = SamplingParams(temperature=temperature, max_tokens=4, ignore_eos=True)
+    for name, engine in engines.items():  # warm-up: one-off allocations and weight packing
+        _decode(engine, prompts[:2], warm, f"warm/{name}")
+    pairs: list[dict[str, dict[str, float]]] = []
+    load_avg = os.getloadavg()[0]  # timings on a shared machine mean little without it
+    for rep in range(repeats):
+        order = ("plain", "speculative") if rep % 2 == 0 else ("speculative", "plain")
+        pairs.append({name: _decode(engines[name], prompts, params, f"{temperature}/{rep}/{name}") for name in order})
+    drafted = sum(p["speculative"]["drafted"] for p in pairs)
+    accepted = sum(p["speculative"]["accepted"] for p in pairs)
+    batch = len(prompts)
+    return {
+        "temperature": temperature,
+        "batch": batch,
+        "new_tokens": new_tokens,
+        "plain_tok_s": statistics.median(p["plain"]["tok_s"] for p in pairs),
+        "speculative_tok_s": statistics.median(p["speculative"]["tok_s"] for p in pairs),
+        "speedup": statistics.median(p["speculative"]["tok_s"] / p["plain"]["tok_s"] for p in pairs),
+        "acceptance_rate": accepted / drafted if drafted else 0.0,
+        "load_avg": load_avg,
+        # Tokens each row gained per engine step (prefill step included): 1 for plain decoding.
+        "tokens_per_row_step_plain": statistics.median(
+            p["plain"]["tokens"] / p["plain"]["steps"] / batch for p in pairs
+        ),
+        "tokens_per_row_step_speculative": statistics.median(
+            p["speculative"]["tokens"] / p["speculative"]["steps"] / batch for p in pairs
+        ),
+        "repeats": pairs,
+    }
+
+
 def measure_speculation(
     model: CausalLM,
     tokenizer: Tokenizer,
@@ -61,6 +97,7 @@ def measure_speculation(
     corpus_prompts: Sequence[Sequence[int]],
     *,
     k: int = 3,
+    batches: Sequence[int] = (),
     new_tokens: int = 48,
     temperatures: Sequence[float] = (0.0, 0.7),
     distill_steps: int = 300,
@@ -75,7 +112,8 @@ def measure_speculation(
     seed: int = 0,
 ) -> dict[str, Any]:
     """Distil k MTP modules on the model's own samples, then time plain and speculative decoding
-    of `prompts` (one request each, `new_tokens` each, eos ignored) at each temperature."""
+    of the first `batch` of `prompts` (one request each, `new_tokens` each, eos ignored) for each
+    batch size (default: all the prompts at once) and temperature."""
     if k < 1:
         raise ValueError(f"measure_speculation: k must be >= 1, got {k}")
     if not prompts or not corpus_prompts:
@@ -97,58 +135,25 @@ def measure_speculation(
         seed=seed,
     )
     longest = max(len(p) for p in prompts)
-    engines = {
-        name: TorchEngine(
-            model,
-            tokenizer,
-            max_batch=len(prompts),
-            max_seq_len=longest + new_tokens + 1,
-            device=device,
-            dtype=dtype,
-            seed=seed,
-            speculative_tokens=spec,
-        )
-        for name, spec in (("plain", 0), ("speculative", k))
-    }
     rows: list[dict[str, Any]] = []
-    for temperature in temperatures:
-        params = SamplingParams(temperature=temperature, max_tokens=new_tokens, ignore_eos=True)
-        for name, engine in engines.items():  # warm-up: one-off allocations and weight packing
-            _decode(
-                engine,
-                prompts[:2],
-                SamplingParams(temperature=temperature, max_tokens=4, ignore_eos=True),
-                f"warm/{name}",
+    for batch in batches or [len(prompts)]:
+        if not 1 <= batch <= len(prompts):
+            raise ValueError(f"measure_speculation: batch {batch} needs 1..{len(prompts)} prompts")
+        engines = {
+            name: TorchEngine(
+                model,
+                tokenizer,
+                max_batch=batch,
+                max_seq_len=longest + new_tokens + 1,
+                device=device,
+                dtype=dtype,
+                seed=seed,
+                speculative_tokens=spec,
             )
-        pairs: list[dict[str, dict[str, float]]] = []
-        load_avg = os.getloadavg()[0]  # timings on a shared machine mean little without it
-        for rep in range(repeats):
-            order = ("plain", "speculative") if rep % 2 == 0 else ("speculative", "plain")
-            pairs.append(
-                {name: _decode(engines[name], prompts, params, f"{temperature}/{rep}/{name}") for name in order}
-            )
-        spec_runs = [p["speculative"] for p in pairs]
-        drafted = sum(r["drafted"] for r in spec_runs)
-        accepted = sum(r["accepted"] for r in spec_runs)
-        row = {
-            "temperature": temperature,
-            "batch": len(prompts),
-            "new_tokens": new_tokens,
-            "plain_tok_s": statistics.median(p["plain"]["tok_s"] for p in pairs),
-            "speculative_tok_s": statistics.median(p["speculative"]["tok_s"] for p in pairs),
-            "speedup": statistics.median(p["speculative"]["tok_s"] / p["plain"]["tok_s"] for p in pairs),
-            "acceptance_rate": accepted / drafted if drafted else 0.0,
-            "load_avg": load_avg,
-            # Tokens each row gained per engine step (prefill step included): 1 for plain decoding.
-            "tokens_per_row_step_plain": statistics.median(
-                p["plain"]["tokens"] / p["plain"]["steps"] / len(prompts) for p in pairs
-            ),
-            "tokens_per_row_step_speculative": statistics.median(
-                p["speculative"]["tokens"] / p["speculative"]["steps"] / len(prompts) for p in pairs
-            ),
-            "repeats": pairs,
+            for name, spec in (("plain", 0), ("speculative", k))
         }
-        rows.append(row)
+        for temperature in temperatures:
+            rows.append(_compare(engines, prompts[:batch], temperature, new_tokens, repeats))
     return {
         "k": k,
         "device": str(device),

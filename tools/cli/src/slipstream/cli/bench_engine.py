@@ -101,7 +101,9 @@ def register(bench_subparsers: Any) -> None:
     p.add_argument("--no-speculative", action="store_true", help="skip the speculative decoding section")
     p.add_argument("--spec-model", default="", help="model of the speculation section (default --model; or a preset)")
     p.add_argument("--spec-tokens", type=int, default=3, help="draft tokens per step, = MTP modules (default 3)")
-    p.add_argument("--spec-batch", type=int, default=16, help="requests decoded together (default 16)")
+    p.add_argument(
+        "--spec-batches", type=int, nargs="+", default=[1, 16], help="requests decoded together (default 1 16)"
+    )
     p.add_argument("--spec-dtype", default="float32", help="dtype of the speculation section (default float32)")
     p.add_argument(
         "--spec-temperatures", type=float, nargs="+", default=[0.0, 0.7], help="(default 0.0 greedy and 0.7)"
@@ -296,7 +298,7 @@ def _speculation(args: argparse.Namespace) -> dict[str, Any]:
     dtype = getattr(torch, args.spec_dtype)
     name = args.spec_model or args.model
     model, tok = load(name, args.spec_dtype, args.device)
-    prompts = prompts_for(tok, args.spec_batch, seed=0)
+    prompts = prompts_for(tok, max(args.spec_batches), seed=0)
     corpus_prompts = prompts_for(tok, args.spec_corpus_prompts, seed=1)
     out = measure_speculation(
         model,
@@ -304,6 +306,7 @@ def _speculation(args: argparse.Namespace) -> dict[str, Any]:
         prompts,
         corpus_prompts,
         k=args.spec_tokens,
+        batches=args.spec_batches,
         new_tokens=args.new,
         temperatures=args.spec_temperatures,
         distill_steps=args.spec_distill_steps,
