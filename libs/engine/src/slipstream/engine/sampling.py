@@ -71,19 +71,22 @@ def draw(lp: Tensor, u: Tensor) -> Tensor:
     return picked[:, 0]
 
 
+def row_params(params: Sequence[SamplingParams], device: torch.device) -> tuple[Tensor, Tensor, Tensor]:
+    """Per-row temperature, top-k and top-p [B] for `process_logits`; a greedy row gets temperature 1
+    and no filters, so its processed log-probs are the raw logits' log-softmax (which it records)."""
+    temp = torch.tensor([p.temperature if p.temperature > 0.0 else 1.0 for p in params], device=device)
+    top_k = torch.tensor([0 if p.temperature == 0.0 else p.top_k for p in params], device=device)
+    top_p = torch.tensor([1.0 if p.temperature == 0.0 else p.top_p for p in params], device=device)
+    return temp, top_k, top_p
+
+
 def row_logprobs(logits: Tensor, params: Sequence[SamplingParams]) -> Tensor:
     """Log-probs [B, V] each row samples from and records (see the module docstring): processed by
     the row's temperature, top-k and top-p, or, for a greedy row, the raw logits' log-softmax
     (whose argmax is the greedy token)."""
     if len(params) != logits.shape[0]:
         raise ValueError(f"row_logprobs: {logits.shape[0]} rows but {len(params)} params")
-    logits = logits.to(torch.float32)
-    device = logits.device
-    # A greedy row gets temperature 1 and no filters: its raw log-softmax.
-    temp = torch.tensor([p.temperature if p.temperature > 0.0 else 1.0 for p in params], device=device)
-    top_k = torch.tensor([0 if p.temperature == 0.0 else p.top_k for p in params], device=device)
-    top_p = torch.tensor([1.0 if p.temperature == 0.0 else p.top_p for p in params], device=device)
-    return process_logits(logits, temp, top_k, top_p)
+    return process_logits(logits, *row_params(params, logits.device))
 
 
 def sample(

@@ -34,12 +34,11 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from slipstream.engine.interface import SamplingParams
 from slipstream.engine.kernels import WeightCache, project
 from slipstream.engine.kv_cache import KVCache
 from slipstream.engine.model import CausalLM
 from slipstream.engine.mtp import modules_of
-from slipstream.engine.sampling import draw, row_logprobs
+from slipstream.engine.sampling import draw, process_logits, row_params
 from slipstream.engine.sequence import SequenceState
 
 
@@ -94,6 +93,7 @@ class Speculator:
         ks = [draft_limit(s, self.k, max_seq_len) for s in rows]
         kmax = max(ks)
         greedy = torch.tensor([p.temperature == 0.0 for p in params], device=device)
+        processing = row_params(params, device)  # built once, for the drafts and the verify
         # Each sampled row's uniforms, from its own stream, in a fixed order: k_row for the drafts,
         # k_row for the accept tests, one for the final token (a greedy row draws none).
         u_draft = torch.zeros(n, max(kmax, 1))
@@ -108,7 +108,7 @@ class Speculator:
             u_final[b] = u[2 * k]
         u_draft, u_accept, u_final = u_draft.to(device), u_accept.to(device), u_final.to(device)
         last = torch.tensor([s.tokens[-1] for s in rows], dtype=torch.long, device=device)
-        drafts, q_lp = self._draft(rows, params, last, kmax, greedy, u_draft, kernel)
+        drafts, q_lp = self._draft(rows, processing, last, kmax, greedy, u_draft, kernel)
 
         # Verify: one forward over [last, d_1 .. d_kmax] per row (rows with fewer drafts are padded;
         # their padding sits past their real positions, inside the cache's extra room).
@@ -118,8 +118,8 @@ class Speculator:
         pos = start[:, None] + torch.arange(width, device=device)[None]
         hidden = model.hidden_cached(ids, pos, cache, [s.slot for s in rows], kernel=kernel)  # [n, W, H]
         logits = project(model.lm_head, hidden, kernel)
-        p_lp = row_logprobs(logits.reshape(n * width, -1), [p for p in params for _ in range(width)])
-        p_lp = p_lp.view(n, width, -1)
+        per_position = tuple(t.repeat_interleave(width) for t in processing)
+        p_lp = process_logits(logits.reshape(n * width, -1), *per_position).view(n, width, -1)
 
         # Accept the longest prefix of drafts that pass their tests.
         k_row = torch.tensor(ks, dtype=torch.long, device=device)
@@ -171,7 +171,7 @@ class Speculator:
     def _draft(
         self,
         rows: Sequence[SequenceState],
-        params: list[SamplingParams],
+        processing: tuple[Tensor, Tensor, Tensor],
         last: Tensor,
         kmax: int,
         greedy: Tensor,
@@ -201,7 +201,7 @@ class Speculator:
         for j in range(kmax):
             module = self.modules[j]
             h = module(h, embed(tok), kernel)
-            lq = row_logprobs(project(model.lm_head, module.head_input(h), kernel), params)
+            lq = process_logits(project(model.lm_head, module.head_input(h), kernel), *processing)
             tok = torch.where(greedy, lq.argmax(dim=-1), draw(lq, u_draft[:, j]))
             drafts[:, j] = tok
             q_lp[:, j] = lq
