@@ -1,5 +1,6 @@
 """`slipstream bench engine` on SmolLM2, shrunk: both workload kinds run end to end and report
-what they did (the chat workload's rows stop at eos and share their prompts' common opening)."""
+what they did (the chat workload's rows stop at eos and share their prompts' common opening);
+its speculation section, on the tiny preset, reports acceptance and tokens/s both ways."""
 
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ def test_chat_and_distinct_rows_report_tokens_prefill_and_verdicts(
     bench_engine.register(parser.add_subparsers())
     out = tmp_path / "engine.json"
     argv = "engine --batches 16 --dtypes float32 --workloads chat distinct --new 4 --prompt-len 16"
-    argv += " --repeats 1 --threads 1 --no-learner"
+    argv += " --repeats 1 --threads 1 --no-learner --no-speculative"
     args = parser.parse_args([*argv.split(), "--json", str(out)])
     threads = torch.get_num_threads()
     try:
@@ -44,3 +45,32 @@ def test_chat_and_distinct_rows_report_tokens_prefill_and_verdicts(
     verdicts = result["target"]["engine_met_by_workload"]
     assert set(verdicts) == {"chat", "distinct"}
     assert "engine target >= 1.5x at batch >= 16: chat " in capsys.readouterr().out
+
+
+def test_speculation_section_reports_acceptance_and_both_speeds(tmp_path: Path) -> None:
+    pytest.importorskip("transformers")
+    parser = argparse.ArgumentParser()
+    bench_engine.register(parser.add_subparsers())
+    out = tmp_path / "engine.json"
+    argv = "engine --model tiny --no-generation --no-learner --new 12 --repeats 1 --threads 1"
+    argv += (
+        " --spec-tokens 2 --spec-batches 1 4 --spec-distill-steps 30 --spec-corpus-prompts 8 --spec-corpus-tokens 32"
+    )
+    args = parser.parse_args([*argv.split(), "--json", str(out)])
+    threads = torch.get_num_threads()
+    try:
+        assert args.func(args) == 0
+    finally:
+        torch.set_num_threads(threads)
+    spec = json.loads(out.read_text())["speculation"]
+    assert spec["k"] == 2 and spec["model"] == "tiny" and spec["distill"]["mtp_fresh"]
+    distill = spec["distill"]
+    assert distill["corpus_sequences"] == 8 * 4
+    assert all(a < b for a, b in zip(distill["held_out_kl_after"], distill["held_out_kl_before"], strict=True))
+    assert [(r["batch"], r["temperature"]) for r in spec["rows"]] == [(1, 0.0), (1, 0.7), (4, 0.0), (4, 0.7)]
+    for row in spec["rows"]:
+        (pair,) = row["repeats"]
+        assert pair["plain"]["tokens"] == pair["speculative"]["tokens"] == row["batch"] * 12
+        assert pair["speculative"]["drafted"] > 0 and 0.0 <= row["acceptance_rate"] <= 1.0
+        assert pair["speculative"]["steps"] < pair["plain"]["steps"] or row["acceptance_rate"] == 0.0
+        assert row["plain_tok_s"] > 0 and row["speculative_tok_s"] > 0

@@ -204,7 +204,7 @@ async def test_a_failing_step_fails_waiters_and_later_calls(model: CausalLM, mon
         raise RuntimeError("simulated device failure")
 
     await engine.start()
-    monkeypatch.setattr(engine.model, "forward_cached", broken)
+    monkeypatch.setattr(engine.model, "hidden_cached", broken)
     with pytest.raises(EngineError, match="simulated device failure"):
         await engine.generate(_req("x", "abc", max_tokens=3))
     assert isinstance(engine.error, RuntimeError)
@@ -231,15 +231,15 @@ async def test_cancelled_generate_frees_its_slot(model: CausalLM) -> None:
 
 
 def _count_forwards(engine: TorchEngine, monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, int]]:
-    """Record the [rows, tokens] shape of every forward the engine makes."""
+    """Record the [rows, tokens] shape of every forward the engine makes (all go through `hidden_cached`)."""
     shapes: list[tuple[int, int]] = []
-    real = engine.model.forward_cached
+    real = engine.model.hidden_cached
 
     def counted(ids: torch.Tensor, *args: object, **kw: object) -> torch.Tensor:
         shapes.append((int(ids.shape[0]), int(ids.shape[1])))
         return real(ids, *args, **kw)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(engine.model, "forward_cached", counted)
+    monkeypatch.setattr(engine.model, "hidden_cached", counted)
     return shapes
 
 

@@ -44,6 +44,10 @@ class ModelConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, froz
         int, Doc(description="Experts per MoE layer (slipstream.engine.moe); 0 = a dense SwiGLU MLP, at most 256.")
     ] = 0
     num_experts_per_tok: Annotated[int, Doc(description="Experts each token is routed to (top-k), MoE only.")] = 2
+    mtp_depth: Annotated[
+        int,
+        Doc(description="Multi-token-prediction modules (mtp.py): how many tokens past the next one the model drafts."),
+    ] = 0
 
     def __post_init__(self) -> None:
         for name in ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "vocab_size"):
@@ -64,6 +68,8 @@ class ModelConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, froz
                 f"ModelConfig MoE needs 1 <= num_experts_per_tok ({self.num_experts_per_tok}) <= num_experts "
                 f"({self.num_experts}) <= 256"
             )
+        if self.mtp_depth < 0:
+            raise ValueError(f"ModelConfig.mtp_depth must be >= 0, got {self.mtp_depth}")
         if self.dim_per_head % 2:
             raise ValueError(f"ModelConfig head_dim must be even for RoPE, got {self.dim_per_head}")
 
@@ -131,6 +137,7 @@ class ModelConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, froz
             pad_token_id=_first_id(raw.get("pad_token_id")),
             num_experts=int(raw.get("num_experts") or 0),
             num_experts_per_tok=int(raw.get("num_experts_per_tok") or 2),
+            mtp_depth=int(raw.get("mtp_depth", 0)),
         )
 
     def to_hf(self, dtype_name: str = "float32") -> dict[str, Any]:
@@ -166,6 +173,8 @@ class ModelConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, froz
             # llama with experts, so such a directory is for Slipstream's processes only.
             out["num_experts"] = self.num_experts
             out["num_experts_per_tok"] = self.num_experts_per_tok
+        if self.mtp_depth:
+            out["mtp_depth"] = self.mtp_depth  # Slipstream's own key; transformers ignores it
         if self.model_type == "llama":
             out["attention_bias"] = self.attention_bias
             out["mlp_bias"] = False

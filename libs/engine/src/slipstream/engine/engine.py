@@ -12,7 +12,9 @@ Scheduling, one `step()` at a time:
    keys/values;
 4. decode every running row in one batched forward (each row at its own position, attending to
    its own slot's valid prefix), sample, and retire rows that hit eos, a stop string,
-   max_tokens or max_seq_len.
+   max_tokens or max_seq_len. With `speculative_tokens` = k the forward verifies up to k tokens
+   per row drafted by the model's MTP modules and emits 1 to k+1 tokens a row (speculative.py:
+   exact rejection sampling, the main model's log-probs, all tagged with the version in use).
 
 Sessions (multi-turn episodes): a request with a `session_id` leaves its cache slot *parked*
 when it finishes, holding the keys/values of every token it forwarded. The session's next
@@ -45,11 +47,12 @@ import torch
 from torch import Tensor, nn
 
 from slipstream.engine.interface import GenerationRequest, GenerationResult
-from slipstream.engine.kernels import Fp32Weights, MklPackedWeights, choose_kernel
+from slipstream.engine.kernels import Fp32Weights, MklPackedWeights, choose_kernel, project
 from slipstream.engine.model import CausalLM
 from slipstream.engine.prefill import MIN_SHARED_PREFIX, Row, prefill_chunks, prefix_clusters, shared_prefix
 from slipstream.engine.sampling import sample
 from slipstream.engine.sequence import SequenceState
+from slipstream.engine.speculative import Speculator
 from slipstream.engine.tokenizer import Tokenizer
 from slipstream.engine.weight_update import WeightUpdate, validate_update
 
@@ -81,13 +84,17 @@ class TorchEngine:
         allow_partial_updates: bool = False,
         bf16_upcast: bool | None = None,
         mkl_pack: bool | None = None,
+        speculative_tokens: int = 0,
     ) -> None:
         """`bf16_upcast`: run a bf16 model's matmuls in fp32 on the same bf16 values (kernels.py),
         keeping an fp32 copy of the weights (4 bytes per parameter); None decides by device (on
         for CPUs whose torch lacks a fast bf16 GEMM). No effect in fp32.
         `mkl_pack`: run an fp32 model's decode matmuls with MKL's packed GEMM (kernels.py),
         keeping an MKL-packed copy of the weights (4 bytes per parameter); None turns it on
-        wherever it can run (CPU, fp32, torch built with MKL). No effect elsewhere."""
+        wherever it can run (CPU, fp32, torch built with MKL). No effect elsewhere.
+        `speculative_tokens`: draft up to this many tokens per row and step with the model's MTP
+        modules and verify them in one forward (speculative.py; the model needs mtp_depth >= it);
+        0 (the default) decodes one token per row and step."""
         if max_batch < 1:
             raise ValueError(f"TorchEngine max_batch must be >= 1, got {max_batch}")
         if device is None:
@@ -106,7 +113,9 @@ class TorchEngine:
         self.max_batch = max_batch
         self.recompute_kv_on_update = recompute_kv_on_update
         self.allow_partial_updates = allow_partial_updates
-        self.cache = self.model.new_cache(max_batch, self.max_seq_len)
+        self._speculator = Speculator(self.model, speculative_tokens) if speculative_tokens else None
+        # Room past max_seq_len for a verify forward's padding (speculative.py).
+        self.cache = self.model.new_cache(max_batch, self.max_seq_len + speculative_tokens)
         self._slots: list[SequenceState | None] = [None] * max_batch
         self._waiting: collections.deque[SequenceState] = collections.deque()
         self._known_ids: set[str] = set()
@@ -130,6 +139,8 @@ class TorchEngine:
         self._session_hits = 0
         self._session_fallbacks = 0
         self._session_evictions = 0
+        self._spec_drafted = 0
+        self._spec_accepted = 0
         self._last_apply_ms = 0.0
         self._recent: collections.deque[tuple[float, int]] = collections.deque(maxlen=_RATE_WINDOW_STEPS)
         # async face
@@ -199,6 +210,9 @@ class TorchEngine:
             "kv_session_hits": float(self._session_hits),
             "kv_session_fallbacks": float(self._session_fallbacks),
             "kv_session_evictions": float(self._session_evictions),
+            "spec_drafted_tokens": float(self._spec_drafted),
+            "spec_accepted_tokens": float(self._spec_accepted),
+            "spec_acceptance_rate": self._spec_accepted / self._spec_drafted if self._spec_drafted else 0.0,
         }
 
     def release(self, session_id: str) -> None:
@@ -389,12 +403,15 @@ class TorchEngine:
         rows: list[SequenceState] = []
         logits: list[Tensor] = []
         for chunk in prefill_chunks(work, self.max_seq_len):
-            chunk_logits = self._forward_rows(chunk)
-            for (seq, keep), row_logits in zip(chunk, chunk_logits, strict=True):
+            chunk_hidden = self._forward_rows(chunk)
+            chunk_logits = project(self.model.lm_head, chunk_hidden, self._kernel)
+            for (seq, keep), row_hidden, row_logits in zip(chunk, chunk_hidden, chunk_logits, strict=True):
                 self._prefill_tokens += len(seq.tokens) - keep
                 self._kv_reused_tokens += keep - seq.shared_prefix
                 rows.append(seq)
                 logits.append(row_logits)
+                if self._speculator is not None:
+                    seq.draft_hidden = row_hidden
                 shared = followers.get(id(seq), [])
                 if shared:
                     self.cache.copy_prefix(seq.slot, [f.slot for f in shared], len(seq.tokens))
@@ -403,6 +420,7 @@ class TorchEngine:
                         self._prompt_shared_tokens += len(f.tokens)
                         rows.append(f)
                         logits.append(row_logits)
+                        f.draft_hidden = seq.draft_hidden
         self._sample(rows, torch.stack(logits), done)
 
     def _share_prefixes(self, work: list[Row]) -> list[Row]:
@@ -424,7 +442,8 @@ class TorchEngine:
         return [(seq, keeps.get(id(seq), keep)) for seq, keep in work]
 
     def _forward_rows(self, chunk: list[tuple[SequenceState, int]]) -> Tensor:
-        """One forward of each row's tokens[keep:] into its slot; logits [rows, V] at each row's last token."""
+        """One forward of each row's tokens[keep:] into its slot; final-norm hidden states [rows, H]
+        at each row's last token (the lm_head makes them logits)."""
         width = max(len(seq.tokens) - keep for seq, keep in chunk)
         ids = torch.zeros((len(chunk), width), dtype=torch.long)
         starts = torch.tensor([keep for _, keep in chunk], dtype=torch.long)
@@ -435,7 +454,7 @@ class TorchEngine:
             last[b] = len(new) - 1
             seq.cache_len = len(seq.tokens)
         pos = starts[:, None] + torch.arange(width)[None]
-        return self.model.forward_cached(
+        return self.model.hidden_cached(
             ids.to(self.device),
             pos.to(self.device),
             self.cache,
@@ -469,6 +488,9 @@ class TorchEngine:
         rows = self._running()
         if not rows:
             return
+        if self._speculator is not None:
+            self._decode_speculative(rows, done)
+            return
         ids = torch.tensor([[s.tokens[-1]] for s in rows], dtype=torch.long, device=self.device)
         pos = torch.tensor([[s.cache_len] for s in rows], dtype=torch.long, device=self.device)
         last = torch.zeros(len(rows), dtype=torch.long, device=self.device)
@@ -477,6 +499,29 @@ class TorchEngine:
         for s in rows:
             s.cache_len += 1
         self._sample(rows, logits, done)
+
+    def _decode_speculative(self, rows: list[SequenceState], done: list[SequenceState]) -> None:
+        """Draft, verify and accept (speculative.py): 1 to k+1 tokens per row, all tagged with the
+        version in use, as one decode step would tag its one."""
+        assert self._speculator is not None
+        advances = self._speculator.step(rows, self.cache, self._kernel, self.max_seq_len)
+        version = self._policy_version
+        for seq, adv in zip(rows, advances, strict=True):
+            fed_from = seq.cache_len
+            for tok, lp in zip(adv.tokens, adv.logprobs, strict=True):
+                seq.append(tok, lp, version)
+                self._tokens += 1
+                seq.check_stop(self.tokenizer, self.max_seq_len)
+                if seq.finished:
+                    break
+            # Valid in the cache now: the token fed last step and the accepted drafts (the rejected
+            # ones' keys/values lie past cache_len, masked, and are overwritten next step).
+            seq.cache_len = min(fed_from + adv.accepted + 1, len(seq.tokens))
+            seq.draft_hidden = adv.hidden
+            self._spec_drafted += adv.drafted
+            self._spec_accepted += adv.accepted
+            if seq.finished:
+                self._retire(seq, seq.finish_reason or "stop", done)
 
     def _sample(self, rows: list[SequenceState], logits: Tensor, done: list[SequenceState]) -> None:
         ids, logps = sample(logits, [s.request.params for s in rows], [s.generator for s in rows])

@@ -25,6 +25,7 @@ from slipstream.engine.config import ModelConfig
 from slipstream.engine.kernels import WeightCache, project
 from slipstream.engine.kv_cache import KVCache, SlotSelection
 from slipstream.engine.moe import MoeBlock, last_routes, moe_blocks, routes_per_token
+from slipstream.engine.mtp import build_mtp
 
 
 class RMSNorm(nn.Module):
@@ -217,6 +218,8 @@ class CausalLM(nn.Module):
         self.config = cfg
         self.model = DecoderModel(cfg)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        # Multi-token-prediction modules (`mtp.py`), part of the state_dict when the config has them.
+        self.mtp = build_mtp(cfg)
         self.tie_weights()
 
     def materialize(self, device: str | torch.device, dtype: torch.dtype) -> None:
@@ -302,6 +305,22 @@ class CausalLM(nn.Module):
         weight copies it needs (`kernels.py`): fp32 copies that run a bf16 model's matmuls in fp32
         (the same products, on CPUs where torch's bf16 GEMM is slow), or MKL-packed fp32 weights.
         """
+        return project(
+            self.lm_head, self.hidden_cached(input_ids, positions, cache, slots, last, kernel=kernel), kernel
+        )
+
+    def hidden_cached(
+        self,
+        input_ids: Tensor,
+        positions: Tensor,
+        cache: KVCache,
+        slots: list[int],
+        last: Tensor | None = None,
+        *,
+        kernel: WeightCache | None = None,
+    ) -> Tensor:
+        """`forward_cached` short of the lm_head: the final-norm hidden states [B, T, H] (or [B, H]
+        with `last`), for a caller that also needs them (speculative decoding drafts from them)."""
         sel = cache.select(slots)
         span = int(positions.max()) + 1
         if span > cache.max_seq_len:
@@ -318,7 +337,7 @@ class CausalLM(nn.Module):
             cache.write_routes(sel, positions, last_routes(moe_blocks(self)))
         if last is not None:
             h = h[torch.arange(h.shape[0], device=h.device), last]
-        return project(self.lm_head, self.model.norm(h), kernel)
+        return self.model.norm(h)
 
     def new_cache(self, slots: int, max_seq_len: int) -> KVCache:
         """An empty KV cache on this model's device and dtype."""

@@ -49,6 +49,46 @@ def process_logits(logits: Tensor, temperature: Tensor, top_k: Tensor, top_p: Te
     return scaled.log_softmax(dim=-1)
 
 
+def draw(lp: Tensor, u: Tensor) -> Tensor:
+    """The token [B] of each row of log-probs `lp` [B, V] (-inf: excluded) at uniforms `u` [B] in [0, 1).
+
+    Inverse-CDF sampling: the first index whose cumulative mass exceeds u times the row's total,
+    so `lp` need not be normalised (speculative decoding's residual distribution is not).
+    """
+    cdf = lp.exp().cumsum(dim=-1)
+    target = (u * cdf[:, -1])[:, None]
+    # First index whose cumulative mass exceeds the target: never a zero-probability token,
+    # except by rounding at the very top (past the last kept token, or past the end), which
+    # the cap to the last kept token covers. The cap scans the whole vocabulary, so it runs
+    # only for the rare rows that need it (a decode step spent ~4% of its time there).
+    vocab = lp.shape[-1]
+    picked = torch.searchsorted(cdf, target, right=True).clamp_(max=vocab - 1)
+    stray = torch.isneginf(lp.gather(1, picked)[:, 0]) | (picked[:, 0] == vocab - 1)
+    if bool(stray.any()):
+        vocab_idx = torch.arange(vocab, device=lp.device)
+        last_kept = (torch.isfinite(lp[stray]) * vocab_idx).argmax(dim=-1, keepdim=True)
+        picked[stray] = torch.minimum(picked[stray], last_kept)
+    return picked[:, 0]
+
+
+def row_params(params: Sequence[SamplingParams], device: torch.device) -> tuple[Tensor, Tensor, Tensor]:
+    """Per-row temperature, top-k and top-p [B] for `process_logits`; a greedy row gets temperature 1
+    and no filters, so its processed log-probs are the raw logits' log-softmax (which it records)."""
+    temp = torch.tensor([p.temperature if p.temperature > 0.0 else 1.0 for p in params], device=device)
+    top_k = torch.tensor([0 if p.temperature == 0.0 else p.top_k for p in params], device=device)
+    top_p = torch.tensor([1.0 if p.temperature == 0.0 else p.top_p for p in params], device=device)
+    return temp, top_k, top_p
+
+
+def row_logprobs(logits: Tensor, params: Sequence[SamplingParams]) -> Tensor:
+    """Log-probs [B, V] each row samples from and records (see the module docstring): processed by
+    the row's temperature, top-k and top-p, or, for a greedy row, the raw logits' log-softmax
+    (whose argmax is the greedy token)."""
+    if len(params) != logits.shape[0]:
+        raise ValueError(f"row_logprobs: {logits.shape[0]} rows but {len(params)} params")
+    return process_logits(logits, *row_params(params, logits.device))
+
+
 def sample(
     logits: Tensor, params: Sequence[SamplingParams], generators: Sequence[torch.Generator]
 ) -> tuple[list[int], list[float]]:
@@ -71,22 +111,9 @@ def sample(
         # One uniform per row from that row's own stream, drawn on CPU so the stream does not
         # depend on the device; inverse-CDF sampling then needs no further randomness.
         u = torch.cat([torch.rand(1, generator=generators[i]) for i in rows]).to(device)
-        cdf = lp.exp().cumsum(dim=-1)
-        target = (u * cdf[:, -1])[:, None]
-        # First index whose cumulative mass exceeds the target: never a zero-probability token,
-        # except by rounding at the very top (past the last kept token, or past the end), which
-        # the cap to the last kept token covers. The cap scans the whole vocabulary, so it runs
-        # only for the rare rows that need it (a decode step spent ~4% of its time there).
-        vocab = lp.shape[-1]
-        picked = torch.searchsorted(cdf, target, right=True).clamp_(max=vocab - 1)
-        picked_lp = lp.gather(1, picked)
-        stray = torch.isneginf(picked_lp[:, 0]) | (picked[:, 0] == vocab - 1)
-        if bool(stray.any()):
-            vocab_idx = torch.arange(vocab, device=device)
-            last_kept = (torch.isfinite(lp[stray]) * vocab_idx).argmax(dim=-1, keepdim=True)
-            picked[stray] = torch.minimum(picked[stray], last_kept)
-            picked_lp = lp.gather(1, picked)
-        ids[rows] = picked[:, 0]
+        picked = draw(lp, u)
+        picked_lp = lp.gather(1, picked[:, None])
+        ids[rows] = picked
         logp[rows] = picked_lp[:, 0]
     grows = [i for i in range(b) if greedy[i]]
     if grows:

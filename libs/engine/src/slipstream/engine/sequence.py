@@ -42,6 +42,9 @@ class SequenceState:
     # MoE models: the routes of the cached tokens, read from the cache when the request retires.
     routes: bytes = b""
     routes_per_token: int = 0
+    # Speculative decoding: the main model's hidden state at the position whose distribution gave
+    # tokens[-1] (what the MTP modules draft the next tokens from); None until a forward made it.
+    draft_hidden: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
         self.tokens = list(self.request.prompt_ids)

@@ -108,6 +108,14 @@ class InferenceSection(msgspec.Struct, kw_only=True, forbid_unknown_fields=True)
     recompute_kv_on_update: Annotated[
         bool, Doc(description="Recompute running rows' KV caches under new weights (default keeps them).")
     ] = False
+    speculative_tokens: Annotated[
+        int,
+        Doc(
+            description="Speculative decoding: draft this many tokens per step with the model's MTP modules "
+            "(needs weights with mtp_depth >= it; the sampled distribution is unchanged); 0 = off.",
+            ge=0,
+        ),
+    ] = 0
     max_body_mb: Annotated[
         int, Doc(description="Largest request body in MiB (a full weight version travels as one).", ge=1)
     ] = 4096

@@ -37,6 +37,7 @@ async def serve(cfg: InferenceServerConfig, stop: asyncio.Event) -> None:
         dtype=torch_dtype(cfg.model),
         seed=cfg.model.seed,
         recompute_kv_on_update=s.recompute_kv_on_update,
+        speculative_tokens=s.speculative_tokens,
         # A LoRA run's versions are its adapters only; the frozen base stays as loaded.
         allow_partial_updates=cfg.model.lora_rank > 0,
     )

@@ -110,6 +110,14 @@ class LearnerSection(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             "uniform routing) added to the policy loss; 0 = off. No effect on dense models."
         ),
     ] = 0.01
+    mtp_distill_weight: Annotated[
+        float,
+        Doc(
+            description="Weight of the MTP draft modules' self-distillation loss (KL to the main head at the shifted "
+            "position, slipstream.engine.mtp_distill) added to every micro-batch's RL loss; 0 = off. Needs a model "
+            "with mtp_depth > 0 and ranks = 1; the main model's gradient is unchanged by it (the teacher is detached)."
+        ),
+    ] = 0.0
     checkpoint_every: Annotated[
         int,
         Doc(
@@ -263,6 +271,7 @@ class LearnerSection(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             (self.micro_batch >= 1, f"micro_batch must be >= 1, got {self.micro_batch}"),
             (self.substeps >= 1, f"substeps must be >= 1, got {self.substeps}"),
             (self.moe_aux_coef >= 0, f"moe_aux_coef must be >= 0, got {self.moe_aux_coef}"),
+            (self.mtp_distill_weight >= 0, f"mtp_distill_weight must be >= 0, got {self.mtp_distill_weight}"),
             (self.checkpoint_every >= 0, f"checkpoint_every must be >= 0, got {self.checkpoint_every}"),
             (self.commit_when_idle_s >= 0, f"commit_when_idle_s must be >= 0, got {self.commit_when_idle_s}"),
             (self.keep_checkpoints >= 1, f"keep_checkpoints must be >= 1, got {self.keep_checkpoints}"),

@@ -53,6 +53,7 @@ from torch import nn
 from slipstream.engine.kernels import upcast_bf16_default
 from slipstream.engine.model import CausalLM
 from slipstream.engine.moe import aux_loss, force_routes
+from slipstream.engine.mtp_distill import distill_loss
 from slipstream.learner.config import AutocastDtype, LearnerSection
 from slipstream.learner.reference import Reference, make_reference
 from slipstream.rl import LossConfig, TrainItem, compute_loss, pack_batch, staleness, token_logprobs, turn_mismatch
@@ -68,6 +69,7 @@ _TOKEN_MEANS = (
     "behaviour_kl",
     "kl",
     "masked_share",
+    "mtp_kl",
     "last_ratio_mean",
     "last_clip_fraction",
     "last_behaviour_kl",
@@ -287,6 +289,11 @@ class Trainer:
             weight_decay=section.weight_decay,
         )
         self.reference = make_reference(model, loss) if reference == "initial" else reference
+        if section.mtp_distill_weight > 0 and (type(model) is not CausalLM or typing.cast(CausalLM, model).mtp is None):
+            raise ValueError(
+                f"[learner] mtp_distill_weight {section.mtp_distill_weight} needs a one-rank model with MTP modules "
+                "(config mtp_depth > 0; `slipstream mtp-distill` makes one)"
+            )
 
     def step(self, groups: Sequence[Sequence[ScoredEpisode]], version: int, *, step: int = 0) -> StepStats:
         """One optimizer step over `groups`, trained at policy `version` (the weights before the step) and
@@ -403,17 +410,24 @@ class Trainer:
             ref_logprobs=ref_logprobs,
             total_tokens=total_tokens,
         )
-        loss = out.loss
+        loss, metrics = out.loss, out.metrics
         balance = aux_loss(self.model, batch.attention_mask)
         if balance is not None:
             # The micro-batch's share of the step's trained tokens: summed over micro-batches, a token-weighted mean.
             loss = loss + self.section.moe_aux_coef * balance * (batch.n_tokens / max(total_tokens, 1))
-            out.metrics["moe_aux_loss"] = float(balance.detach())
+            metrics = {**metrics, "moe_aux_loss": float(balance.detach())}
+        if self.section.mtp_distill_weight > 0:
+            # The drafts learn alongside RL: their KL to the (detached) main head, weighted by this
+            # micro-batch's share of the step's tokens as the RL loss is.
+            kl, _ = distill_loss(typing.cast(CausalLM, self.model), batch.input_ids, batch.attention_mask)
+            share = metrics.get("tokens", 0.0) / max(total_tokens, 1)
+            loss = loss + self.section.mtp_distill_weight * share * kl
+            metrics = {**metrics, "mtp_kl": float(kl.detach())}
         loss.backward()
         for turn, (total, n) in turn_mismatch(logprobs, batch.behaviour_logprobs, batch.mask, batch.turn_index).items():
             prev = by_turn.get(turn, (0.0, 0))
             by_turn[turn] = (prev[0] + total, prev[1] + n)
-        return out.metrics, ref_logprobs
+        return metrics, ref_logprobs
 
     def _logprobs(self, model: nn.Module, batch: Batch, *, replay: bool = False) -> torch.Tensor:
         """Per-position log-probs of `batch`'s targets under `model`, at the sampling temperature; with

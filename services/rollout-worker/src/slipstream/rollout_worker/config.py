@@ -67,6 +67,14 @@ class WorkerSection(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     recompute_kv_on_update: Annotated[
         bool, Doc(description="Recompute running rows' KV caches under new weights (default keeps them).")
     ] = False
+    speculative_tokens: Annotated[
+        int,
+        Doc(
+            description="Speculative decoding: draft this many tokens per step with the model's MTP modules "
+            "(needs [model] weights with mtp_depth >= it; the sampled distribution is unchanged); 0 = off.",
+            ge=0,
+        ),
+    ] = 0
     weights_digest: Annotated[
         bool,
         Doc(description="After each applied version, report a sha256 of the engine weights on /readyz (tests)."),

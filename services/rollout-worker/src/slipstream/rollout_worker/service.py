@@ -187,6 +187,7 @@ class RolloutWorkerService(BaseService):
             seed=cfg.model.seed,
             policy_version=0,
             recompute_kv_on_update=w.recompute_kv_on_update,
+            speculative_tokens=w.speculative_tokens,
             # A LoRA run's versions are its adapters only; the frozen base stays as loaded.
             allow_partial_updates=cfg.model.lora_rank > 0,
         )

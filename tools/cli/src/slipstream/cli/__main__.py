@@ -23,6 +23,7 @@ COMMANDS: tuple[str, ...] = (
     "promotion",
     "chaos",
     "serve-engine",
+    "mtp-distill",
 )
 
 

@@ -32,6 +32,14 @@ autocast as the real-model demo trains, or fp32 on a CPU without a fast bf16 GEM
 itself falls back) on a batch of sequences, against a plain HF forward + cross-entropy + backward
 + AdamW step on the same token ids and the same precision.
 Target: engine >= 1.5x at batch 16 and 64; learner >= 1.0x.
+
+Speculation (`--spec-*`, skipped with `--no-speculative`): the model (`--spec-model`, default
+`--model` on cuda and the `tiny` preset on cpu, where distilling SmolLM2's drafts would take
+hours) gets `--spec-tokens` MTP modules, self-distilled on its own samples; then the engine
+decodes the same requests with and without speculative decoding
+(`slipstream.engine.speculative_bench`) at each `--spec-batches` size: draft acceptance rate and
+tokens/s both ways, greedy and sampled, in the same run, with the drafts' held-out KL before and
+after distillation.
 """
 
 from __future__ import annotations
@@ -94,6 +102,31 @@ def register(bench_subparsers: Any) -> None:
         help="engine uses F.linear in fp32 instead of MKL's packed GEMM (see engine kernels.py)",
     )
     add_moe_arguments(p)  # the MoE router-replay section (bench_moe.py)
+    p.add_argument("--no-speculative", action="store_true", help="skip the speculative decoding section")
+    p.add_argument(
+        "--spec-model",
+        default="",
+        help="model of the speculation section: a name, directory or preset (default: --model on cuda, tiny on cpu)",
+    )
+    p.add_argument("--spec-tokens", type=int, default=3, help="draft tokens per step, = MTP modules (default 3)")
+    p.add_argument(
+        "--spec-batches", type=int, nargs="+", default=[1, 16], help="requests decoded together (default 1 16)"
+    )
+    p.add_argument("--spec-dtype", default="float32", help="dtype of the speculation section (default float32)")
+    p.add_argument(
+        "--spec-temperatures", type=float, nargs="+", default=[0.0, 0.7], help="(default 0.0 greedy and 0.7)"
+    )
+    p.add_argument("--spec-distill-steps", type=int, default=300, help="self-distillation steps (default 300)")
+    p.add_argument("--spec-distill-lr", type=float, default=3e-3, help="(default 3e-3)")
+    p.add_argument(
+        "--spec-distill-positions",
+        type=int,
+        default=1024,
+        help="positions per distillation step, sampled from its batch; 0 = all (default 1024)",
+    )
+    p.add_argument("--spec-corpus-prompts", type=int, default=64, help="prompts the distillation corpus samples (64)")
+    p.add_argument("--spec-corpus-samples", type=int, default=4, help="samples per corpus prompt (default 4)")
+    p.add_argument("--spec-corpus-tokens", type=int, default=96, help="tokens per corpus sample (default 96)")
     p.set_defaults(func=_command)
 
 
@@ -264,6 +297,56 @@ async def _generation(args: argparse.Namespace, model_dir: Path) -> list[dict[st
     return rows
 
 
+def _speculation(args: argparse.Namespace) -> dict[str, Any]:
+    import torch
+
+    from slipstream.cli.mtp_distill import load, prompts_for
+    from slipstream.engine.speculative_bench import measure_speculation
+
+    dtype = getattr(torch, args.spec_dtype)
+    # On a CPU, distilling a 49k-vocabulary model's drafts costs ~10 s a step (SmolLM2, 256 positions,
+    # a shared 2-core machine: measured), so the section defaults to the tiny preset there.
+    name = args.spec_model or (args.model if torch.device(args.device).type == "cuda" else "tiny")
+    model, tok = load(name, args.spec_dtype, args.device)
+    prompts = prompts_for(tok, max(args.spec_batches), seed=0)
+    corpus_prompts = prompts_for(tok, args.spec_corpus_prompts, seed=1)
+    out = measure_speculation(
+        model,
+        tok,
+        prompts,
+        corpus_prompts,
+        k=args.spec_tokens,
+        batches=args.spec_batches,
+        new_tokens=args.new,
+        temperatures=args.spec_temperatures,
+        distill_steps=args.spec_distill_steps,
+        distill_lr=args.spec_distill_lr,
+        distill_positions=args.spec_distill_positions,
+        corpus_samples=args.spec_corpus_samples,
+        corpus_tokens=args.spec_corpus_tokens,
+        repeats=args.repeats,
+        device=args.device,
+        dtype=dtype,
+    )
+    out["model"] = name
+    d = out["distill"]
+    print(
+        f"speculation {name} {args.spec_dtype} k={out['k']}: MTP self-distilled {d['steps']} steps on "
+        f"{d['corpus_sequences']} own samples in {d['distill_s']:.0f} s, held-out KL per depth "
+        f"{[round(x, 3) for x in d['held_out_kl_before']]} -> {[round(x, 3) for x in d['held_out_kl_after']]}",
+        flush=True,
+    )
+    for row in out["rows"]:
+        print(
+            f"speculation T={row['temperature']:.1f} batch {row['batch']}: acceptance {row['acceptance_rate']:.3f}, "
+            f"{row['tokens_per_row_step_speculative']:.2f} tokens a row per step; plain {row['plain_tok_s']:.1f} "
+            f"tok/s, speculative {row['speculative_tok_s']:.1f} tok/s, speed-up {row['speedup']:.2f}x "
+            f"(load {row['load_avg']:.1f})",
+            flush=True,
+        )
+    return out
+
+
 def _learner_figures(args: argparse.Namespace, model_dir: Path) -> dict[str, Any]:
     import torch
     import torch.nn.functional as F
@@ -364,11 +447,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         raise SystemExit("slipstream bench engine needs `transformers` (a dev dependency: make install)") from None
     if args.threads:
         torch.set_num_threads(args.threads)
+    from slipstream.engine.presets import PRESETS
+
     local = Path(args.model)
-    model_dir = local if local.is_dir() else ensure_model(args.model)
+    model_dir = local if local.is_dir() or args.model in PRESETS else ensure_model(args.model)
     t0 = time.monotonic()
     generation = [] if args.no_generation else asyncio.run(_generation(args, model_dir))
     learner = None if args.no_learner else _learner_figures(args, model_dir)
+    speculation = None if args.no_speculative else _speculation(args)
     judged = [r for r in generation if r["batch"] >= 16]
     engine_met = bool(judged) and all(r["ratio"] >= TARGET_ENGINE for r in judged)
     by_workload = {
@@ -384,6 +470,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "new_tokens": args.new,
         "generation": generation,
         "learner": learner,
+        "speculation": speculation,
         "target": {
             "engine_ratio_at_batch_16_and_64": TARGET_ENGINE,
             "engine_met": engine_met,
