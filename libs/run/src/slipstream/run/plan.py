@@ -89,7 +89,8 @@ class TrainingPlan(msgspec.Struct, kw_only=True):
     by the eval-gate, reported per env but kept out of its promotion decision ({}: none)."""
     timeout_s: float = 900.0
     model: str = ""
-    """A named pretrained model (`smollm2-135m`): trained as is (no warm-start), with the settings below."""
+    """A named pretrained model (`smollm2-135m`) or a local Hugging Face model directory (an absolute
+    path: `[model] path`, `--model PATH`): trained as is (no warm-start), with the settings below."""
     lora_rank: int = 0
     """> 0: train LoRA adapters of this rank only (every service gets `[model] lora_*`)."""
     lora_alpha: float = 16.0

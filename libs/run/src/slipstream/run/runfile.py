@@ -8,7 +8,8 @@ Sections (every key optional; what is left out keeps `TrainingPlan`'s default):
 
     name = "arith"         the run id               seed = 0     task order, held-out set, learner RNG
     timeout_s = 900.0      the local run's budget
-    [model]      preset ("tiny", "25m"), name (a named pretrained model: "smollm2-135m"), device
+    [model]      preset ("tiny", "25m"), name (a named pretrained model: "smollm2-135m"), path (a local
+                 Hugging Face model directory, relative to the run file; Llama, Qwen2, Qwen3, Mistral), device
                  (cpu | cuda | auto), rollout_dtype, learner_autocast, lora_rank, lora_alpha
     [env]        name, options (the environment's own options, e.g. {max_operand = 19})
     [algorithm]  loss (grpo | cispo | kimi), lr, loss_constant, max_staleness, temperature, kl_coef
@@ -47,7 +48,9 @@ Sections (every key optional; what is left out keeps `TrainingPlan`'s default):
 
 Loading is strict: an unknown key, or a value of the wrong type, is a `RunFileError` that names
 the key, the file and its line, before anything starts; so is an unknown environment (or eval
-suite), a plugin that fails to import, or an option the environment does not take (envcheck.py).
+suite), a plugin that fails to import, or an option the environment does not take (envcheck.py),
+and an unknown model name, or a model directory that is missing or holds an architecture the
+engine does not implement (modelcheck.py).
 `run_env` turns the plan into the `SLIPSTREAM_<SECTION>__<FIELD>` variables the services read;
 `env_file` writes them for the dev overlay's `slipstream-env` ConfigMap and for Tilt's local mode,
 so all three read one file.
@@ -63,6 +66,7 @@ from typing import Any, Literal
 import msgspec
 
 from slipstream.run.envcheck import check_env, check_suites
+from slipstream.run.modelcheck import check_model
 from slipstream.run.plan import TrainingPlan, check_loss, run_env
 
 
@@ -77,6 +81,7 @@ class _Section(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, omit_de
 class ModelSection(_Section):
     preset: str | None = None
     name: str | None = None
+    path: str | None = None
     device: str | None = None
     rollout_dtype: str | None = None
     learner_autocast: str | None = None
@@ -196,6 +201,7 @@ class RunFile(_Section):
         fields: dict[str, Any] = {}
         renames = {
             ("model", "name"): "model",
+            ("model", "path"): "model",
             ("env", "name"): "env",
             ("env", "options"): "env_options",
             ("rollout", "max_batch"): "worker_max_batch",
@@ -244,6 +250,21 @@ def load(path: str | Path) -> RunFile:
         raise RunFileError(_located(path, text, str(exc))) from exc
     if run.env.name is not None and not re.fullmatch(r"[a-z][a-z0-9_]*", run.env.name):
         raise RunFileError(f"{path}:{_line_of(text, 'env', 'name')}: [env] name {run.env.name!r} is not an env name")
+    # The model exists and is one the engine implements; a directory is made absolute (from the
+    # run file's own directory), so every service finds it whatever its working directory.
+    if run.model.name is not None and run.model.path is not None:
+        raise RunFileError(
+            f"{path}:{_line_of(text, 'model', 'path')}: [model] takes name or path, not both "
+            f"(name = {run.model.name!r}, path = {run.model.path!r})"
+        )
+    try:
+        if run.model.name is not None:
+            check_model(run.model.name, named=True)
+        if run.model.path is not None:
+            run.model.path = check_model(run.model.path, base=path.parent)
+    except ValueError as exc:
+        key = "name" if run.model.name is not None else "path"
+        raise RunFileError(f"{path}:{_line_of(text, 'model', key)}: [model] {exc}") from None
     # The environment, its options and the eval suites exist: what every service will ask.
     env = run.env.name or TrainingPlan().env
     for table, key, check in (
