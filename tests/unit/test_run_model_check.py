@@ -111,3 +111,30 @@ def test_train_model_flag_takes_a_directory(tmp_path: Path, capsys: pytest.Captu
     assert main(["train", str(path), "--model", str(model), "--print-config"]) == 0
     out = capsys.readouterr().out
     assert f'model.path = "{model.resolve()}"' in out
+
+
+def test_an_endpoint_table_opens_the_workers_endpoint(tmp_path: Path) -> None:
+    from slipstream.run import run_env
+
+    plan = load(_run_file(tmp_path, '[endpoint]\nport = 8123\nmodel_name = "m"\napi_keys = ["k1"]\n')).plan()
+    assert plan.endpoint == {"enabled": True, "port": 8123, "model_name": "m", "api_keys": ["k1"]}
+    env = run_env(plan)
+    assert env["SLIPSTREAM_ENDPOINT__ENABLED"] == "true"
+    assert env["SLIPSTREAM_ENDPOINT__PORT"] == "8123"
+    assert env["SLIPSTREAM_ENDPOINT__API_KEYS"] == '["k1"]'
+    assert not any(k.startswith("SLIPSTREAM_ENDPOINT__") for k in run_env(load(_run_file(tmp_path, "")).plan()))
+
+
+@pytest.mark.parametrize(
+    ("body", "expected"),
+    [
+        ("[endpoint]\nprot = 1\n", r"run.toml:5: unknown key \[endpoint\] 'prot' \(known: enabled, host, port, "),
+        (
+            '[endpoint]\nrenderer = "chatml"\n',
+            r"run.toml:5: \[endpoint\] no renderer for model family 'chatml'; known: ",
+        ),
+    ],
+)
+def test_a_bad_endpoint_key_or_renderer_is_named(tmp_path: Path, body: str, expected: str) -> None:
+    with pytest.raises(RunFileError, match=expected):
+        load(_run_file(tmp_path, body))

@@ -42,6 +42,10 @@ Sections (every key optional; what is left out keeps `TrainingPlan`'s default):
                  services/learner README, "Toggle"), checked the same way
     [learner]    sft_export (true: the learner writes its settled train episodes with reward >=
                  sft_export_min_reward, default 1.0, to learner-sft-set.jsonl in the run directory)
+    [endpoint]   the rollout workers' OpenAI-compatible, recording endpoint (on when the table is there):
+                 enabled, host, port, model_name, renderer ("" follows the model), api_keys,
+                 default_max_tokens, max_tokens_limit, session_idle_s; `slipstream serve RUN.toml`
+                 serves [model] with the same settings, without training
     [replicas]   rollout-worker, reward-model, eval-gate (the cluster's replica counts); tool-service
                  (> 0: the env's tools run in that many tool-service replicas, locally too)
     [infra]      nats_url, redis_url, store: reuse running servers / an S3 store ("" = start locally)
@@ -60,6 +64,7 @@ from __future__ import annotations
 
 import re
 import tomllib
+import typing
 from pathlib import Path
 from typing import Any, Literal
 
@@ -165,6 +170,18 @@ class LearnerSection(_Section):
     sft_export_min_reward: float | None = None
 
 
+class EndpointSection(_Section):
+    enabled: bool | None = None
+    host: str | None = None
+    port: int | None = None
+    model_name: str | None = None
+    renderer: str | None = None
+    api_keys: list[str] | None = None
+    default_max_tokens: int | None = None
+    max_tokens_limit: int | None = None
+    session_idle_s: float | None = None
+
+
 class ReplicasSection(_Section, rename="kebab"):
     rollout_worker: int = 1
     reward_model: int = 1
@@ -193,6 +210,7 @@ class RunFile(_Section):
     eval: EvalSection = msgspec.field(default_factory=EvalSection)
     rollout: RolloutSection = msgspec.field(default_factory=RolloutSection)
     learner: LearnerSection = msgspec.field(default_factory=LearnerSection)
+    endpoint: EndpointSection | None = None
     replicas: ReplicasSection = msgspec.field(default_factory=ReplicasSection)
     infra: InfraSection = msgspec.field(default_factory=InfraSection)
 
@@ -228,6 +246,10 @@ class RunFile(_Section):
             if summary:
                 summary.setdefault("enabled", True)  # a [rollout.summary] table that says nothing else means it
                 fields["summary"] = summary
+        if self.endpoint is not None:
+            endpoint = {k: v for k, v in msgspec.structs.asdict(self.endpoint).items() if v is not None}
+            endpoint.setdefault("enabled", True)  # an [endpoint] table that says nothing else means it
+            fields["endpoint"] = endpoint
         if self.learner.ranks is not None and self.learner.ranks < 1:
             raise ValueError(f"[learner] ranks must be >= 1, got {self.learner.ranks}")
         return msgspec.convert(fields, TrainingPlan)
@@ -272,12 +294,21 @@ def load(path: str | Path) -> RunFile:
         ("env", "options", lambda: check_env(env, run.env.options)),
         ("eval", "suites", lambda: check_suites(run.eval.suites or {})),
         ("algorithm", "loss_options", lambda: check_loss_section(run.algorithm)),
+        ("endpoint", "renderer", lambda: check_renderer(run.endpoint.renderer if run.endpoint else None)),
     ):
         try:
             check()
         except ValueError as exc:
             raise RunFileError(f"{path}:{_line_of(text, table, key)}: [{table}] {exc}") from None
     return run
+
+
+def check_renderer(name: str | None) -> None:
+    """A named [endpoint] renderer exists in libs/tools ('' or None: follow the model)."""
+    if name:
+        from slipstream.tools import renderer_for
+
+        renderer_for(name)  # ValueError: "no renderer for model family 'x'; known: ..."
 
 
 def check_loss_section(a: AlgorithmSection) -> None:
@@ -343,9 +374,12 @@ def _known_keys(table: str) -> list[str]:
     cls: Any = RunFile
     for part in [p for p in table.split(".") if p]:
         field = next((f for f in msgspec.structs.fields(cls) if f.encode_name == part), None)
-        if field is None or not isinstance(field.type, type) or not issubclass(field.type, msgspec.Struct):
+        # An optional table (`EndpointSection | None`) is its struct type.
+        kinds = [field.type, *typing.get_args(field.type)] if field is not None else []
+        structs = [k for k in kinds if isinstance(k, type) and issubclass(k, msgspec.Struct)]
+        if not structs:
             return []
-        cls = field.type
+        cls = structs[0]
     return [f.encode_name for f in msgspec.structs.fields(cls)]
 
 
