@@ -145,3 +145,26 @@ def test_a_template_no_family_matches_is_served_as_itself(tmp_path: Path, tokeni
     got = fmt.encode(fmt.prompt_text(fmt.messages(messages), None))
     assert got == _hf_ids(hf, messages)
     assert got.count(hf.bos_token_id) == 1  # the template's own bos_token, once
+
+
+async def test_the_harness_prompt_ids_equal_apply_chat_template(
+    tokenizer_dir: Path, hf_tokenizer: Any, small_model: Any
+) -> None:
+    """A training rollout's prompt (`EpisodeContext.open` on a chat model): the env's chat turns
+    through the checkpoint's template, the same ids transformers gives, no second bos."""
+    from slipstream.engine import SamplingParams
+    from slipstream.envs import get_env
+    from slipstream.harness import rollout_episodes
+
+    tok = HFTokenizer(tokenizer_dir)
+    env = get_env("reverse")
+    (task,) = env.generate("train", 1, seed=0)
+    engine = TorchEngine(small_model, tok, max_batch=2, max_seq_len=256, device="cpu")
+    await engine.start()
+    try:
+        (episode,) = await rollout_episodes(engine, tok, env, task, params=SamplingParams(max_tokens=2))
+    finally:
+        await engine.stop()
+    (sample,) = episode.samples
+    want = _hf_ids(hf_tokenizer, env.chat_messages(task, task.prompt))
+    assert sample.ids()[: sample.prompt_len] == want
