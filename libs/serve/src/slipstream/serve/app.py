@@ -215,8 +215,7 @@ class ServeApp:
             return await sse_chat(request, self.model_name, record, reply_of(record), call, self.fmt, headers)
 
         progress = getattr(self.engine, "progress", None)
-        live = call.stream and tools is None and not call.top_logprobs and callable(progress)
-        if live:  # tokens as they are sampled (live.py)
+        if call.stream and tools is None and not call.top_logprobs and callable(progress):  # as sampled (live.py)
             return await stream_chat(
                 request,
                 progress=progress,

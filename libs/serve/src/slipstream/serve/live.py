@@ -85,6 +85,8 @@ async def stream_chat(
     def chunk(delta: dict[str, Any], finish_reason: str | None = None, logprobs: Any = None) -> dict[str, Any]:
         return {**base, "choices": [{"index": 0, "delta": delta, "finish_reason": finish_reason, "logprobs": logprobs}]}
 
+    sent_tokens, sent_text = 0, ""
+
     async def send_tokens(ids: list[int], logprobs: list[float], upto: str | None) -> None:
         """Chunks for tokens not sent yet; `upto` (the final reply's text) caps the text at the end."""
         nonlocal sent_tokens, sent_text
@@ -105,7 +107,6 @@ async def stream_chat(
             sent_text += delta
             sent_tokens = k + 1
 
-    sent_tokens, sent_text = 0, ""
     await _send(resp, chunk({"role": "assistant", "content": ""}))
     try:
         while True:
