@@ -182,9 +182,10 @@ def test_missing_files_are_named(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("patch", "message"),
     [
-        ({"model_type": "mistral"}, "model_type 'mistral'"),
+        ({"model_type": "gemma"}, "model_type 'gemma'"),
         ({"hidden_act": "gelu"}, "hidden_act 'gelu'"),
-        ({"rope_parameters": {"rope_type": "llama3", "rope_theta": 5e5}}, "rope type 'llama3'"),
+        ({"rope_parameters": {"rope_type": "yarn", "rope_theta": 5e5}}, "rope type 'yarn'"),
+        ({"rope_parameters": {"rope_type": "llama3", "rope_theta": 5e5}}, "llama3 rope scaling lacks factor"),
         ({"num_key_value_heads": 3}, "multiple of num_key_value_heads"),
     ],
 )

@@ -110,6 +110,10 @@ async def test_idle_sessions_flush_to_the_sink() -> None:
         ({"model": "m", "messages": [{"role": "user", "content": "x"}], "max_tokens": True}, "max_tokens"),
         ({"model": "m", "messages": [{"role": "user", "content": "x"}], "temperature": 3}, "temperature"),
         ({"model": "m", "messages": [{"role": "user", "content": "x"}], "top_logprobs": 2}, "top_logprobs"),
+        (
+            {"model": "m", "messages": [{"role": "user", "content": "x"}], "logprobs": True, "top_logprobs": 21},
+            "top_logprobs",
+        ),
         ({"model": "m", "messages": [{"role": "user", "content": "x"}], "stop": ["a", ""]}, "stop"),
         (
             {"model": "m", "messages": [{"role": "user", "content": "x"}], "stream_options": {"include_usage": True}},

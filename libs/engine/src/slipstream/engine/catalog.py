@@ -73,6 +73,13 @@ def model_dir(name: str, cache_dir: str | Path = "") -> Path:
     return root.expanduser() / name
 
 
+def check_available(name: str, cache_dir: str | Path = "") -> None:
+    """Nothing when `name` is converted in the cache or its wheel is installed; else the
+    FileNotFoundError of `source_file`, which says how to install it (no conversion is run)."""
+    if not (model_dir(name, cache_dir) / _DONE).is_file():
+        source_file(name)
+
+
 def ensure_model(name: str, cache_dir: str | Path = "") -> Path:
     """The converted HF directory of `name`, converting it first if the cache lacks it."""
     from slipstream.engine.gguf_convert import convert_gguf

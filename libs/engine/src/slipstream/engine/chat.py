@@ -25,7 +25,7 @@ ChatMessage = Mapping[str, Any]
 class ChatTemplate:
     """One model's chat template, compiled once."""
 
-    def __init__(self, source: str) -> None:
+    def __init__(self, source: str, variables: Mapping[str, str] | None = None) -> None:
         from jinja2.sandbox import ImmutableSandboxedEnvironment
 
         if not source.strip():
@@ -33,6 +33,9 @@ class ChatTemplate:
         env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
         env.globals["raise_exception"] = _raise
         self.source = source
+        # The tokenizer's special tokens (bos_token, eos_token, ...), which transformers hands every
+        # template: Llama 3's writes `{{ bos_token }}` itself.
+        self.variables: dict[str, str] = dict(variables or {})
         self._template = env.from_string(source)
 
     def render(self, messages: Sequence[ChatMessage], *, add_generation_prompt: bool = True, **extra: Any) -> str:
@@ -42,22 +45,25 @@ class ChatTemplate:
                 raise ValueError(f"chat message {i} needs string 'role' and 'content', got {dict(m)!r}")
         return str(
             self._template.render(
-                messages=[dict(m) for m in messages], add_generation_prompt=add_generation_prompt, **extra
+                **self.variables,
+                messages=[dict(m) for m in messages],
+                add_generation_prompt=add_generation_prompt,
+                **extra,
             )
         )
 
     @classmethod
-    def from_directory(cls, directory: str | Path) -> ChatTemplate | None:
+    def from_directory(cls, directory: str | Path, variables: Mapping[str, str] | None = None) -> ChatTemplate | None:
         """The template of an HF model directory (chat_template.jinja or tokenizer_config.json), or None."""
         directory = Path(directory)
         jinja = directory / "chat_template.jinja"
         if jinja.is_file():
-            return cls(jinja.read_text())
+            return cls(jinja.read_text(), variables)
         config = directory / "tokenizer_config.json"
         if config.is_file():
             template = json.loads(config.read_text()).get("chat_template")
             if isinstance(template, str) and template.strip():
-                return cls(template)
+                return cls(template, variables)
         return None
 
 

@@ -1,9 +1,13 @@
 """The decoder's architecture description, read from and written to a Hugging Face config.json.
 
-One struct covers the Llama and Qwen2 families: both are pre-norm decoders with RMSNorm, RoPE,
-grouped-query attention and a SwiGLU MLP; they differ only in which projections carry a bias.
-Anything this engine cannot reproduce exactly (another activation, rope scaling, sliding windows)
-is rejected when the config is read, so a checkpoint never loads into a silently different model.
+One struct covers the Llama, Qwen2, Qwen3 and Mistral families: all are pre-norm decoders with
+RMSNorm, RoPE, grouped-query attention and a SwiGLU MLP. They differ in which projections carry a
+bias, in Qwen3's per-head RMSNorm of queries and keys (`qk_norm`), in Mistral's sliding-window
+attention (`sliding_window`) and in Llama 3.x's rescaled RoPE frequencies (`rope_scaling`).
+Anything this engine cannot reproduce exactly (another activation, another rope type, Qwen's
+per-layer windows) is rejected when the config is read with a one-line `UnsupportedConfig` that
+names the field, its value and what is supported, so a checkpoint never loads into a silently
+different model.
 """
 
 from __future__ import annotations
@@ -15,15 +19,38 @@ import msgspec
 
 Doc = msgspec.Meta
 
-ModelType = Literal["llama", "qwen2"]
+ModelType = Literal["llama", "qwen2", "qwen3", "mistral"]
 
-_ARCHITECTURES: dict[str, str] = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"}
+_ARCHITECTURES: dict[str, str] = {
+    "llama": "LlamaForCausalLM",
+    "qwen2": "Qwen2ForCausalLM",
+    "qwen3": "Qwen3ForCausalLM",
+    "mistral": "MistralForCausalLM",
+}
+SUPPORTED_MODEL_TYPES: tuple[str, ...] = tuple(_ARCHITECTURES)
+ROPE_TYPES: tuple[str, ...] = ("default", "llama3")
+
+
+class UnsupportedConfig(ValueError):
+    """A config.json this engine cannot reproduce exactly; the message names the field and value."""
+
+
+class RopeScaling(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, frozen=True):
+    """Llama 3.x's `llama3` RoPE: long wavelengths slowed by `factor`, a smooth band in between."""
+
+    factor: Annotated[float, Doc(description="Divisor of the low frequencies (8 for Llama 3.1).")]
+    low_freq_factor: Annotated[float, Doc(description="Wavelengths past original/low_freq_factor are divided.")]
+    high_freq_factor: Annotated[float, Doc(description="Wavelengths under original/high_freq_factor are kept.")]
+    original_max_position_embeddings: Annotated[int, Doc(description="Context length of pretraining.")]
+    rope_type: Annotated[Literal["llama3"], Doc(description="Only 'llama3' is implemented.")] = "llama3"
 
 
 class ModelConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, frozen=True):
-    """Shape and numerics of a Llama/Qwen2 decoder, in Hugging Face's field names."""
+    """Shape and numerics of a Llama/Qwen2/Qwen3/Mistral decoder, in Hugging Face's field names."""
 
-    model_type: Annotated[ModelType, Doc(description="'llama' or 'qwen2' (decides the HF architecture name).")]
+    model_type: Annotated[
+        ModelType, Doc(description="'llama', 'qwen2', 'qwen3' or 'mistral' (decides the HF architecture name).")
+    ]
     hidden_size: Annotated[int, Doc(description="Width of the residual stream.")]
     intermediate_size: Annotated[int, Doc(description="Width of the SwiGLU MLP.")]
     num_hidden_layers: Annotated[int, Doc(description="Number of decoder layers.")]
@@ -47,6 +74,13 @@ class ModelConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, froz
     mtp_depth: Annotated[
         int,
         Doc(description="Multi-token-prediction modules (mtp.py): how many tokens past the next one the model drafts."),
+    ] = 0
+    rope_scaling: Annotated[
+        RopeScaling | None, Doc(description="Llama 3.x `llama3` frequency scaling; None = plain RoPE.")
+    ] = None
+    qk_norm: Annotated[bool, Doc(description="RMSNorm over each head of q and k before RoPE (qwen3).")] = False
+    sliding_window: Annotated[
+        int, Doc(description="Each query sees only the last N positions, itself included (mistral); 0 = off.")
     ] = 0
 
     def __post_init__(self) -> None:
@@ -72,6 +106,8 @@ class ModelConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, froz
             raise ValueError(f"ModelConfig.mtp_depth must be >= 0, got {self.mtp_depth}")
         if self.dim_per_head % 2:
             raise ValueError(f"ModelConfig head_dim must be even for RoPE, got {self.dim_per_head}")
+        if self.sliding_window < 0:
+            raise ValueError(f"ModelConfig.sliding_window must be >= 0, got {self.sliding_window}")
 
     @property
     def dim_per_head(self) -> int:
@@ -86,21 +122,26 @@ class ModelConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, froz
         """Read an HF config.json dict (transformers 4.x `rope_theta` or 5.x `rope_parameters`)."""
         model_type = raw.get("model_type")
         if model_type not in _ARCHITECTURES:
-            raise ValueError(f"config.json model_type {model_type!r} is not supported (expected llama or qwen2)")
+            raise UnsupportedConfig(
+                f"config.json model_type {model_type!r} is not supported (supported: {', '.join(_ARCHITECTURES)})"
+            )
         act = raw.get("hidden_act", "silu")
         if act != "silu":
-            raise ValueError(f"config.json hidden_act {act!r} is not supported (expected silu)")
+            raise UnsupportedConfig(f"config.json hidden_act {act!r} is not supported (supported: silu)")
         if raw.get("mlp_bias"):
-            raise ValueError("config.json mlp_bias=true is not supported")
-        if raw.get("use_sliding_window"):
-            raise ValueError("config.json use_sliding_window=true is not supported")
-        rope_theta = float(raw.get("rope_theta", 10000.0))
-        rope = raw.get("rope_parameters") or raw.get("rope_scaling")
-        if rope:
-            rope_type = rope.get("rope_type", rope.get("type", "default"))
-            if rope_type != "default":
-                raise ValueError(f"config.json rope type {rope_type!r} is not supported (only default RoPE)")
-            rope_theta = float(rope.get("rope_theta", rope_theta))
+            raise UnsupportedConfig("config.json mlp_bias=true is not supported (supported: false)")
+        if model_type in ("qwen2", "qwen3") and raw.get("use_sliding_window"):
+            raise UnsupportedConfig(
+                f"config.json use_sliding_window=true is not supported for {model_type} (supported: false; "
+                "sliding windows are implemented for mistral)"
+            )
+        layer_types = set(raw.get("layer_types") or ())
+        if model_type != "mistral" and layer_types - {"full_attention"}:
+            raise UnsupportedConfig(
+                f"config.json layer_types {sorted(layer_types)} is not supported (supported: full_attention)"
+            )
+        rope_theta, rope_scaling = _rope(raw)
+        sliding = int(raw.get("sliding_window") or 0) if model_type == "mistral" else 0
         missing = [
             k
             for k in ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "vocab_size")
@@ -111,6 +152,8 @@ class ModelConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, froz
         if model_type == "qwen2":
             # Qwen2 hard-codes bias on q/k/v and none on o_proj; its config has no switch for it.
             qkv_bias, o_bias = True, False
+        elif model_type == "mistral":
+            qkv_bias = o_bias = False  # Mistral has no bias switch and no biases
         else:
             qkv_bias = o_bias = bool(raw.get("attention_bias", False))
         heads = int(raw["num_attention_heads"])
@@ -138,14 +181,26 @@ class ModelConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, froz
             num_experts=int(raw.get("num_experts") or 0),
             num_experts_per_tok=int(raw.get("num_experts_per_tok") or 2),
             mtp_depth=int(raw.get("mtp_depth", 0)),
+            rope_scaling=rope_scaling,
+            qk_norm=model_type == "qwen3",
+            sliding_window=sliding,
         )
 
     def to_hf(self, dtype_name: str = "float32") -> dict[str, Any]:
         """An HF config.json dict that transformers 4.x and 5.x both load into the same model."""
         if self.model_type == "qwen2" and (not self.attention_bias or self.o_proj_bias):
             raise ValueError("a qwen2 config must have attention_bias=True and o_proj_bias=False")
-        if self.model_type == "llama" and self.attention_bias != self.o_proj_bias:
-            raise ValueError("a llama config must have o_proj_bias equal to attention_bias")
+        if self.model_type in ("llama", "qwen3") and self.attention_bias != self.o_proj_bias:
+            raise ValueError(f"a {self.model_type} config must have o_proj_bias equal to attention_bias")
+        if self.model_type == "mistral" and (self.attention_bias or self.o_proj_bias):
+            raise ValueError("a mistral config has no projection biases")
+        if self.qk_norm != (self.model_type == "qwen3"):
+            raise ValueError(f"qk_norm={self.qk_norm} does not match model_type {self.model_type!r} (qwen3 only)")
+        if self.sliding_window and self.model_type != "mistral":
+            raise ValueError(f"sliding_window is written for mistral only, not {self.model_type!r}")
+        rope: dict[str, Any] = {"rope_type": "default", "rope_theta": self.rope_theta}
+        if self.rope_scaling is not None:
+            rope = {**msgspec.structs.asdict(self.rope_scaling), "rope_theta": self.rope_theta}
         out: dict[str, Any] = {
             "architectures": [self.architecture],
             "model_type": self.model_type,
@@ -160,7 +215,7 @@ class ModelConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, froz
             "max_position_embeddings": self.max_position_embeddings,
             "rms_norm_eps": self.rms_norm_eps,
             "rope_theta": self.rope_theta,
-            "rope_parameters": {"rope_type": "default", "rope_theta": self.rope_theta},
+            "rope_parameters": rope,
             "tie_word_embeddings": self.tie_word_embeddings,
             "bos_token_id": self.bos_token_id,
             "eos_token_id": self.eos_token_id,
@@ -175,12 +230,47 @@ class ModelConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, froz
             out["num_experts_per_tok"] = self.num_experts_per_tok
         if self.mtp_depth:
             out["mtp_depth"] = self.mtp_depth  # Slipstream's own key; transformers ignores it
+        if self.rope_scaling is not None:
+            out["rope_scaling"] = rope  # transformers 4.x reads the scaling from here
         if self.model_type == "llama":
             out["attention_bias"] = self.attention_bias
             out["mlp_bias"] = False
+        elif self.model_type == "qwen3":
+            out["attention_bias"] = self.attention_bias
+            out["use_sliding_window"] = False
+        elif self.model_type == "mistral":
+            out["sliding_window"] = self.sliding_window or None
         else:
             out["use_sliding_window"] = False
         return out
+
+
+def _rope(raw: Mapping[str, Any]) -> tuple[float, RopeScaling | None]:
+    """(rope_theta, scaling) from transformers 4.x `rope_theta` + `rope_scaling` or 5.x `rope_parameters`."""
+    rope_theta = float(raw.get("rope_theta", 10000.0))
+    rope = raw.get("rope_parameters") or raw.get("rope_scaling")
+    if not rope:
+        return rope_theta, None
+    if not isinstance(rope, Mapping):
+        raise UnsupportedConfig(f"config.json rope_parameters {rope!r} is not a table")
+    rope_type = rope.get("rope_type", rope.get("type", "default"))
+    if rope_type not in ROPE_TYPES:
+        raise UnsupportedConfig(
+            f"config.json rope type {rope_type!r} is not supported (supported: {', '.join(ROPE_TYPES)})"
+        )
+    rope_theta = float(rope.get("rope_theta", rope_theta))
+    if rope_type == "default":
+        return rope_theta, None
+    fields = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
+    missing = [k for k in fields if k not in rope]
+    if missing:
+        raise UnsupportedConfig(f"config.json llama3 rope scaling lacks {', '.join(missing)}")
+    return rope_theta, RopeScaling(
+        factor=float(rope["factor"]),
+        low_freq_factor=float(rope["low_freq_factor"]),
+        high_freq_factor=float(rope["high_freq_factor"]),
+        original_max_position_embeddings=int(rope["original_max_position_embeddings"]),
+    )
 
 
 def _first_id(value: object) -> int | None:

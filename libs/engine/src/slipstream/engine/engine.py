@@ -223,6 +223,17 @@ class TorchEngine:
             self._release_ids.add(session_id)
         self._notify()
 
+    def progress(self, request_id: str) -> tuple[list[int], list[float]] | None:
+        """A running request's completion so far (ids, log-probs), or None while it is not in a slot
+        (queued, finished, unknown): a snapshot for streaming tokens as they are sampled. Safe from
+        the event loop while the engine thread appends (the two lists are cut to their common length)."""
+        for seq in list(self._slots):
+            if seq is not None and seq.request_id == request_id:
+                ids, logprobs = list(seq.completion), list(seq.logprobs)
+                n = min(len(ids), len(logprobs))
+                return ids[:n], logprobs[:n]
+        return None
+
     # ----------------------------------------------------------------- synchronous core
     @property
     def num_running(self) -> int:

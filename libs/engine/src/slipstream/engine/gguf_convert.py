@@ -172,6 +172,26 @@ def build_tokenizer(reader: Any) -> tuple[Any, dict[str, Any]]:
     return tok, config
 
 
+def _write_tokenizer(directory: Path, tokenizer: Any, tok_config: dict[str, Any]) -> None:
+    tokenizer.save(str(directory / "tokenizer.json"))
+    (directory / "tokenizer_config.json").write_text(json.dumps(tok_config, indent=2) + "\n")
+    template = tok_config.get("chat_template")
+    if template:
+        (directory / "chat_template.jinja").write_text(template)
+
+
+def convert_tokenizer(gguf_path: str | Path, out_dir: str | Path) -> Path:
+    """Write only the tokenizer files of `gguf_path` (tokenizer.json, tokenizer_config.json, the chat
+    template) into `out_dir`: what a tokenizer check needs, without dequantising any weight."""
+    from gguf import GGUFReader
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    tokenizer, tok_config = build_tokenizer(GGUFReader(str(gguf_path)))
+    _write_tokenizer(out, tokenizer, tok_config)
+    return out
+
+
 def convert_gguf(gguf_path: str | Path, out_dir: str | Path) -> Path:
     """Write an HF model directory for `gguf_path` at `out_dir` (atomically: a temp dir renamed)."""
     from gguf import GGUFReader
@@ -191,11 +211,7 @@ def convert_gguf(gguf_path: str | Path, out_dir: str | Path) -> Path:
     try:
         save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
         (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-        tokenizer.save(str(tmp / "tokenizer.json"))
-        (tmp / "tokenizer_config.json").write_text(json.dumps(tok_config, indent=2) + "\n")
-        template = tok_config.get("chat_template")
-        if template:
-            (tmp / "chat_template.jinja").write_text(template)
+        _write_tokenizer(tmp, tokenizer, tok_config)
         generation = {k: config[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id") if config[k] is not None}
         (tmp / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n")
         (tmp / "SOURCE").write_text(f"converted from {gguf_path.name} by slipstream.engine.gguf_convert\n")

@@ -1,4 +1,4 @@
-"""A Llama/Qwen2 decoder in plain torch, parameter-for-parameter compatible with Hugging Face.
+"""A Llama/Qwen2/Qwen3/Mistral decoder in plain torch, parameter-for-parameter compatible with HF.
 
 Parameter names are Hugging Face's (`model.layers.N.self_attn.q_proj.weight`, ...), so an HF
 checkpoint loads with a plain `load_state_dict`, and `state_dict()` is the unit the learner
@@ -11,6 +11,10 @@ Two forward paths share the weights:
 - `forward_cached(...)` for the engine: each row writes its new keys/values into its own slot of
   a `KVCache` at its own positions and attends over that slot's valid prefix, so prefill
   (one row, many tokens) and batched decode (many rows, one token each) are the same code.
+
+The family differences live in three places: `Rotary` (Llama 3.x's rescaled frequencies),
+`Attention` (Qwen3's per-head q/k RMSNorm) and `attention_window` (Mistral's sliding window, one
+mask rule both forwards apply).
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from slipstream.engine.config import ModelConfig
+from slipstream.engine.config import ModelConfig, RopeScaling
 from slipstream.engine.kernels import WeightCache, project
 from slipstream.engine.kv_cache import KVCache, SlotSelection
 from slipstream.engine.moe import MoeBlock, last_routes, moe_blocks, routes_per_token
@@ -50,18 +54,48 @@ class Rotary(nn.Module):
     kept as a buffer, so casting the model to bf16 never degrades them.
     """
 
-    def __init__(self, head_dim: int, theta: float) -> None:
+    def __init__(self, head_dim: int, theta: float, scaling: RopeScaling | None = None) -> None:
         super().__init__()
         self.head_dim = head_dim
         self.theta = theta
+        self.scaling = scaling
+
+    def inv_freq(self, device: torch.device) -> Tensor:
+        """The head_dim / 2 inverse frequencies (float32), rescaled when the config says so."""
+        idx = torch.arange(0, self.head_dim, 2, dtype=torch.int64, device=device).float()
+        inv_freq = 1.0 / (self.theta ** (idx / self.head_dim))
+        return inv_freq if self.scaling is None else _llama3_scaled(inv_freq, self.scaling)
 
     def forward(self, positions: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
         """cos, sin of shape [B, T, head_dim] for integer positions [B, T]."""
-        idx = torch.arange(0, self.head_dim, 2, dtype=torch.int64, device=positions.device).float()
-        inv_freq = 1.0 / (self.theta ** (idx / self.head_dim))
+        inv_freq = self.inv_freq(positions.device)
         freqs = positions.to(torch.float32)[..., None] * inv_freq
         emb = torch.cat((freqs, freqs), dim=-1)
         return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+def _llama3_scaled(inv_freq: Tensor, s: RopeScaling) -> Tensor:
+    """Llama 3.x's frequencies: wavelengths longer than original/low_freq_factor are slowed by
+    `factor`, shorter than original/high_freq_factor kept, and the band between interpolated."""
+    wavelen = 2 * torch.pi / inv_freq
+    low_wavelen = s.original_max_position_embeddings / s.low_freq_factor
+    high_wavelen = s.original_max_position_embeddings / s.high_freq_factor
+    scaled = torch.where(wavelen > low_wavelen, inv_freq / s.factor, inv_freq)
+    smooth = (s.original_max_position_embeddings / wavelen - s.low_freq_factor) / (
+        s.high_freq_factor - s.low_freq_factor
+    )
+    between = (1 - smooth) * scaled / s.factor + smooth * scaled
+    middle = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
+    return torch.where(middle, between, scaled)
+
+
+def attention_window(q_pos: Tensor, k_pos: Tensor, window: int) -> Tensor:
+    """Which keys each query may see: causal (k <= q), and within the last `window` positions
+    (q - k < window) when `window` > 0. Broadcasts over whatever shapes the positions have."""
+    seen = k_pos <= q_pos
+    if window > 0:
+        seen = seen & (k_pos > q_pos - window)
+    return seen
 
 
 def _rotate_half(x: Tensor) -> Tensor:
@@ -87,14 +121,21 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(h, self.n_kv * self.head_dim, bias=cfg.attention_bias)
         self.v_proj = nn.Linear(h, self.n_kv * self.head_dim, bias=cfg.attention_bias)
         self.o_proj = nn.Linear(self.n_heads * self.head_dim, h, bias=cfg.o_proj_bias)
+        if cfg.qk_norm:
+            self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
+            self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
+        self.qk_norm = cfg.qk_norm
 
     def _qkv(
         self, x: Tensor, cos: Tensor, sin: Tensor, kernel: WeightCache | None = None
     ) -> tuple[Tensor, Tensor, Tensor]:
         b, t, _ = x.shape
-        q = project(self.q_proj, x, kernel).view(b, t, self.n_heads, self.head_dim).transpose(1, 2)
-        k = project(self.k_proj, x, kernel).view(b, t, self.n_kv, self.head_dim).transpose(1, 2)
+        q = project(self.q_proj, x, kernel).view(b, t, self.n_heads, self.head_dim)
+        k = project(self.k_proj, x, kernel).view(b, t, self.n_kv, self.head_dim)
         v = project(self.v_proj, x, kernel).view(b, t, self.n_kv, self.head_dim).transpose(1, 2)
+        if self.qk_norm:  # Qwen3: per head, before RoPE
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = q.transpose(1, 2), k.transpose(1, 2)
         return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
 
     def forward(self, x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor | None) -> Tensor:
@@ -207,7 +248,7 @@ class DecoderModel(nn.Module):
             nn.init.normal_(self.embed_tokens.weight)
         self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.rotary = Rotary(cfg.dim_per_head, cfg.rope_theta)
+        self.rotary = Rotary(cfg.dim_per_head, cfg.rope_theta, cfg.rope_scaling)
 
 
 class CausalLM(nn.Module):
@@ -269,12 +310,16 @@ class CausalLM(nn.Module):
         h = self.model.embed_tokens(input_ids)
         b, t = input_ids.shape
         mask: Tensor | None = None
+        window = self.config.sliding_window
+        index = torch.arange(t, device=input_ids.device)
         if attention_mask is None:
-            positions = torch.arange(t, device=input_ids.device).expand(b, t)
+            positions = index.expand(b, t)
+            if window:  # by index: a row's real tokens are contiguous, so index distance = position distance
+                mask = attention_window(index[:, None], index[None, :], window)[None, None]
         else:
             valid = attention_mask.to(torch.bool)
             positions = (valid.long().cumsum(-1) - 1).clamp(min=0)
-            causal = torch.ones(t, t, dtype=torch.bool, device=input_ids.device).tril()
+            causal = attention_window(index[:, None], index[None, :], window)
             # The diagonal keeps fully padded query rows finite; their outputs are ignored anyway.
             eye = torch.eye(t, dtype=torch.bool, device=input_ids.device)
             mask = ((causal[None] & valid[:, None, :]) | eye[None])[:, None]
@@ -330,7 +375,8 @@ class CausalLM(nn.Module):
         cos, sin = self.model.rotary(positions, h.dtype)
         # Row b's query at position p sees its own slot's keys 0..p; later cache rows are stale.
         # Built once per forward: every layer attends over the same span.
-        mask = torch.arange(span, device=h.device)[None, None, None, :] <= positions[:, None, :, None]
+        keys = torch.arange(span, device=h.device)[None, None, None, :]
+        mask = attention_window(positions[:, None, :, None], keys, self.config.sliding_window)
         for i, layer in enumerate(self.decoder_layers):
             h = layer.forward_cached(h, cos, sin, i, cache, sel, mask, span, flat, kernel)
         if cache.routes is not None:  # a MoE model: each token's experts go beside its keys (moe.py)

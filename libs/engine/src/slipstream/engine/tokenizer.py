@@ -5,10 +5,13 @@ bos and eos. It is deterministic and needs no files, yet it can be saved as a re
 `tokenizer.json`, so a saved tiny model is an ordinary HF directory. `HFTokenizer` reads
 `tokenizer.json` plus `tokenizer_config.json` / `special_tokens_map.json` from a local directory
 with the `tokenizers` package; nothing is ever fetched from a hub. An HF directory's chat
-template, when it has one, comes with it (`HFTokenizer.chat_template`, see `slipstream.engine.chat`).
+template, when it has one, comes with it (`HFTokenizer.chat_template`, see `slipstream.engine.chat`),
+given the directory's special tokens as transformers gives them.
 
 Neither tokenizer adds special tokens in `encode`; callers prepend `bos_id` where a model wants
-it. `decode` drops special tokens.
+it. A chat template's text is encoded as it is, with no bos in front: transformers'
+`apply_chat_template` does the same (the template writes its own start markers, a bos included
+where the model wants one). `decode` drops special tokens.
 """
 
 from __future__ import annotations
@@ -138,7 +141,8 @@ class HFTokenizer:
         self._pad = eos if pad is None else pad
         if self._bos is None:
             self._bos = _config_id(directory, "bos_token_id")
-        self.chat_template: ChatTemplate | None = ChatTemplate.from_directory(directory)
+        self.eos_token = str(self._tok.id_to_token(self._eos) or "")
+        self.chat_template: ChatTemplate | None = ChatTemplate.from_directory(directory, specials)
 
     def _token_id(self, token: str | None) -> int | None:
         if token is None:
@@ -191,7 +195,7 @@ def _special_tokens(directory: Path) -> dict[str, str]:
         if not path.is_file():
             continue
         raw = json.loads(path.read_text())
-        for key in ("bos_token", "eos_token", "pad_token"):
+        for key in ("bos_token", "eos_token", "pad_token", "unk_token"):
             value = raw.get(key)
             if isinstance(value, dict):
                 value = value.get("content")

@@ -89,7 +89,8 @@ class TrainingPlan(msgspec.Struct, kw_only=True):
     by the eval-gate, reported per env but kept out of its promotion decision ({}: none)."""
     timeout_s: float = 900.0
     model: str = ""
-    """A named pretrained model (`smollm2-135m`): trained as is (no warm-start), with the settings below."""
+    """A named pretrained model (`smollm2-135m`) or a local Hugging Face model directory (an absolute
+    path: `[model] path`, `--model PATH`): trained as is (no warm-start), with the settings below."""
     lora_rank: int = 0
     """> 0: train LoRA adapters of this rank only (every service gets `[model] lora_*`)."""
     lora_alpha: float = 16.0
@@ -109,6 +110,9 @@ class TrainingPlan(msgspec.Struct, kw_only=True):
     the workers then send frozen sub-agents there over NATS. 0: they run in the workers on a frozen copy."""
     subagent_pin_version: int = 0
     """The weight version the pool serves (0: the weights the services start from, a demo's warm-started model)."""
+    endpoint: dict[str, Any] = {}
+    """[endpoint] of the rollout workers: their OpenAI-compatible, recording endpoint (the fields of
+    libs/serve `ServeConfig`: enabled, host, port, model_name, renderer, ...); {}: closed."""
     summary: dict[str, Any] = {}
     """Context restarts of the workers' episodes (and of the held-out evals and the warm-start's expert):
     the fields of libs/harness `SummaryConfig` (enabled, mode "summary" | "truncate", min_tokens,
@@ -282,6 +286,8 @@ def run_env(plan: TrainingPlan) -> dict[str, str]:
         # one publisher sidecar per rank, each with its own SLIPSTREAM_PUBLISHER__RANK).
         env["SLIPSTREAM_LEARNER__RANKS"] = str(plan.learner_ranks)
     env.update(summary_env(plan.summary))
+    if plan.endpoint:
+        env.update(endpoint_env(plan.endpoint))
     if env_options:
         env["SLIPSTREAM_TASKS__ENV_OPTIONS"] = env_options
         env["SLIPSTREAM_REWARD__ENV_OPTIONS"] = env_options
@@ -345,18 +351,28 @@ def summary_env(summary: dict[str, Any]) -> dict[str, str]:
     Lists and booleans as JSON, numbers and strings as text; a string that would read back as
     JSON (a request like "true" or "[...]") is a ValueError naming the key.
     """
+    return section_env("summary", summary)
+
+
+def endpoint_env(endpoint: dict[str, Any]) -> dict[str, str]:
+    """The rollout workers' `[endpoint]` (their OpenAI-compatible endpoint) as SLIPSTREAM_ENDPOINT__<FIELD>."""
+    return section_env("endpoint", endpoint)
+
+
+def section_env(section: str, fields: dict[str, Any]) -> dict[str, str]:
+    """One config section as SLIPSTREAM_<SECTION>__<FIELD> variables (see `summary_env`)."""
     out: dict[str, str] = {}
-    for key, value in summary.items():
+    for key, value in fields.items():
         if isinstance(value, (bool, list, tuple, dict)):
             text = json.dumps(list(value) if isinstance(value, tuple) else value)
         elif isinstance(value, str):
             s = value.strip()
             if (s and s[0] in "[{") or s in ("true", "false", "null"):
-                raise ValueError(f"summary.{key} = {value!r} would be read back as JSON by the services")
+                raise ValueError(f"{section}.{key} = {value!r} would be read back as JSON by the services")
             text = value
         else:
             text = str(value)
-        out[f"SLIPSTREAM_SUMMARY__{key.upper()}"] = text
+        out[f"SLIPSTREAM_{section.upper()}__{key.upper()}"] = text
     return out
 
 

@@ -8,7 +8,8 @@ Sections (every key optional; what is left out keeps `TrainingPlan`'s default):
 
     name = "arith"         the run id               seed = 0     task order, held-out set, learner RNG
     timeout_s = 900.0      the local run's budget
-    [model]      preset ("tiny", "micro", "tiny-moe", "25m"), name (a named pretrained model: "smollm2-135m"), device
+    [model]      preset ("tiny", "micro", "tiny-moe", "25m"), name (a named pretrained model: "smollm2-135m"), path (a local
+                 Hugging Face model directory, relative to the run file; Llama, Qwen2, Qwen3, Mistral), device
                  (cpu | cuda | auto), rollout_dtype, learner_autocast, lora_rank, lora_alpha
     [env]        name, options (the environment's own options, e.g. {max_operand = 19})
     [algorithm]  loss (grpo | cispo | kimi), lr, loss_constant, max_staleness, temperature, kl_coef
@@ -43,13 +44,19 @@ Sections (every key optional; what is left out keeps `TrainingPlan`'s default):
                  moe_aux_coef (weight of its load-balancing loss, default 0.01)
     [learner]    sft_export (true: the learner writes its settled train episodes with reward >=
                  sft_export_min_reward, default 1.0, to learner-sft-set.jsonl in the run directory)
+    [endpoint]   the rollout workers' OpenAI-compatible, recording endpoint (on when the table is there):
+                 enabled, host, port, model_name, renderer ("" follows the model), api_keys,
+                 default_max_tokens, max_tokens_limit, session_idle_s; `slipstream serve RUN.toml`
+                 serves [model] with the same settings, without training
     [replicas]   rollout-worker, reward-model, eval-gate (the cluster's replica counts); tool-service
                  (> 0: the env's tools run in that many tool-service replicas, locally too)
     [infra]      nats_url, redis_url, store: reuse running servers / an S3 store ("" = start locally)
 
 Loading is strict: an unknown key, or a value of the wrong type, is a `RunFileError` that names
 the key, the file and its line, before anything starts; so is an unknown environment (or eval
-suite), a plugin that fails to import, or an option the environment does not take (envcheck.py).
+suite), a plugin that fails to import, or an option the environment does not take (envcheck.py),
+and an unknown model name, or a model directory that is missing or holds an architecture the
+engine does not implement (modelcheck.py).
 `run_env` turns the plan into the `SLIPSTREAM_<SECTION>__<FIELD>` variables the services read;
 `env_file` writes them for the dev overlay's `slipstream-env` ConfigMap and for Tilt's local mode,
 so all three read one file.
@@ -59,12 +66,14 @@ from __future__ import annotations
 
 import re
 import tomllib
+import typing
 from pathlib import Path
 from typing import Any, Literal
 
 import msgspec
 
 from slipstream.run.envcheck import check_env, check_suites
+from slipstream.run.modelcheck import check_model
 from slipstream.run.plan import TrainingPlan, check_loss, run_env
 
 
@@ -79,6 +88,7 @@ class _Section(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, omit_de
 class ModelSection(_Section):
     preset: str | None = None
     name: str | None = None
+    path: str | None = None
     device: str | None = None
     rollout_dtype: str | None = None
     learner_autocast: str | None = None
@@ -164,6 +174,18 @@ class LearnerSection(_Section):
     moe_aux_coef: float | None = None
 
 
+class EndpointSection(_Section):
+    enabled: bool | None = None
+    host: str | None = None
+    port: int | None = None
+    model_name: str | None = None
+    renderer: str | None = None
+    api_keys: list[str] | None = None
+    default_max_tokens: int | None = None
+    max_tokens_limit: int | None = None
+    session_idle_s: float | None = None
+
+
 class ReplicasSection(_Section, rename="kebab"):
     rollout_worker: int = 1
     reward_model: int = 1
@@ -192,6 +214,7 @@ class RunFile(_Section):
     eval: EvalSection = msgspec.field(default_factory=EvalSection)
     rollout: RolloutSection = msgspec.field(default_factory=RolloutSection)
     learner: LearnerSection = msgspec.field(default_factory=LearnerSection)
+    endpoint: EndpointSection | None = None
     replicas: ReplicasSection = msgspec.field(default_factory=ReplicasSection)
     infra: InfraSection = msgspec.field(default_factory=InfraSection)
 
@@ -200,6 +223,7 @@ class RunFile(_Section):
         fields: dict[str, Any] = {}
         renames = {
             ("model", "name"): "model",
+            ("model", "path"): "model",
             ("env", "name"): "env",
             ("env", "options"): "env_options",
             ("rollout", "max_batch"): "worker_max_batch",
@@ -226,6 +250,10 @@ class RunFile(_Section):
             if summary:
                 summary.setdefault("enabled", True)  # a [rollout.summary] table that says nothing else means it
                 fields["summary"] = summary
+        if self.endpoint is not None:
+            endpoint = {k: v for k, v in msgspec.structs.asdict(self.endpoint).items() if v is not None}
+            endpoint.setdefault("enabled", True)  # an [endpoint] table that says nothing else means it
+            fields["endpoint"] = endpoint
         if self.learner.ranks is not None and self.learner.ranks < 1:
             raise ValueError(f"[learner] ranks must be >= 1, got {self.learner.ranks}")
         return msgspec.convert(fields, TrainingPlan)
@@ -248,6 +276,21 @@ def load(path: str | Path) -> RunFile:
         raise RunFileError(_located(path, text, str(exc))) from exc
     if run.env.name is not None and not re.fullmatch(r"[a-z][a-z0-9_]*", run.env.name):
         raise RunFileError(f"{path}:{_line_of(text, 'env', 'name')}: [env] name {run.env.name!r} is not an env name")
+    # The model exists and is one the engine implements; a directory is made absolute (from the
+    # run file's own directory), so every service finds it whatever its working directory.
+    if run.model.name is not None and run.model.path is not None:
+        raise RunFileError(
+            f"{path}:{_line_of(text, 'model', 'path')}: [model] takes name or path, not both "
+            f"(name = {run.model.name!r}, path = {run.model.path!r})"
+        )
+    try:
+        if run.model.name is not None:
+            check_model(run.model.name, named=True)
+        if run.model.path is not None:
+            run.model.path = check_model(run.model.path, base=path.parent)
+    except ValueError as exc:
+        key = "name" if run.model.name is not None else "path"
+        raise RunFileError(f"{path}:{_line_of(text, 'model', key)}: [model] {exc}") from None
     # The environment, its options and the eval suites exist: what every service will ask.
     env = run.env.name or TrainingPlan().env
     for table, key, check in (
@@ -255,12 +298,21 @@ def load(path: str | Path) -> RunFile:
         ("env", "options", lambda: check_env(env, run.env.options)),
         ("eval", "suites", lambda: check_suites(run.eval.suites or {})),
         ("algorithm", "loss_options", lambda: check_loss_section(run.algorithm)),
+        ("endpoint", "renderer", lambda: check_renderer(run.endpoint.renderer if run.endpoint else None)),
     ):
         try:
             check()
         except ValueError as exc:
             raise RunFileError(f"{path}:{_line_of(text, table, key)}: [{table}] {exc}") from None
     return run
+
+
+def check_renderer(name: str | None) -> None:
+    """A named [endpoint] renderer exists in libs/tools ('' or None: follow the model)."""
+    if name:
+        from slipstream.tools import renderer_for
+
+        renderer_for(name)  # ValueError: "no renderer for model family 'x'; known: ..."
 
 
 def check_loss_section(a: AlgorithmSection) -> None:
@@ -326,9 +378,12 @@ def _known_keys(table: str) -> list[str]:
     cls: Any = RunFile
     for part in [p for p in table.split(".") if p]:
         field = next((f for f in msgspec.structs.fields(cls) if f.encode_name == part), None)
-        if field is None or not isinstance(field.type, type) or not issubclass(field.type, msgspec.Struct):
+        # An optional table (`EndpointSection | None`) is its struct type.
+        kinds = [field.type, *typing.get_args(field.type)] if field is not None else []
+        structs = [k for k in kinds if isinstance(k, type) and issubclass(k, msgspec.Struct)]
+        if not structs:
             return []
-        cls = field.type
+        cls = structs[0]
     return [f.encode_name for f in msgspec.structs.fields(cls)]
 
 

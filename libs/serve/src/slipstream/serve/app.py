@@ -3,7 +3,7 @@
     POST /v1/chat/completions   (stream or not; tools rendered by the renderer, calls parsed back)
     POST /v1/completions        (prompt text or token ids)
     POST /v1/feedback           (a signal for a served completion, session or episode)
-    GET  /v1/models, GET /health
+    GET  /v1/models, GET /v1/models/{model}, GET /health
 
 A call: admission (429 with Retry-After while the learner's newest version is more than
 `max_version_lag` ahead of the served one) → validate (4xx naming the field) → resolve its
@@ -15,9 +15,11 @@ implicit signals for the session's previous call (`slipstream.serve.feedback`) �
 policy version of its newest token in `x-slipstream-policy-version`, and carries the call's
 per-token version segments under `slipstream` in the body.
 
-Streaming is a replay: the engine interface returns a finished result, so the SSE chunks (one
-per token, role first, finish, then usage when `stream_options.include_usage`) are written once
-the completion is done. The chunks are exact; the time to first token is the whole generation.
+A streamed chat call without tools, on an engine that shows a running request's tokens
+(`TorchEngine.progress`), is written as its tokens are sampled (`slipstream.serve.live`). Any
+other stream is a replay: the SSE chunks (one per token, role first, finish, then usage when
+`stream_options.include_usage`) are written once the completion is done; exact, but the time to
+first token is then the whole generation.
 """
 
 from __future__ import annotations
@@ -34,12 +36,14 @@ from aiohttp import web
 from slipstream.control import ControlUnavailable
 from slipstream.engine.interface import Engine, GenerationRequest
 from slipstream.serve.call_record import CallRecord
-from slipstream.serve.chat import ChatFormat
+from slipstream.serve.chat import ChatFormat, Reply
 from slipstream.serve.config import ServeConfig
 from slipstream.serve.feedback import FeedbackPost, Implicit, last_user_text, parse_feedback
+from slipstream.serve.live import stream_chat
 from slipstream.serve.protocol import Call, RequestError, body_hash, parse_chat, parse_completion
 from slipstream.serve.record import Recorder
 from slipstream.serve.render import completion_text, render_chat, render_completion, sse_chat, sse_completion
+from slipstream.serve.top_logprobs import top_alternatives
 from slipstream.telemetry.logs import get_logger
 from slipstream.telemetry.metrics import REGISTRY
 
@@ -86,6 +90,7 @@ class ServeApp:
         app.router.add_post("/v1/completions", self.completions)
         app.router.add_post("/v1/feedback", self.feedback)
         app.router.add_get("/v1/models", self.models)
+        app.router.add_get("/v1/models/{model:.+}", self.model)
         app.router.add_get("/health", self.health)
         return app
 
@@ -162,8 +167,24 @@ class ServeApp:
 
     async def models(self, request: web.Request) -> web.Response:
         self._auth(request)
-        model = {"id": self.model_name, "object": "model", "created": 0, "owned_by": "slipstream"}
-        return web.json_response({"object": "list", "data": [model]})
+        return web.json_response({"object": "list", "data": [self._model_card()]})
+
+    async def model(self, request: web.Request) -> web.Response:
+        """`GET /v1/models/{model}` (the SDK's `models.retrieve`): the served model, else 404 naming it."""
+        self._auth(request)
+        name = request.match_info["model"]
+        if name != self.model_name:
+            raise RequestError(
+                f"model {name!r} is not served here; this endpoint serves {self.model_name!r}",
+                param="model",
+                status=404,
+                kind="not_found_error",
+                code="model_not_found",
+            )
+        return web.json_response(self._model_card())
+
+    def _model_card(self) -> dict[str, Any]:
+        return {"id": self.model_name, "object": "model", "created": 0, "owned_by": "slipstream"}
 
     async def chat(self, request: web.Request) -> web.StreamResponse:
         key = self._auth(request)
@@ -182,13 +203,40 @@ class ServeApp:
         prompt_ids = self.fmt.encode(text)
         call.params.stop = [*call.params.stop, *(s for s in self.fmt.stop_strings if s not in call.params.stop)]
         user_text = last_user_text(body["messages"])
+
+        def reply_of(record: CallRecord) -> Reply:
+            cut = completion_text(record, self.fmt)
+            return self.fmt.reply(
+                record.text, cut, record.finish_reason, tools, call_prefix=f"call_{record.call_id[:12]}"
+            )
+
+        async def replay(record: CallRecord, replayed: bool) -> web.StreamResponse:
+            headers = self._headers(record, replayed)
+            return await sse_chat(request, self.model_name, record, reply_of(record), call, self.fmt, headers)
+
+        progress = getattr(self.engine, "progress", None)
+        if call.stream and tools is None and not call.top_logprobs and callable(progress):  # as sampled (live.py)
+            return await stream_chat(
+                request,
+                progress=progress,
+                serve=lambda cid: self._serve(request, call, raw, key, prompt_ids, "messages", user_text, cid),
+                finish=reply_of,
+                replay=replay,
+                call=call,
+                fmt=self.fmt,
+                model=self.model_name,
+                version=self.engine.policy_version,
+            )
         record, replayed = await self._serve(request, call, raw, key, prompt_ids, "messages", user_text)
-        cut = completion_text(record, self.fmt)
-        reply = self.fmt.reply(record.text, cut, record.finish_reason, tools, call_prefix=f"call_{record.call_id[:12]}")
         headers = self._headers(record, replayed)
+        tops = None
+        if call.top_logprobs:
+            tops, version = await top_alternatives(self.engine, record, call.top_logprobs)
+            headers["x-slipstream-top-logprobs-version"] = str(version)
         if call.stream:
-            return await sse_chat(request, self.model_name, record, reply, call, self.fmt, headers)
-        return web.json_response(render_chat(self.model_name, record, reply, call, self.fmt), headers=headers)
+            return await sse_chat(request, self.model_name, record, reply_of(record), call, self.fmt, headers, tops)
+        body = render_chat(self.model_name, record, reply_of(record), call, self.fmt, tops)
+        return web.json_response(body, headers=headers)
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
         key = self._auth(request)
@@ -317,6 +365,7 @@ class ServeApp:
         prompt_ids: list[int],
         prompt_param: str,
         user_text: str | None = None,
+        call_id: str = "",
     ) -> tuple[CallRecord, bool]:
         """The call's record: served now, or an earlier attempt's replayed. Returns (record, replayed)."""
         max_len = getattr(self.engine, "max_seq_len", None)
@@ -343,7 +392,7 @@ class ServeApp:
             except Exception as exc:  # the pending store away: the call is still served
                 log.warning("serve: implicit signals not recorded", session=session, error=repr(exc))
         started = time.time()
-        call_id = uuid.uuid4().hex
+        call_id = call_id or uuid.uuid4().hex
         try:
             res = await self.engine.generate(
                 GenerationRequest(request_id=call_id, prompt_ids=prompt_ids, params=call.params)

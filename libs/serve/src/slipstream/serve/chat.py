@@ -1,9 +1,13 @@
 """Chat requests to prompt ids and completions back to OpenAI messages, through one renderer.
 
-The renderer (`slipstream.tools.renderer_for`: `smollm2`, `qwen2.5`, `tags`) owns every character
-of the prompt, tool descriptions and tool-call syntax included, so what the endpoint serves is
-what the harness trains on. The prompt text is tokenised once here; the completion's ids come
-from the engine and its text is decoded from them, never the other way round.
+The renderer owns every character of the prompt, tool descriptions and tool-call syntax included,
+so what the endpoint serves is what the harness trains on. It follows the loaded model unless
+config names a family (`template_renderer.renderer_for_model`: a libs/tools family that renders
+as the checkpoint's chat template does, the template itself, or `tags` for a model without one).
+The prompt text is tokenised once here, with a bos in front only for a model without a chat
+template (as the harness does): a template writes its own start markers, and transformers'
+`apply_chat_template` adds nothing to them. The completion's ids come from the engine and its text
+is decoded from them, never the other way round.
 
 `template_hash` fingerprints the rendering: sha256 over the family name, its stop strings and
 its rendering of a fixed probe conversation (system, user, a tool, an assistant tool call, a tool
@@ -21,7 +25,8 @@ from typing import Any
 
 from slipstream.engine.tokenizer import Tokenizer
 from slipstream.serve.protocol import RequestError
-from slipstream.tools import ChatMessage, ToolRegistry, renderer_for
+from slipstream.serve.template_renderer import renderer_for_model
+from slipstream.tools import ChatMessage, ToolRegistry
 from slipstream.tools.calls import ToolCall
 from slipstream.tools.tool import Tool, ToolDefinitionError
 
@@ -41,8 +46,9 @@ class ChatFormat:
     """One model family's prompt format, tool syntax and stop strings."""
 
     def __init__(self, family: str, tokenizer: Tokenizer) -> None:
-        self.family = family
-        self.renderer = renderer_for(family)
+        """`family` names a libs/tools renderer; '' follows the model (see `renderer_for_model`)."""
+        self.renderer = renderer_for_model(tokenizer, family)
+        self.family = self.renderer.family
         self.tokenizer = tokenizer
         self.stop_strings = tuple(self.renderer.stop_strings)
         self.template_hash = self._fingerprint()
@@ -56,8 +62,13 @@ class ChatFormat:
             ChatMessage(role="assistant", content="A", tool_calls=(call,)),
             ChatMessage(role="tool", content="R", tool_call_id="c0", name="probe"),
         ]
-        text = self.renderer.render(probe, tools=ToolRegistry([probe_tool]))
-        blob = json.dumps([self.family, list(self.stop_strings), text]).encode()
+        try:
+            text = self.renderer.render(probe, tools=ToolRegistry([probe_tool]))
+        except Exception:  # a checkpoint's template may refuse tool turns: its source still fingerprints it
+            text = ""
+        source = getattr(getattr(self.renderer, "template", None), "source", "")
+        parts = [self.family, list(self.stop_strings), text, *([source] if source else [])]
+        blob = json.dumps(parts).encode()
         return hashlib.sha256(blob).hexdigest()
 
     # -------------------------------------------------------------- request side
@@ -122,10 +133,14 @@ class ChatFormat:
         return self.renderer.render(messages, tools=tools, add_generation_prompt=add_generation_prompt)
 
     def encode(self, text: str) -> list[int]:
-        """Prompt ids as the harness builds them: bos (when the tokenizer has one), then the text."""
+        """Prompt ids as the harness builds them: for a model with a chat template the text alone
+        (what `apply_chat_template` gives: SmolLM2's bos is its `<|im_start|>`, which the template
+        already opens with); else bos (when the tokenizer has one), then the text."""
         ids = self.tokenizer.encode(text)
         bos = self.tokenizer.bos_id
-        return ids if bos is None else [bos, *ids]
+        if bos is None or getattr(self.tokenizer, "chat_template", None) is not None:
+            return ids
+        return [bos, *ids]
 
     # -------------------------------------------------------------- response side
     def reply(self, full: str, cut: str, finish_reason: str, tools: ToolRegistry | None, call_prefix: str) -> Reply:

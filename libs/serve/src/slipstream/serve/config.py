@@ -27,8 +27,11 @@ class ServeConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     ] = ""
     renderer: Annotated[
         str,
-        Doc(description="Prompt format and tool-call syntax: a libs/tools renderer ('smollm2', 'qwen2.5', 'tags')."),
-    ] = "smollm2"
+        Doc(
+            description="Prompt format and tool-call syntax: a libs/tools renderer ('smollm2', 'qwen2.5', 'tags'); "
+            "empty = follow the loaded model (its chat template, or 'tags' without one)."
+        ),
+    ] = ""
     api_keys: Annotated[
         list[str], Doc(description="Accepted bearer keys; empty accepts any key (each key still names a session).")
     ] = []

@@ -1,7 +1,7 @@
 """The OpenAI wire surface: request validation into typed calls, and OpenAI-shaped errors.
 
 Only what the endpoint serves is accepted, and everything else is refused by name, because a
-silently ignored field (say `n = 4`, or `top_logprobs = 5`) would hand the client something other
+silently ignored field (say `n = 4`, or `logit_bias`) would hand the client something other
 than what it asked for and record data nobody can interpret later. Unknown *extra* keys are
 tolerated (clients send `user`, `metadata`, `store`, ...), as OpenAI-compatible servers do.
 
@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from slipstream.engine.interface import SamplingParams
+
+MAX_TOP_LOGPROBS = 20  # OpenAI's bound
 
 
 class RequestError(Exception):
@@ -54,6 +56,7 @@ class Call:
     stream: bool = False
     include_usage: bool = False
     logprobs: bool = False
+    top_logprobs: int = 0  # chat: the k likeliest tokens at each position, beside the sampled one
     return_token_ids: bool = False
     session_id: str = ""
     messages: list[dict[str, Any]] = field(default_factory=list)
@@ -183,8 +186,12 @@ def parse_chat(body: Any, **limits: int) -> Call:
         raise RequestError("'tool_choice' must be 'auto' or 'none' (forced calls are not served)", param="tool_choice")
     _prompt_end(body, messages, call)
     call.logprobs = bool(_get(body, "logprobs", bool, False))
-    if _get(body, "top_logprobs", int, 0):
-        raise RequestError("'top_logprobs' is not supported (only the sampled token's log-prob)", param="top_logprobs")
+    top = _get(body, "top_logprobs", int, 0)
+    if not 0 <= top <= MAX_TOP_LOGPROBS:
+        raise RequestError(f"'top_logprobs' must be in [0, {MAX_TOP_LOGPROBS}], got {top}", param="top_logprobs")
+    if top and not call.logprobs:
+        raise RequestError("'top_logprobs' needs 'logprobs': true", param="top_logprobs")
+    call.top_logprobs = top
     fmt = _get(body, "response_format", dict, {})
     if fmt and fmt.get("type") != "text":
         raise RequestError("'response_format' other than 'text' is not supported", param="response_format")

@@ -17,6 +17,7 @@ from aiohttp import web
 from slipstream.serve.call_record import CallRecord
 from slipstream.serve.chat import ChatFormat, Reply
 from slipstream.serve.protocol import Call
+from slipstream.serve.top_logprobs import Alternatives
 
 
 def _usage(record: CallRecord) -> dict[str, int]:
@@ -42,12 +43,23 @@ def completion_text(record: CallRecord, fmt: ChatFormat) -> str:
     return text[: min(cuts)] if cuts else text
 
 
-def _token_logprobs(record: CallRecord, fmt: ChatFormat, lo: int = 0, hi: int | None = None) -> list[dict[str, Any]]:
+def _token_logprobs(
+    record: CallRecord, fmt: ChatFormat, lo: int = 0, hi: int | None = None, tops: Alternatives | None = None
+) -> list[dict[str, Any]]:
     out = []
-    for tid, lp in zip(record.completion_ids[lo:hi], record.logprobs[lo:hi], strict=True):
-        token = fmt.tokenizer.decode([tid])
-        out.append({"token": token, "logprob": lp, "bytes": list(token.encode()), "top_logprobs": []})
+    for k, (tid, lp) in enumerate(zip(record.completion_ids[lo:hi], record.logprobs[lo:hi], strict=True), start=lo):
+        out.append(
+            {
+                **_token_entry(fmt, tid, lp),
+                "top_logprobs": [_token_entry(fmt, t, v) for t, v in tops[k]] if tops else [],
+            }
+        )
     return out
+
+
+def _token_entry(fmt: ChatFormat, tid: int, logprob: float) -> dict[str, Any]:
+    token = fmt.tokenizer.decode([tid])
+    return {"token": token, "logprob": logprob, "bytes": list(token.encode())}
 
 
 def _message(reply: Reply) -> dict[str, Any]:
@@ -59,12 +71,14 @@ def _message(reply: Reply) -> dict[str, Any]:
     return msg
 
 
-def render_chat(model: str, record: CallRecord, reply: Reply, call: Call, fmt: ChatFormat) -> dict[str, Any]:
+def render_chat(
+    model: str, record: CallRecord, reply: Reply, call: Call, fmt: ChatFormat, tops: Alternatives | None = None
+) -> dict[str, Any]:
     choice: dict[str, Any] = {
         "index": 0,
         "message": _message(reply),
         "finish_reason": reply.finish_reason,
-        "logprobs": {"content": _token_logprobs(record, fmt), "refusal": None} if call.logprobs else None,
+        "logprobs": {"content": _token_logprobs(record, fmt, tops=tops), "refusal": None} if call.logprobs else None,
     }
     out: dict[str, Any] = {
         "id": f"chatcmpl-{record.call_id}",
@@ -150,6 +164,7 @@ async def sse_chat(
     call: Call,
     fmt: ChatFormat,
     headers: dict[str, str],
+    tops: Alternatives | None = None,
 ) -> web.StreamResponse:
     resp = await _open_sse(request, headers)
     base = {"id": f"chatcmpl-{record.call_id}", "object": "chat.completion.chunk", "created": int(record.created)}
@@ -168,14 +183,14 @@ async def sse_chat(
         for i, tc in enumerate(reply.tool_calls):
             await _send(resp, chunk({"tool_calls": [{"index": i, **tc}]}))
         if call.logprobs:
-            await _send(resp, chunk({}, logprobs={"content": _token_logprobs(record, fmt), "refusal": None}))
+            await _send(resp, chunk({}, logprobs={"content": _token_logprobs(record, fmt, tops=tops), "refusal": None}))
     else:
         last_k = -1
         for k, text in text_deltas(record, fmt, reply.content):
             fresh = k > last_k  # the trailing catch-up delta repeats the last index: its token went already
             last_k = k
             lp = (
-                {"content": _token_logprobs(record, fmt, k, k + 1), "refusal": None}
+                {"content": _token_logprobs(record, fmt, k, k + 1, tops), "refusal": None}
                 if call.logprobs and fresh
                 else None
             )

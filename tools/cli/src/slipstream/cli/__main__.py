@@ -22,6 +22,7 @@ COMMANDS: tuple[str, ...] = (
     "report",
     "promotion",
     "chaos",
+    "serve",
     "serve-engine",
     "mtp-distill",
 )

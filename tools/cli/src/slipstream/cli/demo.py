@@ -90,7 +90,11 @@ def register(sub: Any) -> None:
     p.add_argument("--temperature", type=float, default=None, help="sampling temperature of the rollouts")
     p.add_argument("--eval-every", type=int, default=None, help="held-out eval every N versions (default 15)")
     p.add_argument(
-        "--model", default="", metavar="NAME", help="a named pretrained model to train (smollm2-135m) instead of tiny"
+        "--model",
+        default="",
+        metavar="NAME|PATH",
+        help="a named pretrained model (smollm2-135m) or a local Hugging Face model directory "
+        "(Llama, Qwen2, Qwen3, Mistral) to train instead of tiny",
     )
     p.add_argument("--seed", type=int, default=None, help="run seed (task order, held-out set, learner RNG)")
     p.add_argument(
@@ -554,8 +558,10 @@ def run(args: argparse.Namespace) -> int:
         return run_realtime(args)
     plan = plan_from_args(args)
     from slipstream.run.envcheck import check_plan
+    from slipstream.run.modelcheck import check_model
 
-    try:  # a wrong --env (or a plugin that fails to import) is named before anything starts
+    try:  # a wrong --env or --model (or a plugin that fails to import) is named before anything starts
+        plan.model = check_model(plan.model)
         check_plan(plan.env, plan.env_options, plan.eval_suites)
     except ValueError as exc:
         print(f"slipstream demo: {exc}", file=sys.stderr)

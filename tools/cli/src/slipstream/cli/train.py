@@ -55,6 +55,12 @@ def register(sub: Any) -> None:
     p.add_argument("--steps", type=int, default=None, help="override [batch] max_steps (a quick try of a run file)")
     p.add_argument("--heldout-tasks", type=int, default=None, help="override [eval] heldout_tasks")
     p.add_argument(
+        "--model",
+        default=None,
+        metavar="NAME|PATH",
+        help="override [model] name / path: a named model (smollm2-135m) or a local Hugging Face model directory",
+    )
+    p.add_argument(
         "--train-eval-tasks", type=int, default=None, help="override [eval] train_eval_tasks (0: no train-split eval)"
     )
     p.add_argument(
@@ -72,10 +78,13 @@ def register(sub: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from slipstream.run import RunFileError, env_file, load
+    from slipstream.run.modelcheck import check_model
 
     try:
         run_file = load(args.run_file)
         plan = run_file.plan()
+        if args.model is not None:
+            plan.model = check_model(args.model)
     except (RunFileError, ValueError) as exc:
         print(f"slipstream train: {exc}", file=sys.stderr)
         return 2
@@ -143,7 +152,9 @@ def print_config(run_file: Any, plan: Any, *, full: bool = False) -> int:
     from slipstream.runtime.config import dump, resolve
 
     where = Path("<run-dir>")
-    model_dir = Path(f"<{plan.model} in the model cache>") if plan.model else where / "model-init"
+    model_dir = where / "model-init"
+    if plan.model:
+        model_dir = Path(plan.model) if Path(plan.model).is_absolute() else Path(f"<{plan.model} in the model cache>")
     environ = service_env(plan, model_dir, where / "staging", where / "learner-outcomes.jsonl")
     environ["SLIPSTREAM_SERVICE__RUN_ID"] = run_file.name or "run"
     overrides = service_overrides(plan)

@@ -33,13 +33,14 @@ __all__ = ["PIPELINE", "RunSummary", "TrainingPlan", "run_training", "service_en
 def initial_model(
     plan: TrainingPlan, run_dir: Path, on_check: Callable[[int, float, float], None] | None = None
 ) -> tuple[Path, dict[str, Any]]:
-    """Version 0's directory and what making it did: a named model's cache, or a warm-started tiny model
+    """Version 0's directory and what making it did: a named model's cache, a model directory as given,
+    or a warm-started tiny model
     (`on_check`: see `warm_start`)."""
     if plan.model:
-        from slipstream.engine.catalog import ensure_model
+        from slipstream.engine.catalog import CATALOG, ensure_model
 
         t0 = time.monotonic()
-        path = ensure_model(plan.model)
+        path = ensure_model(plan.model) if plan.model in CATALOG else Path(plan.model)
         return path, {"model": plan.model, "path": str(path), "resolve_s": round(time.monotonic() - t0, 2)}
     model_dir = run_dir / "model-init"
     if plan.env == "code":  # the code demo's warm-start is cached by content hash (warmstart_cache.py)
