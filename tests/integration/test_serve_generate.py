@@ -160,3 +160,40 @@ async def test_the_renderers_generate_client_reads_the_route(served: dict[str, A
     assert result["completion_ids"] == record.completion_ids
     assert result["completion_logprobs"] == record.logprobs
     assert result["content"] == TOK.decode([t for t in record.completion_ids if t != TOK.eos_id])
+
+
+async def test_n_gt_1_returns_the_group_in_one_call_one_session_per_rollout(served: dict[str, Any]) -> None:
+    """No header names the members: the route gives each rollout its own session, so each is an episode."""
+    ep, engine, sink = served["ep"], served["engine"], served["sink"]
+    prompt = [TOK.bos_id, *TOK.encode("count: 1 2 3")]
+    body = {"model": MODEL, "token_ids": prompt, "sampling_params": {"n": 4, "max_tokens": 6, "seed": 11}}
+    status, out, headers = await _generate(served, body, None)
+    assert status == 200, out
+    assert [c["index"] for c in out["choices"]] == [0, 1, 2, 3]
+    sessions = out["slipstream"]["session_ids"]
+    assert len(set(sessions)) == 4 and headers["x-slipstream-group"]
+    for choice, call_id in zip(out["choices"], out["slipstream"]["call_ids"], strict=True):
+        (call,) = [c for c in engine.calls if c.request_id == call_id]
+        assert list(call.prompt_ids) == prompt
+        assert choice["token_ids"] == list(call.completion_ids)
+        assert [e["logprob"] for e in choice["logprobs"]["content"]] == list(call.logprobs)
+    # Seeds seed + i: the members are different draws, not one sample four times.
+    assert len({tuple(c["token_ids"]) for c in out["choices"]}) > 1
+    await ep.recorder.flush_all()
+    assert sorted(e.metadata["session_id"] for e in sink.episodes) == sorted(sessions)
+    assert all(len(e.samples) == 1 and e.samples[0].prompt_len == len(prompt) for e in sink.episodes)
+
+
+async def test_successive_n_calls_from_one_key_are_separate_rollouts(served: dict[str, Any]) -> None:
+    prompt = [TOK.bos_id, *TOK.encode("abc")]
+    body = {"model": MODEL, "token_ids": prompt, "sampling_params": {"n": 2, "max_tokens": 3}}
+    seen: list[str] = []
+    for _ in range(2):
+        async with served["http"].post(
+            f"{_root(served['ep'])}/inference/v1/generate", json=body, headers={"Authorization": "Bearer sk-one-client"}
+        ) as resp:
+            assert resp.status == 200
+            seen += (await resp.json())["slipstream"]["session_ids"]
+    assert len(set(seen)) == 4, seen
+    await served["ep"].recorder.flush_all()
+    assert len(served["sink"].episodes) == 4

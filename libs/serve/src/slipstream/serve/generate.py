@@ -15,15 +15,18 @@ A call is served and recorded exactly like a completions call with token ids (`S
 same admission, sessions, retry coalescing and episode assembly, so a multi-turn rollout whose
 every prompt extends the previous context is one sample with its observations at mask 0.
 
-`n` > 1 samples n completions of the one prompt: each is its own rollout, recorded in session
-`<session>/<i>` (so each becomes its own episode), and the n share a group key
-(`x-slipstream-group`), which is what the recording side forms the group from.
+`n` > 1 samples n completions of the one prompt in one call: each is its own rollout, recorded in
+session `<session>/<i>` (so each becomes its own episode, whatever headers the client sends; with
+no session named, `<session>` is fresh per call), with seeds `seed + i` when a seed is given. The
+n share a group key (`x-slipstream-group`); the release stage still groups ready episodes in
+arrival order (pending.py), not by this key.
 """
 
 from __future__ import annotations
 
 import asyncio
 import math
+import uuid
 from typing import Any, Protocol
 
 from aiohttp import web
@@ -251,8 +254,10 @@ class GenerateRoute:
             return web.json_response(render_generate([record]), headers=headers)
         # n rollouts of one prompt: each its own session (so its own episode), one group key.
         base = app._session(request, call, key)
-        if base.startswith("anon-"):
-            base = base.removeprefix("anon-")
+        if not (request.headers.get("X-Session-ID", "").strip() or call.session_id):
+            # No session named: every call is a fresh group of rollouts (a key alone would
+            # otherwise fold a client's successive groups into the same n sessions).
+            base = f"{base.removeprefix('anon-')}/{uuid.uuid4().hex[:12]}"
         group = f"grp-{base}"
         served = await asyncio.gather(
             *(
