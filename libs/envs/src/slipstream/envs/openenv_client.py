@@ -30,7 +30,7 @@ import random
 from typing import Annotated, Any, ClassVar
 
 import msgspec
-from openenv.core.generic_client import GenericEnvClient
+from openenv.core.generic_client import GenericEnvClient  # type: ignore[import-untyped]  # ships no type information
 
 from slipstream.envs.base import Environment, Problem, Score, TaskSpec, play_rewards
 from slipstream.envs.context import EpisodeContext, Outcome

@@ -176,17 +176,15 @@ def parse_generate(body: Any, *, default_max_tokens: int, max_tokens_limit: int,
     return n, Call(endpoint="generate", model=model, params=params, prompt_ids=list(ids), session_id=session)
 
 
-def render_choice(index: int, record: CallRecord) -> dict[str, Any]:
+def choice_body(index: int, ids: list[int], logprobs: list[float], finish_reason: str) -> dict[str, Any]:
     """One choice in vLLM's shape: exact ids, and log-probs keyed by id (`token_id:<id>`)."""
-    content = [
-        {"token": f"token_id:{t}", "logprob": lp} for t, lp in zip(record.completion_ids, record.logprobs, strict=True)
-    ]
-    return {
-        "index": index,
-        "token_ids": list(record.completion_ids),
-        "logprobs": {"content": content},
-        "finish_reason": record.finish_reason,
-    }
+    content = [{"token": f"token_id:{t}", "logprob": lp} for t, lp in zip(ids, logprobs, strict=True)]
+    return {"index": index, "token_ids": list(ids), "logprobs": {"content": content}, "finish_reason": finish_reason}
+
+
+def render_choice(index: int, record: CallRecord) -> dict[str, Any]:
+    """A recorded call as one choice."""
+    return choice_body(index, record.completion_ids, record.logprobs, record.finish_reason)
 
 
 def render_generate(records: list[CallRecord]) -> dict[str, Any]:
