@@ -104,3 +104,51 @@ def test_bad_options_fail_before_anything_starts() -> None:
         get_env("verifiers", python="/no/such/python", env={"taskset": {"id": "vf_sum"}})
     with pytest.raises(EnvError, match="unknown option"):
         get_env("verifiers", python=str(PYTHON), env={"taskset": {"id": "vf_sum"}}, harness="null")
+
+
+def lookup_value(key: str) -> str:
+    return str(random.Random(f"vf_lookup-{key}").randrange(100))
+
+
+def tool_user(request: Any, prompt: str) -> str:
+    """A scripted policy: call `lookup` for the asked key, then answer with what the tool said."""
+    if "\ntool: " in prompt:
+        return prompt.rsplit("\ntool: ", 1)[1].split("\n", 1)[0]
+    key = prompt.rsplit("What is stored under ", 1)[1].split("?", 1)[0]
+    return '<tool_call>{"name": "lookup", "arguments": {"key": "' + key + '"}}</tool_call>'
+
+
+async def test_multi_turn_tool_episode_is_one_sample_with_the_tool_result_at_mask_0() -> None:
+    """A random tiny model never writes a tool call, so a scripted policy (the harness's
+    ScriptedEngine: ids through the same tokenizer) plays; everything else is real: verifiers'
+    harness, its MCP tool server, its renderer and the route."""
+    from slipstream.harness.scripted import ScriptedEngine
+
+    engine = RecordingEngine(ScriptedEngine(TOK, tool_user))
+    await engine.start()
+    env = get_env("verifiers", **options("vf_lookup", renderer={"tool_parser": "slipstream-tags"}))
+    try:
+        task = env.generate("train", 1, seed=0)[0]
+        (ep,) = await rollout_episodes(engine, TOK, env, task, group_size=1, params=SamplingParams(max_tokens=96))
+    finally:
+        await Bridge.close_all()
+        await engine.stop()
+    index = int(ep.metadata["key"].removeprefix("task-"))
+    key = random.Random(f"vf_lookup-task-{index}").choice([f"k{i}" for i in range(10)])
+    value = lookup_value(key)
+    (sample,) = ep.samples  # the second prompt extended the first: one sample, not two
+    calls = sorted(engine.calls, key=lambda c: len(c.prompt_ids))
+    assert len(calls) == 2
+    ids, n, mask = sample.ids(), sample.prompt_len, sample.mask()
+    first, second = calls
+    assert ids[:n] == list(first.prompt_ids)
+    assert ids[n : n + len(first.completion_ids)] == list(first.completion_ids)
+    observed = ids[n + len(first.completion_ids) : len(second.prompt_ids)]
+    assert list(second.prompt_ids) == ids[: len(second.prompt_ids)]
+    assert ids[len(second.prompt_ids) :] == list(second.completion_ids)
+    assert mask == [1] * len(first.completion_ids) + [0] * len(observed) + [1] * len(second.completion_ids)
+    assert TOK.decode(observed) == f"\ntool: {value}\nassistant: "  # the tool's answer, rendered by verifiers
+    assert ep.final_text == value
+    score = env.score(task, ep)
+    assert score.components == {"vf.exact": 1.0, "vf.looked_up": 0.25}
+    assert score.correct

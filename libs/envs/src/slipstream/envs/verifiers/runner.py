@@ -30,6 +30,61 @@ import verifiers.v1 as vf  # type: ignore[import-not-found]  # lives in verifier
 from renderers.configs import DefaultRendererConfig  # type: ignore[import-not-found]
 from verifiers.v1.utils.loaders import load_environment, resolve_env_config  # type: ignore[import-not-found]
 
+TAG_PARSER = "slipstream-tags"
+
+
+class TagToolParser:
+    """`<tool_call>{"name", "arguments"}</tool_call>` found in the decoded text (renderers' own parsers
+    need the tags to be single tokens; a byte-level tokenizer spells them out)."""
+
+    OPEN, CLOSE = "<tool_call>", "</tool_call>"
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+
+    def _cut(self, ids: list[int], chars: int) -> int:
+        """The fewest leading ids whose decoded text covers the first `chars` characters."""
+        for n in range(len(ids) + 1):
+            if len(self.tokenizer.decode(ids[:n], skip_special_tokens=False)) >= chars:
+                return n
+        return len(ids)
+
+    def extract(self, ids: list[int]) -> tuple[list[int], list[Any]]:
+        from renderers.base import ParsedToolCall, ToolCallParseStatus  # type: ignore[import-not-found]
+
+        text = self.tokenizer.decode(ids, skip_special_tokens=False)
+        first = text.find(self.OPEN)
+        if first < 0:
+            return ids, []
+        calls: list[Any] = []
+        at = first
+        while at >= 0:
+            end = text.find(self.CLOSE, at)
+            body = text[at + len(self.OPEN) : end if end >= 0 else len(text)].strip()
+            span = (self._cut(ids, at), self._cut(ids, end + len(self.CLOSE)) if end >= 0 else len(ids))
+            if end < 0:
+                calls.append(ParsedToolCall(raw=body, token_span=span, status=ToolCallParseStatus.UNCLOSED_BLOCK))
+                break
+            try:
+                parsed = json.loads(body)
+            except json.JSONDecodeError:
+                calls.append(ParsedToolCall(raw=body, token_span=span, status=ToolCallParseStatus.INVALID_JSON))
+            else:
+                name = parsed.get("name", "") if isinstance(parsed, dict) else ""
+                arguments = parsed.get("arguments", {}) if isinstance(parsed, dict) else {}
+                status = ToolCallParseStatus.OK if name else ToolCallParseStatus.MISSING_NAME
+                calls.append(
+                    ParsedToolCall(raw=body, name=name or None, arguments=arguments, token_span=span, status=status)
+                )
+            at = text.find(self.OPEN, end + len(self.CLOSE))
+        return ids[: self._cut(ids, first)], calls
+
+
+def register_tag_parser() -> None:
+    from renderers import parsers  # type: ignore[import-not-found]
+
+    parsers.TOOL_PARSERS.setdefault(TAG_PARSER, TagToolParser)
+
 
 class Envs:
     """Loaded environments by config, each inside its `serving()` context, and their task lists."""
@@ -124,6 +179,7 @@ async def main() -> None:
             sys.stdout.write(json.dumps(out) + "\n")
             sys.stdout.flush()
 
+    register_tag_parser()
     running: set[asyncio.Task[None]] = set()
     async with contextlib.AsyncExitStack() as stack:
         envs = Envs(stack)
