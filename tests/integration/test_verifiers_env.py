@@ -152,3 +152,11 @@ async def test_multi_turn_tool_episode_is_one_sample_with_the_tool_result_at_mas
     score = env.score(task, ep)
     assert score.components == {"vf.exact": 1.0, "vf.looked_up": 0.25}
     assert score.correct
+
+
+def test_the_scorer_version_names_the_options() -> None:
+    """The reward model labels scores with it; the options have no valid default to compare with."""
+    one = get_env("verifiers", **options("vf_sum"))
+    two = get_env("verifiers", **options("vf_lookup"))
+    assert one.scorer_version.startswith("verifiers@1+") and one.scorer_version != two.scorer_version
+    assert one.scorer_version == get_env("verifiers", **options("vf_sum")).scorer_version

@@ -30,6 +30,7 @@ BENCHES: dict[str, str] = {
     "summary": "bench_summary",
     "code-baselines": "bench_code_baselines",
     "humaneval": "bench_humaneval",
+    "envs": "bench_envs",
 }
 
 

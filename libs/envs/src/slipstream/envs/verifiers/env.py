@@ -134,6 +134,13 @@ class Verifiers(Environment[VerifiersOptions]):
     max_turns: ClassVar[int] = 64
 
     @property
+    def scorer_version(self) -> str:
+        """`verifiers@<version>+<digest of the options>`: the options (the verifiers env config above
+        all) are what scores; they have no valid default to compare with, so the digest is always there."""
+        digest = hashlib.blake2b(msgspec.json.encode(self.options), digest_size=4).hexdigest()
+        return f"{self.name}@{self.version}+{digest}"
+
+    @property
     def max_completion_chars(self) -> int:
         return 4 * self.options.max_tokens_limit
 
