@@ -5,7 +5,8 @@ for every request. A client that renders prompts itself sends token ids with a p
 `X-Session-ID`, and reads back the sampled ids and log-probs: they must equal what the engine
 produced, the endpoint must record exactly them, and a second turn whose prompt extends the
 first call's context must join the same sample (new prompt tokens at mask 0). `renderers`'
-`generate()` (the function verifiers' training client calls) parses the body the route returns.
+`generate()` (the function verifiers' training client calls), run in verifiers' own venv, reads
+the route and gets back exactly what was recorded.
 """
 
 from __future__ import annotations
@@ -132,34 +133,60 @@ async def test_bad_fields_are_refused_naming_them(served: dict[str, Any]) -> Non
     assert list(served["ep"].recorder.calls) == []
 
 
-async def test_the_renderers_generate_client_reads_the_route(served: dict[str, Any]) -> None:
-    """verifiers' training client calls `renderers.client.generate`; it must parse this route's body."""
-    renderers_client = pytest.importorskip("renderers.client")
-    from openai import AsyncOpenAI
+CLIENT = """
+import asyncio, json, sys
+from openai import AsyncOpenAI
+from renderers import create_renderer
+from renderers.base import load_tokenizer
+from renderers.client import generate
+from renderers.configs import DefaultRendererConfig
 
-    from slipstream.serve.vf_renderer import ByteRenderer
+async def main():
+    base_url, tokenizer_dir, model = sys.argv[1:4]
+    renderer = create_renderer(load_tokenizer(tokenizer_dir), DefaultRendererConfig())
+    client = AsyncOpenAI(base_url=base_url, api_key="x")
+    out = await generate(client=client, renderer=renderer, messages=[{"role": "user", "content": "say hi"}],
+                         model=model, sampling_params={"max_tokens": 8, "seed": 1},
+                         extra_headers={"X-Session-ID": "vf-rollout-1"})
+    await client.close()
+    keep = ("prompt_ids", "completion_ids", "completion_logprobs", "content", "finish_reason")
+    print(json.dumps({k: out[k] for k in keep}))
 
-    renderer = ByteRenderer(TOK)
-    client = AsyncOpenAI(base_url=served["ep"].base_url, api_key="x")
-    messages = [{"role": "user", "content": "say hi"}]
-    try:
-        result = await renderers_client.generate(
-            client=client,
-            renderer=renderer,
-            messages=messages,
-            model=MODEL,
-            sampling_params={"max_tokens": 8, "temperature": 1.0, "seed": 1},
-            extra_headers={"X-Session-ID": "vf-rollout-1"},
-            max_prompt_len=1000,
-        )
-    finally:
-        await client.close()
+asyncio.run(main())
+"""
+
+
+async def test_the_renderers_client_verifiers_trains_with_reads_the_route(served: dict[str, Any]) -> None:
+    """`renderers.client.generate`, the call verifiers' training client makes, run as shipped in
+    verifiers' own venv (.venv-vf: it pins openai < 3), against this endpoint's route."""
+    import asyncio
+    import json
+    from pathlib import Path
+
+    from slipstream.envs.verifiers.env import BYTE_TEMPLATE, byte_renderer_dir
+
+    python = Path(__file__).resolve().parents[2] / ".venv-vf" / "bin" / "python"
+    if not python.exists():
+        pytest.skip(f"verifiers' venv {python} is not built (make verifiers-venv)")
+    proc = await asyncio.create_subprocess_exec(
+        str(python),
+        "-c",
+        CLIENT,
+        served["ep"].base_url,
+        byte_renderer_dir(BYTE_TEMPLATE),
+        MODEL,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await asyncio.wait_for(proc.communicate(), 120)
+    assert proc.returncode == 0, err.decode()[-2000:]
+    result = json.loads(out.decode().strip().splitlines()[-1])
     (record,) = served["ep"].recorder.calls
     assert record.session_id == "vf-rollout-1"
-    assert result["prompt_ids"] == record.prompt_ids == renderer.render(messages, add_generation_prompt=True).token_ids
+    assert result["prompt_ids"] == record.prompt_ids == [TOK.bos_id, *TOK.encode("user: say hi\nassistant: ")]
     assert result["completion_ids"] == record.completion_ids
-    assert result["completion_logprobs"] == record.logprobs
-    assert result["content"] == TOK.decode([t for t in record.completion_ids if t != TOK.eos_id])
+    assert result["completion_logprobs"] == pytest.approx(record.logprobs, abs=1e-6)
+    assert result["content"].strip() == TOK.decode([t for t in record.completion_ids if t != TOK.eos_id]).strip()
 
 
 async def test_n_gt_1_returns_the_group_in_one_call_one_session_per_rollout(served: dict[str, Any]) -> None:
