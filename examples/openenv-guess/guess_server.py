@@ -1,8 +1,11 @@
 """`guess`: a small OpenEnv environment, served by openenv-core's own server code.
 
 The agent guesses a hidden letter from a short alphabet; after a wrong guess the server answers
-"later" or "earlier" (alphabet order) and the agent guesses again, up to `MAX_GUESSES`. Reward
-1.0 for the right letter, 0.0 otherwise, given on the step that ends the episode. The hidden
+"later" or "earlier" (alphabet order) and the agent guesses again, up to `MAX_GUESSES`. Each
+step's reward: 1.0 for the right letter; for a wrong one, `near` = 0.1 * (1 - |code of the
+guess's first character - code of the letter| / 256), a shaped signal that differs between any
+two different guesses (so even a model that never names the letter sees some guesses beat
+others); 0 for an empty guess. The hidden
 letter is a pure function of the reset seed, so Slipstream's `openenv` environment (a task is a
 seed) replays a task exactly.
 
@@ -20,6 +23,11 @@ from openenv.core.env_server import Action, Environment, Observation, State, cre
 
 ALPHABET = "abcdefgh"
 MAX_GUESSES = 3
+
+
+def near_reward(guess: str, secret: str) -> float:
+    """A wrong guess's reward: 0.1 at the letter's code, falling linearly with the distance."""
+    return 0.1 * (1.0 - abs(ord(guess) - ord(secret)) / 256) if guess else 0.0
 
 
 class GuessAction(Action):
@@ -55,12 +63,13 @@ class GuessEnv(Environment[GuessAction, GuessObservation, State]):
         guess = action.message.strip()[:1].lower()
         if guess == self._secret:
             return GuessObservation(prompt="Right.\n", done=True, reward=1.0)
+        near = near_reward(guess, self._secret)
         if self._state.step_count >= MAX_GUESSES:
-            return GuessObservation(prompt=f"No, it was {self._secret}.\n", done=True, reward=0.0)
+            return GuessObservation(prompt=f"No, it was {self._secret}.\n", done=True, reward=near)
         hint = "later" if guess and guess < self._secret else "earlier"
         if guess not in ALPHABET:
             hint = f"not a letter of {ALPHABET}"
-        return GuessObservation(prompt=f"\nNo: {hint}.\nGuess: ", done=False, reward=0.0)
+        return GuessObservation(prompt=f"\nNo: {hint}.\nGuess: ", done=False, reward=near)
 
     @property
     def state(self) -> State:
