@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PYPROJECTS := $(wildcard libs/*/pyproject.toml services/*/pyproject.toml tools/*/pyproject.toml examples/*/pyproject.toml)
 
-.PHONY: help install test test-unit test-gpu lint format demo up bench schemas images clean
+.PHONY: help install verifiers-venv test test-unit test-gpu lint format demo up bench schemas images clean
 
 help:  ## list targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*##/\t/'
@@ -45,6 +45,16 @@ test-unit: install  ## only the fast tier
 # the CPU as a dry run. Figures are printed (-s) and written as JSON to SLIPSTREAM_GPU_TIER_JSON.
 test-gpu: install  ## the gpu tier on a CUDA device (JSON figures: SLIPSTREAM_GPU_TIER_JSON=path)
 	$(PY) -m pytest -m gpu -s tests/gpu $(PYTEST_ARGS)
+
+# verifiers 0.4 pins openai < 3 (the project: >= 3), so it gets its own venv; the `verifiers`
+# environment runs its runner there (libs/envs/src/slipstream/envs/verifiers).
+VF_VENV ?= .venv-vf
+verifiers-venv: $(VF_VENV)/.installed  ## the venv verifiers environments run in (verifiers 0.4 + uv)
+
+$(VF_VENV)/.installed:
+	test -x $(VF_VENV)/bin/python || $(PYTHON) -m venv $(VF_VENV)
+	$(VF_VENV)/bin/python -m pip install -q verifiers==0.4.0 uv
+	touch $@
 
 lint: install  ## ruff + mypy
 	$(VENV)/bin/ruff check .

@@ -1,8 +1,9 @@
 """The episode context: the handle an environment's own episode loop holds.
 
-An environment plays a whole episode in `Environment.run(ctx)` (see base.py). It never touches
-token ids itself: every id in an episode comes either from the engine (sampled by `generate`) or
-from the tokenizer applied to text the environment hands to `open`, `observe` or `branch`. The
+An environment plays a whole episode in `Environment.run(ctx)` (see base.py). It rarely touches
+token ids itself: every id in an episode comes from the engine (sampled by `generate`), from the
+tokenizer applied to text the environment hands to `open`, `observe` or `branch`, or, for an
+environment whose client renders its own prompts, from that client (`open_ids`, `observe_ids`). The
 harness (libs/harness) implements this protocol, records every engine call and assembles the
 wire `Episode` (samples, tool log, counts) from what the loop did:
 
@@ -10,6 +11,8 @@ wire `Episode` (samples, tool log, counts) from what the loop did:
 - `generate(thread)` asks the policy to continue a sample; the sampled ids are appended with
   loss mask 1, their behaviour log-probs and the policy versions that produced them.
 - `observe(thread, text)` appends encode(text) with loss mask 0 (a tool result, a budget line).
+- `open_ids(ids)` / `observe_ids(thread, ids)` are the same with ids a client rendered itself (a
+  verifiers harness renders its own prompts): the ids are kept exactly, nothing is re-encoded.
 - `branch(parent, pieces, edit=...)` is a context edit (prune, summary restart, hand-off): a new
   sample whose prompt is made of slices of the parent's ids (`Span`) and new text, naming the
   parent and the position up to which it shares the parent's prefix. The parent is never
@@ -76,6 +79,8 @@ class Generation(msgspec.Struct, kw_only=True, frozen=True):
     n_tokens: Annotated[int, Doc(description="Tokens sampled (appended to the sample with loss mask 1).")]
     finish_reason: Annotated[str, Doc(description="'stop' (eos or a stop string) or 'length'.")]
     turn: Annotated[int, Doc(description="Index of this engine call within the episode.")]
+    ids: Annotated[list[int], Doc(description="The sampled token ids, exactly as the engine produced them.")] = []
+    logprobs: Annotated[list[float], Doc(description="Their behaviour log-probs, one per id.")] = []
 
 
 class Outcome(msgspec.Struct, kw_only=True):
@@ -105,6 +110,10 @@ class Thread(Protocol):
 
     def __len__(self) -> int:
         """Tokens in the sample so far (prompt included): the position a `Span` indexes."""
+        ...
+
+    def ids(self) -> list[int]:
+        """The sample's token ids so far, prompt included."""
         ...
 
     def completion_text(self) -> str:
@@ -150,6 +159,13 @@ class EpisodeContext(Protocol):
         """A new root sample: [bos] + encode(prompt); agent tags default to this context's agent."""
         ...
 
+    def open_ids(
+        self, ids: list[int], *, agent_id: str | None = None, role: str | None = None, trainable: bool | None = None
+    ) -> Thread:
+        """A new root sample whose prompt is exactly `ids`: for a client that renders its own prompts
+        (a verifiers harness through the generate route); no bos or template is added."""
+        ...
+
     async def generate(
         self, thread: Thread, *, max_tokens: int | None = None, stop: list[str] | None = None
     ) -> Generation:
@@ -158,6 +174,10 @@ class EpisodeContext(Protocol):
 
     def observe(self, thread: Thread, text: str, *, role: str = "observation") -> None:
         """Append encode(text) to `thread` with loss mask 0; ContextFull if it would not fit."""
+        ...
+
+    def observe_ids(self, thread: Thread, ids: list[int], *, role: str = "observation") -> None:
+        """Append exactly `ids` to `thread` with loss mask 0 (a client-rendered tool result or turn)."""
         ...
 
     def branch(self, parent: Thread, pieces: list[Span | str], *, edit: str, finish_reason: str = "edit") -> Thread:

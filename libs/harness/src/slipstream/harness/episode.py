@@ -180,8 +180,18 @@ class Recorder:
     def open(
         self, prompt: str, *, agent_id: str | None = None, role: str | None = None, trainable: bool | None = None
     ) -> SampleBuilder:
+        return self._open(self._prompt_ids(prompt), agent_id=agent_id, role=role, trainable=trainable)
+
+    def open_ids(
+        self, ids: list[int], *, agent_id: str | None = None, role: str | None = None, trainable: bool | None = None
+    ) -> SampleBuilder:
+        vocab = getattr(self._run.tokenizer, "vocab_size", None)
+        if not ids or (vocab is not None and any(not 0 <= t < vocab for t in ids)):
+            raise ValueError(f"open_ids needs a non-empty prompt of ids in [0, {vocab}), got {len(ids)} ids")
+        return self._open(list(ids), agent_id=agent_id, role=role, trainable=trainable)
+
+    def _open(self, ids: list[int], *, agent_id: str | None, role: str | None, trainable: bool | None) -> SampleBuilder:
         sample_id = self._new_sample_id()
-        ids = self._prompt_ids(prompt)
         try:
             self._check_fits(sample_id, len(ids))
         except ContextFull as exc:
@@ -281,11 +291,27 @@ class Recorder:
         sample.finish_reason = result.finish_reason
         state.last_finish = result.finish_reason
         state.count("turns")
-        return Generation(text=text, n_tokens=len(result.completion_ids), finish_reason=result.finish_reason, turn=turn)
+        return Generation(
+            text=text,
+            n_tokens=len(result.completion_ids),
+            finish_reason=result.finish_reason,
+            turn=turn,
+            ids=list(result.completion_ids),
+            logprobs=list(result.logprobs),
+        )
 
     def observe(self, thread: Any, text: str, *, role: str = "observation") -> None:
+        self._append(thread, self._run.tokenizer.encode(text), text, role)
+
+    def observe_ids(self, thread: Any, ids: list[int], *, role: str = "observation") -> None:
+        tok = self._run.tokenizer
+        vocab = getattr(tok, "vocab_size", None)
+        if vocab is not None and any(not 0 <= t < vocab for t in ids):
+            raise ValueError(f"observe_ids: ids outside the vocabulary [0, {vocab})")
+        self._append(thread, list(ids), tok.decode(list(ids)), role)
+
+    def _append(self, thread: Any, ids: list[int], text: str, role: str) -> None:
         sample = self._open_for_append(thread)
-        ids = self._run.tokenizer.encode(text)
         try:
             self._check_fits(sample.sample_id, len(sample) + len(ids))
         except ContextFull:

@@ -85,7 +85,9 @@ def greedy_params(env: Environment[msgspec.Struct]) -> SamplingParams:
     `max_tokens` counts one token per character (exact for byte tokenizers, an upper bound for
     BPE on ASCII) plus one for eos.
     """
-    return SamplingParams(temperature=0.0, max_tokens=env.max_completion_chars + 1, stop=[env.terminator])
+    # An env whose own loop decides when a turn ends (`verifiers`: its harness) has no terminator.
+    stop = [env.terminator] if env.terminator else []
+    return SamplingParams(temperature=0.0, max_tokens=env.max_completion_chars + 1, stop=stop)
 
 
 async def evaluate(

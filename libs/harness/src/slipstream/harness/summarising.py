@@ -45,6 +45,9 @@ class ChainThread:
     def __len__(self) -> int:
         return len(self.chain.current)
 
+    def ids(self) -> list[int]:
+        return self.chain.current.ids()
+
     def completion_text(self) -> str:
         return self.chain.current.completion_text()
 
@@ -88,6 +91,16 @@ class SummarisingContext:
         self, prompt: str, *, agent_id: str | None = None, role: str | None = None, trainable: bool | None = None
     ) -> ChainThread:
         return ChainThread(Chain(self.inner.open(prompt, agent_id=agent_id, role=role, trainable=trainable)))
+
+    def open_ids(
+        self, ids: list[int], *, agent_id: str | None = None, role: str | None = None, trainable: bool | None = None
+    ) -> Any:
+        # A client-rendered sample is the client's to keep: its prompts must extend what it holds,
+        # so it is never summarised and restarted under it.
+        return self.inner.open_ids(ids, agent_id=agent_id, role=role, trainable=trainable)
+
+    def observe_ids(self, thread: Any, ids: list[int], *, role: str = "observation") -> None:
+        self.inner.observe_ids(self._unwrap(thread), ids, role=role)
 
     async def generate(
         self, thread: Any, *, max_tokens: int | None = None, stop: list[str] | None = None

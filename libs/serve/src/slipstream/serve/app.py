@@ -3,6 +3,7 @@
     POST /v1/chat/completions   (stream or not; tools rendered by the renderer, calls parsed back)
     POST /v1/completions        (prompt text or token ids)
     POST /v1/feedback           (a signal for a served completion, session or episode)
+    POST /inference/v1/generate (vLLM's token-in, token-out route; generate.py)
     GET  /v1/models, GET /v1/models/{model}, GET /health
 
 A call: admission (429 with Retry-After while the learner's newest version is more than
@@ -40,6 +41,8 @@ from slipstream.serve.chat import ChatFormat, Reply
 from slipstream.serve.config import ServeConfig
 from slipstream.serve.feedback import FeedbackPost, Implicit, last_user_text, parse_feedback
 from slipstream.serve.live import stream_chat
+from slipstream.serve.generate import ROUTE as GENERATE_ROUTE
+from slipstream.serve.generate import GenerateRoute
 from slipstream.serve.protocol import Call, RequestError, body_hash, parse_chat, parse_completion
 from slipstream.serve.record import Recorder
 from slipstream.serve.render import completion_text, render_chat, render_completion, sse_chat, sse_completion
@@ -89,6 +92,7 @@ class ServeApp:
         app.router.add_post("/v1/chat/completions", self.chat)
         app.router.add_post("/v1/completions", self.completions)
         app.router.add_post("/v1/feedback", self.feedback)
+        app.router.add_post(GENERATE_ROUTE, GenerateRoute(self).handle)
         app.router.add_get("/v1/models", self.models)
         app.router.add_get("/v1/models/{model:.+}", self.model)
         app.router.add_get("/health", self.health)
@@ -366,8 +370,12 @@ class ServeApp:
         prompt_param: str,
         user_text: str | None = None,
         call_id: str = "",
+        *,
+        session: str | None = None,
     ) -> tuple[CallRecord, bool]:
-        """The call's record: served now, or an earlier attempt's replayed. Returns (record, replayed)."""
+        """The call's record: served now, or an earlier attempt's replayed. Returns (record, replayed).
+
+        `session` overrides the request's own (one member of an `n` > 1 generate call)."""
         max_len = getattr(self.engine, "max_seq_len", None)
         if max_len is not None and len(prompt_ids) >= max_len:
             raise RequestError(
@@ -375,7 +383,7 @@ class ServeApp:
                 param=prompt_param,
                 code="context_length_exceeded",
             )
-        session = self._session(request, call, key)
+        session = session or self._session(request, call, key)
         # An anonymous call is a session of its own, but its retry must still find it.
         scope = "anon" if session.startswith("anon-") else session
         ledger_key, lookup = self._retry_key(request, raw)

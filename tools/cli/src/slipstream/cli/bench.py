@@ -32,6 +32,7 @@ BENCHES: dict[str, str] = {
     "humaneval": "bench_humaneval",
     "moe": "bench_moe",
     "search-budget": "bench_search_budget",
+    "envs": "bench_envs",
 }
 
 

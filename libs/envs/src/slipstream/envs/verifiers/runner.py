@@ -1,0 +1,198 @@
+"""The verifiers side of the `verifiers` environment: plays verifiers v1 episodes on request.
+
+Runs under verifiers' own interpreter (its venv: verifiers 0.4 pins openai < 3, the project
+openai >= 3), started by `bridge.Runner` as `python runner.py`; it imports nothing of
+Slipstream. One JSON object per line on stdin asks for one episode, one JSON line on stdout
+answers it; episodes run concurrently.
+
+    ask:    {"id", "env": <verifiers EnvConfig as a dict>, "task": <taskset index>,
+             "base_url", "headers", "model", "renderer_model", "renderer": <RendererConfig dict>,
+             "sampling": {...}}
+    answer: {"id", "ok", "rewards": {name: weighted value}, "metrics", "errors", "reply", "turns"}
+
+The episode is verifiers' own: `load_environment(EnvConfig)` builds the env (taskset, harness,
+judges), `Env.run_slot` plays the task through its harness, whose training client
+(`TrainClientConfig`: client-side rendering, vLLM's `/inference/v1/generate`) calls `base_url`
+with `headers` on every request. Environments are built once per distinct config and kept
+serving for the life of the process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import sys
+import traceback
+from typing import Any
+
+import verifiers.v1 as vf  # type: ignore[import-not-found]  # lives in verifiers' own venv
+from renderers.configs import DefaultRendererConfig  # type: ignore[import-not-found]
+from verifiers.v1.utils.loaders import load_environment, resolve_env_config  # type: ignore[import-not-found]
+
+TAG_PARSER = "slipstream-tags"
+
+
+class TagToolParser:
+    """`<tool_call>{"name", "arguments"}</tool_call>` found in the decoded text (renderers' own parsers
+    need the tags to be single tokens; a byte-level tokenizer spells them out)."""
+
+    OPEN, CLOSE = "<tool_call>", "</tool_call>"
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+
+    def _cut(self, ids: list[int], chars: int) -> int:
+        """The fewest leading ids whose decoded text covers the first `chars` characters."""
+        for n in range(len(ids) + 1):
+            if len(self.tokenizer.decode(ids[:n], skip_special_tokens=False)) >= chars:
+                return n
+        return len(ids)
+
+    def extract(self, ids: list[int]) -> tuple[list[int], list[Any]]:
+        from renderers.base import ParsedToolCall, ToolCallParseStatus  # type: ignore[import-not-found]
+
+        text = self.tokenizer.decode(ids, skip_special_tokens=False)
+        first = text.find(self.OPEN)
+        if first < 0:
+            return ids, []
+        calls: list[Any] = []
+        at = first
+        while at >= 0:
+            end = text.find(self.CLOSE, at)
+            body = text[at + len(self.OPEN) : end if end >= 0 else len(text)].strip()
+            span = (self._cut(ids, at), self._cut(ids, end + len(self.CLOSE)) if end >= 0 else len(ids))
+            if end < 0:
+                calls.append(ParsedToolCall(raw=body, token_span=span, status=ToolCallParseStatus.UNCLOSED_BLOCK))
+                break
+            try:
+                parsed = json.loads(body)
+            except json.JSONDecodeError:
+                calls.append(ParsedToolCall(raw=body, token_span=span, status=ToolCallParseStatus.INVALID_JSON))
+            else:
+                name = parsed.get("name", "") if isinstance(parsed, dict) else ""
+                arguments = parsed.get("arguments", {}) if isinstance(parsed, dict) else {}
+                status = ToolCallParseStatus.OK if name else ToolCallParseStatus.MISSING_NAME
+                calls.append(
+                    ParsedToolCall(raw=body, name=name or None, arguments=arguments, token_span=span, status=status)
+                )
+            at = text.find(self.OPEN, end + len(self.CLOSE))
+        return ids[: self._cut(ids, first)], calls
+
+
+def register_tag_parser() -> None:
+    from renderers import parsers  # type: ignore[import-not-found]
+
+    parsers.TOOL_PARSERS.setdefault(TAG_PARSER, TagToolParser)
+
+
+class Envs:
+    """Loaded environments by config, each inside its `serving()` context, and their task lists."""
+
+    def __init__(self, stack: contextlib.AsyncExitStack) -> None:
+        self.stack = stack
+        self.loaded: dict[str, tuple[Any, list[Any]]] = {}
+        self.lock = asyncio.Lock()
+
+    async def get(self, config: dict[str, Any], tasks_needed: int) -> tuple[Any, list[Any]]:
+        key = json.dumps(config, sort_keys=True)
+        async with self.lock:
+            if key not in self.loaded:
+                env = load_environment(resolve_env_config(config))
+                await self.stack.enter_async_context(env.serving())
+                self.loaded[key] = (env, [])
+            env, tasks = self.loaded[key]
+            if len(tasks) < tasks_needed:
+                # Tasksets may be infinite generators: read only as far as asked.
+                tasks.clear()
+                for i, task in enumerate(env.taskset):
+                    tasks.append(task)
+                    if i + 1 >= tasks_needed:
+                        break
+            return env, tasks
+
+
+async def play(envs: Envs, ask: dict[str, Any]) -> dict[str, Any]:
+    env, tasks = await envs.get(ask["env"], int(ask["task"]) + 1)
+    if int(ask["task"]) >= len(tasks):
+        raise IndexError(f"taskset has {len(tasks)} tasks; task {ask['task']} asked")
+    task = tasks[int(ask["task"])]
+    renderer = ask.get("renderer") or {}
+    client = vf.TrainClientConfig(
+        base_url=ask["base_url"],
+        api_key_var="SLIPSTREAM_VF_KEY",
+        headers=dict(ask.get("headers") or {}),
+        renderer_model_name=ask["renderer_model"],
+        renderer=DefaultRendererConfig.model_validate(renderer)
+        if renderer.get("name", "default") == "default"
+        else None,
+    )
+    ctx = vf.ModelContext(
+        model=ask["model"], client=client, sampling=vf.Sampling.model_validate(ask.get("sampling") or {})
+    )
+    episode = await env.run_slot(env.slots(task)[0], ctx)
+    rewards: dict[str, float] = {}
+    metrics: dict[str, float] = {}
+    errors = [f"{e.type}: {e.message}" for e in episode.errors]
+    reply, turns = "", 0
+    for trace in episode.traces:
+        for name, reward in trace.rewards.items():
+            if reward is not None:
+                rewards[name] = rewards.get(name, 0.0) + float(reward.value)
+        for name, value in trace.metrics.items():
+            if value is not None:
+                metrics[name] = float(value)
+        errors += [f"{e.type}: {e.message}" for e in trace.errors]
+        reply = trace.last_reply or reply
+        turns += sum(1 for node in trace.nodes if node.sampled)
+    return {
+        "ok": bool(episode.ok),
+        "rewards": rewards,
+        "metrics": metrics,
+        "errors": errors,
+        "reply": reply,
+        "turns": turns,
+    }
+
+
+async def main() -> None:
+    loop = asyncio.get_running_loop()
+    reader = asyncio.StreamReader()
+    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
+    write_lock = asyncio.Lock()
+
+    async def answer(ask: dict[str, Any]) -> None:
+        try:
+            out = await play(envs, ask)
+        except Exception as exc:  # reported to the asker, which fails that one episode
+            out = {
+                "ok": False,
+                "rewards": {},
+                "metrics": {},
+                "errors": [f"{type(exc).__name__}: {exc}"],
+                "traceback": traceback.format_exc(),
+                "reply": "",
+                "turns": 0,
+            }
+        out["id"] = ask.get("id")
+        async with write_lock:
+            sys.stdout.write(json.dumps(out) + "\n")
+            sys.stdout.flush()
+
+    register_tag_parser()
+    running: set[asyncio.Task[None]] = set()
+    async with contextlib.AsyncExitStack() as stack:
+        envs = Envs(stack)
+        sys.stdout.write(json.dumps({"ready": True}) + "\n")
+        sys.stdout.flush()
+        while line := await reader.readline():
+            if not line.strip():
+                continue
+            job = asyncio.create_task(answer(json.loads(line)))
+            running.add(job)
+            job.add_done_callback(running.discard)
+        await asyncio.gather(*running, return_exceptions=True)
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
