@@ -157,7 +157,7 @@ def test_the_demo_plan_starts_without_the_behaviour_and_pays_for_parallelism() -
     # parallel (create + assign all, a sub-agent's 2, the answer) fits the budget at every N;
     # a serial single agent (N greps + the answer) only at N = 2; a serial swarm (3 a turn) never
     assert 1 + 2 + 1 <= o.max_critical_steps < min(n + 1 for n in o.item_counts if n >= 4)
-    assert o.max_subagents >= 8 and plan.max_tokens >= o.turn_tokens
+    assert o.max_subagents >= 8 and plan.max_tokens >= o.turn_tokens and o.max_turns >= max(o.item_counts) + 2
 
 
 def test_the_single_arm_is_the_same_budget_of_steps_and_samples_in_its_own_mode() -> None:
@@ -225,6 +225,24 @@ def test_the_budget_curve_spans_two_to_n_plus_two_and_its_plot_says_what_it_show
     png = swarm_eval.plot_budget(curves, tmp_path / "b.png")
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     json.dumps(curves)  # what the demo writes as swarm-budget.json
+
+
+async def test_at_budget_n_plus_1_the_serial_teacher_finishes_and_below_it_does_not() -> None:
+    from test_swarm_env import SEARCH
+
+    opts = {"search": {**SEARCH, "expert_grep": True}, "item_counts": [2, 4]}
+    single = swarm_eval.ArmModel(mode="single", env_options=opts, model_dir=Path("/m"))
+    for n in (6, 8):  # past the option's default of 8 turns
+        fits, short = swarm_eval.budget_env(single, n, n + 1), swarm_eval.budget_env(single, n, n)
+        t = fits.generate("heldout", 1, seed=0)[0]
+        ep = await play(fits, t, None)
+        # (this test corpus's grep may find two items' documents at once: at most N + 1 steps)
+        assert fits.score(t, ep).correct and ep.counts["critical_steps"] <= n + 1 <= fits.options.max_turns - 1
+        cut = await play(short, short.generate("heldout", 1, seed=0)[0], None)
+        assert cut.finish_reason == "stop" and cut.counts["critical_steps"] <= n
+    swarm = swarm_eval.ArmModel(mode="swarm", env_options=opts, model_dir=Path("/m"))
+    o = swarm_eval.budget_env(swarm, 8, 4).options
+    assert (o.item_counts, o.max_critical_steps, o.max_subagents, o.max_assign_per_turn) == ([8], 4, 8, 8)
 
 
 def test_the_table_compares_each_arm_in_its_own_mode() -> None:

@@ -11,7 +11,8 @@ pinned to in training):
   wall-clock latency per episode in seconds (`latency_s`, the env's `wall_ms` count), episodes
   over the budget;
 - `budget_curve`: accuracy against the critical-step budget B = 2 .. N + 2 for each item count
-  N, one evaluation per (N, B) with `item_counts = [N]` and `max_critical_steps = B` (the
+  N, one evaluation per (N, B) with `item_counts = [N]`, `max_critical_steps = B` and at least
+  N + 2 orchestrator turns, so a serial agent is stopped by the budget only (the
   policy sees B in its step line, so each budget is its own run, not a cut of one run), written as
   JSON and plotted by `plot_budget`.
 
@@ -156,6 +157,19 @@ def evaluate_arm(
     return asyncio.run(_evaluate_arm(arm, plan, tasks, samples, seed, emit))
 
 
+def budget_env(arm: ArmModel, n: int, budget: int) -> Any:
+    """The arm's env for one point of the curve: N items, budget B, room for N sub-agents and for
+    a serial agent's N + 1 turns (the turn limit must never be what stops it)."""
+    return _env(
+        arm,
+        item_counts=[n],
+        max_critical_steps=budget,
+        max_subagents=max(n, arm.env_options.get("max_subagents", 4)),
+        max_assign_per_turn=max(n, arm.env_options.get("max_assign_per_turn", 8)),
+        max_turns=max(n + 2, arm.env_options.get("max_turns", 8)),
+    )
+
+
 async def _budget_curve(
     arm: ArmModel, plan: Any, ns: Sequence[int], tasks_n: int, samples: int, seed: int, last: bool, emit: Emit
 ) -> dict[str, Any]:
@@ -165,12 +179,7 @@ async def _budget_curve(
         for n in ns:
             points = []
             for b in budgets(n):
-                env = _env(
-                    arm,
-                    item_counts=[n],
-                    max_critical_steps=b,
-                    max_subagents=max(n, arm.env_options.get("max_subagents", 4)),
-                )
+                env = budget_env(arm, n, b)
                 row = await engines.measure(env, env.generate("heldout", tasks_n, seed), samples, plan.temperature)
                 points.append({"budget": b, **row})
                 emit(f"{arm.mode} N={n} B={b}: {line(row)}")
@@ -222,7 +231,7 @@ def budget_figure(curves: dict[str, dict[str, Any]]) -> Any:
         ax.legend(fontsize=7)
     some = next(iter(curves.values()))
     fig.suptitle(
-        "swarm vs single agent: held-out accuracy against the critical-step budget "
+        "swarm vs single agent: held-out accuracy\nagainst the critical-step budget "
         f"({some.get('tasks', '?')} tasks x {some.get('samples', '?')} samples a point)"
     )
     fig.tight_layout()
