@@ -262,3 +262,22 @@ def test_the_table_compares_each_arm_in_its_own_mode() -> None:
     arm = swarm_eval.ArmModel(mode="single", env_options=demo_plan("swarm").env_options, model_dir=Path("/m"))
     task = swarm_eval._env(arm).generate("heldout", 1, seed=0)[0]
     assert task.prompt.startswith(tk.SINGLE_TAG)  # the single arm is evaluated in its own mode
+
+
+def test_the_report_takes_latency_and_the_parallel_rate_from_the_stack(tmp_path: Path) -> None:
+    from slipstream.cli.training import RunSummary
+
+    before = {"accuracy": 0.0, "parallel_rate": 0.125, "latency_s": 2.5, "malformed_calls": 1.0}
+    summary = RunSummary(
+        ok=True,
+        plan=demo_plan("swarm"),
+        run_dir=str(tmp_path),
+        steps=3,
+        heldout_metrics_before=before,
+        heldout_metrics_after={**before, "latency_s": 1.75},
+        warmstart={"steps": 250, "cached": "abc", "probe_curve": [[1, 0.0]]},
+    )
+    figures = swarm_demo.stack_figures(summary)
+    assert figures["heldout_before"] == {"accuracy": 0.0, "parallel_rate": 0.125, "latency_s": 2.5}
+    assert figures["heldout_after"]["latency_s"] == 1.75 and figures["steps"] == 3
+    assert figures["warmstart"] == {"steps": 250, "cached": "abc"}  # scalars only
