@@ -26,13 +26,13 @@ from slipstream.runtime.config import resolve
 pytestmark = pytest.mark.unit
 
 
-def test_the_plan_puts_every_serial_episode_over_the_budget_and_a_parallel_one_in_it() -> None:
+def test_the_plan_puts_every_serial_episode_of_4_or_more_items_over_the_budget_and_a_parallel_one_in_it() -> None:
     plan = demo_plan("swarm")
     env = get_env("swarm", **plan.env_options)
     o = env.options
     # a sub-agent: one grep and the answer (the search demo's corpus); serial: N calls + the answer
     assert o.search["expert_grep"] and o.search["fixed_offsets"] and o.search["max_hops"] == 1
-    assert 1 + 2 + 1 == o.max_critical_steps < o.wide_min + 1
+    assert 1 + 2 + 1 == o.max_critical_steps < 4 + 1 and sorted(o.counts) == [2, 4, 8]
     assert plan.max_tokens >= o.turn_tokens // 2 and plan.preset == "micro"
     for name in ("parallel", "finish"):
         schedule = plan.reward_schedule[name]

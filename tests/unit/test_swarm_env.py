@@ -175,7 +175,8 @@ async def test_single_mode_has_no_swarm_tools() -> None:
     assert "assign_task" not in single.model_registry.names and "create_subagent" not in single.model_registry.names
     assert {"assign_task", "create_subagent"} <= set(swarm.model_registry.names)
     t = single.generate("train", 1, seed=0)[0]
-    assert t.prompt == swarm.generate("train", 1, seed=0)[0].prompt  # the same prompt in both modes
+    # the same items; single mode's prompt opens with its mode token (issue 32)
+    assert t.prompt == "[single]\n" + swarm.generate("train", 1, seed=0)[0].prompt
     line = call("create_subagent", name="a", system_prompt="x") + call("assign_task", agent="a", prompt="q") + "\n"
     ep = await play(single, t, [line, "<docs>x</docs>\n"], lambda c: "<docs>x</docs>\n")
     assert ep.counts["subagents"] == 0 and len(ep.samples) == 1

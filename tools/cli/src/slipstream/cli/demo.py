@@ -33,6 +33,7 @@ from typing import Any
 
 from slipstream.cli.sim import PREFERENCES
 from slipstream.cli.spec import add_restart_arguments, default_run_dir, restart_policy
+from slipstream.cli.swarm_demo import add_arguments as add_swarm_arguments
 from slipstream.cli.swarm_demo import swarm_plan
 
 
@@ -128,6 +129,7 @@ def register(sub: Any) -> None:
     p.add_argument("--no-live", action="store_true", help="plain log lines instead of the live view")
     p.add_argument("--traces", action="store_true", help="write each service's spans to RUN_DIR/traces.<service>.jsonl")
     add_restart_arguments(p)
+    add_swarm_arguments(p)
     rt = p.add_argument_group("--realtime: learn from simulated users' feedback (serve -> learn -> gate -> promote)")
     rt.add_argument(
         "--realtime",

@@ -1,38 +1,53 @@
-"""`slipstream demo --env swarm` (issue 15): train the orchestrator, then compare swarm and single-agent.
+"""`slipstream demo --env swarm` (issues 15, 32): the swarm against a single agent trained in its own right.
 
-The run itself is the demo's (warm-start, the five-process stack, RL); the swarm adds:
+Each arm is a run of the demo's own (warm-start, the five-process stack, RL) with one plan:
 
 - the plan (`swarm_plan`): the `swarm` env on the search demo's corpus (`SEARCH_OPTIONS`: one
-  grep finds an item's document, so a sub-agent takes 2 steps) in the fixed layout with 4 items a
-  task and a critical-step budget of 4: a parallel episode (create + assign all, then answer)
-  costs 1 + 2 + 1 = 4, a serial one N + 1 = 5, so only a swarm finds every document in budget;
-  the search demo's micro preset and warm-start style; the learner's schedule
+  grep finds an item's document, so a sub-agent takes 2 steps) in the fixed layout, N in {2, 4,
+  8} items a task, held-out tasks of unseen items (`heldout_items = "unseen"`), a critical-step
+  budget of 4; the teacher knows the swarm tools but works serially with one sub-agent per item
+  on ~92% of the tasks (`expert_subagents = "per_item"`, `expert_parallel_rate` 0.08); the micro
+  preset and the search demo's warm-start style; the learner's schedule
   `[learner.reward_schedule.parallel]` / `.finish` (λ 0.1 -> 0 over the run's steps); the
-  workers' default `[subagents] transport = "local"`, `pin_version = -1` (a frozen copy of the
-  first version they load: the warm-start);
-- `compare`: after RL, the last version on the held-out split (and on train tasks), in swarm mode
-  and in single mode (the same prompts, the direct tools only), the same critical-step budget,
-  sampled at the rollout temperature, with the sub-agents on a frozen engine holding the
-  warm-start weights; the warm-started model measured the same way ("before");
-- the parallelism curve: sub-agents per episode per learner step (`LearnerStep.episode_means`,
-  where the learner reports them), with the comparison's train-split figures before and after,
-  as a PNG (`swarm.png`), and the whole comparison in `swarm.json` (and `--summary-json`, under
-  "swarm").
+  workers' sub-agents on a frozen copy of the warm-start (`[subagents] pin_version = -1`);
+- the arms (`--swarm-arm`): `single` (mode single: the direct search tools only, the `[single]`
+  prompt, its own serial teacher and warm-start, the same RL steps, samples and budget) and
+  `swarm`, one after the other (`both`, the default), each in RUN_DIR/<arm>; `--swarm-lambda 0`
+  runs the swarm with λ = 0 (the ablation, RUN_DIR/swarm-lambda0); warm-starts are cached by
+  content hash (`warmstart_cache`), so a second run of an arm with the same plan and code skips it;
+- each arm's evaluation (swarm_eval.py): its warm-start ("before") and last version ("after"),
+  in its own mode, on the same held-out and train items, sampled at the rollout temperature:
+  accuracy, critical steps, sub-agents and parallel rate per episode (the warm-start's
+  held-out parallel rate is the one measured before RL), wall-clock latency per episode; plus the
+  stack's own held-out evaluation's latency (the eval-gate path, sub-agents pinned);
+- the accuracy-vs-budget curve (B = 2 .. N + 2 at N = 4 and 8) of each arm's last version:
+  `swarm-budget.json` and `swarm-budget.png`; `--swarm-budget-model DIR` draws it for any saved
+  model alone;
+- the parallelism curve of the swarm arm: sub-agents per episode per learner step
+  (`LearnerStep.episode_means`) with its evaluations before and after, `swarm.png`; everything in
+  `swarm.json` (and `--summary-json`, under "swarm").
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import copy
+import json
 import time
 from pathlib import Path
 from typing import Any
 
-# The comparison: tasks per split and sampled episodes per task (the same tasks for every mode).
+from slipstream.cli.swarm_eval import FIGURES, ArmModel, budget_curve, evaluate_arm, plot_budget
+
+# Each arm's evaluation: tasks per split and sampled episodes per task (the same items for every arm).
 COMPARE_TASKS = 24
 COMPARE_SAMPLES = 2
-FIGURES = ("accuracy", "perf", "critical_steps", "total_steps", "subagents", "finish_rate", "over_budget")
+# The accuracy-vs-budget curve: held-out tasks per (N, B) point, one sample each.
+BUDGET_TASKS = 16
+BUDGET_NS = (4, 8)
+ITEM_COUNTS = (2, 4, 8)
+LAMBDA = 0.1
+ARMS = ("swarm", "single")
 
 
 def swarm_plan(search_options: dict[str, Any]) -> dict[str, Any]:
@@ -41,50 +56,56 @@ def swarm_plan(search_options: dict[str, Any]) -> dict[str, Any]:
     # λ 0.1 -> 0 over the whole run (exactly 0 from step `steps`, after the last update): over half
     # the steps, seed 1's run stalled at step 6, when λ reached 0, its warm-start never found a
     # document (perf 0 everywhere), and the learner drops groups whose rewards are all equal.
-    anneal = {"init": 0.1, "final": 0.0, "anneal_steps": steps, "shape": "linear"}
+    anneal = {"init": LAMBDA, "final": 0.0, "anneal_steps": steps, "shape": "linear"}
     return {
         "env_options": {
             "search": dict(search_options),
             # The fixed layout (tasks.py): each question in brief, every prompt line as wide as the
-            # assign_task call that carries it, and 4 items, so every byte of an assignment sits one
-            # fixed distance after its source (and each id of the answer after its sub-agent's). In
-            # the `lines` layout the orchestrator never learned its copies (README, "swarm").
+            # assign_task call that carries it, so every byte of an assignment sits one fixed
+            # distance (for a given N) after its source. In the `lines` layout the orchestrator
+            # never learned its copies (README, "swarm").
             "layout": "fixed",
-            "wide_min": 4,
-            "wide_max": 4,
+            # Issue 32: N in {2, 4, 8}. With the budget of 4 a parallel episode (create + assign all,
+            # the sub-agents' 2, the answer) fits for every N; a serial single agent needs N + 1
+            # (fits at N = 2 only), a serial swarm 3N + 1 (never).
+            "item_counts": list(ITEM_COUNTS),
             "max_critical_steps": 4,
+            "max_turns": 12,  # N + 1 turns for a serial agent at N = 8 (the budget curve's B up to N + 2)
             "parallel_cap": 4,
-            # The expert is parallel on 80% of tasks and each of its parallel episodes warm-starts
-            # the orchestrator's row and one sub-agent's: ~3.6 orchestrator rows in a batch of 8
-            # (all sub-agent rows: ~1.3), which the answer's id copies need (see sft_steps).
-            "expert_parallel_rate": 0.8,
+            "max_subagents": max(ITEM_COUNTS),
+            "max_assign_per_turn": max(ITEM_COUNTS),
+            "turn_tokens": 2048,  # a parallel turn at N = 8: 8 creates and 8 assignments, ~1,600 bytes
+            # Held-out items are unseen: their documents (entities, questions) never occur in train.
+            "heldout_items": "unseen",
+            # A warm-start without the behaviour (issue 32): the teacher uses one sub-agent per
+            # item, serially (one item a turn), in parallel on 8% of the tasks (a hash draw per task: 8.6% of
+            # 1,000 held-out tasks, 6.8% of 1,000 train tasks), so the held-out share stays <= 0.1.
+            "expert_subagents": "per_item",
+            "expert_parallel_rate": 0.08,
             "warmstart_subagent_rows": 1,
         },
         "preset": "micro",
         "loss": "cispo",
-        # Fixed-distance copies need no copy curriculum. The parallel turn's copies (~600 bytes a
-        # row) form early; the answer's (4 ids, each copied from 141 bytes back) late: offline, on
-        # 8 answer rows a step, at ~3,800 steps. With ~1.3 such rows a batch (session 14: every
-        # sub-agent row kept, half the tasks parallel) 5,000 steps never formed it; with ~3.6
-        # (above) the probe (greedy replay of whole parallel expert episodes) stopped the
-        # warm-start at 2,750-6,500 steps (libs/envs README, "swarm").
+        # Fixed-distance copies need no copy curriculum. The answer's id copies formed at
+        # 2,750-6,500 steps of the session-16 plan (libs/envs README, "swarm"); the probe (greedy
+        # replay of the expert's episodes) stops the warm-start earlier when it can.
         "sft_steps": 8000,
         "sft_batch": 8,
         "sft_lr": 3e-3,
         "sft_target_accuracy": 0.5,
         "sft_check_every": 250,
         "sft_target_sampled": 0.2,
-        # An orchestrator episode samples ~720 bytes (the parallel turn and the padded answer): at
-        # T 1 a per-byte slip of 0.2% already loses a quarter of them.
+        # An orchestrator episode samples up to ~2,000 bytes: at T 1 a per-byte slip of 0.2%
+        # already loses a third of them.
         "temperature": 0.5,
-        "max_tokens": 1024,  # an orchestrator turn assigning 4 briefs is ~600 tokens
-        "max_seq_len": 2048,
+        "max_tokens": 2048,
+        "max_seq_len": 4096,  # N = 8: prompt ~900, parallel turn ~1,600, results ~1,200, answer ~300
         "lr": 1e-4,
         "group_size": 8,
         "groups_per_step": 4,
         "max_steps": steps,
         "eval_every": 0,
-        # The stack's own before/after eval is small: the comparison below is the measurement.
+        # The stack's own before/after eval is small: the arms' evaluations below are the measurement.
         "heldout_tasks": 8,
         "heldout_samples": 1,
         "train_eval_tasks": 0,
@@ -94,68 +115,91 @@ def swarm_plan(search_options: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-async def _compare(plan: Any, model_dir: Path, store_root: Path, run_id: str, emit: Any) -> dict[str, Any]:
-    from slipstream.engine import SamplingParams, TorchEngine
-    from slipstream.engine.source import ModelSource, load_model
-    from slipstream.envs import get_env
-    from slipstream.harness.evaluate import evaluate, greedy_params
-    from slipstream.store import setup_store
-    from slipstream.store.config import StoreConfig
-    from slipstream.weights import fetch_version, latest_version, manifest_key
+def arm_plan(plan: Any, arm: str, lam: float | None = None) -> Any:
+    """`plan` for one arm: "swarm" (as planned) or "single" (the single agent in its own right: mode
+    single, so its own prompt, teacher and warm-start, with the same steps, samples and budget);
+    `lam` (None: as planned) sets λ of r_parallel and r_finish, annealed from `lam` to 0 over the
+    run, or 0 throughout (the ablation)."""
+    if arm not in ARMS:
+        raise ValueError(f"swarm arm must be one of {ARMS}, got {arm!r}")
+    plan = copy.deepcopy(plan)
+    plan.env_options = {**plan.env_options, "mode": arm}
+    if lam is not None:
+        if lam < 0:
+            raise ValueError(f"--swarm-lambda must be >= 0, got {lam}")
+        steps = plan.max_steps
+        plan.reward_schedule = {
+            name: {"init": lam, "final": 0.0, "anneal_steps": max(1, steps), "shape": "linear"}
+            for name in ("parallel", "finish")
+        }
+    return plan
 
-    source = ModelSource(path=str(model_dir), threads=1)
-    policy_model, tokenizer = load_model(source)
-    frozen_model, _ = load_model(source)
-    limit = plan.max_seq_len or None
-    policy = TorchEngine(policy_model, tokenizer, max_batch=64, max_seq_len=limit, device="cpu")
-    frozen = TorchEngine(frozen_model, tokenizer, max_batch=64, max_seq_len=limit, device="cpu")
-    envs = {mode: get_env(plan.env, **{**plan.env_options, "mode": mode}) for mode in ("swarm", "single")}
-    tasks = {split: envs["swarm"].generate(split, COMPARE_TASKS, plan.seed + 11) for split in ("heldout", "train")}
-    greedy = greedy_params(envs["swarm"])
-    sampled = SamplingParams(temperature=plan.temperature, max_tokens=greedy.max_tokens, stop=greedy.stop)
-    store = setup_store(StoreConfig(type="local", root=str(store_root)))
-    version = latest_version(store, run_id)
-    out: dict[str, Any] = {"version": version, "tasks": COMPARE_TASKS, "samples": COMPARE_SAMPLES}
-    await policy.start()
-    await frozen.start()
+
+def arm_name(arm: str, lam: float | None) -> str:
+    """The arm's directory and report key: `swarm`, `single`, or e.g. `swarm-lambda0`."""
+    return arm if lam is None else f"{arm}-lambda{lam:g}"
+
+
+def add_arguments(p: Any) -> None:
+    """`slipstream demo --env swarm`'s own flags."""
+    g = p.add_argument_group("--env swarm: the swarm against a single agent trained in its own right (issue 32)")
+    g.add_argument(
+        "--swarm-arm",
+        choices=("both", *ARMS),
+        default="both",
+        help="train the single agent, then the swarm, each from its own warm-start (both, the default), or one arm",
+    )
+    g.add_argument(
+        "--swarm-lambda",
+        type=float,
+        default=None,
+        metavar="L",
+        help=f"λ of r_parallel and r_finish, annealed L -> 0 over the run (default {LAMBDA}; 0: the ablation)",
+    )
+    g.add_argument(
+        "--swarm-items",
+        default=None,
+        metavar="N,N,...",
+        help=f"item counts of the tasks (default {','.join(map(str, ITEM_COUNTS))})",
+    )
+    g.add_argument(
+        "--swarm-compare-tasks",
+        type=int,
+        default=COMPARE_TASKS,
+        metavar="T",
+        help=f"held-out and train tasks of each arm's evaluation (default {COMPARE_TASKS}, x{COMPARE_SAMPLES} samples)",
+    )
+    g.add_argument(
+        "--swarm-budget-tasks",
+        type=int,
+        default=BUDGET_TASKS,
+        metavar="T",
+        help=f"held-out tasks per point of the accuracy-vs-budget curve (default {BUDGET_TASKS}; 0: no curve)",
+    )
+    g.add_argument(
+        "--swarm-budget-ns",
+        default=",".join(map(str, BUDGET_NS)),
+        metavar="N,N",
+        help="item counts of the accuracy-vs-budget curve (B = 2 .. N + 2)",
+    )
+    g.add_argument(
+        "--swarm-budget-model",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="only the accuracy-vs-budget curve of this saved model (mode: --swarm-arm, swarm unless single), "
+        "written to --run-dir as swarm-budget.json/png",
+    )
+
+
+def _ints(text: str, flag: str) -> list[int]:
     try:
-        for stage in ("before", "after"):
-            if stage == "after":
-                if version is None:
-                    break
-                manifest, tensors = await asyncio.to_thread(fetch_version, store, manifest_key(run_id, version))
-                policy.apply_weights(manifest.policy_version, tensors)
-            for mode, env in envs.items():
-                for split, ts in tasks.items():
-                    t0 = time.monotonic()
-                    r = await evaluate(
-                        policy,
-                        tokenizer,
-                        env,
-                        ts,
-                        samples_per_task=COMPARE_SAMPLES,
-                        params=sampled,
-                        concurrency=32,
-                        frozen_engine=frozen,
-                    )
-                    row = {"accuracy": r.accuracy, "reward": r.mean_reward, **r.metrics}
-                    out[f"{stage}/{mode}/{split}"] = {k: round(float(v), 4) for k, v in row.items()}
-                    emit(f"{stage} {mode} {split}: " + _line(row) + f" ({time.monotonic() - t0:.0f} s)")
-    finally:
-        await policy.stop()
-        await frozen.stop()
-    return out
-
-
-def _line(row: dict[str, Any]) -> str:
-    return ", ".join(f"{k} {row[k]:.3f}" for k in FIGURES if k in row)
-
-
-def compare(plan: Any, summary: Any, emit: Any = print) -> dict[str, Any]:
-    """Swarm vs single on the last version and the warm-start (see the module docstring)."""
-    run_dir = Path(summary.run_dir)
-    model_dir = Path(summary.warmstart.get("init_model") or run_dir / "model-init")
-    return asyncio.run(_compare(plan, model_dir, run_dir / "data" / "store", run_dir.name, emit))
+        values = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise SystemExit(f"slipstream demo: {flag} takes item counts like 2,4,8, got {text!r}") from None
+    if not values or any(not 1 <= v <= 26 for v in values):
+        raise SystemExit(f"slipstream demo: {flag} takes item counts in 1..26, got {text!r}")
+    return values
 
 
 def parallelism_curve(summary: Any) -> list[dict[str, float]]:
@@ -178,7 +222,7 @@ def parallelism_curve(summary: Any) -> list[dict[str, float]]:
 
 
 def plot(report: dict[str, Any], path: Path) -> Path:
-    """The parallelism curve (sub-agents per episode by learner step) and critical steps, as a PNG."""
+    """The swarm arm's parallelism curve (sub-agents per episode by learner step) and critical steps, as a PNG."""
     import matplotlib
 
     matplotlib.use("Agg")  # no display: files only
@@ -203,7 +247,7 @@ def plot(report: dict[str, Any], path: Path) -> Path:
         ax2.axhline(budget, color="grey", linestyle="--", label="budget")
     ax1.legend(fontsize=7)
     ax2.legend(fontsize=7)
-    fig.suptitle(f"slipstream demo --env swarm (seed {report.get('seed', '?')})")
+    fig.suptitle(f"slipstream demo --env swarm, swarm arm: parallelism during RL (seed {report.get('seed', '?')})")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=100)
@@ -212,23 +256,85 @@ def plot(report: dict[str, Any], path: Path) -> Path:
 
 
 def table(report: dict[str, Any]) -> Any:
-    """Swarm vs single, train and held-out, before and after RL: one row per (model, split, mode)."""
+    """Each arm's model in its own mode, train and held-out, before and after RL: one row per (stage, split, arm)."""
     from rich.table import Table
 
-    t = Table(title="swarm vs single (same tasks, same critical-step budget)", title_justify="left")
-    short = {"critical_steps": "crit", "total_steps": "total", "subagents": "subs", "finish_rate": "finish"}
-    for col in ("model", "split", "mode", *(short.get(k, k) for k in FIGURES)):
+    t = Table(
+        title="swarm vs single agent (each trained in its own right; same items and budget)", title_justify="left"
+    )
+    short = {
+        "critical_steps": "crit",
+        "total_steps": "total",
+        "subagents": "subs",
+        "parallel_rate": "par",
+        "latency_s": "lat s",
+        "finish_rate": "finish",
+        "over_budget": "over",
+    }
+    arms = report.get("arms") or list(ARMS)
+    for col in ("model", "split", "arm", *(short.get(k, k) for k in FIGURES)):
         t.add_column(col)
     for stage in ("before", "after"):
         for split in ("train", "heldout"):
-            for mode in ("swarm", "single"):
-                row = report.get(f"{stage}/{mode}/{split}") or {}
-                t.add_row(stage, split, mode, *(f"{row[k]:.3f}" if k in row else "-" for k in FIGURES))
+            for arm in arms:
+                row = report.get(f"{stage}/{arm}/{split}") or {}
+                t.add_row(stage, split, arm, *(f"{row[k]:.3f}" if k in row else "-" for k in FIGURES))
     return t
 
 
+def warm_started(plan: Any, model_dir: Path) -> dict[str, Any]:
+    """The arm's warm-start, cached by the content hash of its plan and code (warmstart_cache.py)."""
+    from slipstream.cli.training import warm_start
+    from slipstream.cli.warmstart_cache import cached_warm_start
+
+    t0 = time.monotonic()
+    figures = cached_warm_start(plan, model_dir, lambda: warm_start(plan, model_dir))
+    return {**figures, "init_model": str(model_dir), "warmstart_wall_s": round(time.monotonic() - t0, 1)}
+
+
+def stack_figures(summary: Any) -> dict[str, Any]:
+    """What the running stack measured: its held-out eval before and after (the eval path the
+    gate uses, sub-agents pinned), latency per episode included, and the warm-start's figures."""
+    keep = ("accuracy", "perf", "critical_steps", "subagents", "parallel_rate", "latency_s", "over_budget")
+
+    def pick(m: dict[str, Any]) -> dict[str, float]:
+        return {k: round(float(m[k]), 4) for k in keep if k in m}
+
+    return {
+        "heldout_before": pick(summary.heldout_metrics_before),
+        "heldout_after": pick(summary.heldout_metrics_after),
+        "warmstart": {k: v for k, v in summary.warmstart.items() if isinstance(v, (int, float, str))},
+        "steps": summary.steps,
+        "wall_time_s": round(summary.wall_time_s, 1),
+    }
+
+
+def _budget_only(plan: Any, args: argparse.Namespace, console: Any) -> int:
+    from slipstream.cli.spec import default_run_dir
+
+    arm = "single" if args.swarm_arm == "single" else "swarm"
+    p = arm_plan(plan, arm)
+    run_dir = args.run_dir or default_run_dir()
+    model = ArmModel(mode=arm, env_options=p.env_options, model_dir=args.swarm_budget_model)
+    curve = budget_curve(
+        model,
+        p,
+        ns=_ints(args.swarm_budget_ns, "--swarm-budget-ns"),
+        tasks=args.swarm_budget_tasks,
+        seed=p.seed + 13,
+        last=False,
+        emit=lambda m: console.print(f"  {m}"),
+    )
+    curve["model"] = str(args.swarm_budget_model)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "swarm-budget.json").write_text(json.dumps({arm: curve}, indent=1))
+    png = plot_budget({arm: curve}, run_dir / "swarm-budget.png")
+    console.print(f"accuracy vs budget: {run_dir / 'swarm-budget.json'}, {png}")
+    return 0
+
+
 def run(plan: Any, args: argparse.Namespace) -> int:
-    """The swarm demo: the run (with the live view), then the comparison, the table and the plot."""
+    """The swarm demo: each arm's run (with the live view) and evaluation, then the table and the plots."""
     import msgspec
     from rich.console import Console
 
@@ -238,50 +344,146 @@ def run(plan: Any, args: argparse.Namespace) -> int:
 
     console = Console(highlight=False, soft_wrap=True)
     plan = copy.deepcopy(plan)
-    run_dir = args.run_dir or default_run_dir()
+    if getattr(args, "swarm_items", None):
+        counts = _ints(args.swarm_items, "--swarm-items")
+        plan.env_options = {
+            **plan.env_options,
+            "item_counts": counts,
+            "max_subagents": max(counts),
+            "max_assign_per_turn": max(counts),
+        }
+    if plan.sft_target_accuracy <= 0:
+        plan.sft_target_sampled = 0.0  # --sft-target 0: no probe, so no sampled condition of its stop
+    if getattr(args, "swarm_budget_model", None) is not None:
+        return _budget_only(plan, args, console)
+    lam = getattr(args, "swarm_lambda", None)
+    chosen = getattr(args, "swarm_arm", "both")
+    arms = ["single", "swarm"] if chosen == "both" else [chosen]
+    run_dir = (args.run_dir or default_run_dir()).resolve()
     o = plan.env_options
     console.print(
-        f"slipstream demo --env swarm: {plan.max_steps} RL steps, {plan.groups_per_step} groups x {plan.group_size}, "
-        f"{o.get('wide_min')}-{o.get('wide_max')} items a task, critical-step budget {o.get('max_critical_steps')}; "
+        f"slipstream demo --env swarm: arms {', '.join(arms)}; {plan.max_steps} RL steps each, "
+        f"{plan.groups_per_step} groups x {plan.group_size}, N in {o.get('item_counts')} items a task, "
+        f"critical-step budget {o.get('max_critical_steps')}, λ {lam if lam is not None else LAMBDA} -> 0; "
         f"run dir {run_dir}"
     )
     t0 = time.monotonic()
-    view = ProgressView(console, plan, live=not args.no_live)
-    init = getattr(args, "init_model", None)
-    # --init-model: RL (and the comparison) from a saved model, e.g. another seed's warm-start.
-    init_model = (init, {"init_model": str(init)}) if init is not None else None
-    with view:
-        summary = run_training(
-            plan,
-            run_dir,
-            on_event=view.on_event,
-            traces=args.traces,
-            restart=restart_policy(args),
-            init_model=init_model,
-        )
-    console.print(summary_table(summary))
     report: dict[str, Any] = {
         "seed": plan.seed,
-        "steps": summary.steps,
+        "steps": plan.max_steps,
         "budget": o.get("max_critical_steps"),
-        "reward_schedule": plan.reward_schedule,
+        "item_counts": o.get("item_counts"),
+        "expert_parallel_rate": o.get("expert_parallel_rate"),
+        "arms": [],
     }
-    if summary.ok:
-        console.print("comparing swarm and single mode on the warm-start and the last version")
-        report.update(compare(plan, summary, emit=lambda m: console.print(f"  {m}")))
-        report["curve"] = parallelism_curve(summary)
+    curves: dict[str, dict[str, Any]] = {}
+    failed = ""
+    summaries: dict[str, Any] = {}
+    for arm in arms:
+        name = arm_name(arm, lam if arm == "swarm" else None)
+        p = arm_plan(plan, arm, lam if arm == "swarm" else None)
+        arm_dir = run_dir / name
+        arm_dir.mkdir(parents=True, exist_ok=True)
+        a0 = time.monotonic()
+        console.print(f"[bold]{name}[/bold]: warm-start (cached by content hash) in {arm_dir / 'model-init'}")
+        init = warm_started(p, arm_dir / "model-init")
+        console.print(
+            f"  warm-start: {init.get('steps', '?')} steps, {init['warmstart_wall_s']:.0f} s"
+            + (" (cached)" if init.get("cached") else "")
+        )
+        view = ProgressView(console, p, live=not args.no_live)
+        with view:
+            summary = run_training(
+                p,
+                arm_dir,
+                on_event=view.on_event,
+                traces=args.traces,
+                restart=restart_policy(args),
+                init_model=(arm_dir / "model-init", init),
+            )
+        summaries[name] = summary
+        console.print(summary_table(summary))
+        entry: dict[str, Any] = {"run_dir": str(arm_dir), "stack": stack_figures(summary), "ok": summary.ok}
+        report[name] = entry
+        report["arms"].append(name)
+        if not summary.ok:
+            failed = f"{name}: {summary.error}"
+            entry["wall_s"] = round(time.monotonic() - a0, 1)
+            break
+        model = ArmModel(
+            mode=arm,
+            env_options=p.env_options,
+            model_dir=arm_dir / "model-init",
+            store_root=arm_dir / "data" / "store",
+            run_id=arm_dir.name,
+        )
+        console.print(f"evaluating {name}: its warm-start and last version, in {arm} mode")
+        ev = evaluate_arm(
+            model,
+            p,
+            tasks=args.swarm_compare_tasks,
+            samples=COMPARE_SAMPLES,
+            seed=plan.seed + 11,
+            emit=lambda m: console.print(f"  {m}"),
+        )
+        entry["version"] = ev.get("version")
+        for key, row in ev.items():
+            if "/" in key:
+                stage, split = key.split("/")
+                report[f"{stage}/{name}/{split}"] = row
+        if args.swarm_budget_tasks > 0:
+            console.print(f"accuracy vs critical-step budget, {name}")
+            curves[name] = budget_curve(
+                model,
+                p,
+                ns=_ints(args.swarm_budget_ns, "--swarm-budget-ns"),
+                tasks=args.swarm_budget_tasks,
+                seed=plan.seed + 13,
+                emit=lambda m: console.print(f"  {m}"),
+            )
+        if arm == "swarm":
+            report["curve"] = parallelism_curve(summary)
+            report["reward_schedule"] = p.reward_schedule
+        entry["wall_s"] = round(time.monotonic() - a0, 1)
+        console.print(f"{name} done in {entry['wall_s']:.0f} s")
+    report["parallel_rate_before_rl"] = {
+        a: report.get(f"before/{a}/heldout", {}).get("parallel_rate") for a in report["arms"]
+    }
+    report["latency_s"] = {
+        a: {
+            "eval_after": report.get(f"after/{a}/heldout", {}).get("latency_s"),
+            "stack_after": report[a]["stack"]["heldout_after"].get("latency_s"),
+        }
+        for a in report["arms"]
+    }
+    if len(report["arms"]) > 0 and not failed:
         console.print(table(report))
-        png = plot(report, Path(summary.run_dir) / "swarm.png")
-        console.print(f"parallelism curve: {png}")
+        for a in report["arms"]:
+            lat = report["latency_s"][a]
+            console.print(
+                f"{a}: held-out parallel rate before RL {report['parallel_rate_before_rl'][a]}, latency per episode "
+                f"{lat['eval_after']} s (evaluation), {lat['stack_after']} s (stack)"
+            )
+    if curves:
+        report["budget_curves"] = curves
+        (run_dir / "swarm-budget.json").write_text(json.dumps(curves, indent=1))
+        console.print(f"accuracy vs budget: {plot_budget(curves, run_dir / 'swarm-budget.png')}")
+    if report.get("curve") is not None:
+        swarm_key = next(a for a in report["arms"] if a.startswith("swarm"))
+        view_report = {
+            **report,
+            **{k.replace(f"/{swarm_key}/", "/swarm/"): v for k, v in report.items() if f"/{swarm_key}/" in k},
+        }
+        console.print(f"parallelism curve: {plot(view_report, run_dir / 'swarm.png')}")
     report["wall_s"] = round(time.monotonic() - t0, 1)
-    out = Path(summary.run_dir) / "swarm.json"
+    out = run_dir / "swarm.json"
     out.write_bytes(msgspec.json.format(msgspec.json.encode(report)))
     if args.summary_json:
         args.summary_json.parent.mkdir(parents=True, exist_ok=True)
-        whole = {**msgspec.to_builtins(summary), "swarm": report}
+        whole = {"arms": {k: msgspec.to_builtins(v) for k, v in summaries.items()}, "swarm": report}
         args.summary_json.write_bytes(msgspec.json.format(msgspec.json.encode(whole)))
-    if not summary.ok:
-        console.print(f"[red]slipstream demo --env swarm failed:[/red] {summary.error}")
+    if failed:
+        console.print(f"[red]slipstream demo --env swarm failed:[/red] {failed}")
         return 1
-    console.print(f"done in {report['wall_s']:.0f} s; swarm.json and summary.json in {summary.run_dir}")
+    console.print(f"done in {report['wall_s']:.0f} s; swarm.json in {run_dir}")
     return 0

@@ -3,10 +3,10 @@
 | module | what |
 |---|---|
 | `options` | the environment's options |
-| `tasks` | wide and deep tasks from the search corpus's items, prompts, the split by task key |
+| `tasks` | wide and deep tasks (N items), prompts (`[single]` token), the split (task key or document) |
 | `tools` | create_subagent / assign_task and the direct search tools, by mode |
 | `steps` | critical and total steps (stages, cohorts) |
-| `expert` | the scripted orchestrator (serial or parallel) and its sub-agents' search expert |
+| `expert` | the scripted orchestrator (serial or parallel, shared or per-item sub-agents) and theirs |
 | `env` | the registered environment `swarm` (episode loop, reward components, metrics) |
 """
 

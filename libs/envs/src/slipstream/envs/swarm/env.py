@@ -42,7 +42,14 @@ subagents_finished, parallel_agents (distinct sub-agents with finished work: r_p
 serial_collapse (swarm mode, 2+ items, no sub-agent) and spurious_parallel (a created sub-agent
 that finished no task).
 
-`single` mode: the same prompt and budget, the direct tools only: the baseline.
+Also counted: parallel_turns (turns whose cohort ran 2+ sub-agents at once; an episode with one
+is a parallel episode, `eval_metrics`' parallel_rate) and wall_ms (the episode's wall-clock time,
+sub-agents included, wherever they ran: the latency the critical steps stand for).
+
+`single` mode (issue 32): the single agent trained in its own right, the swarm's baseline: the
+same tasks and budget, the direct search tools only, its own system prompt and a prompt that
+opens with the mode token `[single]` (tasks.SINGLE_TAG: a byte-level model never sees a system
+prompt), its own teacher (the scripted orchestrator's serial episodes) and its own RL run.
 """
 
 from __future__ import annotations
@@ -50,6 +57,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import random
+import time
 from typing import Any, ClassVar
 
 import msgspec
@@ -130,25 +138,48 @@ class Swarm(Environment[SwarmOptions]):
             "deep": [t for t in train if t.hops == self.options.deep_hops] if self.options.deep_rate > 0 else [],
         }
 
+    @functools.cached_property
+    def split_pools(self) -> dict[str, dict[str, list[SearchTask]]]:
+        """`pools` by split: under `heldout_items = "unseen"` each item goes to its documents'
+        split (tasks.item_split; a straddling item to neither), else every split has every item."""
+        if self.options.heldout_items != "unseen":
+            return {split: self.pools for split in SPLITS}
+        one_in = self.options.heldout_one_in
+        return {
+            split: {
+                kind: [t for t in pool if tk.item_split(t.targets, one_in) == split]
+                for kind, pool in self.pools.items()
+            }
+            for split in SPLITS
+        }
+
+    @functools.cached_property
+    def _heldout_item_keys(self) -> frozenset[str]:
+        return frozenset(t.key for pool in self.split_pools["heldout"].values() for t in pool)
+
     def split_of(self, key: str) -> Split:
+        if self.options.heldout_items == "unseen":
+            held = self._heldout_item_keys
+            return "heldout" if any(k in held for k in tk.item_keys(key)) else "train"
         return "heldout" if tk.split_of(key, self.options.heldout_one_in) == "heldout" else "train"
 
-    def _draw(self, rng: random.Random) -> tuple[str, list[tk.Item]]:
+    def _draw(self, rng: random.Random, split: Split = "train") -> tuple[str, list[tk.Item]]:
         o = self.options
         return tk.draw(
             rng,
-            self.pools,
+            self.split_pools[split],
             deep_rate=o.deep_rate,
             wide=(o.wide_min, o.wide_max),
             branches=o.deep_branches,
             layout=o.layout,
+            counts=o.item_counts,
         )
 
     def sample(self, rng: random.Random) -> Problem:
         kind, items = self._draw(rng)
         return Problem(
             key=tk.task_key(kind, items),
-            prompt=tk.prompt(items, self.options.layout),
+            prompt=tk.prompt(items, self.options.layout, self.options.mode),
             reference=" ".join(tk.required(items)),
         )
 
@@ -167,7 +198,7 @@ class Swarm(Environment[SwarmOptions]):
         while len(out) < n:
             if draws >= 1000 + 64 * n:
                 raise ValueError(f"swarm: drew {draws} tasks and found only {len(out)} of split {split!r}")
-            kind, items = self._draw(rng)
+            kind, items = self._draw(rng, split)
             draws += 1
             meta = tk.metadata_of(kind, items)
             if self.split_of(meta["key"]) != split:
@@ -176,7 +207,7 @@ class Swarm(Environment[SwarmOptions]):
                 TaskSpec(
                     task_id=f"{self.name}-{split}-{seed}-{len(out)}",
                     env=self.name,
-                    prompt=tk.prompt(items, self.options.layout),
+                    prompt=tk.prompt(items, self.options.layout, self.options.mode),
                     reference=" ".join(tk.required(items)),
                     seed=seed,
                     split=split,
@@ -241,8 +272,9 @@ class Swarm(Environment[SwarmOptions]):
 
     def eval_metrics(self, tasks: list[TaskSpec], episodes: list[EpisodeRecord]) -> dict[str, float]:
         """accuracy, perf, critical/total steps, assignments, sub-agents with finished work and
-        malformed calls (means), finish rate, and the serial-collapse, spurious-parallelism and
-        over-budget episode counts."""
+        malformed calls (means), finish rate, the parallel rate (share of episodes with a turn that
+        ran 2+ sub-agents at once), the mean wall-clock latency per episode in seconds, and the
+        serial-collapse, spurious-parallelism and over-budget episode counts."""
         n = max(1, len(episodes))
         scores = [self.score(t, e) for t, e in zip(tasks, episodes, strict=True)]
 
@@ -261,6 +293,8 @@ class Swarm(Environment[SwarmOptions]):
             "serial_collapse": total("serial_collapse"),
             "spurious_parallel": total("spurious_parallel"),
             "over_budget": float(sum(e.finish_reason == "critical_steps" for e in episodes)),
+            "parallel_rate": sum(e.counts.get("parallel_turns", 0) > 0 for e in episodes) / n,
+            "latency_s": total("wall_ms") / 1000 / n,
         }
 
 
@@ -279,6 +313,8 @@ class _Episode:
         self.own_steps = 0
         self.seen: dict[str, None] = {}  # chunk ids the orchestrator's direct calls returned
         self.items = tk.items_of(ctx.task.metadata) if "items" in ctx.task.metadata else []
+        self.parallel_turns = 0  # turns whose cohort ran 2+ sub-agents at once
+        self.started = time.monotonic()
 
     async def play(self) -> Outcome:
         ctx, o, env = self.ctx, self.o, self.env
@@ -302,6 +338,7 @@ class _Episode:
             results, direct, subs = await self.turn(list(parsed.items), thread.sample_id, gen.turn, transport)
             malformed = sum(1 for i in parsed.items if isinstance(i, MalformedCall))
             self.ledger.add(direct - malformed, subs, malformed=malformed)
+            self.parallel_turns += len(subs) >= 2
             text = env.renderer.render(env.renderer.result_messages(results))
             try:
                 ctx.observe(thread, text + f"[Steps: {self.ledger.critical}/{o.max_critical_steps}]\n")
@@ -421,4 +458,8 @@ class _Episode:
         collapse = self.o.mode == "swarm" and len(self.items) >= 2 and self.spawned == 0
         ctx.count("serial_collapse", int(collapse))
         ctx.count("spurious_parallel", int(any(n == 0 for n in self.finished_by.values())))
+        ctx.count("parallel_turns", self.parallel_turns)
+        # Wall-clock latency of the whole episode (the orchestrator's turns and its sub-agents,
+        # wherever they ran: this engine, a frozen one or the pool), in milliseconds.
+        ctx.count("wall_ms", round(1000 * (time.monotonic() - self.started)))
         return Outcome(final_text=final, finish_reason=reason, steps=self.own_steps)

@@ -14,6 +14,14 @@ context it is continuing:
   the final answer, the targets it saw. It watches the step line `[Steps: X/B]` and answers
   with what it has when one more call would leave no step for the answer, so a serial episode on
   a task too wide for the budget ends with a partial answer, not cut off.
+
+With `expert_subagents = "per_item"` (issue 32: a warm-start that does not contain the
+parallel behaviour) it knows the swarm tools but uses one sub-agent per item (`AGENT_NAMES`, one
+byte each): parallel, one turn creating all N then assigning item i to agent i; serial, one turn
+per item creating its agent and assigning it that item alone, answering with the ids returned so
+far when one more such turn (its cost estimated from the turns so far, else 1 + the sub-agent's
+hops + 1) would leave no step for the answer. With `expert_parallel_rate` <= 0.1 the warm-start
+then shows almost only serial work with the swarm tools: parallel assignment is left for RL.
 """
 
 from __future__ import annotations
@@ -25,7 +33,7 @@ from slipstream.envs.search.env import Search
 from slipstream.envs.search.expert import call
 from slipstream.envs.search.tools import doc_of
 from slipstream.envs.swarm.options import SwarmOptions
-from slipstream.envs.swarm.tasks import HEADER, LAYOUT_AGENT, Item, items_of
+from slipstream.envs.swarm.tasks import AGENT_NAMES, HEADER, LAYOUT_AGENT, Item, items_of
 from slipstream.envs.swarm.tools import ASSIGN, CREATE
 
 SUBAGENT_NAME = LAYOUT_AGENT
@@ -87,6 +95,9 @@ def next_turn(options: SwarmOptions, search: Search, task: TaskSpec, context: st
         if item is None:
             return answer([])
         return search.expert(item_task(task, item), context)
+    gap = FIXED_GAP if options.layout == "fixed" else " "
+    if options.mode == "swarm" and options.expert_subagents == "per_item":
+        return _per_item(options, task, items, context, gap)
     if parallel(options, task):
         if f'"name": "{ASSIGN}"' not in context:
             system = SUBAGENT_PROMPT_FIXED if options.layout == "fixed" else SUBAGENT_PROMPT
@@ -104,3 +115,28 @@ def next_turn(options: SwarmOptions, search: Search, task: TaskSpec, context: st
                 return line
     seen = {doc_of(c) for c in _CHUNK.findall(context)}
     return answer([d for it in items for d in it.targets if d in seen])
+
+
+def _subagent_prompt(options: SwarmOptions) -> str:
+    return SUBAGENT_PROMPT_FIXED if options.layout == "fixed" else SUBAGENT_PROMPT
+
+
+def _per_item(options: SwarmOptions, task: TaskSpec, items: list[Item], context: str, gap: str) -> str:
+    """The orchestrator's next turn with one sub-agent per item (see the module docstring)."""
+    system = _subagent_prompt(options)
+    done = context.count(f'"name": "{ASSIGN}"')
+    returned = [d for body in _RETURNED.findall(context) for d in body.split()]
+    if parallel(options, task):
+        if done:
+            return answer(returned, gap)
+        names = AGENT_NAMES[: len(items)]
+        line = "".join(call(CREATE, name=n, system_prompt=system) for n in names)
+        line += "".join(call(ASSIGN, agent=n, prompt=it.question) for n, it in zip(names, items, strict=True))
+        return line + "\n"
+    steps = _STEPS.findall(context)
+    used, budget = (int(steps[-1][0]), int(steps[-1][1])) if steps else (0, options.max_critical_steps)
+    cost = -(-used // done) if done else 2 + options.wide_hops  # the turn's 1 + the sub-agent's hops + its answer
+    if done < len(items) and used + cost + 1 <= budget:
+        name, item = AGENT_NAMES[done], items[done]
+        return call(CREATE, name=name, system_prompt=system) + call(ASSIGN, agent=name, prompt=item.question) + "\n"
+    return answer(returned, gap)

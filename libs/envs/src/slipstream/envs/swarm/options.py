@@ -14,6 +14,8 @@ from slipstream.envs.swarm import tasks as tk
 
 Doc = msgspec.Meta
 Mode = Literal["swarm", "single"]
+HeldoutItems = Literal["combinations", "unseen"]
+ExpertSubagents = Literal["shared", "per_item"]
 
 
 class SwarmOptions(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
@@ -33,6 +35,18 @@ class SwarmOptions(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fie
             "each prompt line as wide as the assign_task call carrying it (tasks.py)."
         ),
     ] = "lines"
+    item_counts: Annotated[
+        list[int],
+        Doc(description="Item counts N a wide task draws from, uniformly (e.g. [2, 4, 8]); []: wide_min..wide_max."),
+    ] = []
+    heldout_items: Annotated[
+        HeldoutItems,
+        Doc(
+            description="'combinations': held-out tasks are unseen combinations of items that train tasks also use; "
+            "'unseen': the items' documents are split by hash, and a held-out task's items (their documents, "
+            "entities and questions) never occur in a train task (tasks.py)."
+        ),
+    ] = "combinations"
     wide_min: Annotated[int, Doc(description="Fewest items of a wide task.")] = 4
     wide_max: Annotated[int, Doc(description="Most items of a wide task.")] = 5
     wide_hops: Annotated[int, Doc(description="Hops of a wide task's items.")] = 1
@@ -51,6 +65,15 @@ class SwarmOptions(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fie
     expert_parallel_rate: Annotated[
         float, Doc(description="Share of tasks the scripted orchestrator solves in parallel (else serially).")
     ] = 0.5
+    expert_subagents: Annotated[
+        ExpertSubagents,
+        Doc(
+            description="'shared': the scripted orchestrator's parallel episodes give every item to one sub-agent and "
+            "its serial ones call the search tools directly; 'per_item': one sub-agent per item in both, and a "
+            "serial episode creates and assigns one item a turn (a teacher that knows the swarm tools but works "
+            "serially; issue 32). Single mode is always direct."
+        ),
+    ] = "shared"
     heldout_one_in: Annotated[int, Doc(description="One task key in this many is held out.")] = 8
     warmstart_subagent_rows: Annotated[
         int,
@@ -77,6 +100,16 @@ class SwarmOptions(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fie
         ):
             if not 1 <= value <= 1024:
                 raise ValueError(f"{name} must be in 1..1024, got {value}")
+        for n in self.item_counts:
+            if not 1 <= n <= 32:
+                raise ValueError(f"item_counts must each be in 1..32, got {self.item_counts}")
+        if self.expert_subagents == "per_item" and max(self.counts) > len(tk.AGENT_NAMES):
+            raise ValueError(f"expert_subagents 'per_item' names at most {len(tk.AGENT_NAMES)} sub-agents")
+        if self.expert_subagents == "per_item" and self.mode == "swarm" and self.max_subagents < max(self.counts):
+            raise ValueError(
+                f"expert_subagents 'per_item' creates one sub-agent per item: max_subagents {self.max_subagents} "
+                f"is below the largest item count {max(self.counts)}"
+            )
         if not 16 <= self.turn_tokens <= 65_536:
             raise ValueError(f"turn_tokens must be in 16..65536, got {self.turn_tokens}")
         if not -1 <= self.warmstart_subagent_rows <= 1024:
@@ -95,3 +128,8 @@ class SwarmOptions(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fie
                 "layout 'fixed' briefs questions that name the decade last: needs search.fixed_offsets = true"
             )
         parse_options("search", self.search)  # names the bad search option, if any
+
+    @property
+    def counts(self) -> list[int]:
+        """The item counts a wide task may have."""
+        return sorted(set(self.item_counts)) or list(range(self.wide_min, self.wide_max + 1))

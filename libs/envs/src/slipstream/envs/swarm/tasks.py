@@ -11,10 +11,21 @@ The prompt lists the items' questions, one per line, under a fixed header; it ne
 to work (no "in parallel"). The reference is every required document id, item by item; the
 final answer is `<docs>id id ...</docs>`. Items are the search corpus's train-split tasks (the
 domains the sub-agents' search skill was warm-started on); a task's key is its kind and its
-items' keys, and the split is a hash of that key (one in `heldout_one_in` held out): the
-held-out split is new combinations of items, never a combination seen in training. The items
-themselves may also occur in training tasks: what held-out measures is the orchestration of an
-unseen set, not new retrieval.
+items' keys. The held-out split (`SwarmOptions.heldout_items`) is either
+
+- `combinations` (the default): a hash of the task key (one in `heldout_one_in` held out), so
+  held-out tasks are new combinations of items that train tasks also use: it measures the
+  orchestration of an unseen set, not new retrieval; or
+- `unseen` (issue 32): every document is given a split by a hash of its id (one in
+  `heldout_one_in` held out); an item whose documents are all held out is a held-out item, one
+  whose documents are all train a train item (an item straddling both is used by neither), and a
+  task draws its items from its split's items only. A held-out task's documents, and so the
+  entities they describe and the questions naming them, never occur in a train task.
+
+The number of items N of a wide task is drawn from `item_counts` (e.g. {2, 4, 8}: where
+parallelism pays grows with N) or from wide_min..wide_max. In `single` mode the prompt opens with
+`SINGLE_TAG`, a line a byte-level model sees (it never sees a system prompt), so the single
+agent's prompt is its own.
 
 Two layouts (`SwarmOptions.layout`):
 
@@ -35,6 +46,8 @@ from __future__ import annotations
 import hashlib
 import random
 import re
+import string
+from collections.abc import Sequence
 from typing import Literal
 
 import msgspec
@@ -44,6 +57,10 @@ from slipstream.envs.search.generator import SearchTask
 from slipstream.envs.swarm.tools import ASSIGN
 
 HEADER = "Find the documents that answer all of:\n"
+SINGLE_TAG = "[single]\n"
+"""The first line of a single-mode prompt: the mode token a byte-level model can see."""
+AGENT_NAMES = string.ascii_lowercase
+"""The scripted orchestrator's per-item sub-agent names: one byte each, as wide as `LAYOUT_AGENT`."""
 Layout = Literal["lines", "fixed"]
 BRIEF_WIDTH = 48
 # The agent name the fixed layout's line width is measured with (the scripted orchestrator's).
@@ -88,13 +105,14 @@ class Item(msgspec.Struct, frozen=True, kw_only=True):
         return cls(key=t.key, question=question, targets=list(t.targets), queries=list(t.queries))
 
 
-def prompt(items: list[Item], layout: Layout = "lines") -> str:
-    """The orchestrator's prompt: the header, then one question per line (`fixed`: each line
-    right-justified to the width of the assign_task call that carries it)."""
+def prompt(items: list[Item], layout: Layout = "lines", mode: str = "swarm") -> str:
+    """The orchestrator's prompt: (single mode: `SINGLE_TAG`), the header, then one question per
+    line (`fixed`: each line right-justified to the width of the assign_task call that carries it)."""
+    tag = SINGLE_TAG if mode == "single" else ""
     if layout == "fixed":
         width = line_width(max(len(it.question) for it in items))
-        return HEADER + "".join(it.question.rjust(width - 1) + "\n" for it in items)
-    return HEADER + "".join(f"{it.question}\n" for it in items)
+        return tag + HEADER + "".join(it.question.rjust(width - 1) + "\n" for it in items)
+    return tag + HEADER + "".join(f"{it.question}\n" for it in items)
 
 
 def task_key(kind: str, items: list[Item]) -> str:
@@ -105,6 +123,23 @@ def task_key(kind: str, items: list[Item]) -> str:
 def split_of(key: str, heldout_one_in: int) -> str:
     digest = hashlib.blake2b(f"swarm:{key}".encode(), digest_size=8).digest()
     return "heldout" if int.from_bytes(digest, "little") % heldout_one_in == 0 else "train"
+
+
+def document_split(doc_id: str, heldout_one_in: int) -> str:
+    """A document's split under `heldout_items = "unseen"`: a hash of its id."""
+    digest = hashlib.blake2b(f"swarm-doc:{doc_id}".encode(), digest_size=8).digest()
+    return "heldout" if int.from_bytes(digest, "little") % heldout_one_in == 0 else "train"
+
+
+def item_split(targets: Sequence[str], heldout_one_in: int) -> str | None:
+    """An item's split under `unseen`: its documents' split when they agree, else None (unused)."""
+    splits = {document_split(d, heldout_one_in) for d in targets}
+    return splits.pop() if len(splits) == 1 else None
+
+
+def item_keys(key: str) -> list[str]:
+    """The item keys of a task key (`kind:key+key+...`)."""
+    return key.partition(":")[2].split("+")
 
 
 def items_of(metadata: dict[str, str]) -> list[Item]:
@@ -129,10 +164,12 @@ def draw(
     wide: tuple[int, int],
     branches: int,
     layout: Layout = "lines",
+    counts: Sequence[int] = (),
 ) -> tuple[str, list[Item]]:
-    """One task's kind and items (distinct items, in a random order)."""
+    """One task's kind and items (distinct items, in a random order); a wide task has one of
+    `counts` items (uniformly), or wide[0]..wide[1] when `counts` is empty."""
     kind = "deep" if pools.get("deep") and rng.random() < deep_rate else "wide"
-    n = branches if kind == "deep" else rng.randint(*wide)
+    n = branches if kind == "deep" else (rng.choice(list(counts)) if counts else rng.randint(*wide))
     pool = pools[kind]
     if len(pool) < n:
         raise ValueError(f"swarm: {kind} tasks need {n} items, the corpus has {len(pool)} of the right hops")
@@ -145,12 +182,17 @@ def required(items: list[Item]) -> list[str]:
 
 
 __all__ = [
+    "AGENT_NAMES",
     "BRIEF_WIDTH",
     "HEADER",
+    "SINGLE_TAG",
     "Item",
     "Layout",
     "brief",
+    "document_split",
     "draw",
+    "item_keys",
+    "item_split",
     "items_of",
     "line_width",
     "metadata_of",

@@ -1,0 +1,283 @@
+"""Issue 32, items 3-6: what makes the swarm's result earnable rather than built in.
+
+- a single agent in its own right: mode `single` has its own prompt (the `[single]` token a
+  byte-level model sees), its own serial teacher, and the demo trains it as its own arm with the
+  same steps, samples and budget;
+- a warm-start without the behaviour: the per-item teacher works serially with the swarm tools
+  (one sub-agent per item, one item a turn) and is parallel on about `expert_parallel_rate` of the
+  tasks; λ can be set, 0 included (the ablation);
+- tasks where parallelism pays: item counts {2, 4, 8}, and held-out tasks whose documents never
+  occur in train;
+- latency (the episode's wall clock) and the parallel rate in the evaluation's metrics, and the
+  accuracy-vs-budget curve's budgets and plot.
+
+Episodes run through the real harness with the scripted engine (test_swarm_env's `play`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import pytest
+from test_swarm_env import env, play
+
+from slipstream.cli import swarm_demo, swarm_eval
+from slipstream.cli.demo import demo_plan
+from slipstream.envs import get_env
+from slipstream.envs.swarm import tasks as tk
+from slipstream.envs.swarm.expert import parallel
+from slipstream.learner.config import LearnerConfig
+from slipstream.run import service_env
+from slipstream.runtime.config import resolve
+
+pytestmark = pytest.mark.unit
+
+SWARM = "assign_task"
+
+
+def test_single_mode_has_its_own_prompt_over_the_same_items() -> None:
+    swarm, single = env(wide_min=3, wide_max=3), env(mode="single", wide_min=3, wide_max=3)
+    for split in ("train", "heldout"):
+        a, b = swarm.generate(split, 6, seed=1), single.generate(split, 6, seed=1)
+        for x, y in zip(a, b, strict=True):
+            assert x.metadata == y.metadata and x.reference == y.reference  # the same items, the same answer
+            assert y.prompt == tk.SINGLE_TAG + x.prompt and not x.prompt.startswith("[")
+    # the tag also leads the fixed layout's prompt, which otherwise keeps its line widths
+    fixed = {"fixed_offsets": True, "expert_grep": True}
+    one = env(fixed, layout="fixed", mode="single", wide_min=2, wide_max=2).generate("train", 1, seed=0)[0]
+    assert one.prompt.startswith(tk.SINGLE_TAG + tk.HEADER)
+
+
+async def test_the_single_teacher_searches_directly_one_call_a_turn() -> None:
+    e = env({"expert_grep": True}, mode="single", max_critical_steps=10, wide_min=4, wide_max=4)
+    for t in e.generate("train", 3, seed=0):
+        ep = await play(e, t, None)
+        assert ep.counts["subagents"] == 0 and ep.counts["parallel_turns"] == 0
+        assert ep.counts["critical_steps"] == ep.counts["total_steps"] == 4 + 1  # 4 greps, the answer
+        assert e.score(t, ep).correct and not any(ev.name == SWARM for ev in ep.tool_log)
+
+
+async def test_the_per_item_teacher_works_serially_with_one_sub_agent_per_item() -> None:
+    e = env(
+        {"expert_grep": True},
+        max_critical_steps=30,
+        item_counts=[4],
+        max_subagents=8,
+        expert_subagents="per_item",
+        expert_parallel_rate=0.0,
+    )
+    t = e.generate("train", 1, seed=0)[0]
+    ep = await play(e, t, None)
+    # four turns, each creating one agent and assigning it one item, then the answer: one
+    # sub-agent a turn, so the critical steps are the work
+    assigns = [ev for ev in ep.tool_log if ev.name == SWARM]
+    assert len(assigns) == 4 and len({ev.turn for ev in assigns}) == 4
+    assert ep.counts["critical_steps"] == ep.counts["total_steps"] and ep.counts["parallel_turns"] == 0
+    assert ep.counts["subagents"] == ep.counts["parallel_agents"] == ep.counts["subagents_created"] == 4
+    s = e.score(t, ep)
+    assert s.correct and s.components["parallel"] == 1.0
+    assert e.eval_metrics([t], [ep])["parallel_rate"] == 0.0
+    # a tight budget: one item a turn until one more would leave no step for the answer
+    tight = env(
+        {"expert_grep": True}, max_critical_steps=7, item_counts=[4], max_subagents=8, expert_subagents="per_item"
+    )
+    part = await play(tight, t, None)
+    n = part.counts["subagents"]
+    assert part.finish_reason == "stop" and 1 <= n < 4 and part.counts["critical_steps"] <= 7
+    assert tight.score(t, part).components["perf"] == n / 4
+
+
+async def test_the_per_item_teacher_is_parallel_on_its_share_and_the_rate_is_measured() -> None:
+    e = env(
+        {"expert_grep": True},
+        max_critical_steps=4,
+        item_counts=[2, 4],
+        max_subagents=4,
+        expert_subagents="per_item",
+        expert_parallel_rate=0.1,
+    )
+    tasks = e.generate("train", 200, seed=0)
+    share = sum(parallel(e.options, t) for t in tasks) / len(tasks)
+    assert 0.03 <= share <= 0.17  # 200 draws of a 0.1 rate
+    par = next(t for t in tasks if parallel(e.options, t))
+    ser = next(t for t in tasks if not parallel(e.options, t))
+    episodes = [await play(e, par, None), await play(e, ser, None)]
+    n = len(tk.items_of(par.metadata))
+    p = episodes[0]
+    # one turn creating N agents and assigning one item each (1 + 2), then the answer
+    assert p.counts["critical_steps"] == 4 and p.counts["parallel_turns"] == 1 and p.counts["parallel_agents"] == n
+    assert e.score(par, p).correct
+    assert episodes[1].counts["parallel_turns"] == 0 and episodes[1].counts["subagents"] == 1
+    m = e.eval_metrics([par, ser], episodes)
+    assert m["parallel_rate"] == 0.5 and m["subagents"] == (n + 1) / 2
+    assert m["latency_s"] == pytest.approx(sum(ep.counts["wall_ms"] for ep in episodes) / 2000)
+    assert all(ep.counts["wall_ms"] >= 0 for ep in episodes) and m["latency_s"] > 0
+
+
+def test_item_counts_draw_every_listed_n() -> None:
+    e = env(item_counts=[2, 4, 8])
+    counts = [len(tk.items_of(t.metadata)) for t in e.generate("train", 60, seed=3)]
+    assert set(counts) == {2, 4, 8}
+    with pytest.raises(ValueError, match="item_counts"):
+        env(item_counts=[0, 4])
+    with pytest.raises(ValueError, match="max_subagents 4 is below the largest item count 8"):
+        env(item_counts=[8], expert_subagents="per_item")
+
+
+def test_unseen_heldout_items_never_occur_in_train() -> None:
+    # unique clues (as the demo's corpus): a question names one document, so it is held out with it
+    unique = {"tasks_per_domain": 48, "unique_clues": True, "regions": 12, "min_year": 1000}
+    e = env(unique, heldout_items="unseen", item_counts=[2, 4], heldout_one_in=4)
+    train, held = e.generate("train", 300, seed=0), e.generate("heldout", 60, seed=0)
+    docs = {s: {d for t in ts for d in t.reference.split()} for s, ts in (("train", train), ("heldout", held))}
+    items = {s: [it for t in ts for it in tk.items_of(t.metadata)] for s, ts in (("train", train), ("heldout", held))}
+    keys = {s: {it.key for it in its} for s, its in items.items()}
+    questions = {s: {it.question for it in its} for s, its in items.items()}
+    assert docs["heldout"] and keys["heldout"] and len(keys["train"]) > len(keys["heldout"])
+    assert not docs["train"] & docs["heldout"]  # no held-out document (entity) occurs in train
+    assert not keys["train"] & keys["heldout"] and not questions["train"] & questions["heldout"]
+    # not even in the whole train item pool, nor in any document a train item needs
+    pool = {d for t in e.split_pools["train"]["wide"] for d in t.targets}
+    assert not pool & docs["heldout"]
+    assert all(e.split_of(t.metadata["key"]) == "heldout" for t in held)
+    assert all(e.split_of(t.metadata["key"]) == "train" for t in train)
+    # the default split: new combinations of items that train tasks also use
+    combos = env({"tasks_per_domain": 48}, item_counts=[2, 4], heldout_one_in=4)
+    a, b = combos.generate("train", 300, seed=0), combos.generate("heldout", 60, seed=0)
+    assert {d for t in a for d in t.reference.split()} & {d for t in b for d in t.reference.split()}
+
+
+def test_the_demo_plan_starts_without_the_behaviour_and_pays_for_parallelism() -> None:
+    plan = demo_plan("swarm")
+    o = get_env("swarm", **plan.env_options).options
+    assert o.item_counts == [2, 4, 8] and o.heldout_items == "unseen"
+    assert o.expert_subagents == "per_item" and o.expert_parallel_rate <= 0.1
+    # parallel (create + assign all, a sub-agent's 2, the answer) fits the budget at every N;
+    # a serial single agent (N greps + the answer) only at N = 2; a serial swarm (3 a turn) never
+    assert 1 + 2 + 1 <= o.max_critical_steps < min(n + 1 for n in o.item_counts if n >= 4)
+    assert o.max_subagents >= 8 and plan.max_tokens >= o.turn_tokens and o.max_turns >= max(o.item_counts) + 2
+
+
+def test_the_single_arm_is_the_same_budget_of_steps_and_samples_in_its_own_mode() -> None:
+    plan = demo_plan("swarm")
+    single, swarm = swarm_demo.arm_plan(plan, "single"), swarm_demo.arm_plan(plan, "swarm")
+    assert single.env_options["mode"] == "single" and swarm.env_options["mode"] == "swarm"
+    same = ("max_steps", "group_size", "groups_per_step", "sft_steps", "sft_batch", "temperature", "max_tokens")
+    assert all(getattr(single, f) == getattr(swarm, f) == getattr(plan, f) for f in same)
+    assert {k: v for k, v in single.env_options.items() if k != "mode"} == {
+        k: v for k, v in swarm.env_options.items() if k != "mode"
+    }
+    with pytest.raises(ValueError, match="swarm arm"):
+        swarm_demo.arm_plan(plan, "both")
+
+
+def test_lambda_zero_is_the_ablation_and_reaches_the_learner() -> None:
+    plan = demo_plan("swarm")
+    assert swarm_demo.arm_plan(plan, "swarm").reward_schedule == plan.reward_schedule
+    zero = swarm_demo.arm_plan(plan, "swarm", 0.0)
+    assert swarm_demo.arm_name("swarm", 0.0) == "swarm-lambda0" and swarm_demo.arm_name("swarm", None) == "swarm"
+    learner = resolve(LearnerConfig, environ=service_env(zero, Path("/m"), Path("/s"), Path("/o")))
+    for name in ("parallel", "finish"):
+        s = learner.learner.reward_schedule[name]
+        assert (s.init, s.final) == (0.0, 0.0)
+    half = swarm_demo.arm_plan(plan, "swarm", 0.5)
+    assert half.reward_schedule["parallel"]["init"] == 0.5 and half.reward_schedule["parallel"]["final"] == 0.0
+    with pytest.raises(ValueError, match="swarm-lambda"):
+        swarm_demo.arm_plan(plan, "swarm", -1.0)
+
+
+def test_the_demo_flags_parse() -> None:
+    from slipstream.cli.demo import register
+
+    parser = argparse.ArgumentParser()
+    register(parser.add_subparsers())
+    args = parser.parse_args(["demo", "--env", "swarm", "--swarm-arm", "single", "--swarm-lambda", "0"])
+    assert (args.swarm_arm, args.swarm_lambda, args.swarm_budget_tasks) == ("single", 0.0, swarm_demo.BUDGET_TASKS)
+    assert swarm_demo._ints("2,4,8", "--swarm-items") == [2, 4, 8]
+    with pytest.raises(SystemExit):
+        swarm_demo._ints("2,x", "--swarm-items")
+
+
+def test_the_budget_curve_spans_two_to_n_plus_two_and_its_plot_says_what_it_shows(tmp_path: Path) -> None:
+    assert swarm_eval.budgets(4) == [2, 3, 4, 5, 6] and swarm_eval.budgets(8) == list(range(2, 11))
+    with pytest.raises(ValueError, match="item count"):
+        swarm_eval.budgets(0)
+
+    def curve(acc: list[float], version: int | None) -> dict[str, object]:
+        return {
+            "tasks": 16,
+            "samples": 1,
+            "version": version,
+            "curves": {"4": [{"budget": b, "accuracy": a} for b, a in zip(swarm_eval.budgets(4), acc, strict=True)]},
+        }
+
+    curves = {"swarm": curve([0, 0, 0.5, 0.5, 0.6], 12), "single": curve([0, 0, 0, 0.7, 0.8], None)}
+    fig = swarm_eval.budget_figure(curves)
+    (ax,) = fig.axes
+    assert ax.get_xlabel() == "critical-step budget B" and "held-out accuracy" in ax.get_ylabel()
+    assert "against the critical-step budget" in fig._suptitle.get_text()
+    labels = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert "swarm (v12)" in labels and "single (warm-start)" in labels
+    lines = {ln.get_label(): list(ln.get_ydata()) for ln in ax.get_lines()}
+    assert lines["single (warm-start)"] == [0, 0, 0, 0.7, 0.8]
+    png = swarm_eval.plot_budget(curves, tmp_path / "b.png")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    json.dumps(curves)  # what the demo writes as swarm-budget.json
+
+
+async def test_at_budget_n_plus_1_the_serial_teacher_finishes_and_below_it_does_not() -> None:
+    from test_swarm_env import SEARCH
+
+    opts = {"search": {**SEARCH, "expert_grep": True}, "item_counts": [2, 4]}
+    single = swarm_eval.ArmModel(mode="single", env_options=opts, model_dir=Path("/m"))
+    for n in (6, 8):  # past the option's default of 8 turns
+        fits, short = swarm_eval.budget_env(single, n, n + 1), swarm_eval.budget_env(single, n, n)
+        t = fits.generate("heldout", 1, seed=0)[0]
+        ep = await play(fits, t, None)
+        # (this test corpus's grep may find two items' documents at once: at most N + 1 steps)
+        assert fits.score(t, ep).correct and ep.counts["critical_steps"] <= n + 1 <= fits.options.max_turns - 1
+        cut = await play(short, short.generate("heldout", 1, seed=0)[0], None)
+        assert cut.finish_reason == "stop" and cut.counts["critical_steps"] <= n
+    swarm = swarm_eval.ArmModel(mode="swarm", env_options=opts, model_dir=Path("/m"))
+    o = swarm_eval.budget_env(swarm, 8, 4).options
+    assert (o.item_counts, o.max_critical_steps, o.max_subagents, o.max_assign_per_turn) == ([8], 4, 8, 8)
+
+
+def test_the_table_compares_each_arm_in_its_own_mode() -> None:
+    from rich.console import Console
+
+    row = {"accuracy": 0.5, "parallel_rate": 0.05, "latency_s": 1.25}
+    report = {
+        "arms": ["single", "swarm"],
+        "after/swarm/heldout": row,
+        "after/single/heldout": {**row, "accuracy": 0.75},
+    }
+    console = Console(record=True, width=220)
+    console.print(swarm_demo.table(report))
+    text = console.export_text()
+    single = next(x for x in text.splitlines() if "after" in x and "heldout" in x and "single" in x)
+    assert "0.750" in single and "1.250" in single
+    arm = swarm_eval.ArmModel(mode="single", env_options=demo_plan("swarm").env_options, model_dir=Path("/m"))
+    task = swarm_eval._env(arm).generate("heldout", 1, seed=0)[0]
+    assert task.prompt.startswith(tk.SINGLE_TAG)  # the single arm is evaluated in its own mode
+
+
+def test_the_report_takes_latency_and_the_parallel_rate_from_the_stack(tmp_path: Path) -> None:
+    from slipstream.cli.training import RunSummary
+
+    before = {"accuracy": 0.0, "parallel_rate": 0.125, "latency_s": 2.5, "malformed_calls": 1.0}
+    summary = RunSummary(
+        ok=True,
+        plan=demo_plan("swarm"),
+        run_dir=str(tmp_path),
+        steps=3,
+        heldout_metrics_before=before,
+        heldout_metrics_after={**before, "latency_s": 1.75},
+        warmstart={"steps": 250, "cached": "abc", "probe_curve": [[1, 0.0]]},
+    )
+    figures = swarm_demo.stack_figures(summary)
+    assert figures["heldout_before"] == {"accuracy": 0.0, "parallel_rate": 0.125, "latency_s": 2.5}
+    assert figures["heldout_after"]["latency_s"] == 1.75 and figures["steps"] == 3
+    assert figures["warmstart"] == {"steps": 250, "cached": "abc"}  # scalars only
