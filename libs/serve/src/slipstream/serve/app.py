@@ -40,9 +40,9 @@ from slipstream.serve.call_record import CallRecord
 from slipstream.serve.chat import ChatFormat, Reply
 from slipstream.serve.config import ServeConfig
 from slipstream.serve.feedback import FeedbackPost, Implicit, last_user_text, parse_feedback
-from slipstream.serve.live import stream_chat
 from slipstream.serve.generate import ROUTE as GENERATE_ROUTE
 from slipstream.serve.generate import GenerateRoute
+from slipstream.serve.live import stream_chat
 from slipstream.serve.protocol import Call, RequestError, body_hash, parse_chat, parse_completion
 from slipstream.serve.record import Recorder
 from slipstream.serve.render import completion_text, render_chat, render_completion, sse_chat, sse_completion
