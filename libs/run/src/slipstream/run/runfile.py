@@ -8,8 +8,9 @@ Sections (every key optional; what is left out keeps `TrainingPlan`'s default):
 
     name = "arith"         the run id               seed = 0     task order, held-out set, learner RNG
     timeout_s = 900.0      the local run's budget
-    [model]      preset ("tiny", "micro", "tiny-moe", "25m"), name (a named pretrained model: "smollm2-135m"), path (a local
-                 Hugging Face model directory, relative to the run file; Llama, Qwen2, Qwen3, Mistral), device
+    [model]      preset ("tiny", "micro", "tiny-moe", "25m"), name (a named pretrained model: "smollm2-135m"),
+                 path (a local Hugging Face model directory, relative to the run file; Llama, Qwen2, Qwen3,
+                 Mistral), device
                  (cpu | cuda | auto), rollout_dtype, learner_autocast, lora_rank, lora_alpha
     [env]        name, options (the environment's own options, e.g. {max_operand = 19})
     [algorithm]  loss (grpo | cispo | kimi), lr, loss_constant, max_staleness, temperature, kl_coef
