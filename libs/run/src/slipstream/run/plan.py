@@ -181,6 +181,9 @@ class RunSummary(msgspec.Struct, kw_only=True):
     """Restarts per service by the local supervisor (0 for each service that never crashed)."""
     supervisor_events: list[dict[str, Any]] = []
     """What the supervisor saw and did: crashed / restarted / finished / gave_up, per service, with times."""
+    drain_timeouts: list[str] = []
+    """Services that, stopped after the run had taken all its steps, closed with work still in flight
+    (exit 3, "drain incomplete"): rollouts past the last step, dropped by design, not a failure."""
     train_invalid_call_rate_before: float = -1.0
     """Invalid tool calls per tool call on the train-split tasks (sampled); -1 when not measured."""
     train_invalid_call_rate_after: float = -1.0

@@ -24,6 +24,7 @@ from slipstream.cli.spec import StackSpec, StoreSpec
 from slipstream.cli.summary_plan import summary_config
 from slipstream.cli.supervisor import RestartPolicy
 from slipstream.run.plan import RunSummary, TrainingPlan, service_env, service_overrides
+from slipstream.runtime.lifecycle import EXIT_DRAIN_TIMEOUT
 
 PIPELINE = ("rollout-worker", "reward-model", "learner", "weight-publisher", "task-source")
 
@@ -251,10 +252,22 @@ def run_training(
         stack.write_state()
         summary.restarts = stack.restarts
         summary.supervisor_events = [e.as_dict() for e in stack.supervisor.events]
-        bad = {k: v for k, v in codes.items() if v not in (0, None)}
+        bad, summary.drain_timeouts = stop_errors(codes, finished=summary.steps >= plan.max_steps)
         if bad and not summary.error:
             summary.error = f"services exited with errors: {bad}"
     summary.wall_time_s = time.monotonic() - t0
     summary.ok = not summary.error
     (run_dir / "summary.json").write_bytes(msgspec.json.format(msgspec.json.encode(summary)))
     return summary
+
+
+def stop_errors(codes: dict[str, int | None], *, finished: bool) -> tuple[dict[str, int], list[str]]:
+    """The services' exit codes at the end of a run: (the failures, the drain timeouts forgiven).
+
+    A service that closed with work in flight (exit 3) after the run took all its steps dropped only
+    rollouts nobody will train (a sandboxed episode still running when the learner's last step
+    landed, say, on a loaded machine): that is named, not a failure. Before the last step, or any
+    other non-zero code, it is a failure."""
+    bad = {k: v for k, v in codes.items() if v not in (0, None)}
+    forgiven = sorted(k for k, v in bad.items() if finished and v == EXIT_DRAIN_TIMEOUT)
+    return {k: v for k, v in bad.items() if k not in forgiven}, forgiven
