@@ -354,3 +354,16 @@ async def _replica_online(rf: RedisFailover) -> bool:
         await r.aclose()
     replica = info.get("slave0")
     return int(info.get("connected_slaves", 0)) >= 1 and isinstance(replica, dict) and replica.get("state") == "online"
+
+
+def test_bench_bus_hosts_measures_one_node_against_three_replicas() -> None:
+    from slipstream.cli.bench_bus import build_messages
+    from slipstream.cli.bench_bus_hosts import measure, table
+
+    msgs, payloads = build_messages(60, 2000)
+    res = measure(3, msgs, sum(len(p) for p in payloads) / len(payloads))
+    rates = res["trajectories_per_s"]
+    assert (rates["single"]["copies"], rates["replicated"]["copies"]) == (1, 3)
+    assert all(rates[side][p] > 0 for side in rates for p in ("publish", "consume"))
+    assert res["ratio"]["publish"] == rates["replicated"]["publish"] / rates["single"]["publish"]
+    assert "replicated (3 copies)" in table(res)
