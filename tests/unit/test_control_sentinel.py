@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from slipstream.control import redact_url
+from slipstream.control.acl import with_user
 from slipstream.control.sentinel import SentinelTarget, parse_sentinel_url
 
 
@@ -44,3 +45,11 @@ def test_the_password_never_shows() -> None:
     with pytest.raises(ValueError) as bad:
         parse_sentinel_url("redis+sentinel://learner:hunter2@a:1/s/x")
     assert "hunter2" not in str(bad.value)
+
+
+def test_a_services_acl_user_goes_into_a_sentinel_url_as_into_a_plain_one() -> None:
+    url = with_user("redis+sentinel://old:pw@10.0.0.1:26379,10.0.0.2:26379/slipstream/0", "learner", "p/w")
+    assert url == "redis+sentinel://learner:p%2Fw@10.0.0.1:26379,10.0.0.2:26379/slipstream/0"
+    t = parse_sentinel_url(url)
+    assert (t.username, t.password, t.sentinels[1]) == ("learner", "p/w", ("10.0.0.2", 26379))
+    assert with_user("redis://redis:6379/0", "learner", "x") == "redis://learner:x@redis:6379/0"
