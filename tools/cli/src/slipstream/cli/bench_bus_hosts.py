@@ -27,12 +27,20 @@ SUBJECT = "traj.raw.bench"
 
 async def _through(url: str, replicas: int, msgs: list[Any]) -> dict[str, float]:
     """Publish then consume `msgs` through the library against `url`; seconds per phase."""
-    from slipstream.bus import BusConfig, connect_bus
+    from slipstream.bus import BusConfig, BusError, connect_bus
     from slipstream.schemas import Trajectory
 
     bus = await connect_bus(BusConfig(url=url, ack_timeout_s=30.0, stream_replicas=replicas), name="bench-hosts")
     try:
-        await bus.ensure_streams()
+        deadline = time.monotonic() + 30.0
+        while True:  # a fresh cluster refuses R3 streams ("no suitable peers") until every node has met
+            try:
+                await bus.ensure_streams()
+                break
+            except BusError:
+                if time.monotonic() > deadline:
+                    raise
+                await asyncio.sleep(0.5)
         gc.collect()
         t0 = time.perf_counter()
         for m in msgs:
