@@ -5,7 +5,8 @@ run directory's stack.json; a Tilt local_resource cannot know those ports when t
 evaluated. This wrapper waits for stack.json, maps the URLs it finds onto the services' config
 variables (SLIPSTREAM_BUS__URL, SLIPSTREAM_SERVICE__REDIS_URL; a value already set in the
 environment wins), adds the run's manifest-signing key and its trusted public key when the stack
-recorded them (`trust`: the publisher signs, every verifier checks), and, when the stack runs
+recorded them (`trust`: the publisher signs, every verifier checks), the score-signing key and
+its public half likewise (the reward-model signs, the learner checks), and, when the stack runs
 its servers with one user per service (`credentials_file`), the credentials of the service the
 command runs (`-m slipstream.<pkg>`: its NATS user and its Redis ACL user), then execs the command.
 
@@ -112,6 +113,10 @@ def service_env(doc: Any, environ: Mapping[str, str], service: str | None = None
         # Only the publisher reads signing_key ([trust] of the other services ignores it locally).
         env.setdefault("SLIPSTREAM_TRUST__SIGNING_KEY", str(trust["signing_key"]))
         env.setdefault("SLIPSTREAM_TRUST__TRUSTED_KEYS", json.dumps(list(trust.get("trusted_keys") or [])))
+    if isinstance(trust, Mapping) and trust.get("score_signing_key"):
+        # The reward-model signs scores with it; only the learner reads the trusted list ([provenance]).
+        env.setdefault("SLIPSTREAM_PROVENANCE__SIGNING_KEY", str(trust["score_signing_key"]))
+        env.setdefault("SLIPSTREAM_PROVENANCE__TRUSTED_KEYS", json.dumps(list(trust.get("score_trusted_keys") or [])))
     return env
 
 

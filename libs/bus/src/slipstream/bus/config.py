@@ -37,6 +37,17 @@ class BusConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         float, Doc(description="How long the first connection is retried before BusUnavailable is raised.")
     ] = 15.0
     reconnect_wait_s: Annotated[float, Doc(description="Pause between reconnection attempts (forever).")] = 1.0
+    ping_interval_s: Annotated[
+        float,
+        Doc(
+            description="Seconds between pings to the server; a link cut without a reset (a partitioned host) is "
+            "noticed after `max_outstanding_pings` unanswered ones and the client moves to another URL.",
+            gt=0,
+        ),
+    ] = 120.0
+    max_outstanding_pings: Annotated[
+        int, Doc(description="Unanswered pings after which the connection is taken as dead.", ge=1)
+    ] = 2
     drain_timeout_s: Annotated[float, Doc(description="Longest wait to drain subscriptions and acks on close.")] = 5.0
     user: Annotated[
         str,

@@ -193,6 +193,8 @@ class NatsBus:
                     **auth,
                     connect_timeout=self.cfg.connect_timeout_s,  # type: ignore[arg-type]  # floats work
                     reconnect_time_wait=self.cfg.reconnect_wait_s,  # type: ignore[arg-type]
+                    ping_interval=self.cfg.ping_interval_s,  # type: ignore[arg-type]
+                    max_outstanding_pings=self.cfg.max_outstanding_pings,
                     max_reconnect_attempts=-1,
                     allow_reconnect=True,
                     drain_timeout=self.cfg.drain_timeout_s,  # type: ignore[arg-type]
@@ -398,8 +400,15 @@ class NatsBus:
         except nats.js.errors.NotFoundError as exc:
             raise BusError(f"stream {name!r} does not exist on {self.cfg.url}") from exc
         st = si.state
+        cluster = si.cluster
         return {
             "name": name,
+            # Clustered JetStream: the node leading the stream and each replica's state ({} on one node).
+            "leader": (cluster.leader or "") if cluster is not None else "",
+            "replicas": {
+                p.name: {"current": bool(p.current), "offline": bool(p.offline), "lag": p.lag or 0}
+                for p in ((cluster.replicas or []) if cluster is not None else [])
+            },
             "messages": st.messages,
             "bytes": st.bytes,
             "first_seq": st.first_seq,

@@ -235,6 +235,8 @@ class MemoryBroker:
         seqs = list(st.messages)
         return {
             "name": name,
+            "leader": "",  # one process: no cluster, as on a single nats-server
+            "replicas": {},
             "messages": len(st.messages),
             "bytes": sum(len(m.data) for m in st.messages.values()),
             "first_seq": min(seqs) if seqs else st.last_seq + 1,

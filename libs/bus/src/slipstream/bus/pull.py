@@ -8,12 +8,18 @@ when nothing was there, one lingering request for a single message with `expires
 is left open on the server to deliver messages nobody is waiting for. A message that still
 arrives after a local timeout (a slow server, a reconnect) stays queued and is returned by the
 next fetch.
+
+A "no responders" answer (503) is what a JetStream cluster gives while the consumer's leader is
+being elected (its node was killed or cut off): for up to `LEADERLESS_BUDGET_S` a fetch that gets
+one returns what it has after a short pause, and the caller's next fetch asks again; only a
+consumer that stays unanswered longer (deleted, never created) raises `BusError`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections import deque
 
 import nats.errors
@@ -32,6 +38,9 @@ _GRACE_S = 0.25
 # for now (it does not always say so: at max_ack_pending it holds a no_wait request open).
 _IDLE_GAP_S = 0.1
 _MIN_EXPIRES_S = 0.01
+LEADERLESS_BUDGET_S = 30.0
+"""How long a durable may answer "no responders" (a cluster electing its leader) before fetch raises."""
+_LEADERLESS_PAUSE_S = 0.2
 
 
 def _wake(fut: asyncio.Future[None]) -> None:
@@ -51,6 +60,7 @@ class PullFetcher:
         self._queue: deque[Msg] = deque()
         self._waiter: asyncio.Future[None] | None = None
         self._sub: Subscription | None = None
+        self._unanswered_since: float | None = None
 
     async def start(self) -> None:
         self._sub = await self._nc.subscribe(self._inbox, cb=self._on_msg)
@@ -96,11 +106,21 @@ class PullFetcher:
             return None
         return (msg.headers or {}).get("Status", "?")
 
-    def _check(self, status: str) -> None:
-        if status == _NO_RESPONDERS:
+    def _leaderless(self, status: str | None) -> bool:
+        """True for a "no responders" status within the budget; raises past it; resets on anything else."""
+        if status != _NO_RESPONDERS:
+            self._unanswered_since = None
+            return False
+        now = time.monotonic()
+        if self._unanswered_since is None:
+            self._unanswered_since = now
+            log.warning("pull consumer %s/%s has no leader now; asking again", self._stream, self._durable)
+        if now - self._unanswered_since > LEADERLESS_BUDGET_S:
             raise BusError(
-                f"pull consumer {self._durable} on stream {self._stream} does not answer (deleted? not created?)"
+                f"pull consumer {self._durable} on stream {self._stream} has not answered for "
+                f"{now - self._unanswered_since:.0f} s (deleted? not created? no cluster quorum?)"
             )
+        return True
 
     async def _drain_available(self, out: list[Msg], batch: int, deadline: float) -> None:
         """Ask for what is there right now and read until `batch` or the server says no more."""
@@ -113,12 +133,14 @@ class PullFetcher:
             if m is None:
                 return
             status = self._status(m)
+            if self._leaderless(status):
+                await asyncio.sleep(_LEADERLESS_PAUSE_S)
+                return
             if status is None:
                 out.append(m)
                 need -= 1
                 until = min(deadline, loop.time() + _IDLE_GAP_S)
                 continue
-            self._check(status)
             return  # 404 no messages / 408 / 409: this request is over
 
     async def fetch(self, batch: int, timeout: float) -> list[Msg]:
@@ -145,10 +167,12 @@ class PullFetcher:
             if m is None:
                 return out
             status = self._status(m)
+            if self._leaderless(status):
+                await asyncio.sleep(_LEADERLESS_PAUSE_S)
+                return out
             if status is None:
                 out.append(m)
                 break
-            self._check(status)
             if status in ("404", "408", "409"):
                 return out
             # 100 (heartbeat) and other notices: keep waiting for this request's answer

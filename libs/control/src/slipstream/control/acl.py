@@ -126,12 +126,10 @@ def acl_file(admin_password: str, passwords: Mapping[str, str], run_id: str | No
 
 
 def with_user(url: str, user: str, password: str) -> str:
-    """`url` (redis:// or rediss://) authenticating as `user`."""
+    """`url` (redis://, rediss:// or redis+sentinel:// with several hosts) authenticating as `user`."""
     parts = urlsplit(url)
-    host = parts.hostname or ""
-    if parts.port is not None:
-        host = f"{host}:{parts.port}"
-    netloc = f"{quote(user, safe='')}:{quote(password, safe='')}@{host}"
+    hosts = parts.netloc.rpartition("@")[2]  # every host:port as written, any credentials dropped
+    netloc = f"{quote(user, safe='')}:{quote(password, safe='')}@{hosts}"
     return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
 
 

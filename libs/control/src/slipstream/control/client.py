@@ -6,6 +6,11 @@ Every component (lease, ledger, task statistics, eval history) talks to Redis th
 URL instead of a hang or a driver-specific error; and `healthy` says whether the last operation
 reached Redis, which services show on /readyz as "degraded". Recovery needs no action: the
 connection pool reconnects on the next operation once Redis is back.
+
+The URL is a plain `redis://` one or a `redis+sentinel://` one (`sentinel.py`): then the client
+follows the primary across failovers, and `replicated()` runs a write together with `WAIT` on
+the same connection, so a lease write counts only once `min_replicas` replicas hold it (a write
+that only a primary that then died ever held would otherwise be granted a second time).
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from slipstream.control.sentinel import SentinelClient, is_sentinel_url, parse_sentinel_url
 from slipstream.telemetry.metrics import REGISTRY
 
 T = TypeVar("T")
@@ -37,6 +43,10 @@ class ControlError(Exception):
     """Base class of the control plane's errors."""
 
 
+class NotReplicated(Exception):
+    """A write reached the primary but not `min_replicas` replicas within the wait (it may be lost)."""
+
+
 class ControlUnavailable(ControlError):
     """Redis could not be reached (refused, reset, or no answer within the timeout)."""
 
@@ -49,6 +59,8 @@ class ControlUnavailable(ControlError):
 
 def redact_url(url: str) -> str:
     """The URL without its password, safe for logs and error messages."""
+    if is_sentinel_url(url):
+        return parse_sentinel_url(url).redacted()
     parts = urlsplit(url)
     if parts.password is None:
         return url
@@ -76,13 +88,22 @@ class ControlClient:
         # retry reconnects, so the first operation after recovery succeeds. Only connection
         # errors are retried (a timed-out write may have been applied; repeating it could double
         # an increment).
-        self.redis: aioredis.Redis = aioredis.Redis.from_url(
-            url,
-            socket_timeout=timeout_s,
-            socket_connect_timeout=timeout_s,
-            retry=Retry(NoBackoff(), 1, supported_errors=(RedisConnectionError,)),
-            decode_responses=True,
-        )
+        options: dict[str, Any] = {
+            "socket_timeout": timeout_s,
+            "socket_connect_timeout": timeout_s,
+            "retry": Retry(NoBackoff(), 1, supported_errors=(RedisConnectionError,)),
+            "decode_responses": True,
+        }
+        self.min_replicas = 0
+        """Replicas that must acknowledge a `replicated()` write (a Sentinel URL's `min_replicas`)."""
+        self._sentinel: SentinelClient | None = None
+        if is_sentinel_url(url):
+            target = parse_sentinel_url(url)  # ValueError names what is wrong
+            self.min_replicas = target.min_replicas
+            self._sentinel = SentinelClient(target, **options)
+            self.redis: aioredis.Redis = self._sentinel.primary
+        else:
+            self.redis = aioredis.Redis.from_url(url, **options)
         self.healthy = True
         self.last_error: str | None = None
         self.failures = 0
@@ -102,12 +123,35 @@ class ControlClient:
         self._succeeded()
         return result
 
+    async def replicated(self, op: str, script: Any, keys: list[str], args: list[Any]) -> Any:
+        """Run a registered `script` and, with `min_replicas`, `WAIT` for that many replicas on the same
+        connection; `ControlUnavailable` (cause `NotReplicated`) when fewer acknowledged in time."""
+        if self.min_replicas == 0:
+            return await self.call(op, lambda r: script(keys=keys, args=args))
+        wait_ms = max(1, int(self.timeout_s * 500))  # half the budget: the answer must still come in time
+
+        async def run(r: aioredis.Redis) -> list[Any]:
+            pipe = r.pipeline(transaction=False)
+            await script(keys=keys, args=args, client=pipe)
+            pipe.execute_command("WAIT", self.min_replicas, wait_ms)
+            return list(await pipe.execute())
+
+        result, acked = await self.call(op, run)
+        if int(acked) < self.min_replicas:
+            exc = NotReplicated(f"{acked} of {self.min_replicas} replica(s) acknowledged within {wait_ms} ms")
+            self._failed(op, exc)
+            raise ControlUnavailable(self.url, op, exc) from exc
+        return result
+
     async def ping(self) -> None:
         """Round trip to Redis; raises `ControlUnavailable` when it is not reachable."""
         await self.call("ping", lambda r: r.ping())
 
     async def close(self) -> None:
-        await self.redis.aclose()
+        if self._sentinel is not None:
+            await self._sentinel.close()
+        else:
+            await self.redis.aclose()
 
     def _failed(self, op: str, exc: BaseException) -> None:
         ERRORS.add(op=op)

@@ -5,10 +5,12 @@ set-if-absent with a TTL, then INCR the run's fence counter) yields the fencing 
 with every acquisition of the run and is never reused. The holder keeps the lease alive with
 `keepalive()`; when a renewal is refused (the key expired or another holder took over) or Redis
 stays unreachable for a whole TTL, the lease flips to `lost` and the learner must stop
-publishing. Right before announcing weights the learner calls `fenced_publish_allowed(token)`:
-one atomic check that the token is still the current one and the lease has time left. A
-learner that was paused (GC, a network partition) past its TTL therefore cannot publish, since a
-successor's acquisition replaced the token.
+publishing. With a Sentinel URL, an acquisition or renewal counts only once a replica holds it
+(`ControlClient.replicated`), so a failover never hands out a token twice. Right before
+announcing weights the learner calls `fenced_publish_allowed(token)`: one atomic check that the
+token is still the current one and the lease has time left. A learner that was paused (GC, a
+network partition) past its TTL therefore cannot publish, since a successor's acquisition
+replaced the token.
 
 The check and the publish are two steps, so a holder that stalls between them for longer than
 `min_remaining_s` can still publish once; consumers that also compare the fencing token carried
@@ -176,11 +178,11 @@ class LeaderLease:
         while True:
             sent = time.monotonic()
             try:
-                ok, a, b = await self.client.call(
+                ok, a, b = await self.client.replicated(
                     "lease.acquire",
-                    lambda r: self._acquire(
-                        keys=[self.keys.lease, self.keys.fence], args=[self.holder_id, self._ttl_ms, floor]
-                    ),
+                    self._acquire,
+                    [self.keys.lease, self.keys.fence],
+                    [self.holder_id, self._ttl_ms, floor],
                 )
             except ControlUnavailable:
                 if not wait or (deadline is not None and time.monotonic() >= deadline):
@@ -217,9 +219,7 @@ class LeaderLease:
             return False
         sent = time.monotonic()
         value = self._value
-        done = await self.client.call(
-            "lease.renew", lambda r: self._renew(keys=[self.keys.lease], args=[value, self._ttl_ms])
-        )
+        done = await self.client.replicated("lease.renew", self._renew, [self.keys.lease], [value, self._ttl_ms])
         if int(done) == 1:
             self._renewed_at = sent
             return True

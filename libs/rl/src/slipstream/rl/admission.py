@@ -36,6 +36,9 @@ class DropReason(StrEnum):
     left out of its group's baseline."""
     INCOMPLETE_GROUP = "incomplete_group"
     """Its group never filled up within the learner's wait budget, so no baseline can be formed."""
+    UNTRUSTED = "untrusted"
+    """Its score carries no valid signature by a trusted reward-model key (missing, foreign or not matching):
+    never trained and never counted in its group, whoever published it."""
 
 
 def _check_version(name: str, value: int) -> None:

@@ -300,6 +300,14 @@ class ScoredEpisode(msgspec.Struct, kw_only=True):
     judgements: Annotated[
         list[Judgement], Doc(description="Provenance and per-rubric scores of every judge that scored it.")
     ] = []
+    key_id: Annotated[
+        str,
+        Doc(description="Id of the reward-model's ed25519 key that signed this score (16 hex of its sha256)."),
+    ] = ""
+    ed25519: Annotated[
+        str,
+        Doc(description="Base64 ed25519 signature over every other field (slipstream.trust.scores); empty: unsigned."),
+    ] = ""
 
 
 # -- v1 compatibility ------------------------------------------------------------------------------

@@ -69,7 +69,7 @@ class TlsFiles:
     client_ca: Path | None = None
 
 
-def _private_file(path: Path, text: str) -> None:
+def private_file(path: Path, text: str) -> None:
     """Write a file only its owner can read (it may hold passwords)."""
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as f:
@@ -105,7 +105,7 @@ def start_nats(
         if tls.client_ca is not None:
             text += f'  ca_file: "{tls.client_ca}"\n  verify: true\n'
         text += "}\n"
-    _private_file(conf, text + authorization)
+    private_file(conf, text + authorization)
     proc = ManagedProcess("nats", [nats_server_binary(), "-c", str(conf)], log_dir / "nats.log")
     try:
         wait_port(HOST, port, 20.0, proc.proc)
@@ -135,7 +135,7 @@ def start_redis(data_dir: Path, log_dir: Path, port: int = 0, *, acl: str = "") 
     ]  # fmt: skip
     if acl:
         acl_path = data_dir / "users.acl"
-        _private_file(acl_path, acl)
+        private_file(acl_path, acl)
         argv += ["--aclfile", str(acl_path)]
     proc = ManagedProcess("redis", argv, log_dir / "redis.log")
     try:

@@ -35,7 +35,8 @@ class Check(enum.Enum):
     BAD_SIGNATURE = "bad_signature"
 
 
-def _canonical(value: Any) -> Any:
+def canonical(value: Any) -> Any:
+    """`value` as plain data with every struct's default-valued fields left out and its fields sorted."""
     if isinstance(value, msgspec.Struct):
         out: dict[str, Any] = {}
         for f in msgspec.structs.fields(value):
@@ -45,16 +46,16 @@ def _canonical(value: Any) -> Any:
                 default = f.default_factory()
             if default is not msgspec.NODEFAULT and v == default:
                 continue
-            out[f.encode_name] = _canonical(v)
+            out[f.encode_name] = canonical(v)
         return dict(sorted(out.items()))
     if isinstance(value, (list, tuple)):
-        return [_canonical(v) for v in value]
+        return [canonical(v) for v in value]
     return value
 
 
 def payload(manifest: WeightManifest) -> bytes:
     """The bytes a manifest's signature is made over (see the module docstring)."""
-    body = {k: v for k, v in _canonical(manifest).items() if k not in _UNSIGNED_FIELDS}
+    body = {k: v for k, v in canonical(manifest).items() if k not in _UNSIGNED_FIELDS}
     return DOMAIN + msgspec.json.encode(body)
 
 

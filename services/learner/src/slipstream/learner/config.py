@@ -20,6 +20,7 @@ from slipstream.rl.toggle import ToggleConfig
 from slipstream.runtime.section import ServiceSection
 from slipstream.store.config import StoreConfig
 from slipstream.telemetry.config import TelemetryConfig
+from slipstream.trust.config import ProvenanceConfig
 
 Doc = msgspec.Meta
 DEFAULT_STEP_MEANS = ("critical_steps", "total_steps", "subagents", "subagents_finished")
@@ -331,3 +332,6 @@ class LearnerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     learner: Annotated[LearnerSection, Doc(description="Intake, optimizer, weight hand-off and checkpoints.")] = (
         msgspec.field(default_factory=LearnerSection)
     )
+    provenance: Annotated[
+        ProvenanceConfig, Doc(description="The reward-model keys a scored episode must be signed with.")
+    ] = msgspec.field(default_factory=ProvenanceConfig)

@@ -22,7 +22,9 @@ handed back to the caller to ack:
   the step would train on, re-weighted by `[learner] reward_schedule` at the learner step (a group
   whose members differ only in a component annealed to 0 carries no signal any more);
 - incomplete_group: the group was not full `group_timeout_s` after its first member (late
-  members of such a group are dropped the same way).
+  members of such a group are dropped the same way);
+- untrusted: the caller found its score unsigned or not signed by a trusted reward-model key
+  (`refuse`): it never joins, completes or expires a group, so a forgery cannot shape one.
 
 With `[learner] toggle` enabled, Kimi K2.5's budget rule (`slipstream.rl.toggle`) applies at the
 same points: in a budget phase a correct answer over its task's frozen budget counts reward 0 in
@@ -273,6 +275,11 @@ class Intake(Generic[H]):
             if group.arrived >= group.size:
                 drops.extend(self._complete(group, version, step))
         return drops
+
+    def refuse(self, episode_id: str, handle: H, detail: str) -> Drop[H]:
+        """Drop a delivery whose score failed its signature check, before it touches any group (counted)."""
+        self.received += 1
+        return self._drop_handle(episode_id, handle, DropReason.UNTRUSTED, detail)
 
     def _admission(self, scored: ScoredEpisode, found: Inspection, version: int) -> tuple[str, str]:
         if found.problem:

@@ -10,7 +10,9 @@ AdamW step, in a worker thread so the intake keeps draining NATS), `handoff.py` 
 publisher), `report.py` (the step's metrics, log line and `learner.step`), `commit.py` (checkpoint
 commits, acks, drops, and the hand-back at stop; `checkpoint.py` writes the checkpoints),
 `progress.py` (the step counters the parts share), `resume.py` (where versions continue),
-`ledger.py` (trained ids of committed checkpoints, for duplicates), and with `[service]
+`ledger.py` (trained ids of committed checkpoints, for duplicates), `slipstream.trust.scores` (with
+`[provenance] trusted_keys`, a scored episode not signed by a trusted reward-model key is refused
+before the intake: acked, counted as `untrusted`, never trained), and with `[service]
 redis_url` `lead.py` over `leadership.py` (the run's leader lease and fencing token) and
 `claims.py` (ledger claims and task statistics in Redis).
 
@@ -71,6 +73,7 @@ from slipstream.schemas.subjects import STREAMS, StreamSpec, consumer
 from slipstream.store import ObjectNotFound, ObjectStore, setup_store
 from slipstream.store import episodes as episode_bodies
 from slipstream.telemetry.logs import get_logger
+from slipstream.trust import Keyring, ScoreVerifier
 
 DURABLE = "learner"
 NONFINITE = "nonfinite_gradient"
@@ -116,6 +119,7 @@ class LearnerService(BaseService):
         self.lead: Lead | None = None
         self.claims: Claims[Delivery[ScoredEpisode]] = Claims(None, self._ack_members)
         self.committer: Committer | None = None
+        self.provenance: ScoreVerifier | None = None
         self._group_ready = asyncio.Event()
         self._intake_stop = asyncio.Event()
         self._ack_wait_s = self.section.ack_wait_s or consumer(DURABLE)[1].ack_wait_s
@@ -136,6 +140,8 @@ class LearnerService(BaseService):
     # -- setup and resume -------------------------------------------------------------------------
     async def setup(self) -> None:
         cfg = self.cfg
+        # BadKey names the entry: fatal before the model loads.
+        self.provenance = ScoreVerifier(Keyring.parse(cfg.provenance.trusted_keys))
         self.bus = await connect_bus(
             cfg.bus, name=f"{self.name}/{cfg.service.replica}", streams=learner_streams(self.section.ack_wait_s)
         )
@@ -407,6 +413,13 @@ class LearnerService(BaseService):
         assert self.intake is not None and self.committer is not None
         RECEIVED.add(1)
         scored = d.msg
+        refused = self.provenance.refusal(scored) if self.provenance is not None else None
+        if refused is not None:
+            # Checked as published (a stub's sha256 binds its body), before anything else reads it.
+            reason, detail = refused
+            drop = self.intake.refuse(scored.episode.episode_id, d, f"{reason}: {detail}")
+            await self.committer.settle_drops([drop])
+            return
         if scored.episode.is_stub() and self.store is not None:
             try:
                 scored = await asyncio.to_thread(episode_bodies.load_scored, self.store, scored)
@@ -501,6 +514,7 @@ class LearnerService(BaseService):
             out["unclaimed"] = self.claims.pending
         if self.intake is not None:
             out.update(
+                provenance=self.provenance.status() if self.provenance is not None else {},
                 ready_groups=self.intake.ready_groups,
                 pending_groups=self.intake.pending_groups,
                 dropped=dict(self.intake.dropped),

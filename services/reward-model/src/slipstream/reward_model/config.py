@@ -15,6 +15,7 @@ from slipstream.judge.config import JudgeConfig
 from slipstream.runtime.section import ServiceSection
 from slipstream.store.config import StoreConfig
 from slipstream.telemetry.config import TelemetryConfig
+from slipstream.trust.config import ProvenanceConfig
 
 Doc = msgspec.Meta
 
@@ -71,3 +72,6 @@ class RewardModelConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True
     reward: Annotated[
         RewardSection, Doc(description="Scoring: concurrency, per-environment options, rubric judges.")
     ] = msgspec.field(default_factory=RewardSection)
+    provenance: Annotated[ProvenanceConfig, Doc(description="The ed25519 key every scored episode is signed with.")] = (
+        msgspec.field(default_factory=ProvenanceConfig)
+    )

@@ -19,6 +19,10 @@ each judge's limits), so up to `concurrency` episodes are judged at once. An epi
 could not score, or one its environment masks (a served episode whose feedback the `serve` reward
 spec does not use), is published marked `unscorable` (counted) for the learner to drop.
 
+Provenance: with `[provenance] signing_key`, every scored copy is signed (ed25519, `slipstream.trust`)
+right before it is published; a learner with trusted keys trains on nothing else. `status()` names
+the key id the learner must list.
+
 Tracing: `consume` runs each episode in a CONSUMER span, child of the worker's publish, so the
 scored copy published inside it continues the task's trace; the span carries the reward.
 """
@@ -43,6 +47,7 @@ from slipstream.store import ObjectNotFound, ObjectStore, setup_store
 from slipstream.store import episodes as episode_bodies
 from slipstream.telemetry.logs import get_logger
 from slipstream.telemetry.metrics import counter, histogram
+from slipstream.trust import SigningKey, load_signing_key, sign_scored
 
 if TYPE_CHECKING:
     from slipstream.bus import Bus, Consumer, Delivery
@@ -79,10 +84,16 @@ class RewardModelService(BaseService):
         self.scorer: Scorer | None = None
         self.store: ObjectStore | None = None
         self.judges: Judges | None = None
+        self.signing_key: SigningKey | None = None
         self._inflight = 0
         self.counts = {"scored": 0, "parse_failures": 0, "dead_lettered": 0, "infra_errors": 0, "unscorable": 0}
 
     async def setup(self) -> None:
+        if self.cfg.provenance.signing_key:
+            self.signing_key = load_signing_key(self.cfg.provenance.signing_key)  # BadKey names the file: fatal
+            log.info("signing scores", key_id=self.signing_key.key_id, public_key=self.signing_key.public)
+        else:
+            log.warning("no [provenance] signing_key: scores are not signed; a learner with trusted keys refuses them")
         # Options first: a bad [reward] env_options fails setup before anything is consumed.
         self.scorer = Scorer(self.cfg.reward.env_options)
         # Judges next: a missing rubric file, an unset API key variable or two judges for one env
@@ -121,6 +132,8 @@ class RewardModelService(BaseService):
                 # the limit with its score goes to the store now.
                 small = await asyncio.to_thread(episode_bodies.offload, self.store, sent, self.bus.max_payload)
                 scored = msgspec.structs.replace(scored, episode=small)
+                if self.signing_key is not None:
+                    scored = sign_scored(scored, self.signing_key)
                 await self.bus.publish(traj_scored_subject(sent.env), scored, msg_id=sent.episode_id)
             except Unscorable as exc:
                 await self._reject(d, exc.kind, str(exc))
@@ -180,6 +193,7 @@ class RewardModelService(BaseService):
         return {
             "bus": {"type": self.cfg.bus.type, "connected": self.bus is not None and self.bus.connected},
             "inflight": self._inflight,
+            "signing_key": self.signing_key.key_id if self.signing_key is not None else "",
             **self.counts,
             **({"judges": self.judges.status()} if self.judges is not None and self.judges.judges else {}),
             **({"judge_cache": cache} if self.judges is not None and (cache := self.judges.cache_status()) else {}),

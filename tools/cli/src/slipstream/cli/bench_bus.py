@@ -48,6 +48,13 @@ def register(bench_subparsers: Any) -> None:
     p.add_argument("--messages", type=int, default=20_000, help="messages per phase (default 20000)")
     p.add_argument("--size", type=int, default=23_000, help="approximate encoded Trajectory size in bytes")
     p.add_argument("--reps", type=int, default=1, help="repetitions; the median is reported")
+    p.add_argument(
+        "--hosts",
+        type=int,
+        default=0,
+        help="N >= 3: instead, a 3-node replicated JetStream cluster vs one node, on N network-namespace hosts "
+        "(root; bench_bus_hosts.py)",
+    )
     p.set_defaults(func=_command)
 
 
@@ -359,6 +366,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     """Measure, print the table, write the JSON (when --json is given); return the results."""
     if args.messages < 1 or args.size < 256 or args.reps < 1:
         raise SystemExit("bench bus: --messages >= 1, --size >= 256 and --reps >= 1 are required")
+    if args.hosts:
+        from slipstream.cli.bench_bus_hosts import measure, table
+
+        msgs, payloads = build_messages(args.messages, args.size)
+        res = measure(args.hosts, msgs, sum(len(p) for p in payloads) / len(payloads))
+        print(table(res))
+        if args.json:
+            Path(args.json).write_text(json.dumps(res, indent=2) + "\n")
+            print(f"wrote {args.json}")
+        return res
     res = asyncio.run(_measure(args.messages, args.size, args.reps))
     res["codec"] = codec_cost()
     print(_table(res))

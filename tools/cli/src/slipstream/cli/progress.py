@@ -232,6 +232,7 @@ DROP_WHY = {
     "infra_error": "an infrastructure failure",
     "unscorable": "its reward could not be computed",
     "heldout": "a held-out episode",
+    "untrusted": "its score was not signed by a trusted reward-model key",
 }
 
 

@@ -10,7 +10,9 @@
 store directory, then one `python -m slipstream.<pkg>` per service, configured only through
 SLIPSTREAM_<SECTION>__<FIELD> variables. Each run gets its own ed25519 key (data/keys/, mode
 0600): the weight-publisher signs manifests with it and every verifier trusts only its public key,
-unless --env names a key of its own (SLIPSTREAM_TRUST__SIGNING_KEY / __TRUSTED_KEYS). When it
+unless --env names a key of its own (SLIPSTREAM_TRUST__SIGNING_KEY / __TRUSTED_KEYS). A second
+key signs scores: the reward-model signs every scored episode with it and the learner trusts only
+its public half (SLIPSTREAM_PROVENANCE__SIGNING_KEY / __TRUSTED_KEYS, which --env may name too). When it
 starts both servers itself (and `spec.secure`, the default), they run with one user per service
 (`credentials.py`): NATS permissions and Redis ACLs from the tables, fresh passwords per run,
 streams provisioned as the admin before any service starts. `stop()` sends SIGTERM to every
@@ -57,11 +59,18 @@ from slipstream.cli.spec import (
     publisher_rank,
     tool_replica_names,
 )
-from slipstream.cli.stack_report import SIGNING_KEY_ENV, TRUSTED_KEYS_ENV, health_rows, state_info
+from slipstream.cli.stack_report import (
+    SCORE_KEYS_ENV,
+    SCORE_SIGNING_KEY_ENV,
+    SIGNING_KEY_ENV,
+    TRUSTED_KEYS_ENV,
+    health_rows,
+    state_info,
+)
 from slipstream.cli.stop_signals import StopFlag
 from slipstream.cli.supervisor import Supervisor, SupervisorEvent
 from slipstream.stack import ManagedProcess, ProcessGroup, Server, free_port, port_bindable, start_nats, start_redis
-from slipstream.trust import generate_keypair, load_signing_key
+from slipstream.trust import SigningKey, generate_keypair, load_signing_key
 
 STATE_FILE = "stack.json"
 KILL_GRACE_S = 5.0
@@ -272,12 +281,22 @@ class Stack:
         return down
 
     def _run_key(self) -> dict[str, str]:
-        """The run's signing key (made once per run dir) and the trusted-keys list naming it."""
-        given = self.spec.env.get(SIGNING_KEY_ENV)
-        path = Path(given) if given else self.spec.data_dir / "keys" / "weights-signing.pem"
-        key = load_signing_key(path) if given or path.exists() else generate_keypair(path)
-        self.signing_key_id = key.key_id
-        return {SIGNING_KEY_ENV: str(path), TRUSTED_KEYS_ENV: json.dumps([key.public])}
+        """The run's two signing keys (made once per run dir: weights, scores) and the trusted lists naming them."""
+        weights, weights_path = self._key(SIGNING_KEY_ENV, "weights-signing.pem")
+        scores, scores_path = self._key(SCORE_SIGNING_KEY_ENV, "scores-signing.pem")
+        self.signing_key_id = weights.key_id
+        return {
+            SIGNING_KEY_ENV: str(weights_path),
+            TRUSTED_KEYS_ENV: json.dumps([weights.public]),
+            SCORE_SIGNING_KEY_ENV: str(scores_path),
+            SCORE_KEYS_ENV: json.dumps([scores.public]),
+        }
+
+    def _key(self, env_name: str, file_name: str) -> tuple[SigningKey, Path]:
+        """The key --env names under `env_name`, else the run's own `data/keys/<file_name>` (made on first use)."""
+        given = self.spec.env.get(env_name)
+        path = Path(given) if given else self.spec.data_dir / "keys" / file_name
+        return (load_signing_key(path) if given or path.exists() else generate_keypair(path)), path
 
     def service_env(self, name: str, port: int) -> dict[str, str]:
         """The child's environment: inherited, plus the run's keys, plus --env, plus the stack's own variables."""
@@ -288,6 +307,10 @@ class Stack:
             env[TRUSTED_KEYS_ENV] = self._trust[TRUSTED_KEYS_ENV]
             if kind_of(name) == "weight-publisher":
                 env[SIGNING_KEY_ENV] = self._trust[SIGNING_KEY_ENV]
+            if kind_of(name) == "reward-model":
+                env[SCORE_SIGNING_KEY_ENV] = self._trust[SCORE_SIGNING_KEY_ENV]
+            if kind_of(name) == "learner":
+                env[SCORE_KEYS_ENV] = self._trust[SCORE_KEYS_ENV]
         env.update(spec.env)
         kind = kind_of(name)
         if kind == SUBAGENT_POOL:

@@ -22,6 +22,8 @@ from slipstream.cli.supervisor import Supervisor, describe_exit
 
 SIGNING_KEY_ENV = "SLIPSTREAM_TRUST__SIGNING_KEY"
 TRUSTED_KEYS_ENV = "SLIPSTREAM_TRUST__TRUSTED_KEYS"
+SCORE_SIGNING_KEY_ENV = "SLIPSTREAM_PROVENANCE__SIGNING_KEY"
+SCORE_KEYS_ENV = "SLIPSTREAM_PROVENANCE__TRUSTED_KEYS"
 
 
 class Reported(Protocol):
@@ -140,6 +142,8 @@ def state_info(stack: Reported) -> dict[str, Any]:
         "trust": {
             "signing_key": stack.trust.get(SIGNING_KEY_ENV, ""),
             "trusted_keys": json.loads(stack.trust.get(TRUSTED_KEYS_ENV, "[]")),
+            "score_signing_key": stack.trust.get(SCORE_SIGNING_KEY_ENV, ""),
+            "score_trusted_keys": json.loads(stack.trust.get(SCORE_KEYS_ENV, "[]")),
         },
         "restart_policy": {
             "enabled": stack.spec.restart.enabled,
