@@ -136,6 +136,22 @@ async def test_bad_fields_are_refused_naming_them(served: dict[str, Any]) -> Non
     assert list(served["ep"].recorder.calls) == []
 
 
+async def test_a_malformed_group_header_is_refused_naming_it(served: dict[str, Any]) -> None:
+    body = {"model": MODEL, "token_ids": [TOK.bos_id, *TOK.encode("hi")], "sampling_params": {"max_tokens": 2}}
+    url = f"{_root(served['ep'])}/inference/v1/generate"
+    cases = [
+        ({"x-slipstream-group": "g", "x-slipstream-group-size": "0"}, "x-slipstream-group-size"),
+        ({"x-slipstream-group": "g", "x-slipstream-group-size": "two"}, "x-slipstream-group-size"),
+        ({"x-slipstream-group-size": "2"}, "x-slipstream-group-size"),
+        ({"x-slipstream-group": "g" * 300}, "x-slipstream-group"),
+    ]
+    for headers, param in cases:
+        async with served["http"].post(url, json=body, headers=headers) as resp:
+            out = await resp.json()
+            assert resp.status == 400 and out["error"]["param"] == param, (headers, out)
+    assert list(served["ep"].recorder.calls) == []
+
+
 CLIENT = """
 import asyncio, json, sys
 from openai import AsyncOpenAI
