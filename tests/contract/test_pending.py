@@ -3,7 +3,10 @@
 Idempotent feedback, feedback before the flush kept and attached, release on a signal (or on the
 configured keys), deadline expiry masks (or publishes with `publish_unrated`), groups formed only
 when full (or after `group_wait_s`), 409 after release, and claimed-but-unreleased members found
-again after a releaser died.
+again after a releaser died. Groups per prompt: episodes with a group key are released with their
+key's other members (interleaved prompts come out as one group each), a partial group smaller at
+`group_timeout_s`, keyless episodes in arrival order as before, and (Redis) a restarted process
+forms the groups its predecessor left filling.
 """
 
 from __future__ import annotations
@@ -173,3 +176,98 @@ async def test_memory_forgets_calls_and_finished_episodes_after_the_retention() 
     assert await p.episode_of_call("c1") is None and await p.last_call("s") is None and await p.state("e1") is None
     assert await p.episode_of_call("c2") == "e2" and await p.state("e2") == "open"  # still served
     assert await p.next_episode("s") == 1  # episode numbers outlive the retention: ids never repeat
+
+
+async def _ready(p: PendingStore, eid: str, now: float, group: str = "", size: int = 0, signal: bool = True) -> None:
+    """Serve, flush (with a group key when given) and, with `signal`, rate one episode at `now`."""
+    await _open(p, eid)
+    await p.flushed(eid, f"k/{eid}", deadline=now + 100.0, now=now, group_key=group, group_size=size)
+    if signal:
+        await p.add_feedback(eid, sig("accepted", fid=f"f-{eid}"), now)
+
+
+async def _drain(p: PendingStore, now: float) -> list[list[str]]:
+    groups = []
+    while group := await p.form_group(now=now):
+        assert [m.group_index for m in group] == list(range(len(group)))
+        assert {m.group_size for m in group} == {len(group)} and len({m.group_id for m in group}) == 1
+        groups.append([m.episode_id for m in group])
+    return groups
+
+
+async def test_interleaved_prompts_are_released_as_one_group_per_prompt(make: Any) -> None:
+    p = make(group_size=2)
+    # Two prompts' rollouts (2 each, as two n=2 calls make them) and two keyless episodes,
+    # finishing interleaved: in arrival order they would pair a1+b1, u1+a2, ...
+    order = [("a1", "grp-a"), ("b1", "grp-b"), ("u1", ""), ("a2", "grp-a"), ("u2", ""), ("b2", "grp-b")]
+    seen: list[list[str]] = []
+    for t, (eid, group) in enumerate(order):
+        await _ready(p, eid, float(t), group, 2 if group else 0)
+        seen += await _drain(p, now=float(t))
+    assert seen == [["a1", "a2"], ["u1", "u2"], ["b1", "b2"]]
+    # A key asking for more members than `group_size` waits for all of them.
+    q = make(group_size=2)
+    for t, eid in enumerate(["c1", "d1", "c2", "c3", "d2"]):
+        await _ready(q, eid, float(t), f"grp-{eid[0]}", 3 if eid[0] == "c" else 0)
+    assert await _drain(q, now=10.0) == [["c1", "c2", "c3"], ["d1", "d2"]]
+    counts = await q.counts()
+    assert counts["groups_by_key"] == 2 and counts.get("groups_partial", 0) == 0
+
+
+async def test_a_partial_group_is_released_smaller_at_its_timeout(make: Any) -> None:
+    p = make(group_size=8, group_timeout_s=30.0)
+    await _ready(p, "a1", 0.0, "grp-a", 3)
+    await _ready(p, "a2", 5.0, "grp-a", 3)
+    await _ready(p, "a3", 6.0, "grp-a", 3, signal=False)  # served, still waiting for its feedback
+    assert await _drain(p, now=29.9) == []  # two of three: the group is still filling
+    assert await _drain(p, now=30.0) == [["a1", "a2"]]  # 30 s after its first member was ready
+    assert (await p.counts())["groups_partial"] == 1
+    # The key starts over: the straggler, rated later, waits for a group of its own (the same rule).
+    await p.add_feedback("a3", sig("accepted", fid="late"), 40.0)
+    assert await _drain(p, now=69.0) == [] and await p.state("a3") == "ready"
+    assert await _drain(p, now=70.0) == [["a3"]]
+    # A member masked at its deadline (no feedback) never publishes, so its group need not wait.
+    q = make(group_timeout_s=1000.0)
+    await _ready(q, "b1", 0.0, "grp-b", 2)
+    await _open(q, "b2")
+    await q.flushed("b2", "k/b2", deadline=50.0, now=1.0, group_key="grp-b", group_size=2)
+    assert await _drain(q, now=49.0) == []
+    assert await q.expire(now=50.0) == ["b2"]
+    assert await _drain(q, now=50.0) == [["b1"]]
+    assert (await q.counts())["groups_partial"] == 1
+    # A reused key forms a full group again (its masked count started over).
+    await _ready(q, "b3", 60.0, "grp-b", 2)
+    assert await _drain(q, now=61.0) == []
+    await _ready(q, "b4", 62.0, "grp-b", 2)
+    assert await _drain(q, now=62.0) == [["b3", "b4"]]
+
+
+async def test_keyless_episodes_are_still_grouped_in_arrival_order(make: Any) -> None:
+    p = make(group_size=2, group_timeout_s=1.0)
+    await _ready(p, "k1", 0.0, "grp-k", 4)  # a keyed member waiting does not join keyless groups
+    for t, eid in enumerate(["u1", "u2", "u3"], start=1):
+        await _ready(p, eid, float(t))
+    assert await _drain(p, now=0.5) == [["u1", "u2"]]
+    assert await p.state("u3") == "ready" and await p.state("k1") == "ready"
+    assert await _drain(p, now=5.0) == [["k1"]]  # the keyed one at its timeout; u3 waits for a partner
+
+
+async def test_a_restarted_process_forms_the_groups_redis_kept(redis_server: Any) -> None:
+    """The serving process dies with a prompt group half done: a new process (a fresh
+    connection, the same run) finishes it from what Redis holds, losing no member."""
+    policy = PendingPolicy(env="serve", run_id="restart", group_size=8, group_timeout_s=30.0)
+    before = RedisPending.connect(policy, redis_server.url)
+    await _ready(before, "r1", 0.0, "grp-r", 3)
+    await _ready(before, "r2", 1.0, "grp-r", 3)
+    await _ready(before, "s1", 2.0, "grp-s", 2)
+    await _open(before, "r3")  # served before the crash, flushed by nobody yet
+    await before.close()
+    after = RedisPending.connect(policy, redis_server.url)
+    try:
+        assert await _drain(after, now=3.0) == []
+        await after.flushed("r3", "k/r3", deadline=100.0, now=4.0, group_key="grp-r", group_size=3)
+        await after.add_feedback("r3", sig("accepted", fid="f-r3"), 4.0)
+        assert await _drain(after, now=4.0) == [["r1", "r2", "r3"]]
+        assert await _drain(after, now=32.0) == [["s1"]]  # its timeout counts from before the restart
+    finally:
+        await after.close()

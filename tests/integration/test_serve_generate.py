@@ -6,12 +6,15 @@ for every request. A client that renders prompts itself sends token ids with a p
 produced, the endpoint must record exactly them, and a second turn whose prompt extends the
 first call's context must join the same sample (new prompt tokens at mask 0). `renderers`'
 `generate()` (the function verifiers' training client calls), run in verifiers' own venv, reads
-the route and gets back exactly what was recorded.
+the route and gets back exactly what was recorded. Two `n` = 2 calls sent at once and rated
+interleaved are released (real Redis, real nats-server) as one group per prompt.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -133,6 +136,22 @@ async def test_bad_fields_are_refused_naming_them(served: dict[str, Any]) -> Non
     assert list(served["ep"].recorder.calls) == []
 
 
+async def test_a_malformed_group_header_is_refused_naming_it(served: dict[str, Any]) -> None:
+    body = {"model": MODEL, "token_ids": [TOK.bos_id, *TOK.encode("hi")], "sampling_params": {"max_tokens": 2}}
+    url = f"{_root(served['ep'])}/inference/v1/generate"
+    cases = [
+        ({"x-slipstream-group": "g", "x-slipstream-group-size": "0"}, "x-slipstream-group-size"),
+        ({"x-slipstream-group": "g", "x-slipstream-group-size": "two"}, "x-slipstream-group-size"),
+        ({"x-slipstream-group-size": "2"}, "x-slipstream-group-size"),
+        ({"x-slipstream-group": "g" * 300}, "x-slipstream-group"),
+    ]
+    for headers, param in cases:
+        async with served["http"].post(url, json=body, headers=headers) as resp:
+            out = await resp.json()
+            assert resp.status == 400 and out["error"]["param"] == param, (headers, out)
+    assert list(served["ep"].recorder.calls) == []
+
+
 CLIENT = """
 import asyncio, json, sys
 from openai import AsyncOpenAI
@@ -224,3 +243,86 @@ async def test_successive_n_calls_from_one_key_are_separate_rollouts(served: dic
     assert len(set(seen)) == 4, seen
     await served["ep"].recorder.flush_all()
     assert len(served["sink"].episodes) == 4
+
+
+async def test_two_interleaved_n2_calls_are_released_as_one_group_per_prompt(
+    model: CausalLM, nats_server: Any, redis_server: Any, tmp_path: Path
+) -> None:
+    """Two prompts, n=2 each, sent at once and rated interleaved (A0, B0, A1, B1): with
+    `group_size` 2 arrival order would pair A0+B0; the release stage publishes {A0, A1} and
+    {B0, B1} on traj.raw.serve, and so with two separate calls a client tags with one key."""
+    from slipstream.bus import BusConfig, connect_bus
+    from slipstream.schemas import Episode
+    from slipstream.serve import RedisPending, StoreSink, pending_policy
+    from slipstream.store import LocalObjectStore
+    from slipstream.store.episodes import load
+
+    engine = TorchEngine(model, TOK, max_batch=8, max_seq_len=1024, device="cpu")
+    await engine.start()
+    store = LocalObjectStore(tmp_path / "store")
+    bus = await connect_bus(BusConfig(url=nats_server.url, stream_storage="memory", fetch_timeout_s=0.2), name="t")
+    await bus.ensure_streams()
+    raw_in = await bus.consumer("reward-model", Episode)
+    cfg = ServeConfig(enabled=True, port=0, renderer="tags", default_max_tokens=4, session_idle_s=3600, group_size=2)
+    pending = RedisPending.connect(pending_policy(cfg, "grp"), redis_server.url)
+    ep = ServeEndpoint(
+        engine,
+        TOK,
+        cfg,
+        StoreSink(store, "grp"),
+        model_name=MODEL,
+        run_id="grp",
+        pending=pending,
+        store=store,
+        bus=bus,
+        release_every_s=3600.0,
+    )
+    await ep.start()
+    root = _root(ep)
+    try:
+        async with ClientSession() as http:
+
+            async def generate(text: str, headers: dict[str, str], n: int) -> tuple[dict[str, Any], Any]:
+                body = {"model": MODEL, "token_ids": [TOK.bos_id, *TOK.encode(text)], "sampling_params": {"n": n}}
+                async with http.post(f"{root}/inference/v1/generate", json=body, headers=headers) as resp:
+                    assert resp.status == 200, await resp.text()
+                    return await resp.json(), resp.headers
+
+            (a, a_headers), (b, b_headers) = await asyncio.gather(
+                generate("prompt A", {}, 2), generate("prompt B", {}, 2)
+            )
+            # Prompt C as two separate calls (two sessions) that the client tags with one key.
+            tag = {"x-slipstream-group": "client-c", "x-slipstream-group-size": "2"}
+            c0, c0_headers = await generate("prompt C", {**tag, "X-Session-ID": "c-0"}, 1)
+            c1, _ = await generate("prompt C", {**tag, "X-Session-ID": "c-1"}, 1)
+            assert c0_headers["x-slipstream-group"] == "client-c"
+            calls = {
+                "A": a["slipstream"]["call_ids"],
+                "B": b["slipstream"]["call_ids"],
+                "C": [c0["slipstream"]["call_ids"][0], c1["slipstream"]["call_ids"][0]],
+            }
+            await ep.recorder.flush_all()  # every rollout is an episode, pending its feedback
+            for prompt, i in [("A", 0), ("B", 0), ("C", 0), ("A", 1), ("B", 1), ("C", 1)]:
+                rate = {"completion_id": calls[prompt][i], "key": "accepted", "value": 1}
+                async with http.post(f"{root}/v1/feedback", json=rate) as resp:
+                    assert resp.status == 200, await resp.text()
+        assert ep.releaser is not None
+        assert await ep.releaser.step() == 6
+        got: list[Episode] = []
+        while len(got) < 6 and (batch := await raw_in.fetch(10, timeout=2.0)):
+            got += [d.msg for d in batch]
+        groups: dict[str, list[Episode]] = {}
+        for stub in got:
+            groups.setdefault(stub.group_id, []).append(load(store, stub))
+        by_prompt = {frozenset(e.metadata["calls"] for e in members): members for members in groups.values()}
+        assert set(by_prompt) == {frozenset(ids) for ids in calls.values()}  # one group per prompt
+        keys = {a_headers["x-slipstream-group"], b_headers["x-slipstream-group"], "client-c"}
+        assert {members[0].metadata["group_key"] for members in groups.values()} == keys
+        for members in groups.values():
+            assert sorted(e.group_index for e in members) == [0, 1] and {e.group_size for e in members} == {2}
+            assert len({tuple(e.samples[0].ids()[: e.samples[0].prompt_len]) for e in members}) == 1
+        assert (await pending.counts())["groups_by_key"] == 3
+    finally:
+        await ep.close()
+        await bus.close()
+        await engine.stop()

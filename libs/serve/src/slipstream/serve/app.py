@@ -40,8 +40,8 @@ from slipstream.serve.call_record import CallRecord
 from slipstream.serve.chat import ChatFormat, Reply
 from slipstream.serve.config import ServeConfig
 from slipstream.serve.feedback import FeedbackPost, Implicit, last_user_text, parse_feedback
+from slipstream.serve.generate import GROUP_HEADER, GenerateRoute, request_group
 from slipstream.serve.generate import ROUTE as GENERATE_ROUTE
-from slipstream.serve.generate import GenerateRoute
 from slipstream.serve.live import stream_chat
 from slipstream.serve.protocol import Call, RequestError, body_hash, parse_chat, parse_completion
 from slipstream.serve.record import Recorder
@@ -358,6 +358,7 @@ class ServeApp:
             "x-slipstream-call-id": record.call_id,
             "x-slipstream-session-id": record.session_id,
             "x-slipstream-replayed": "true" if replayed else "false",
+            **({GROUP_HEADER: record.group_key} if record.group_key else {}),
         }
 
     async def _serve(
@@ -372,10 +373,12 @@ class ServeApp:
         call_id: str = "",
         *,
         session: str | None = None,
+        group: tuple[str, int] | None = None,
     ) -> tuple[CallRecord, bool]:
         """The call's record: served now, or an earlier attempt's replayed. Returns (record, replayed).
 
-        `session` overrides the request's own (one member of an `n` > 1 generate call)."""
+        `session` overrides the request's own (one member of an `n` > 1 generate call), and
+        `group` the prompt group its headers name (`x-slipstream-group`, generate.py)."""
         max_len = getattr(self.engine, "max_seq_len", None)
         if max_len is not None and len(prompt_ids) >= max_len:
             raise RequestError(
@@ -383,6 +386,7 @@ class ServeApp:
                 param=prompt_param,
                 code="context_length_exceeded",
             )
+        group_key, group_size = group if group is not None else request_group(request.headers)
         session = session or self._session(request, call, key)
         # An anonymous call is a session of its own, but its retry must still find it.
         scope = "anon" if session.startswith("anon-") else session
@@ -430,6 +434,8 @@ class ServeApp:
             task_text=user_text if user_text is not None else (call.prompt_text or ""),
             request_hash=body_hash(raw),
             retry_key=ledger_key,
+            group_key=group_key,
+            group_size=group_size,
         )
         try:
             await self.recorder.record(record)

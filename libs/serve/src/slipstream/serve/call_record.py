@@ -32,6 +32,10 @@ class CallRecord(msgspec.Struct, kw_only=True):
     """What the call asked: the last user message (chat) or the prompt text (completions); judges read it."""
     request_hash: str = ""
     retry_key: str = ""
+    group_key: str = ""
+    """The prompt group the call's rollout belongs to ('' none): its episode is released with the key's others."""
+    group_size: int = 0
+    """Members the group key asks for (0: the pending policy's `group_size`)."""
 
     @property
     def policy_versions(self) -> list[int]:

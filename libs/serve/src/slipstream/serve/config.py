@@ -71,6 +71,16 @@ class ServeConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             ge=0,
         ),
     ] = 0.0
+    group_timeout_s: Annotated[
+        float,
+        Doc(
+            description=(
+                "A prompt group (one group key: an n > 1 call, or calls sent with x-slipstream-group) not complete "
+                "this long after its first member became ready is released smaller, with the members that are."
+            ),
+            gt=0,
+        ),
+    ] = 600.0
     followup_signal: Annotated[
         str, Doc(description="Implicit signal (value 1) on a call when its session's next call arrives; '' = off.")
     ] = "followed_up"

@@ -126,6 +126,15 @@ def assemble(
             # The request the final answer replies to: what a rubric judge is shown as the task
             # (slipstream.judge reads `metadata["prompt"]`; episodes otherwise carry token ids only).
             "prompt": last.task_text,
+            **_group_tags(calls),
         },
         counts={"turns": len(calls), "samples": len(samples), "calls": len(calls)},
     )
+
+
+def _group_tags(calls: Sequence[CallRecord]) -> dict[str, str]:
+    """The session's prompt group (its first call that names one), for the pending stage."""
+    for call in calls:
+        if call.group_key:
+            return {"group_key": call.group_key, "group_size": str(call.group_size)}
+    return {}

@@ -18,8 +18,11 @@ every prompt extends the previous context is one sample with its observations at
 `n` > 1 samples n completions of the one prompt in one call: each is its own rollout, recorded in
 session `<session>/<i>` (so each becomes its own episode, whatever headers the client sends; with
 no session named, `<session>` is fresh per call), with seeds `seed + i` when a seed is given. The
-n share a group key (`x-slipstream-group`); the release stage still groups ready episodes in
-arrival order (pending.py), not by this key.
+n share a group key (`x-slipstream-group` in the response, `grp-<session>`), and the release
+stage publishes their n episodes as one group once all n are done (pending.py: per prompt, not
+in arrival order). A client that sends the same prompt in separate calls names the group itself:
+`x-slipstream-group: <key>` (and optionally `x-slipstream-group-size: <members>`, else the
+endpoint's `group_size`) on each call, any route; on an n > 1 call its key replaces `grp-...`.
 """
 
 from __future__ import annotations
@@ -38,7 +41,10 @@ from slipstream.serve.protocol import Call, RequestError
 
 ROUTE = "/inference/v1/generate"
 GROUP_HEADER = "x-slipstream-group"
+GROUP_SIZE_HEADER = "x-slipstream-group-size"
 MAX_N = 64
+MAX_GROUP_KEY = 256
+MAX_GROUP_SIZE = 4096
 
 # vLLM sampling fields that change nothing here (or describe the response shape we always give).
 _HARMLESS = {
@@ -176,6 +182,36 @@ def parse_generate(body: Any, *, default_max_tokens: int, max_tokens_limit: int,
     return n, Call(endpoint="generate", model=model, params=params, prompt_ids=list(ids), session_id=session)
 
 
+def request_group(headers: Any) -> tuple[str, int]:
+    """(group key, members it asks for; 0 = the endpoint's `group_size`) a client named in its
+    headers, ('', 0) when none; a 400 naming the header when either is malformed."""
+    key = headers.get(GROUP_HEADER, "").strip()
+    size_text = headers.get(GROUP_SIZE_HEADER, "").strip()
+    if not key:
+        if size_text:
+            raise RequestError(
+                f"'{GROUP_SIZE_HEADER}' needs '{GROUP_HEADER}' (the key the members share)", param=GROUP_SIZE_HEADER
+            )
+        return "", 0
+    if len(key) > MAX_GROUP_KEY or not key.isprintable():
+        raise RequestError(
+            f"'{GROUP_HEADER}' must be printable and at most {MAX_GROUP_KEY} characters, got {key[:40]!r}...",
+            param=GROUP_HEADER,
+        )
+    if not size_text:
+        return key, 0
+    try:
+        size = int(size_text)
+    except ValueError:
+        size = 0
+    if not 1 <= size <= MAX_GROUP_SIZE:
+        raise RequestError(
+            f"'{GROUP_SIZE_HEADER}' must be an integer in [1, {MAX_GROUP_SIZE}], got {size_text!r}",
+            param=GROUP_SIZE_HEADER,
+        )
+    return key, size
+
+
 def choice_body(index: int, ids: list[int], logprobs: list[float], finish_reason: str) -> dict[str, Any]:
     """One choice in vLLM's shape: exact ids, and log-probs keyed by id (`token_id:<id>`)."""
     content = [{"token": f"token_id:{t}", "logprob": lp} for t, lp in zip(ids, logprobs, strict=True)]
@@ -228,6 +264,7 @@ class Endpoint(Protocol):
         user_text: str | None = None,
         *,
         session: str | None = None,
+        group: tuple[str, int] | None = None,
     ) -> tuple[CallRecord, bool]: ...
 
 
@@ -256,7 +293,8 @@ class GenerateRoute:
             # No session named: every call is a fresh group of rollouts (a key alone would
             # otherwise fold a client's successive groups into the same n sessions).
             base = f"{base.removeprefix('anon-')}/{uuid.uuid4().hex[:12]}"
-        group = f"grp-{base}"
+        named = request_group(request.headers)
+        group = named if named[0] else (f"grp-{base}", n)
         served = await asyncio.gather(
             *(
                 app._serve(
@@ -267,13 +305,14 @@ class GenerateRoute:
                     prompt_ids,
                     "token_ids",
                     session=f"{base}/{i}",
+                    group=group,
                 )
                 for i in range(n)
             )
         )
         records = [r for r, _ in served]
         headers = app._headers(records[0], any(rep for _, rep in served))
-        headers[GROUP_HEADER] = group
+        headers[GROUP_HEADER] = group[0]
         return web.json_response(render_generate(records), headers=headers)
 
 

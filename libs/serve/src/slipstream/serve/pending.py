@@ -14,12 +14,23 @@ deployed one: DESIGN, Redis holds state) or, for tests and single-process use, i
 - **pending**: the body is in the object store; the episode waits until it has a signal that
   counts (one of `reward_keys`, the keys the reward spec reads; empty: any key) and every key of
   `release_keys` (empty: none more), or until `feedback_deadline_s` passes.
-- **ready**: waiting for a group. Serving traffic has no natural groups, so ready episodes are
-  released `group_size` at a time (oldest first) under one fresh `group_id` (`<env>-<run>-<n>`):
-  ids are assigned only when a whole group is there, so the learner never sees a group that is
-  still filling (its `incomplete_group` timeout starts at the first member it receives, and all
-  members are published together). With `group_wait_s` > 0 a smaller group goes once its oldest
-  member has waited that long.
+- **ready**: waiting for a group, formed one of two ways (ids are assigned only when a group is
+  formed, and all its members are published together, so the learner never sees a group that is
+  still filling: its `incomplete_group` timeout starts at the first member it receives):
+  - **per prompt**: an episode flushed with a group key (the n rollouts of one `n` > 1 call, or
+    the separate calls a client tagged with one `x-slipstream-group`) waits for the other members
+    of its key. The key asks for `want` members (n, the client's `x-slipstream-group-size`, else
+    `group_size`); the group is formed as soon as `want` of them are done (ready, or masked: those
+    never publish), with the ready ones, oldest first. If they are not all done
+    `group_timeout_s` after the first one became ready, the group is released *smaller*, with
+    the members that are ready (counted in `groups_partial`): the learner still gets a
+    per-prompt baseline over them, and no rated episode is thrown away. Either way the key then
+    starts over: a member that becomes ready later waits for a group of its own (the same rule),
+    and a client may reuse a key for its next prompt.
+  - **in arrival order**: episodes without a key (ordinary serving traffic has no natural
+    groups) are released `group_size` at a time (oldest first) under one fresh `group_id`
+    (`<env>-<run>-<n>`); with `group_wait_s` > 0 a smaller group goes once its oldest member has
+    waited that long.
 - **releasing**: the group is fixed and so are the signals (later feedback is answered 409); the
   releaser writes the body with them and publishes the stub. A crash here leaves the episode in
   `releasing`, and the next releaser pass publishes it again with the same bytes and
@@ -35,6 +46,7 @@ its target, key, source and value), a second post is answered "duplicate".
 
 from __future__ import annotations
 
+import bisect
 import time
 from collections import Counter, deque
 from collections.abc import Callable
@@ -69,7 +81,12 @@ class PendingPolicy(msgspec.Struct, frozen=True, kw_only=True):
     publish_unrated: bool = False
     group_size: int = 8
     group_wait_s: float = 0.0
+    group_timeout_s: float = 600.0
     retention_s: float = 86400.0
+
+    def want(self, group_size: int) -> int:
+        """Members a group key asks for: the size it was sent with, else `group_size`."""
+        return group_size if group_size > 0 else self.group_size
 
     def group_id(self, n: int) -> str:
         return f"{self.env}-{self.run_id or 'default'}-{n}"
@@ -98,8 +115,13 @@ class PendingStore(Protocol):
 
     async def add_feedback(self, episode_id: str, signal: FeedbackSignal, now: float) -> Verdict: ...
 
-    async def flushed(self, episode_id: str, body_key: str, deadline: float, now: float) -> str:
-        """The body is stored: open -> pending (or straight to ready); returns the new state."""
+    async def flushed(
+        self, episode_id: str, body_key: str, deadline: float, now: float, group_key: str = "", group_size: int = 0
+    ) -> str:
+        """The body is stored: open -> pending (or straight to ready); returns the new state.
+
+        With a `group_key` the episode is released with the other episodes of that key (a group
+        of `group_size` members; 0: the policy's `group_size`), not in arrival order."""
         ...
 
     async def expire(self, now: float) -> list[str]:
@@ -107,7 +129,8 @@ class PendingStore(Protocol):
         ...
 
     async def form_group(self, now: float) -> list[Member]:
-        """Claim the next group of ready episodes ([] when there is none to form yet)."""
+        """Claim the next group of ready episodes ([] when there is none to form yet): a keyed
+        group that is complete or past `group_timeout_s` first, then one in arrival order."""
         ...
 
     async def stale_releasing(self, now: float, older_than_s: float) -> list[Member]:
@@ -148,6 +171,18 @@ class _Ep:
     claimed_at: float = 0.0
     group: tuple[str, int, int] = ("", 0, 0)
     signals: dict[str, FeedbackSignal] = field(default_factory=dict)
+    group_key: str = ""
+    group_want: int = 0
+
+
+@dataclass
+class _Key:
+    """A group key's round: members it asks for, members masked this round, last touched."""
+
+    want: int
+    gone: int = 0
+    touched: float = 0.0
+    ready: list[tuple[float, str]] = field(default_factory=list)  # (ready at, episode), in order
 
 
 class MemoryPending:
@@ -165,6 +200,7 @@ class MemoryPending:
         self._done: deque[tuple[float, str]] = deque()  # (released or masked at, episode)
         self._numbers: Counter[str] = Counter()
         self._groups = 0
+        self._keys: dict[str, _Key] = {}
         self._counts: Counter[str] = Counter()
 
     def _prune(self) -> None:
@@ -177,11 +213,26 @@ class MemoryPending:
             ep = self._eps.get(eid)
             if ep is not None and ep.state in ("released", "masked"):
                 del self._eps[eid]
+        for key in [k for k, g in self._keys.items() if not g.ready and g.touched < cutoff]:
+            del self._keys[key]
 
     def _finish(self, eid: str, ep: _Ep, state: str) -> None:
         ep.state = state
         self._counts[state] += 1
         self._done.append((self.clock(), eid))
+        if ep.group_key and state == "masked":
+            self._key(ep).gone += 1  # it will never publish: its group need not wait for it
+
+    def _key(self, ep: _Ep) -> _Key:
+        """The episode's group key, touched now (made again if it was forgotten meanwhile)."""
+        group = self._keys.setdefault(ep.group_key, _Key(want=ep.group_want))
+        group.touched = self.clock()
+        return group
+
+    def _ready(self, eid: str, ep: _Ep, now: float) -> None:
+        ep.state, ep.ready_at = "ready", now
+        if ep.group_key:
+            bisect.insort(self._key(ep).ready, (now, eid))
 
     async def next_episode(self, session_id: str) -> int:
         n = self._numbers[session_id]
@@ -219,18 +270,23 @@ class MemoryPending:
         ep.signals[signal.feedback_id] = signal
         self._counts["feedback"] += 1
         if ep.state == "pending" and releasable({s.key for s in ep.signals.values()}, self.policy):
-            ep.state, ep.ready_at = "ready", now
+            self._ready(episode_id, ep, now)
         return "recorded"
 
-    async def flushed(self, episode_id: str, body_key: str, deadline: float, now: float) -> str:
+    async def flushed(
+        self, episode_id: str, body_key: str, deadline: float, now: float, group_key: str = "", group_size: int = 0
+    ) -> str:
         ep = self._eps.setdefault(episode_id, _Ep())
         if ep.state != "open":
             return ep.state
         ep.body_key, ep.deadline = body_key, deadline
+        ep.group_key, ep.group_want = group_key, self.policy.want(group_size)
         ep.state = "pending"
         self._counts["flushed"] += 1
+        if group_key:
+            self._key(ep)  # the first member to arrive fixes how many the key asks for
         if releasable({s.key for s in ep.signals.values()}, self.policy):
-            ep.state, ep.ready_at = "ready", now
+            self._ready(episode_id, ep, now)
         return ep.state
 
     async def expire(self, now: float) -> list[str]:
@@ -240,21 +296,47 @@ class MemoryPending:
             if ep.state != "pending" or ep.deadline > now:
                 continue
             if counts({s.key for s in ep.signals.values()}, self.policy) or self.policy.publish_unrated:
-                ep.state, ep.ready_at = "ready", now
+                self._ready(eid, ep, now)
             else:
                 self._finish(eid, ep, "masked")
                 masked.append(eid)
         return masked
 
     async def form_group(self, now: float) -> list[Member]:
-        ready = sorted((ep.ready_at, eid) for eid, ep in self._eps.items() if ep.state == "ready")
+        keyed = self._keyed_group(now)
+        if keyed:
+            return keyed
+        ready = sorted((ep.ready_at, eid) for eid, ep in self._eps.items() if ep.state == "ready" and not ep.group_key)
         size = self.policy.group_size
         if not ready:
             return []
         waited = now - ready[0][0]
         if len(ready) < size and not (self.policy.group_wait_s > 0 and waited >= self.policy.group_wait_s):
             return []
-        take = [eid for _, eid in ready[:size]]
+        return self._claim([eid for _, eid in ready[:size]], now)
+
+    def _keyed_group(self, now: float) -> list[Member]:
+        """A keyed group that is due (complete, or its oldest ready member has waited
+        `group_timeout_s`), the one with the oldest ready member first, claimed; [] when none is."""
+        due: list[tuple[float, str]] = []
+        for key, group in self._keys.items():
+            if not group.ready:
+                continue
+            first = group.ready[0][0]
+            if len(group.ready) + group.gone >= group.want or first <= now - self.policy.group_timeout_s:
+                due.append((first, key))
+        if not due:
+            return []
+        key = min(due)[1]
+        group = self._keys[key]
+        taken, group.ready = group.ready[: group.want], group.ready[group.want :]
+        self._counts["groups_by_key"] += 1
+        if len(taken) < group.want:
+            self._counts["groups_partial"] += 1
+        group.gone, group.touched = 0, self.clock()  # the key starts over
+        return self._claim([eid for _, eid in taken], now)
+
+    def _claim(self, take: list[str], now: float) -> list[Member]:
         self._groups += 1
         gid = self.policy.group_id(self._groups)
         out = []

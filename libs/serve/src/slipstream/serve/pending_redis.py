@@ -12,11 +12,16 @@ run's hash tag `slipstream:{<run>}`, so the scripts work on a cluster too):
 | `serve:ep:<episode id>` | hash | state, body key, deadline, group, `k:<key>` per signal key seen |
 | `serve:fb:<episode id>` | hash | feedback id -> JSON `FeedbackSignal` |
 | `serve:<env>:deadlines`, `:ready`, `:releasing` | sorted sets | pending by deadline, ready, claimed |
-| `serve:<env>:groups` / `:counts` | counter / hash | groups formed; flushed, feedback, masked, released |
+| `serve:<env>:groups` / `:counts` | counter / hash | groups formed; flushed, feedback, masked, released, ... |
+| `serve:<env>:group:<key>` | hash | a group key's `want` (members it asks for) and `gone` (masked this round) |
+| `serve:<env>:gready:<key>` | sorted set | the key's ready members, by ready time |
+| `serve:<env>:keyed_complete`, `:keyed_waiting` | sorted sets | keys with ready members, by the oldest: done / not |
 
 Episode and feedback keys expire `retention_s` after their deadline (or after release), so a
 late post is still answered (409, or "duplicate" for a retry) for that long and nothing grows
-without bound.
+without bound; a group key's two keys expire `retention_s` after it was last touched (never
+before a member's deadline). Everything is in Redis, so a restarted serving process (or another
+replica) forms the groups its predecessor left filling.
 """
 
 from __future__ import annotations
@@ -52,6 +57,54 @@ local function releasable(ep, fb, at)
 end
 """
 
+# Group keys. The calling script's last two ARGV are the group prefix (`serve:<env>:`) and the TTL
+# (ms) its group keys are kept at least for. `regroup` files a key with ready members under
+# keyed_complete (ready + gone >= want) or keyed_waiting, scored by its oldest ready member.
+_GROUPS = """
+local function keep(key, ttl)
+  if redis.call('PTTL', key) < tonumber(ttl) then redis.call('PEXPIRE', key, ttl) end
+end
+local function regroup(g)
+  local pre, ttl = ARGV[#ARGV - 1], ARGV[#ARGV]
+  local gready, info = pre .. 'gready:' .. g, pre .. 'group:' .. g
+  redis.call('ZREM', pre .. 'keyed_waiting', g)
+  redis.call('ZREM', pre .. 'keyed_complete', g)
+  keep(info, ttl)
+  local n = redis.call('ZCARD', gready)
+  if n == 0 then return end
+  keep(gready, ttl)
+  local first = redis.call('ZRANGE', gready, 0, 0, 'WITHSCORES')[2]
+  local want = tonumber(redis.call('HGET', info, 'want') or '1')
+  local gone = tonumber(redis.call('HGET', info, 'gone') or '0')
+  local where = 'keyed_waiting'
+  if n + gone >= want then where = 'keyed_complete' end
+  redis.call('ZADD', pre .. where, first, g)
+end
+local function group_of(ep)
+  local g = redis.call('HGET', ep, 'group_key')
+  if not g or g == '' then return nil end
+  local info = ARGV[#ARGV - 1] .. 'group:' .. g
+  redis.call('HSETNX', info, 'want', redis.call('HGET', ep, 'group_want') or '1')
+  return g
+end
+local function make_ready(ep, eid, now, ready_set)
+  redis.call('HSET', ep, 'state', 'ready', 'ready_at', now)
+  local g = group_of(ep)
+  if not g then
+    redis.call('ZADD', ready_set, now, eid)
+    return
+  end
+  redis.call('ZADD', ARGV[#ARGV - 1] .. 'gready:' .. g, now, eid)
+  regroup(g)
+end
+local function group_gone(ep)
+  local g = group_of(ep)
+  if not g then return end
+  redis.call('HINCRBY', ARGV[#ARGV - 1] .. 'group:' .. g, 'gone', 1)
+  regroup(g)
+end
+"""
+
 # KEYS: ep, call, last. ARGV: episode id, call id, ttl_ms (PEXPIRE GT needs Redis 7: done by hand)
 _NOTE = """
 redis.call('HSETNX', KEYS[1], 'state', 'open')
@@ -60,9 +113,11 @@ redis.call('SET', KEYS[2], ARGV[1], 'PX', ARGV[3])
 redis.call('SET', KEYS[3], ARGV[2], 'PX', ARGV[3])
 """
 
-# KEYS: ep, fb, ready, deadlines, counts. ARGV: fid, json, key, now, eid, release keys, reward keys
+# KEYS: ep, fb, ready, deadlines, counts. ARGV: fid, json, key, now, eid, release keys, reward keys,
+# group prefix, group ttl_ms
 _ADD = (
     _RELEASABLE
+    + _GROUPS
     + """
 if redis.call('EXISTS', KEYS[1]) == 0 then return 'unknown' end
 if redis.call('HEXISTS', KEYS[2], ARGV[1]) == 1 then return 'duplicate' end
@@ -74,27 +129,30 @@ local ttl = redis.call('PTTL', KEYS[1])
 if ttl > 0 then redis.call('PEXPIRE', KEYS[2], ttl) end
 redis.call('HINCRBY', KEYS[5], 'feedback', 1)
 if st == 'pending' and releasable(KEYS[1], KEYS[2], 6) then
-  redis.call('HSET', KEYS[1], 'state', 'ready', 'ready_at', ARGV[4])
   redis.call('ZREM', KEYS[4], ARGV[5])
-  redis.call('ZADD', KEYS[3], ARGV[4], ARGV[5])
+  make_ready(KEYS[1], ARGV[5], ARGV[4], KEYS[3])
 end
 return 'recorded'
 """
 )
 
-# KEYS: ep, fb, ready, deadlines, counts. ARGV: eid, body_key, deadline, now, ttl_ms, release keys, reward keys
+# KEYS: ep, fb, ready, deadlines, counts. ARGV: eid, body_key, deadline, now, ttl_ms, release keys,
+# reward keys, group key ('' none), members it asks for, group prefix, group ttl_ms (= ttl_ms)
 _FLUSHED = (
     _RELEASABLE
+    + _GROUPS
     + """
 local st = redis.call('HGET', KEYS[1], 'state')
 if st and st ~= 'open' then return st end
-redis.call('HSET', KEYS[1], 'state', 'pending', 'body_key', ARGV[2], 'deadline', ARGV[3])
+redis.call('HSET', KEYS[1], 'state', 'pending', 'body_key', ARGV[2], 'deadline', ARGV[3],
+           'group_key', ARGV[#ARGV - 3], 'group_want', ARGV[#ARGV - 2])
+local g = group_of(KEYS[1])
+if g then regroup(g) end
 redis.call('PEXPIRE', KEYS[1], ARGV[5])
 if redis.call('EXISTS', KEYS[2]) == 1 then redis.call('PEXPIRE', KEYS[2], ARGV[5]) end
 redis.call('HINCRBY', KEYS[5], 'flushed', 1)
 if releasable(KEYS[1], KEYS[2], 6) then
-  redis.call('HSET', KEYS[1], 'state', 'ready', 'ready_at', ARGV[4])
-  redis.call('ZADD', KEYS[3], ARGV[4], ARGV[1])
+  make_ready(KEYS[1], ARGV[1], ARGV[4], KEYS[3])
   return 'ready'
 end
 redis.call('ZADD', KEYS[4], ARGV[3], ARGV[1])
@@ -102,9 +160,11 @@ return 'pending'
 """
 )
 
-# KEYS: deadlines, ready, counts. ARGV: now, publish_unrated, ep prefix, fb prefix, retention_ms, reward keys
+# KEYS: deadlines, ready, counts. ARGV: now, publish_unrated, ep prefix, fb prefix, retention_ms, reward keys,
+# group prefix, group ttl_ms
 _EXPIRE = (
     _RELEASABLE
+    + _GROUPS
     + """
 local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1], 'LIMIT', 0, 256)
 local masked = {}
@@ -113,12 +173,12 @@ for _, eid in ipairs(due) do
   local ep = ARGV[3] .. eid
   if redis.call('HGET', ep, 'state') == 'pending' then
     if counting(ep, ARGV[4] .. eid, 6) or ARGV[2] == '1' then
-      redis.call('HSET', ep, 'state', 'ready', 'ready_at', ARGV[1])
-      redis.call('ZADD', KEYS[2], ARGV[1], eid)
+      make_ready(ep, eid, ARGV[1], KEYS[2])
     else
       redis.call('HSET', ep, 'state', 'masked')
       redis.call('PEXPIRE', ep, ARGV[5])
       redis.call('HINCRBY', KEYS[3], 'masked', 1)
+      group_gone(ep)
       table.insert(masked, eid)
     end
   end
@@ -127,8 +187,48 @@ return masked
 """
 )
 
-# KEYS: ready, groups, releasing. ARGV: size, now, wait_s, ep prefix, group id prefix
-_FORM = """
+# KEYS: ready, groups, releasing, counts. ARGV: size, now, wait_s, ep prefix, group id prefix,
+# group_timeout_s, group prefix, group ttl_ms
+_FORM = (
+    _GROUPS
+    + """
+local function claim(take)
+  local gid = ARGV[5] .. redis.call('INCR', KEYS[2])
+  local out = {gid}
+  for i, eid in ipairs(take) do
+    local ep = ARGV[4] .. eid
+    redis.call('HSET', ep, 'state', 'releasing', 'group_id', gid, 'group_index', tostring(i - 1),
+               'group_size', tostring(#take), 'claimed_at', ARGV[2])
+    redis.call('ZADD', KEYS[3], ARGV[2], eid)
+    table.insert(out, eid)
+    table.insert(out, redis.call('HGET', ep, 'body_key') or '')
+  end
+  return out
+end
+-- A keyed group first: complete, or its oldest ready member waited group_timeout_s; oldest first.
+local pre = ARGV[#ARGV - 1]
+local now = tonumber(ARGV[2])
+local c = redis.call('ZRANGE', pre .. 'keyed_complete', 0, 0, 'WITHSCORES')
+local w = redis.call('ZRANGEBYSCORE', pre .. 'keyed_waiting', '-inf', now - tonumber(ARGV[6]),
+                     'WITHSCORES', 'LIMIT', 0, 1)
+local g = nil
+if #c > 0 and #w > 0 then
+  local cs, ws = tonumber(c[2]), tonumber(w[2])
+  if cs < ws or (cs == ws and c[1] < w[1]) then g = c[1] else g = w[1] end
+elseif #c > 0 then g = c[1]
+elseif #w > 0 then g = w[1] end
+if g then
+  local gready, info = pre .. 'gready:' .. g, pre .. 'group:' .. g
+  local want = tonumber(redis.call('HGET', info, 'want') or '1')
+  local take = redis.call('ZRANGE', gready, 0, want - 1)
+  redis.call('HINCRBY', KEYS[4], 'groups_by_key', 1)
+  if #take < want then redis.call('HINCRBY', KEYS[4], 'groups_partial', 1) end
+  redis.call('HSET', info, 'gone', '0')
+  for _, eid in ipairs(take) do redis.call('ZREM', gready, eid) end
+  regroup(g)
+  return claim(take)
+end
+-- Then episodes without a key, in arrival order.
 local n = redis.call('ZCARD', KEYS[1])
 if n == 0 then return {} end
 local size = tonumber(ARGV[1])
@@ -136,22 +236,13 @@ if n < size then
   local wait = tonumber(ARGV[3])
   if wait <= 0 then return {} end
   local oldest = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
-  if tonumber(ARGV[2]) - tonumber(oldest[2]) < wait then return {} end
+  if now - tonumber(oldest[2]) < wait then return {} end
 end
 local take = redis.call('ZRANGE', KEYS[1], 0, size - 1)
-local gid = ARGV[5] .. redis.call('INCR', KEYS[2])
-local out = {gid}
-for i, eid in ipairs(take) do
-  local ep = ARGV[4] .. eid
-  redis.call('ZREM', KEYS[1], eid)
-  redis.call('HSET', ep, 'state', 'releasing', 'group_id', gid, 'group_index', tostring(i - 1),
-             'group_size', tostring(#take), 'claimed_at', ARGV[2])
-  redis.call('ZADD', KEYS[3], ARGV[2], eid)
-  table.insert(out, eid)
-  table.insert(out, redis.call('HGET', ep, 'body_key') or '')
-end
-return out
+for _, eid in ipairs(take) do redis.call('ZREM', KEYS[1], eid) end
+return claim(take)
 """
+)
 
 # KEYS: ep, fb, releasing, counts. ARGV: eid, retention_ms
 _RELEASED = """
@@ -200,6 +291,10 @@ class RedisPending:
         p = self.policy
         return [len(p.release_keys), *p.release_keys, len(p.reward_keys), *p.reward_keys]
 
+    def _group_args(self, ttl_ms: int | None = None) -> list[str | int]:
+        """The last two ARGV of every script that moves an episode into or out of a group key."""
+        return [self._set(""), max(ttl_ms or 0, self._retention_ms)]
+
     def _episode_keys(self, eid: str) -> list[str]:
         return [self._ep(eid), self._fb(eid), self._set("ready"), self._set("deadlines"), self._set("counts")]
 
@@ -228,16 +323,19 @@ class RedisPending:
     # ------------------------------------------------------------------ feedback
     async def add_feedback(self, episode_id: str, signal: FeedbackSignal, now: float) -> Verdict:
         args: list[str | int] = [signal.feedback_id, msgspec.json.encode(signal).decode(), signal.key, repr(now)]
-        args += [episode_id, *self._key_runs()]
+        args += [episode_id, *self._key_runs(), *self._group_args()]
         keys = self._episode_keys(episode_id)
         got = await self.client.call("serve.feedback", lambda r: self._add(keys=keys, args=args, client=r))
         verdict = str(got)
         assert verdict in ("recorded", "duplicate", "too_late", "unknown"), verdict
         return verdict  # type: ignore[return-value]
 
-    async def flushed(self, episode_id: str, body_key: str, deadline: float, now: float) -> str:
+    async def flushed(
+        self, episode_id: str, body_key: str, deadline: float, now: float, group_key: str = "", group_size: int = 0
+    ) -> str:
         ttl = int((max(deadline - now, 0.0) + self.policy.retention_s) * 1000)
         args = [episode_id, body_key, repr(deadline), repr(now), ttl, *self._key_runs()]
+        args += [group_key, self.policy.want(group_size), *self._group_args(ttl)]
         keys = self._episode_keys(episode_id)
         got = await self.client.call("serve.flushed", lambda r: self._flushed(keys=keys, args=args, client=r))
         return str(got)
@@ -250,14 +348,15 @@ class RedisPending:
     async def expire(self, now: float) -> list[str]:
         keys = [self._set("deadlines"), self._set("ready"), self._set("counts")]
         args = [repr(now), "1" if self.policy.publish_unrated else "0", self._ep(""), self._fb(""), self._retention_ms]
-        args += [len(self.policy.reward_keys), *self.policy.reward_keys]
+        args += [len(self.policy.reward_keys), *self.policy.reward_keys, *self._group_args()]
         got = await self.client.call("serve.expire", lambda r: self._expire(keys=keys, args=args, client=r))
         return [str(e) for e in got]
 
     async def form_group(self, now: float) -> list[Member]:
         p = self.policy
-        keys = [self._set("ready"), self._set("groups"), self._set("releasing")]
+        keys = [self._set("ready"), self._set("groups"), self._set("releasing"), self._set("counts")]
         args = [p.group_size, repr(now), repr(p.group_wait_s), self._ep(""), p.group_id(0)[:-1]]
+        args += [repr(p.group_timeout_s), *self._group_args()]
         got = await self.client.call("serve.form_group", lambda r: self._form(keys=keys, args=args, client=r))
         if not got:
             return []

@@ -13,7 +13,9 @@ Recording happens at the boundary and assembly afterwards (a recorder, not a liv
   store (never reused, across replicas and restarts), so feedback can target the episode while
   it is still open. A session idle for `session_idle_s` (or all, on `flush_all`, at shutdown) is
   assembled into one `Episode` (`slipstream.serve.episodes`), handed to an `EpisodeSink`, and
-  enters the pending stage (`slipstream.serve.pending`) to wait for its feedback.
+  enters the pending stage (`slipstream.serve.pending`) to wait for its feedback; a session
+  whose calls name a prompt group (`CallRecord.group_key`) enters it with that key, and is
+  released with the key's other episodes.
 
 Sinks: `MemorySink` (tests), `StoreSink` (the object store: the encoded Episode under
 `episode_key(run_id, episode_id)`, the by-reference body layout of `slipstream.store.episodes`, so
@@ -181,7 +183,11 @@ class Recorder:
             if body_key is None:
                 body_key = await self.sink.put(episode)
             now = self.clock()
-            await self.pending.flushed(episode.episode_id, body_key, now + self.feedback_deadline_s, now)
+            group = episode.metadata.get("group_key", "")
+            size = int(episode.metadata.get("group_size", "0"))
+            await self.pending.flushed(
+                episode.episode_id, body_key, now + self.feedback_deadline_s, now, group_key=group, group_size=size
+            )
         except Exception as exc:  # the store or the pending store away: kept here and retried
             self.flush_failures += 1
             self._retry.append((episode, body_key))

@@ -43,6 +43,7 @@ def pending_policy(cfg: ServeConfig, run_id: str) -> PendingPolicy:
         publish_unrated=cfg.publish_unrated,
         group_size=cfg.group_size,
         group_wait_s=cfg.group_wait_s,
+        group_timeout_s=cfg.group_timeout_s,
         retention_s=cfg.feedback_retention_s,
     )
 
