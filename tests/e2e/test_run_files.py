@@ -64,6 +64,11 @@ RUN_ELSEWHERE = {
     # passed here in 208 s on 2 loaded cores.
     "sort": "the plugin env, run end to end by tests/e2e/test_plugin_envs.py",
     "reasoning_gym": "reasoning-gym's spell_backward, run end to end by tests/e2e/test_plugin_envs.py",
+    # Both play against something the run file cannot start: an OpenEnv server (the e2e test starts the
+    # guess server on a free port and trains 3 steps on it), and verifiers' own venv (make verifiers-venv;
+    # its e2e test trains 3 steps on vf_sum, skipped without the venv).
+    "openenv": "the guess server's env, run end to end by tests/e2e/test_openenv_training.py",
+    "verifiers": "vf_sum through verifiers' harness, run end to end by tests/e2e/test_verifiers_training.py",
 }
 EXAMPLES = [
     pytest.param(p, id=p.stem, marks=pytest.mark.skip(reason=NOT_YET_TRAINABLE[p.stem]))

@@ -45,7 +45,10 @@ def distributions(repo: Path = REPO) -> list[Distribution]:
         if not src.is_dir():
             continue
         packages = frozenset(p.name for p in src.iterdir() if p.is_dir() and not p.name.startswith(("_", ".")))
-        declared = frozenset(_requirement_name(d) for d in project.get("dependencies", []))
+        # An optional extra counts: a module that needs it is only imported when its feature is named
+        # (an environment registered by entry point, say), and an install without it fails there.
+        extras = [d for deps in project.get("optional-dependencies", {}).values() for d in deps]
+        declared = frozenset(_requirement_name(d) for d in [*project.get("dependencies", []), *extras])
         found.append(Distribution(project["name"].lower(), pyproject.parent, packages, declared))
     return found
 

@@ -141,6 +141,11 @@ def get_env(name: str, /, **options: Any) -> Environment[Any]:
     return _lookup(name)(parse_options(name, options))
 
 
+def environment_class(name: str) -> type[Environment[Any]]:
+    """The class registered (or installed as a plugin) under `name`; `EnvError` naming what exists."""
+    return _lookup(name)
+
+
 def _lookup(name: str) -> type[Environment[Any]]:
     cls = ENVIRONMENTS.get(name)
     return cls if cls is not None else _load_plugin(name)

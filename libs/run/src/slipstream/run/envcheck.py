@@ -15,11 +15,16 @@ from typing import Any
 
 
 def check_env(name: str, options: Mapping[str, Any] | None = None) -> None:
-    """Raise `EnvError` (a ValueError) naming what is wrong with environment `name` or its `options`."""
+    """Raise `EnvError` (a ValueError) naming what is wrong with environment `name` or its `options`.
+    Without `options` only the name is checked: an environment whose defaults are not runnable
+    (`verifiers` needs its taskset named) is not refused for options nobody gave yet."""
     # Imported here, so `import slipstream.run` stays light for what only renders config.
-    from slipstream.envs.registry import parse_options
+    from slipstream.envs.registry import environment_class, parse_options
 
-    parse_options(name, options or {})
+    if options is None:
+        environment_class(name)
+    else:
+        parse_options(name, options)
 
 
 def check_suites(suites: Iterable[str]) -> None:
@@ -28,7 +33,7 @@ def check_suites(suites: Iterable[str]) -> None:
 
     for suite in suites:
         try:
-            check_env(suite)
+            check_env(suite, {})  # a suite runs on its defaults: they must parse
         except EnvError as exc:
             raise EnvError(f"eval suite {suite!r}: {exc}") from None
 

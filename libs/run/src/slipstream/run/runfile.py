@@ -296,7 +296,7 @@ def load(path: str | Path) -> RunFile:
     env = run.env.name or TrainingPlan().env
     for table, key, check in (
         ("env", "name", lambda: check_env(env)),
-        ("env", "options", lambda: check_env(env, run.env.options)),
+        ("env", "options", lambda: check_env(env, run.env.options or {})),
         ("eval", "suites", lambda: check_suites(run.eval.suites or {})),
         ("algorithm", "loss_options", lambda: check_loss_section(run.algorithm)),
         ("endpoint", "renderer", lambda: check_renderer(run.endpoint.renderer if run.endpoint else None)),
