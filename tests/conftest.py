@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import os
 import random
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from slipstream.stack import Server, start_nats, start_redis, start_s3
+from slipstream.stack.process import ManagedProcess, free_port, wait_port
 
 SEED = int(os.environ.get("SLIPSTREAM_TEST_SEED", "1234"))
 
@@ -63,3 +65,26 @@ def minilm() -> object:
     from slipstream.retrieval.dense import MiniLM
 
     return MiniLM(threads=1)
+
+
+GUESS_SERVER = Path(__file__).resolve().parents[1] / "examples" / "openenv-guess" / "guess_server.py"
+
+
+@pytest.fixture(scope="module")
+def openenv_guess_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The repository's OpenEnv guess server (examples/openenv-guess, served by openenv-core's own
+    server code) in a child process on a free loopback port, stopped by PID: its base URL."""
+    pytest.importorskip("openenv.core.env_server")
+    port = free_port()
+    proc = ManagedProcess(
+        "openenv-guess",
+        [sys.executable, str(GUESS_SERVER), "--port", str(port)],
+        tmp_path_factory.mktemp("openenv") / "guess.log",
+    )
+    try:
+        wait_port("127.0.0.1", port, 60.0, proc.proc)
+    except Exception:
+        proc.stop(2)
+        pytest.fail(f"the OpenEnv guess server did not start:\n{proc.tail()}")
+    yield f"http://127.0.0.1:{port}"
+    proc.stop()

@@ -14,11 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
-import subprocess
-import sys
-import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -41,38 +36,16 @@ from slipstream.weights.chain import load_version
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
-SERVER = Path(__file__).resolve().parents[2] / "examples" / "openenv-guess" / "guess_server.py"
 STEPS = 3  # step 3 trains only rollouts of version >= 1 (max_staleness 1): a trained version is checked too
 FIRST = "Guess the hidden letter, one of abcdefgh. Answer with one letter.\nGuess: "
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _start_server() -> tuple[subprocess.Popen[bytes], str]:
-    port = _free_port()
-    proc = subprocess.Popen([sys.executable, str(SERVER), "--port", str(port)], stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and proc.poll() is None:
-        try:
-            with urllib.request.urlopen(f"{url}/health", timeout=2) as resp:
-                if resp.status == 200:
-                    return proc, url
-        except OSError:
-            time.sleep(0.2)
-    proc.kill()
-    proc.wait()
-    raise RuntimeError(f"the OpenEnv guess server did not start (exit {proc.poll()})")
-
-
 @pytest.mark.timeout(600)
-async def test_an_openenv_env_trains_and_records_what_the_model_sampled(tmp_path: Path) -> None:
+async def test_an_openenv_env_trains_and_records_what_the_model_sampled(
+    tmp_path: Path, openenv_guess_server: str
+) -> None:
     torch.set_num_threads(1)
-    server, url = await asyncio.to_thread(_start_server)
+    url = openenv_guess_server
     options = {"base_url": url, "max_turns": 2, "max_answer_chars": 3}
     plan = TrainingPlan(
         env="openenv",
@@ -127,8 +100,6 @@ async def test_an_openenv_env_trains_and_records_what_the_model_sampled(tmp_path
         if tap is not None:
             await tap.close()
         await asyncio.to_thread(stack.stop)
-        server.terminate()
-        server.wait(10)
 
     trained = [o for o in read_outcomes(outcomes) if o.outcome == "trained"]
     assert trained and max(o.step for o in trained) == STEPS

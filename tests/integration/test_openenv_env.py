@@ -12,13 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import random
-import socket
-import subprocess
-import sys
-import time
-import urllib.request
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 import torch
@@ -32,48 +25,12 @@ from slipstream.envs.openenv_client import OpenEnv
 from slipstream.envs.registry import EnvError
 from slipstream.harness.provenance import RecordingEngine
 from slipstream.harness.rollout import rollout_episodes
+from slipstream.stack.process import free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
-SERVER = Path(__file__).resolve().parents[2] / "examples" / "openenv-guess" / "guess_server.py"
 ALPHABET = "abcdefgh"
 TOK = ByteTokenizer()
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-@pytest.fixture(scope="module")
-def server() -> Iterator[str]:
-    port = _free_port()
-    proc = subprocess.Popen([sys.executable, str(SERVER), "--port", str(port)], stderr=subprocess.PIPE)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                with urllib.request.urlopen(f"{url}/health", timeout=2) as resp:
-                    if resp.status == 200:
-                        break
-            except OSError:
-                pass
-            if proc.poll() is not None or time.monotonic() > deadline:
-                err = proc.stderr.read().decode() if proc.stderr else ""
-                pytest.fail(f"the OpenEnv guess server did not start (exit {proc.poll()}): {err[-2000:]}")
-            time.sleep(0.2)
-        yield url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        if proc.stderr is not None:
-            proc.stderr.close()
 
 
 def expected_reward(seed: int, guesses: list[str]) -> float:
@@ -89,12 +46,12 @@ def expected_reward(seed: int, guesses: list[str]) -> float:
     return total
 
 
-async def test_openenv_episodes_are_what_the_engine_sampled_and_the_server_said(server: str) -> None:
+async def test_openenv_episodes_are_what_the_engine_sampled_and_the_server_said(openenv_guess_server: str) -> None:
     torch.set_num_threads(1)
     model, _ = build_tiny("tiny", seed=0)
     engine = RecordingEngine(TorchEngine(model, TOK, max_batch=8, max_seq_len=1024, device="cpu"))
     await engine.start()
-    env = get_env("openenv", base_url=server, max_turns=3)
+    env = get_env("openenv", base_url=openenv_guess_server, max_turns=3)
     params = SamplingParams(max_tokens=3, temperature=1.0, stop=["\n"], seed=5)
     episodes = []
     try:
@@ -143,7 +100,7 @@ def test_bad_options_fail_naming_them() -> None:
 
 
 async def test_an_unreachable_server_fails_the_episode_loudly() -> None:
-    env = get_env("openenv", base_url=f"http://127.0.0.1:{_free_port()}")
+    env = get_env("openenv", base_url=f"http://127.0.0.1:{free_port()}")
     model, _ = build_tiny("tiny", seed=0)
     engine = TorchEngine(model, TOK, max_batch=2, max_seq_len=256, device="cpu")
     await engine.start()

@@ -16,12 +16,7 @@ calls, results, answers). For every episode:
 
 from __future__ import annotations
 
-import socket
-import subprocess
-import sys
-import time
-import urllib.request
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -73,48 +68,18 @@ ENV_OPTIONS: dict[str, dict[str, Any]] = {
 
 
 REPO = Path(__file__).resolve().parents[2]
-GUESS_SERVER = REPO / "examples" / "openenv-guess" / "guess_server.py"
 VF_PYTHON = REPO / ".venv-vf" / "bin" / "python"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture(scope="module")
-def external() -> Iterator[dict[str, dict[str, Any]]]:
+def external(request: pytest.FixtureRequest) -> dict[str, dict[str, Any]]:
     """Options of the environments that play against something outside this process: `openenv`
-    against the repository's OpenEnv guess server, started here on a free loopback port (and stopped
-    by PID). `verifiers` runs verifiers in its own venv (`make verifiers-venv`); without it, it is
-    skipped by name (tests/integration/test_verifiers_env.py checks its tokens when it is built)."""
+    against the repository's OpenEnv guess server (tests/conftest.py starts it on a free port).
+    `verifiers` runs verifiers in its own venv (`make verifiers-venv`); without it, it is skipped by
+    name (tests/integration/test_verifiers_env.py checks its tokens when it is built)."""
     if "openenv" not in ALL_ENVS:
-        yield {}
-        return
-    port = _free_port()
-    proc = subprocess.Popen([sys.executable, str(GUESS_SERVER), "--port", str(port)], stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                with urllib.request.urlopen(f"{url}/health", timeout=2) as resp:
-                    if resp.status == 200:
-                        break
-            except OSError:
-                pass
-            if proc.poll() is not None or time.monotonic() > deadline:
-                pytest.fail(f"the OpenEnv guess server {GUESS_SERVER} did not start (exit {proc.poll()})")
-            time.sleep(0.2)
-        yield {"openenv": {"base_url": url}}
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        return {}
+    return {"openenv": {"base_url": request.getfixturevalue("openenv_guess_server")}}
 
 
 def _env(name: str, external: dict[str, dict[str, Any]]) -> Environment[Any]:
