@@ -17,26 +17,16 @@ on scored rollouts. Every tapped rollout is then checked against the model that 
 from __future__ import annotations
 
 import asyncio
-import json
 from pathlib import Path
-from typing import Any
 
-import nats
 import pytest
 import torch
-from e2e_support import until
+from e2e_support import one_version_rollouts, train_and_tap
 
-from slipstream.cli.spec import StackSpec, StoreSpec
-from slipstream.cli.stack import Stack
-from slipstream.cli.training import PIPELINE, TrainingPlan, service_env, warm_start
+from slipstream.cli.training import TrainingPlan, warm_start
 from slipstream.engine.loading import load_pretrained
 from slipstream.envs import get_env
-from slipstream.learner.outcomes import read_outcomes
 from slipstream.rl.batch import token_logprobs
-from slipstream.schemas import SCHEMA_HEADER, Episode, decode_message
-from slipstream.store import LocalObjectStore
-from slipstream.weights import manifest_key
-from slipstream.weights.chain import load_version
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -67,69 +57,15 @@ async def test_an_env_from_a_plugin_trains_and_records_what_the_model_sampled(tm
     )
     run = f"plugin-{env_name.replace('_', '-')}"
     run_dir = tmp_path / run
-    model_dir, store_root = run_dir / "model-init", run_dir / "data" / "store"
-    outcomes = run_dir / "learner-outcomes.jsonl"
-    await asyncio.to_thread(warm_start, plan, model_dir)
-    env = service_env(plan, model_dir, run_dir / "staging", outcomes)
-    env["SLIPSTREAM_GATE__ENVS"] = json.dumps([env_name])
-    # The engine keeps a row's KV cache across a weight update by default (libs/engine README): a row
-    # prefilled under v1 and sampled under v2 is then neither version's alone. Re-prefilled, every
-    # token of a one-version sample is that version's work, so teacher-forcing it must agree exactly.
-    env["SLIPSTREAM_WORKER__RECOMPUTE_KV_ON_UPDATE"] = "true"
-    spec = StackSpec(
-        run_dir=run_dir,
-        services=(*PIPELINE, "eval-gate"),
-        store=StoreSpec(type="local", root=str(store_root)),
-        run_id=run,
-        env=env,
-        ready_timeout_s=240.0,
-        drain_timeout_s=10.0,
-    )
-    stack = Stack(spec)
-    episodes: list[Episode] = []
-    tap = None
-    try:
-        await asyncio.to_thread(stack.start)
-        tap = await nats.connect(stack.servers["nats"].url, **stack.admin_nats_options())
-
-        async def on_traj(msg: Any) -> None:
-            episodes.append(decode_message(msg.data, (msg.headers or {}).get(SCHEMA_HEADER), Episode))
-
-        await tap.subscribe("traj.raw.>", cb=on_traj)
-        await asyncio.to_thread(stack.wait_ready)  # the worker, reward model and eval-gate built the env by name
-        learner = stack.services["learner"]
-        await until(lambda: not learner.alive(), 420, f"the learner's {STEPS} steps")
-        assert learner.returncode == 0, stack.tail("learner")
-        store = LocalObjectStore(store_root)
-        await until(lambda: store.exists(manifest_key(run, STEPS)), 60, f"version {STEPS} stored")
-    finally:
-        if tap is not None:
-            await tap.close()
-        await asyncio.to_thread(stack.stop)
-
-    trained = [o for o in read_outcomes(outcomes) if o.outcome == "trained"]
-    assert trained and max(o.step for o in trained) == STEPS
-    assert episodes and {e.env for e in episodes} == {env_name}
-    assert {o.trajectory_id for o in trained} <= {e.episode_id for e in episodes}  # trained on what the tap saw
+    await asyncio.to_thread(warm_start, plan, run_dir / "model-init")
+    tapped = await train_and_tap(plan, run_dir, run)
 
     the_env = get_env(env_name, **ENVS[env_name])
-    model, tok = load_pretrained(model_dir, dtype=torch.float32, device="cpu")
-    model.eval()
-    weights: dict[int, dict[str, torch.Tensor]] = {}
+    _, tok = load_pretrained(run_dir / "model-init", dtype=torch.float32, device="cpu")
     checked: dict[int, int] = {}
-    for ep in episodes:
-        (sample,) = ep.samples  # single-turn: one sample, the prompt then the sampled answer
-        versions = set(sample.versions())
-        if len(versions) != 1:
-            continue  # a weight update landed inside it; its two parts are two models' work
-        (version,) = versions
-        if version not in weights:
-            weights[version] = (
-                load_pretrained(model_dir, dtype=torch.float32, device="cpu")[0].state_dict()
-                if version == 0
-                else await asyncio.to_thread(load_version, store, run, version)
-            )
-        model.load_state_dict(weights[version], strict=False)
+    # single-turn: one sample, the prompt then the sampled answer
+    async for ep, version, model in one_version_rollouts(tapped):
+        (sample,) = ep.samples
         _, split, seed, index = ep.task_id.rsplit("-", 3)
         task = the_env.generate(split, int(index) + 1, int(seed))[int(index)]  # type: ignore[arg-type]
         ids, n = sample.ids(), sample.prompt_len
