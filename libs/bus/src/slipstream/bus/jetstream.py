@@ -48,6 +48,7 @@ _NAK = b"-NAK"
 _TERM = b"+TERM"
 _PROGRESS = b"+WPI"
 _DELIVER = {"new": DeliverPolicy.NEW, "last": DeliverPolicy.LAST, "all": DeliverPolicy.ALL}
+STREAM_INFO_WAIT_S = 15.0  # how long stream_info waits out a cluster election (503) before giving up
 
 
 _VIOLATION = re.compile(r"permissions violation for (publish|subscription) to \"?([^\"']+)", re.IGNORECASE)
@@ -394,11 +395,24 @@ class NatsBus:
 
     # -- inspection and shutdown ----------------------------------------------------------------
     async def stream_info(self, name: str) -> dict[str, Any]:
-        try:
-            si = await self.js.stream_info(name)
-            infos = await self.js.consumers_info(name)
-        except nats.js.errors.NotFoundError as exc:
-            raise BusError(f"stream {name!r} does not exist on {self.cfg.url}") from exc
+        # A clustered JetStream answers 503 ("temporarily unavailable") while its meta group elects a
+        # leader (a node killed or cut off, a partition healing): an inspection waits that out, as
+        # publishing and pulling do, for up to STREAM_INFO_WAIT_S.
+        deadline = asyncio.get_running_loop().time() + STREAM_INFO_WAIT_S
+        while True:
+            try:
+                si = await self.js.stream_info(name)
+                infos = await self.js.consumers_info(name)
+                break
+            except nats.js.errors.NotFoundError as exc:
+                raise BusError(f"stream {name!r} does not exist on {self.cfg.url}") from exc
+            except nats.js.errors.ServiceUnavailableError as exc:
+                if asyncio.get_running_loop().time() > deadline:
+                    raise BusError(
+                        f"stream {name!r}: JetStream still unavailable after {STREAM_INFO_WAIT_S:.0f} s "
+                        f"on {self.cfg.url}"
+                    ) from exc
+                await asyncio.sleep(0.25)
         st = si.state
         cluster = si.cluster
         return {
