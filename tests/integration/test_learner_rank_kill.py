@@ -164,6 +164,9 @@ async def bus(nats_server: Server) -> AsyncIterator[Bus]:
     await b.close()
 
 
+# Two learners, four Ray actors and a restart: ~50 s on a quiet 2-core host, 120 s (the default limit)
+# when a fresh-clone CI run shared the host with other test runs; the limit catches a hang, not speed.
+@pytest.mark.timeout(300)
 async def test_a_killed_rank_fails_the_learner_and_its_restart_trains_every_trajectory_once(
     nats_server: Server, redis_server: Server, bus: Bus, tmp_path: Path
 ) -> None:
