@@ -483,6 +483,18 @@ def test_up_with_all_services(tmp_path: Path) -> None:
         )  # fmt: skip
         rows = {r["name"]: r for r in json.loads(status.stdout)["services"]}
         assert rows["reward-model"]["restarts"] == 1 and rows["learner"]["restarts"] == 0
+        # The restarted reward-model is stopped below and must exit 0 like the rest, so it is let
+        # become ready first: a SIGTERM while it still imports (before its handler is installed)
+        # ends it by the signal (-15), which is what a fresh-clone CI run once caught here.
+        deadline = time.monotonic() + 90
+        while rows["reward-model"]["health"] != "ready":
+            assert time.monotonic() < deadline and proc.poll() is None, rows["reward-model"]
+            time.sleep(0.5)
+            status = subprocess.run(
+                [sys.executable, "-m", "slipstream.cli", "status", "--run-dir", "run", "--json"],
+                cwd=tmp_path, capture_output=True, text=True, timeout=60,
+            )  # fmt: skip
+            rows = {r["name"]: r for r in json.loads(status.stdout)["services"]}
     finally:
         rc, out = _interrupt(proc, timeout_s=60)
     assert rc == 0, out
