@@ -20,8 +20,6 @@ still in the stream.
 
 from __future__ import annotations
 
-import base64
-import binascii
 from collections import Counter
 from typing import Any
 
@@ -31,7 +29,7 @@ from slipstream.schemas import ScoredEpisode
 from slipstream.telemetry.logs import get_logger
 from slipstream.telemetry.metrics import counter
 from slipstream.trust.keys import Keyring, SigningKey
-from slipstream.trust.signing import Check, canonical
+from slipstream.trust.signing import Check, canonical, check_struct, sign_struct
 
 DOMAIN = b"slipstream.traj.scored/1\n"
 """Prefix of every signed score payload (distinct from the manifests' `signing.DOMAIN`)."""
@@ -52,24 +50,12 @@ def score_payload(scored: ScoredEpisode) -> bytes:
 
 def sign_scored(scored: ScoredEpisode, key: SigningKey) -> ScoredEpisode:
     """`scored` with `key_id` and `ed25519` filled in by `key`."""
-    unsigned = msgspec.structs.replace(scored, key_id="", ed25519="")
-    signature = key.sign(score_payload(unsigned))
-    return msgspec.structs.replace(unsigned, key_id=key.key_id, ed25519=base64.b64encode(signature).decode())
+    return sign_struct(scored, key, score_payload)
 
 
 def check_scored(scored: ScoredEpisode, keyring: Keyring) -> Check:
     """Whether `scored` carries a valid signature by a key of `keyring`."""
-    if not scored.key_id and not scored.ed25519:
-        return Check.UNSIGNED
-    if not keyring.knows(scored.key_id):
-        return Check.UNKNOWN_KEY
-    try:
-        signature = base64.b64decode(scored.ed25519, validate=True)
-    except (binascii.Error, ValueError):
-        return Check.BAD_SIGNATURE
-    if not keyring.verify(scored.key_id, signature, score_payload(scored)):
-        return Check.BAD_SIGNATURE
-    return Check.OK
+    return check_struct(scored, keyring, score_payload)
 
 
 class ScoreVerifier:

@@ -14,7 +14,8 @@ from __future__ import annotations
 import base64
 import binascii
 import enum
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import msgspec
 
@@ -59,23 +60,38 @@ def payload(manifest: WeightManifest) -> bytes:
     return DOMAIN + msgspec.json.encode(body)
 
 
+S = TypeVar("S", bound=msgspec.Struct)
+
+
+def sign_struct(obj: S, key: SigningKey, payload_of: Callable[[S], bytes]) -> S:
+    """`obj` (a struct with `key_id` and `ed25519` fields) signed by `key` over `payload_of(obj)`
+    taken with both fields empty."""
+    unsigned = msgspec.structs.replace(obj, key_id="", ed25519="")
+    signature = key.sign(payload_of(unsigned))
+    return msgspec.structs.replace(unsigned, key_id=key.key_id, ed25519=base64.b64encode(signature).decode())
+
+
+def check_struct(obj: S, keyring: Keyring, payload_of: Callable[[S], bytes]) -> Check:
+    """Whether `obj` carries a valid signature over `payload_of(obj)` by a key of `keyring`."""
+    key_id, encoded = obj.key_id, obj.ed25519  # type: ignore[attr-defined]
+    if not key_id and not encoded:
+        return Check.UNSIGNED
+    if not keyring.knows(key_id):
+        return Check.UNKNOWN_KEY
+    try:
+        signature = base64.b64decode(encoded, validate=True)
+    except (binascii.Error, ValueError):
+        return Check.BAD_SIGNATURE
+    if not keyring.verify(key_id, signature, payload_of(obj)):
+        return Check.BAD_SIGNATURE
+    return Check.OK
+
+
 def sign_manifest(manifest: WeightManifest, key: SigningKey) -> WeightManifest:
     """`manifest` with `key_id` and `ed25519` filled in by `key`."""
-    unsigned = msgspec.structs.replace(manifest, key_id="", ed25519="")
-    signature = key.sign(payload(unsigned))
-    return msgspec.structs.replace(unsigned, key_id=key.key_id, ed25519=base64.b64encode(signature).decode())
+    return sign_struct(manifest, key, payload)
 
 
 def check_manifest(manifest: WeightManifest, keyring: Keyring) -> Check:
     """Whether `manifest` carries a valid signature by a key of `keyring`."""
-    if not manifest.key_id and not manifest.ed25519:
-        return Check.UNSIGNED
-    if not keyring.knows(manifest.key_id):
-        return Check.UNKNOWN_KEY
-    try:
-        signature = base64.b64decode(manifest.ed25519, validate=True)
-    except (binascii.Error, ValueError):
-        return Check.BAD_SIGNATURE
-    if not keyring.verify(manifest.key_id, signature, payload(manifest)):
-        return Check.BAD_SIGNATURE
-    return Check.OK
+    return check_struct(manifest, keyring, payload)
