@@ -59,7 +59,7 @@ $(VF_VENV)/.installed:
 lint: install  ## ruff + mypy
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	$(VENV)/bin/mypy $(wildcard libs/*/src) $(wildcard services/*/src) tools/cli/src
+	$(VENV)/bin/mypy $(wildcard libs/*/src) $(wildcard services/*/src) $(wildcard tools/*/src)
 
 format: install
 	$(VENV)/bin/ruff format .

@@ -11,8 +11,8 @@ from __future__ import annotations
 import pytest
 from shared_run import DemoRun
 
-from slipstream.cli.demo import demo_plan
-from slipstream.cli.training import run_training
+from slipstream.run.presets import demo_plan
+from slipstream.run.training import run_training
 
 
 @pytest.fixture(scope="session")

@@ -14,14 +14,14 @@ from typing import Any
 import nats
 import torch
 
-from slipstream.cli.spec import StackSpec, StoreSpec
-from slipstream.cli.stack import Stack
-from slipstream.cli.status import read_json
-from slipstream.cli.training import PIPELINE, TrainingPlan, service_env
 from slipstream.engine import CausalLM
 from slipstream.engine.loading import load_pretrained
 from slipstream.learner.outcomes import Outcome, read_outcomes
+from slipstream.run.training import PIPELINE, TrainingPlan, service_env
 from slipstream.schemas import SCHEMA_HEADER, Episode, decode_message
+from slipstream.stack.local import Stack
+from slipstream.stack.spec import StackSpec, StoreSpec
+from slipstream.stack.status import read_json
 from slipstream.store import LocalObjectStore
 from slipstream.weights import manifest_key
 from slipstream.weights.chain import load_version

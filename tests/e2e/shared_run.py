@@ -10,5 +10,5 @@ from typing import Any
 @dataclass(frozen=True)
 class DemoRun:
     plan: Any  # slipstream.run.TrainingPlan
-    summary: Any  # the run's summary (slipstream.cli.training)
+    summary: Any  # the run's summary (slipstream.run.training)
     run_dir: Path

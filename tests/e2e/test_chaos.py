@@ -31,8 +31,8 @@ from pathlib import Path
 import pytest
 from spans import trained_groups
 
-from slipstream.cli.chaos import FAULTS, chaos_plan, run_chaos
-from slipstream.cli.training import PIPELINE
+from slipstream.chaos.suite import FAULTS, chaos_plan, run_chaos
+from slipstream.run.training import PIPELINE
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

@@ -40,8 +40,8 @@ import pytest
 from shared_run import DemoRun
 from spans import Span, Spans, trained_groups, trained_ids
 
-from slipstream.cli.report import build_report
-from slipstream.cli.training import PIPELINE
+from slipstream.run.report import build_report
+from slipstream.run.training import PIPELINE
 from slipstream.telemetry.spanfile import read_spans
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]

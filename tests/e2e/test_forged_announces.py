@@ -36,12 +36,12 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from e2e_support import until
 
 from slipstream.bus import connect_bus
-from slipstream.cli.spec import StackSpec, StoreSpec
-from slipstream.cli.stack import Stack
-from slipstream.cli.status import read_json
-from slipstream.cli.training import PIPELINE, TrainingPlan, service_env, warm_start
+from slipstream.run.training import PIPELINE, TrainingPlan, service_env, warm_start
 from slipstream.schemas import WeightAnnounce, to_json
 from slipstream.schemas.subjects import WEIGHTS_ANNOUNCE
+from slipstream.stack.local import Stack
+from slipstream.stack.spec import StackSpec, StoreSpec
+from slipstream.stack.status import read_json
 from slipstream.store import LocalObjectStore
 from slipstream.trust import SigningKey, sign_manifest
 from slipstream.weights import manifest_key, read_manifest

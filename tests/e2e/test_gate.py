@@ -33,13 +33,13 @@ import pytest
 import torch
 
 from slipstream.bus import Bus, connect_bus
-from slipstream.cli.spec import StackSpec, StoreSpec
-from slipstream.cli.stack import Stack
-from slipstream.cli.status import read_json
-from slipstream.cli.training import PIPELINE, TrainingPlan, service_env, warm_start
+from slipstream.run.training import PIPELINE, TrainingPlan, service_env, warm_start
 from slipstream.schemas import EvalResult, WeightAnnounce, WeightsPromoted
 from slipstream.schemas.subjects import EVAL_RESULT, WEIGHTS_ANNOUNCE, WEIGHTS_PROMOTED
 from slipstream.stack import ManagedProcess, free_port
+from slipstream.stack.local import Stack
+from slipstream.stack.spec import StackSpec, StoreSpec
+from slipstream.stack.status import read_json
 from slipstream.store import LocalObjectStore
 from slipstream.trust import load_signing_key, sign_manifest
 from slipstream.weights import fetch_version, manifest_key, publish_snapshot

@@ -18,13 +18,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from slipstream.cli.training import run_training
 from slipstream.engine import build_tiny, load_pretrained, save_pretrained
 from slipstream.engine.config import ModelConfig
 from slipstream.engine.tokenizer import ByteTokenizer
 from slipstream.envs import get_env
 from slipstream.harness.warmstart import sft_warmstart
 from slipstream.run import RunFileError, load
+from slipstream.run.training import run_training
 from slipstream.store import LocalObjectStore
 from slipstream.weights.chain import load_version
 
@@ -52,7 +52,7 @@ QWEN3_TINY = ModelConfig(
 
 def _warm_started(directory: Path) -> Path:
     """The Qwen3 model, warm-started on reverse with the demo's own warm-start settings, saved."""
-    from slipstream.cli.demo import demo_plan
+    from slipstream.run.presets import demo_plan
 
     demo = demo_plan()
     model, tokenizer = build_tiny(QWEN3_TINY, seed=0)

@@ -23,10 +23,10 @@ import pytest
 import torch
 from e2e_support import one_version_rollouts, train_and_tap
 
-from slipstream.cli.training import TrainingPlan, warm_start
 from slipstream.engine.loading import load_pretrained
 from slipstream.envs import get_env
 from slipstream.rl.batch import token_logprobs
+from slipstream.run.training import TrainingPlan, warm_start
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

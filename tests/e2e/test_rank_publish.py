@@ -20,10 +20,10 @@ import pytest
 from e2e_support import until, worker_weights
 from safetensors.torch import load as load_safetensors
 
-from slipstream.cli.spec import StackSpec, StoreSpec
-from slipstream.cli.stack import Stack
-from slipstream.cli.training import PIPELINE, TrainingPlan, service_env, warm_start
 from slipstream.learner.checkpoint import Pointer
+from slipstream.run.training import PIPELINE, TrainingPlan, service_env, warm_start
+from slipstream.stack.local import Stack
+from slipstream.stack.spec import StackSpec, StoreSpec
 from slipstream.store import LocalObjectStore
 from slipstream.weights import manifest_key, read_manifest
 from slipstream.weights.parts import split_parts

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from slipstream.cli.demo import pretrained_plan
-from slipstream.cli.training import run_training
+from slipstream.run.presets import pretrained_plan
+from slipstream.run.training import run_training
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

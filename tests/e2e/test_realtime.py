@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from slipstream.cli.demo import demo_plan
-from slipstream.cli.realtime import RealtimePlan, run_realtime
+from slipstream.run.presets import demo_plan
+from slipstream.run.realtime import RealtimePlan, run_realtime
 
 pytestmark = [pytest.mark.e2e]
 

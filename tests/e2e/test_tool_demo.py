@@ -25,8 +25,8 @@ from pathlib import Path
 
 import pytest
 
-from slipstream.cli.demo import demo_plan
-from slipstream.cli.training import run_training
+from slipstream.run.presets import demo_plan
+from slipstream.run.training import run_training
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

@@ -20,9 +20,9 @@ import pytest
 import torch
 from e2e_support import one_version_rollouts, train_and_tap
 
-from slipstream.cli.training import TrainingPlan
 from slipstream.engine import build_tiny, save_pretrained
 from slipstream.rl.batch import token_logprobs
+from slipstream.run.training import TrainingPlan
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

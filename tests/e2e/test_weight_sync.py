@@ -22,11 +22,11 @@ import nats
 import pytest
 from e2e_support import until, worker_weights
 
-from slipstream.cli.spec import StackSpec, StoreSpec
-from slipstream.cli.stack import Stack
-from slipstream.cli.training import PIPELINE, TrainingPlan, service_env, warm_start
+from slipstream.run.training import PIPELINE, TrainingPlan, service_env, warm_start
 from slipstream.schemas import SCHEMA_HEADER, Episode, decode_message
 from slipstream.stack import ManagedProcess, free_port
+from slipstream.stack.local import Stack
+from slipstream.stack.spec import StackSpec, StoreSpec
 from slipstream.store import LocalObjectStore
 from slipstream.weights import manifest_key, read_manifest
 from slipstream.weights.chain import load_version

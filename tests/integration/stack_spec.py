@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from slipstream.cli.spec import StackSpec
+from slipstream.stack.spec import StackSpec
 
 
 def full_stack_spec(tmp: Path) -> StackSpec:

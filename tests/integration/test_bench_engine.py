@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from slipstream.cli import bench_engine
+from slipstream.bench import engine as bench_engine
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(400)]
 

@@ -131,7 +131,8 @@ async def test_gate_promotes_rejects_noise_and_serving_follows_rollback(
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    from slipstream.cli import promotion, status
+    from slipstream.cli import promotion
+    from slipstream.stack import status
 
     store_root = tmp_path / "store"
     store = LocalObjectStore(str(store_root))

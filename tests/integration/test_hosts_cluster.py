@@ -399,8 +399,8 @@ async def _replica_online(rf: RedisFailover) -> bool:
 
 
 def test_bench_bus_hosts_measures_one_node_against_three_replicas() -> None:
-    from slipstream.cli.bench_bus import build_messages
-    from slipstream.cli.bench_bus_hosts import measure, table
+    from slipstream.bench.bus import build_messages
+    from slipstream.bench.bus_hosts import measure, table
 
     msgs, payloads = build_messages(60, 2000)
     res = measure(3, msgs, sum(len(p) for p in payloads) / len(payloads))

@@ -86,8 +86,8 @@ def test_the_gate_reports_humaneval_beside_the_runs_env_without_deciding_by_it(t
 
 
 def test_the_held_out_evaluation_reports_humaneval_pass_at_1_sampled_and_greedy(tmp_path: Path) -> None:
-    from slipstream.cli.heldout import HeldOut
     from slipstream.engine import build_tiny, save_pretrained
+    from slipstream.run.heldout import HeldOut
 
     model, tokenizer = build_tiny("micro", seed=0)
     save_pretrained(model, tokenizer, tmp_path / "model")

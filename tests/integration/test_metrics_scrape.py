@@ -22,8 +22,8 @@ import pytest
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
 from stack_spec import full_stack_spec
 
-from slipstream.cli.spec import SERVICES
-from slipstream.cli.stack import Stack
+from slipstream.stack.local import Stack
+from slipstream.stack.spec import SERVICES
 from slipstream.telemetry.config import TelemetryConfig
 from slipstream.telemetry.exposition import Exposition, parse_prometheus
 from slipstream.telemetry.metrics import REGISTRY, prom_name

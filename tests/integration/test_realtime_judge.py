@@ -12,8 +12,8 @@ from __future__ import annotations
 import pytest
 from scripted_judge import Call, Reply, ScriptedJudge
 
-from slipstream.cli.realtime_judge import judge_cycles
-from slipstream.cli.sim import PREFERENCES, SimStats, Turn
+from slipstream.run.realtime_judge import judge_cycles
+from slipstream.run.sim import PREFERENCES, SimStats, Turn
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
@@ -96,7 +96,7 @@ async def test_agreement_per_rubric_and_version() -> None:
 async def test_smollm2_judge_verdicts_parse_with_the_prefill() -> None:
     """`--judge smollm2`: SmolLM2-135M-Instruct served in-process (its ChatML renderer) continues the
     prefilled `SCORE:` with a number; without the prefill its prose never parsed (README)."""
-    from slipstream.cli.realtime_judge import local_judge
+    from slipstream.run.realtime_judge import local_judge
 
     stats = SimStats()
     for i, (word, answer) in enumerate([("abc", "cba"), ("dog", "ggg"), ("sun", "nus"), ("map", "xyz")]):

@@ -25,9 +25,6 @@ from test_reward_model import config, read_scored, running, traj
 
 from slipstream.bus import BusConfig, connect_bus
 from slipstream.bus.permissions import ADMIN, all_permissions, new_passwords, server_authorization
-from slipstream.cli.spec import StackSpec
-from slipstream.cli.stack import Stack
-from slipstream.cli.status import read_json
 from slipstream.learner.config import LearnerConfig
 from slipstream.learner.outcomes import read_outcomes
 from slipstream.learner.service import LearnerService
@@ -36,6 +33,9 @@ from slipstream.runtime.config import resolve
 from slipstream.schemas import ScoredEpisode, scored_episode_from_v1
 from slipstream.schemas.subjects import traj_scored_subject
 from slipstream.stack import Server, start_nats
+from slipstream.stack.local import Stack
+from slipstream.stack.spec import StackSpec
+from slipstream.stack.status import read_json
 from slipstream.trust import (
     Check,
     Keyring,

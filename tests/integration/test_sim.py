@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 import torch
 
-from slipstream.cli.sim import PREFERENCES, SimConfig, Simulator
 from slipstream.engine import TorchEngine, build_tiny
 from slipstream.engine.tokenizer import ByteTokenizer
+from slipstream.run.sim import PREFERENCES, SimConfig, Simulator
 from slipstream.serve import MemorySink, ServeConfig, ServeEndpoint
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]

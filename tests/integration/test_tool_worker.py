@@ -92,8 +92,8 @@ async def test_remote_tools_without_a_nats_url_fail_before_the_model_loads() -> 
 
 
 async def test_the_local_stack_starts_the_tool_service_replicas_a_run_asks_for(tmp_path: Path) -> None:
-    from slipstream.cli.spec import StackSpec
-    from slipstream.cli.stack import Stack
+    from slipstream.stack.local import Stack
+    from slipstream.stack.spec import StackSpec
     from slipstream.tools.remote import NatsTransport
 
     env = {"SLIPSTREAM_SERVE__SETS": '["lookup"]', "SLIPSTREAM_SERVE__OPTIONS": '{"lookup": {"salt": "worker-test"}}'}

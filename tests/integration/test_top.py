@@ -18,10 +18,10 @@ from pathlib import Path
 import pytest
 from stack_spec import full_stack_spec
 
-from slipstream.cli.spec import SERVICES
-from slipstream.cli.stack import Stack
-from slipstream.cli.top import Frame, Stage, render, slowest
+from slipstream.run.top import Frame, Stage, render, slowest
 from slipstream.schemas import LearnerStep, WeightAnnounce
+from slipstream.stack.local import Stack
+from slipstream.stack.spec import SERVICES
 
 pytestmark = pytest.mark.integration
 

@@ -26,12 +26,12 @@ import redis
 from rich.console import Console
 
 from slipstream.cli import up
-from slipstream.cli.credentials import Credentials, redis_url_for
-from slipstream.cli.handles import ServerHandle
-from slipstream.cli.spec import SERVICES, StackSpec, module_of
-from slipstream.cli.stack import Stack, StackError, StackInterrupted
-from slipstream.cli.supervisor import NO_RESTART, RestartPolicy
 from slipstream.stack import Server, pid_alive
+from slipstream.stack.credentials import Credentials, redis_url_for
+from slipstream.stack.handles import ServerHandle
+from slipstream.stack.local import Stack, StackError, StackInterrupted
+from slipstream.stack.spec import SERVICES, StackSpec, module_of
+from slipstream.stack.supervisor import NO_RESTART, RestartPolicy
 
 pytestmark = pytest.mark.integration
 

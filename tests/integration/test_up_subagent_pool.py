@@ -19,11 +19,11 @@ from typing import Any
 import pytest
 
 from slipstream.bus import connect_bus
-from slipstream.cli.spec import StackSpec
-from slipstream.cli.stack import Stack
 from slipstream.envs import get_env
 from slipstream.rollout_worker.subagent_client import NatsSubagents
 from slipstream.schemas import SubagentRequest, SubagentSampling
+from slipstream.stack.local import Stack
+from slipstream.stack.spec import StackSpec
 
 pytestmark = pytest.mark.integration
 

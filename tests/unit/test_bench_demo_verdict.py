@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from slipstream.cli.bench_demo import verdict
+from slipstream.bench.demo import verdict
 
 pytestmark = pytest.mark.unit
 

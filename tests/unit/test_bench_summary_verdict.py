@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from slipstream.cli.bench_summary import verdict
+from slipstream.bench.summary import verdict
 
 pytestmark = pytest.mark.unit
 

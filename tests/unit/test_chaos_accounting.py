@@ -7,14 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from slipstream.cli.chaos import parse_faults
-from slipstream.cli.chaos_accounting import (
+from slipstream.chaos.accounting import (
     AnnounceRecord,
     corrupted_applied,
     join_trajectories,
     versions_announced_twice,
 )
-from slipstream.cli.chaos_audit import applied_versions, refused_versions
+from slipstream.chaos.audit import applied_versions, refused_versions
+from slipstream.chaos.suite import parse_faults
 
 pytestmark = pytest.mark.unit
 

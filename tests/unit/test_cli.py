@@ -12,11 +12,13 @@ from pathlib import Path
 import msgspec
 import pytest
 
+from slipstream.bench import main as bench
 from slipstream.bus.config import BusConfig
-from slipstream.cli import bench
 from slipstream.cli.__main__ import COMMANDS, build_parser, main
-from slipstream.cli.handles import ServerHandle
-from slipstream.cli.spec import (
+from slipstream.runtime.section import ServiceSection
+from slipstream.stack.handles import ServerHandle
+from slipstream.stack.local import OWNED_ENV, OWNED_WHEN_SECURE, Stack, StackError
+from slipstream.stack.spec import (
     SERVICES,
     StackSpec,
     StoreSpec,
@@ -26,9 +28,7 @@ from slipstream.cli.spec import (
     restart_policy,
     spec_from_args,
 )
-from slipstream.cli.stack import OWNED_ENV, OWNED_WHEN_SECURE, Stack, StackError
-from slipstream.cli.supervisor import NO_RESTART, RestartPolicy
-from slipstream.runtime.section import ServiceSection
+from slipstream.stack.supervisor import NO_RESTART, RestartPolicy
 from slipstream.store.config import StoreConfig
 from slipstream.telemetry.config import TelemetryConfig
 
@@ -58,10 +58,12 @@ def test_no_command_prints_help_and_exits_2(capsys: pytest.CaptureFixture[str]) 
 
 
 def test_building_the_parser_imports_nothing_heavy() -> None:
-    # `slipstream --help` must stay instant: rich, the stack and service libs load only in `run`.
+    # `slipstream --help` must stay instant: rich, the stack, the run driver, the benches, chaos and the
+    # service libs load only in `run` (the flags' own modules, e.g. slipstream.stack.spec, are light).
     code = (
         "import sys; from slipstream.cli.__main__ import build_parser; build_parser();"
-        "heavy = ('rich', 'torch', 'nats', 'redis', 'msgspec', 'slipstream.stack', 'slipstream.cli.stack');"
+        "heavy = ('rich', 'torch', 'nats', 'redis', 'msgspec', 'slipstream.stack.local', 'slipstream.run.training',"
+        " 'slipstream.run.plan', 'slipstream.bench', 'slipstream.chaos.suite', 'slipstream.bus');"
         "print(sorted(m for m in sys.modules if m in heavy or m.startswith(tuple(h + '.' for h in heavy))))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=30)
@@ -156,8 +158,8 @@ def test_default_run_dir_does_not_reuse_a_taken_second(tmp_path: Path) -> None:
 
 
 def test_a_run_dir_that_holds_an_earlier_run_is_refused_before_anything_starts(tmp_path: Path) -> None:
-    from slipstream.cli.training import earlier_run, run_training
     from slipstream.run.plan import TrainingPlan
+    from slipstream.run.training import earlier_run, run_training
 
     fresh = tmp_path / "fresh"
     assert earlier_run(fresh) == ""  # not there yet
@@ -245,16 +247,16 @@ def test_env_flag_cannot_override_what_the_stack_sets(tmp_path: Path) -> None:
 
 
 def test_bench_reports_a_missing_module(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
-    monkeypatch.setattr(bench, "BENCHES", {"nope": "bench_nope_not_here"})
+    monkeypatch.setattr(bench, "BENCHES", {"nope": "nope_not_here"})
     with pytest.raises(SystemExit) as exc:
         main(["bench", "nope", "--json", "x.json"])
     assert exc.value.code == 2
-    assert "'nope' is not available: module slipstream.cli.bench_nope_not_here is missing" in capsys.readouterr().err
+    assert "'nope' is not available: module slipstream.bench.nope_not_here is missing" in capsys.readouterr().err
     with pytest.raises(SystemExit) as exc:
         main(["bench", "--help"])
     assert exc.value.code == 0
     help_text = " ".join(capsys.readouterr().out.split())  # argparse wraps long help lines
-    assert "nope (unavailable: module slipstream.cli.bench_nope_not_here is missing)" in help_text
+    assert "nope (unavailable: module slipstream.bench.nope_not_here is missing)" in help_text
 
 
 def test_bench_runs_a_registered_module(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
@@ -267,8 +269,8 @@ def test_bench_runs_a_registered_module(monkeypatch: pytest.MonkeyPatch, tmp_pat
             p.add_argument("--json", type=Path)
             p.set_defaults(func=lambda a: calls.append([str(a.json)]) or 3)
 
-    monkeypatch.setitem(sys.modules, "slipstream.cli.bench_fake", FakeBench)
-    monkeypatch.setattr(bench, "BENCHES", {"fake": "bench_fake"})
+    monkeypatch.setitem(sys.modules, "slipstream.bench.fake", FakeBench)
+    monkeypatch.setattr(bench, "BENCHES", {"fake": "fake"})
     assert main(["bench", "fake", "--json", str(tmp_path / "b.json")]) == 3
     assert calls == [[str(tmp_path / "b.json")]]
 
@@ -346,9 +348,9 @@ def test_learner_ranks_start_one_weight_publisher_per_rank(tmp_path: Path) -> No
 
 
 def test_pool_replicas_run_the_rollout_worker_pinned_as_their_own_user(tmp_path: Path) -> None:
-    from slipstream.cli.spec import module_of, pool_replica_names
     from slipstream.rollout_worker.config import RolloutWorkerConfig
     from slipstream.runtime.config import resolve
+    from slipstream.stack.spec import module_of, pool_replica_names
 
     stack = _stack_with_fake_servers(
         tmp_path,

@@ -12,9 +12,9 @@ import re
 import pytest
 from rich.console import Console
 
-from slipstream.cli.demo import demo_plan
-from slipstream.cli.progress import summary_table
-from slipstream.cli.training import RunSummary
+from slipstream.run.presets import demo_plan
+from slipstream.run.progress import summary_table
+from slipstream.run.training import RunSummary
 
 pytestmark = pytest.mark.unit
 

@@ -87,9 +87,9 @@ def test_the_eval_gate_plays_sub_agents_on_the_pinned_version(tmp_path: Path) ->
 
 @pytest.mark.usefixtures("probe")
 def test_the_held_out_evaluation_plays_sub_agents_on_the_initial_weights(tmp_path: Path) -> None:
-    from slipstream.cli.heldout import HeldOut
     from slipstream.engine import build_tiny, save_pretrained
     from slipstream.engine.frozen import FrozenEngine
+    from slipstream.run.heldout import HeldOut
     from slipstream.run.plan import TrainingPlan
 
     model, tokenizer = build_tiny("micro", seed=0)

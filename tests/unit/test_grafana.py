@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from slipstream.cli.spec import SERVICES
+from slipstream.stack.spec import SERVICES
 from slipstream.telemetry.metrics import prom_name
 
 pytestmark = pytest.mark.unit

@@ -1,8 +1,8 @@
 """The dependency arrows of the monorepo, checked with `ast` over every source file.
 
-Services import libs, never each other; libs never import services or the CLI; the schema
-package imports only msgspec and the standard library; `slipstream` stays a PEP 420 namespace
-(no `src/slipstream/__init__.py` in any distribution).
+Services import libs, never each other; libs never import services or a tools package (the CLI,
+the benches, the chaos suite); the schema package imports only msgspec and the standard library;
+`slipstream` stays a PEP 420 namespace (no `src/slipstream/__init__.py` in any distribution).
 """
 
 from __future__ import annotations
@@ -21,6 +21,9 @@ SERVICE_PACKAGES = {
     p.parent.parent.parent.name: p.name
     for p in sorted(REPO.glob("services/*/src/slipstream/*"))
     if p.is_dir() and not p.name.startswith((".", "_"))
+}
+TOOL_PACKAGES = {
+    p.name for p in sorted(REPO.glob("tools/*/src/slipstream/*")) if p.is_dir() and not p.name.startswith((".", "_"))
 }
 SCHEMAS_MAY_IMPORT = {"msgspec", "__future__"} | set(sys.stdlib_module_names)
 
@@ -54,8 +57,8 @@ def violations(rel: Path, source: str) -> list[str]:
         if parts[0] == "libs":
             if any(_is(module, f"slipstream.{pkg}") for pkg in SERVICE_PACKAGES.values()):
                 found.append(f"{where}: a lib imports a service")
-            if _is(module, "slipstream.cli"):
-                found.append(f"{where}: a lib imports the CLI")
+            if any(_is(module, f"slipstream.{pkg}") for pkg in TOOL_PACKAGES):
+                found.append(f"{where}: a lib imports a tools package")
             if parts[1] == "schemas":
                 top = module.split(".")[0]
                 if top not in SCHEMAS_MAY_IMPORT and not _is(module, "slipstream.schemas"):
@@ -81,6 +84,9 @@ def test_the_checker_sees_each_kind_of_violation() -> None:
     assert violations(lib_file, "from slipstream.eval_gate.config import EvalGateConfig") != []
     assert violations(lib_file, "from slipstream import cli") != []
     assert violations(lib_file, "import slipstream.cli.main") != []
+    assert {"cli", "bench", "chaos"} <= TOOL_PACKAGES, TOOL_PACKAGES
+    assert violations(lib_file, "from slipstream.bench.main import write_json") != []
+    assert violations(lib_file, "import slipstream.chaos.suite") != []
     schema_file = Path("libs/schemas/src/slipstream/schemas/x.py")
     assert violations(schema_file, "import numpy") != []
     assert violations(schema_file, "from slipstream.bus import connect_bus") != []

@@ -418,7 +418,7 @@ def test_delta_weight_sync_on_a_moe_model_is_bit_exact_and_serves_the_learners_l
 def test_the_bench_section_reports_bf16_and_fp32_rows_per_seed(capsys: pytest.CaptureFixture[str]) -> None:
     import argparse
 
-    from slipstream.cli.bench_moe import moe_section
+    from slipstream.bench.moe import moe_section
 
     args = argparse.Namespace(
         no_moe=False, moe_model="tiny-moe", moe_seeds=[0, 1], moe_requests=2, moe_new=4, device="cpu"

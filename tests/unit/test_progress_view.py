@@ -7,14 +7,14 @@ import io
 import pytest
 from rich.console import Console
 
-from slipstream.cli.progress import ProgressView
 from slipstream.run.plan import TrainingPlan
+from slipstream.run.progress import ProgressView
 
 pytestmark = pytest.mark.unit
 
 
 def test_warm_start_checks_print_on_the_cliff_and_at_most_every_30_s(monkeypatch: pytest.MonkeyPatch) -> None:
-    import slipstream.cli.progress as progress
+    import slipstream.run.progress as progress
 
     clock = [100.0]
     monkeypatch.setattr(progress.time, "monotonic", lambda: clock[0])

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from slipstream.cli.realtime import RealtimePlan
-from slipstream.cli.realtime_report import Observed, cycle_rows, session_of, summarize
-from slipstream.cli.sim import SimStats, Turn
+from slipstream.run.realtime import RealtimePlan
+from slipstream.run.realtime_report import Observed, cycle_rows, session_of, summarize
+from slipstream.run.sim import SimStats, Turn
 
 pytestmark = pytest.mark.unit
 

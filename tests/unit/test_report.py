@@ -15,8 +15,8 @@ import msgspec
 import pytest
 
 from slipstream.cli.__main__ import main
-from slipstream.cli.report import ReportError, build_report, load_run, resolve_run, write_html
-from slipstream.cli.training import RunSummary, TrainingPlan
+from slipstream.run.report import ReportError, build_report, load_run, resolve_run, write_html
+from slipstream.run.training import RunSummary, TrainingPlan
 
 pytestmark = pytest.mark.unit
 
@@ -228,7 +228,7 @@ def test_a_run_without_steps_or_directory_is_a_clear_error(tmp_path: Path, capsy
 
 
 def test_the_episode_shape_of_the_learner_log_reaches_the_summary() -> None:
-    from slipstream.cli.report import EPISODE_FIGURES, Run, _summary_rows, steps_from_logs
+    from slipstream.run.report import EPISODE_FIGURES, Run, _summary_rows, steps_from_logs
 
     rows = [
         {
@@ -250,7 +250,7 @@ def test_the_episode_shape_of_the_learner_log_reaches_the_summary() -> None:
 
 
 def test_the_reward_weights_and_episode_means_of_the_learner_log_reach_the_steps() -> None:
-    from slipstream.cli.report import steps_from_logs
+    from slipstream.run.report import steps_from_logs
 
     rows = [
         {

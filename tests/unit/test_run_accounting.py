@@ -7,8 +7,8 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from slipstream.cli.follow import outcome_counts, outcome_tally
-from slipstream.cli.tap import TapIds
+from slipstream.run.follow import outcome_counts, outcome_tally
+from slipstream.run.tap import TapIds
 
 pytestmark = pytest.mark.unit
 

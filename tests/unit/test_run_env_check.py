@@ -84,7 +84,7 @@ def test_train_print_config_and_demo_say_one_line_and_exit_2(
 
 
 def test_the_reasoning_gym_example_is_the_demo_plan() -> None:
-    from slipstream.cli.demo import demo_plan
+    from slipstream.run.presets import demo_plan
 
     assert load(Path(__file__).resolve().parents[2] / "examples" / "reasoning_gym.toml").plan() == demo_plan(
         "reasoning_gym"

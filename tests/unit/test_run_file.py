@@ -209,28 +209,28 @@ def test_a_run_asking_for_a_subagent_pool_sends_the_workers_sub_agents_there(tmp
 def test_the_reverse_example_is_the_default_demo() -> None:
     """examples/reverse.toml and `slipstream demo` train the same thing (the e2e suite's shared demo
     run covers the file's path: tests/e2e/test_run_files.py, RUN_ELSEWHERE)."""
-    from slipstream.cli.demo import demo_plan
+    from slipstream.run.presets import demo_plan
 
     assert load(REPO / "examples" / "reverse.toml").plan() == demo_plan() == demo_plan("reverse")
 
 
 def test_the_lookup_example_is_the_lookup_demo() -> None:
     """examples/lookup.toml and `slipstream demo --env lookup` train the same thing."""
-    from slipstream.cli.demo import demo_plan
+    from slipstream.run.presets import demo_plan
 
     assert load(REPO / "examples" / "lookup.toml").plan() == demo_plan("lookup")
 
 
 def test_the_search_example_is_the_search_demo() -> None:
     """examples/search.toml and `slipstream demo --env search` train the same thing."""
-    from slipstream.cli.demo import demo_plan
+    from slipstream.run.presets import demo_plan
 
     assert load(REPO / "examples" / "search.toml").plan() == demo_plan("search")
 
 
 def test_the_swarm_example_is_the_swarm_demo() -> None:
     """examples/swarm.toml and `slipstream demo --env swarm` train the same thing, λ schedule included."""
-    from slipstream.cli.demo import demo_plan
+    from slipstream.run.presets import demo_plan
 
     plan = load(REPO / "examples" / "swarm.toml").plan()
     assert plan == demo_plan("swarm") and set(plan.reward_schedule) == {"parallel", "finish"}
@@ -239,7 +239,7 @@ def test_the_swarm_example_is_the_swarm_demo() -> None:
 def test_the_search_call_example_trains_what_the_real_model_e2e_runs() -> None:
     """examples/search_call.toml is the real-model demo's model, env, LoRA and rollout precision
     (tests/e2e/test_real_model_training.py runs that path; the example only steps on fewer groups)."""
-    from slipstream.cli.demo import pretrained_plan
+    from slipstream.run.presets import pretrained_plan
 
     example, demo = load(REPO / "examples" / "search_call.toml").plan(), pretrained_plan("smollm2-135m")
     fields = ("model", "env", "loss", "lora_rank", "lora_alpha", "rollout_dtype", "learner_autocast", "group_size")
@@ -248,7 +248,7 @@ def test_the_search_call_example_trains_what_the_real_model_e2e_runs() -> None:
 
 def test_the_recall_example_is_the_recall_demo() -> None:
     """examples/recall.toml and `slipstream demo --env recall` train the same thing, summaries on."""
-    from slipstream.cli.demo import demo_plan
+    from slipstream.run.presets import demo_plan
 
     plan = load(REPO / "examples" / "recall.toml").plan()
     assert plan == demo_plan("recall") and plan.summary["mode"] == "summary"
@@ -256,7 +256,7 @@ def test_the_recall_example_is_the_recall_demo() -> None:
 
 def test_the_code_example_is_the_code_demo() -> None:
     """examples/code.toml and `slipstream demo --env code` train the same thing."""
-    from slipstream.cli.demo import demo_plan
+    from slipstream.run.presets import demo_plan
 
     assert load(REPO / "examples" / "code.toml").plan() == demo_plan("code")
 
@@ -317,9 +317,9 @@ def test_a_bad_summary_key_is_named(tmp_path: Path, body: str, words: str) -> No
 
 
 def test_a_summary_the_services_cannot_use_fails_before_anything_starts() -> None:
-    from slipstream.cli.summary_plan import summary_config
     from slipstream.rollout_worker.sampler import check_summary
     from slipstream.run import TrainingPlan
+    from slipstream.run.summary_plan import summary_config
 
     with pytest.raises(ValueError, match="min_tokens <= max_tokens"):
         summary_config(TrainingPlan(summary={"enabled": True, "min_tokens": 90, "max_tokens": 60}))
@@ -337,9 +337,9 @@ def test_a_summary_the_services_cannot_use_fails_before_anything_starts() -> Non
 def test_learner_ranks_in_a_run_file_reach_the_learner_and_the_stack(tmp_path: Path) -> None:
     import argparse
 
-    from slipstream.cli.spec import StackSpec
     from slipstream.cli.up import with_run_file
     from slipstream.learner.config import LearnerConfig
+    from slipstream.stack.spec import StackSpec
 
     path = tmp_path / "ranks.toml"
     path.write_text('name = "ranks"\n[learner]\nranks = 2\n')

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import pytest
 
-from slipstream.cli.bench_search_budget import measure
-from slipstream.cli.demo import SEARCH_OPTIONS
+from slipstream.bench.search_budget import measure
 from slipstream.envs import get_env
 from slipstream.envs.search.expert import _draw
+from slipstream.run.presets import SEARCH_OPTIONS
 
 pytestmark = [pytest.mark.unit, pytest.mark.slow]
 

@@ -13,7 +13,9 @@ from typing import Any
 import pytest
 from rich.console import Console
 
-from slipstream.cli import promotion, status
+from slipstream.cli import promotion
+from slipstream.cli import status as status_command
+from slipstream.stack import status
 
 pytestmark = pytest.mark.unit
 
@@ -54,7 +56,7 @@ def test_load_stack_names_what_is_wrong(tmp_path: Path, content: str | None, mes
 
 
 def test_status_command_without_a_stack_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    code = status.run(argparse.Namespace(run_dir=tmp_path / "none", json=False, timeout=1.0))
+    code = status_command.run(argparse.Namespace(run_dir=tmp_path / "none", json=False, timeout=1.0))
     assert code == 2
     assert "no stack.json" in capsys.readouterr().out
 

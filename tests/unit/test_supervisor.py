@@ -6,7 +6,7 @@ import signal
 
 import pytest
 
-from slipstream.cli.supervisor import NO_RESTART, RestartPolicy, Supervisor, SupervisorEvent, describe_exit
+from slipstream.stack.supervisor import NO_RESTART, RestartPolicy, Supervisor, SupervisorEvent, describe_exit
 
 pytestmark = pytest.mark.unit
 

@@ -14,13 +14,12 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from slipstream.cli import swarm_demo
-from slipstream.cli.demo import demo_plan
-from slipstream.cli.training import RunSummary
 from slipstream.envs import get_env
 from slipstream.learner.config import LearnerConfig
 from slipstream.rollout_worker.config import RolloutWorkerConfig
-from slipstream.run import service_env
+from slipstream.run import service_env, swarm_demo
+from slipstream.run.presets import demo_plan
+from slipstream.run.training import RunSummary
 from slipstream.runtime.config import resolve
 
 pytestmark = pytest.mark.unit

@@ -23,13 +23,12 @@ from pathlib import Path
 import pytest
 from test_swarm_env import env, play
 
-from slipstream.cli import swarm_demo, swarm_eval
-from slipstream.cli.demo import demo_plan
 from slipstream.envs import get_env
 from slipstream.envs.swarm import tasks as tk
 from slipstream.envs.swarm.expert import parallel
 from slipstream.learner.config import LearnerConfig
-from slipstream.run import service_env
+from slipstream.run import service_env, swarm_demo, swarm_eval
+from slipstream.run.presets import demo_plan
 from slipstream.runtime.config import resolve
 
 pytestmark = pytest.mark.unit
@@ -265,7 +264,7 @@ def test_the_table_compares_each_arm_in_its_own_mode() -> None:
 
 
 def test_the_report_takes_latency_and_the_parallel_rate_from_the_stack(tmp_path: Path) -> None:
-    from slipstream.cli.training import RunSummary
+    from slipstream.run.training import RunSummary
 
     before = {"accuracy": 0.0, "parallel_rate": 0.125, "latency_s": 2.5, "malformed_calls": 1.0}
     summary = RunSummary(

@@ -172,8 +172,8 @@ def test_the_plan_and_run_file_carry_the_sampler(tmp_path: Path) -> None:
 
 
 def test_the_summary_gives_the_trained_share_and_why_the_rest_dropped() -> None:
-    from slipstream.cli.bench_demo import trained_share
-    from slipstream.cli.progress import trained_line
+    from slipstream.bench.demo import trained_share
+    from slipstream.run.progress import trained_line
 
     tr = {"scored": 13600, "trained": 3840, "dropped": {"uniform_group": 9648, "stale": 112}}
     line = trained_line(tr)

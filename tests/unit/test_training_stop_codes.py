@@ -1,11 +1,11 @@
-"""How a local run reads its services' exit codes at the end (slipstream.cli.training.stop_errors):
+"""How a local run reads its services' exit codes at the end (slipstream.run.training.stop_errors):
 a drain timeout after the last step is named, not a failure; anything else fails the run."""
 
 from __future__ import annotations
 
 import pytest
 
-from slipstream.cli.training import stop_errors
+from slipstream.run.training import stop_errors
 from slipstream.runtime.lifecycle import EXIT_DRAIN_TIMEOUT
 
 pytestmark = pytest.mark.unit

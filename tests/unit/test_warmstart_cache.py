@@ -1,4 +1,4 @@
-"""The code demo's warm-start cache (slipstream.cli.warmstart_cache): a hit copies the stored model
+"""The code demo's warm-start cache (slipstream.run.warmstart): a hit copies the stored model
 and figures, and any change to the plan's warm-start or to the code is a miss."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from slipstream.cli import warmstart_cache as wc
-from slipstream.cli.demo import demo_plan
+from slipstream.run import warmstart as wc
+from slipstream.run.presets import demo_plan
 
 
 def _maker(model_dir: Path, calls: list[int], weights: str) -> object:
@@ -63,7 +63,7 @@ def test_the_digest_follows_the_code(tmp_path: Path, monkeypatch: pytest.MonkeyP
 def test_the_length_penalty_shares_a_warm_start_and_other_options_do_not() -> None:
     """The penalty only shapes RL's reward (the warm-start's probe counts correct answers), so the
     code demo with the penalty on and off starts from one cached model; any other option is a miss."""
-    from slipstream.cli.demo import with_length_penalty
+    from slipstream.run.presets import with_length_penalty
 
     on = demo_plan("code")
     off = with_length_penalty(demo_plan("code"), 0.0)

@@ -16,15 +16,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from slipstream.cli.heldout import held_out
-from slipstream.cli.spec import kind_of
+from slipstream.run.heldout import held_out
 from slipstream.schemas import LearnerStep, WeightAnnounce
 from slipstream.schemas.subjects import LEARNER_STEP, WEIGHTS_ANNOUNCE
+from slipstream.stack.spec import kind_of
 
 if TYPE_CHECKING:
-    from slipstream.cli.stack import Stack
-    from slipstream.cli.tap import Tap
     from slipstream.run.plan import RunSummary, TrainingPlan
+    from slipstream.run.tap import Tap
+    from slipstream.stack.local import Stack
 
 Emit = Callable[[str, dict[str, Any]], None]
 

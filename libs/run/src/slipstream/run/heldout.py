@@ -13,8 +13,8 @@ from typing import Any
 
 import msgspec
 
-from slipstream.cli.summary_plan import summary_config
 from slipstream.run.plan import TrainingPlan
+from slipstream.run.summary_plan import summary_config
 
 
 class HeldOutScore(msgspec.Struct):

@@ -31,9 +31,9 @@ from typing import Any
 
 import msgspec
 
-from slipstream.cli.realtime_report import Observed, cycle_rows, read_outcomes, summarize
-from slipstream.cli.sim import FEEDBACK_KEY, SimConfig, SimStats, Simulator
 from slipstream.run.plan import TrainingPlan
+from slipstream.run.realtime_report import Observed, cycle_rows, read_outcomes, summarize
+from slipstream.run.sim import FEEDBACK_KEY, SimConfig, SimStats, Simulator
 
 SERVICES = ("rollout-worker", "reward-model", "learner", "weight-publisher", "eval-gate")
 MODEL_NAME = "slipstream-tiny"
@@ -180,7 +180,7 @@ class ServingProbe:
         self.first_seen: dict[int, float] = {}
 
     async def run(self) -> None:
-        from slipstream.cli.status import read_json
+        from slipstream.stack.status import read_json
 
         while True:
             code, body = await asyncio.to_thread(read_json, self.port, "/readyz", 0.5)
@@ -194,7 +194,7 @@ class ServingProbe:
 
 async def _judge(rt: RealtimePlan, stats: SimStats, seen: Observed, port: int, emit: Emit) -> dict[str, Any]:
     """The side judge's per-version and overall agreement with the users (errors reported, not raised)."""
-    from slipstream.cli.realtime_judge import LOCAL_JUDGES, judge_cycles, local_judge
+    from slipstream.run.realtime_judge import LOCAL_JUDGES, judge_cycles, local_judge
 
     versions = sorted({int(p["policy_version"]) for p in seen.promotions} | {0})
 
@@ -227,10 +227,10 @@ async def drive(
 ) -> tuple[SimStats, Observed, dict[int, float]]:
     """Traffic until `rt.cycles` trained versions were promoted and served (or the learner is done)."""
     from slipstream.bus import connect_bus
-    from slipstream.cli.follow import RunFailed
-    from slipstream.cli.status import read_json
+    from slipstream.run.follow import RunFailed
     from slipstream.schemas import EvalResult, LearnerStep, WeightsPromoted
     from slipstream.schemas.subjects import EVAL_RESULT, LEARNER_STEP, WEIGHTS_PROMOTED
+    from slipstream.stack.status import read_json
 
     run_id = stack.spec.run_id
     seen = Observed()
@@ -353,11 +353,11 @@ def run_realtime(rt: RealtimePlan, base: TrainingPlan, run_dir: Path, emit: Emit
     """Warm-start, start the stack, drive traffic, stop, and return the summary (never raises for a failed run).
 
     `base` is the training plan `rt` sizes (`RealtimePlan.training_plan`): the default demo's reverse plan."""
-    from slipstream.cli.follow import RunFailed
-    from slipstream.cli.spec import StackSpec, StoreSpec
-    from slipstream.cli.stack import Stack, StackError
-    from slipstream.cli.training import initial_model, service_env
+    from slipstream.run.follow import RunFailed
+    from slipstream.run.training import initial_model, service_env
     from slipstream.stack import free_port
+    from slipstream.stack.local import Stack, StackError
+    from slipstream.stack.spec import StackSpec, StoreSpec
 
     say = emit or (lambda _m: None)
     t0 = time.monotonic()

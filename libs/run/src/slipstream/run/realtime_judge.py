@@ -29,7 +29,7 @@ import random
 from collections.abc import AsyncIterator
 from typing import Any
 
-from slipstream.cli.sim import SimStats, Turn
+from slipstream.run.sim import SimStats, Turn
 
 RUBRICS = """
 [[rubric_set]]

@@ -1,6 +1,6 @@
 """The realtime demo's report: per promote cycle rows, the run's summary, the table and the plot.
 
-Pure functions over what `slipstream.cli.realtime` observed (the simulator's turns, the versions
+Pure functions over what `slipstream.run.realtime` observed (the simulator's turns, the versions
 serving ran and when, the learner's outcomes file), so they are unit-tested without a stack.
 """
 
@@ -13,7 +13,7 @@ from typing import Any
 
 import msgspec
 
-from slipstream.cli.sim import PREFERENCES, SimStats
+from slipstream.run.sim import PREFERENCES, SimStats
 
 
 class Observed(msgspec.Struct, kw_only=True):

@@ -1,4 +1,4 @@
-"""`slipstream report RUN --out DIR`: after a run, an HTML page and PNG plots, readable offline.
+"""A finished run as an HTML page and PNG plots, readable offline (`slipstream report RUN --out DIR`).
 
 From the run directory it reads `summary.json` (what `slipstream demo` writes; without it, the
 learner's `step` log lines), the services' JSON logs under `logs/`, and the span files when the
@@ -22,27 +22,9 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from slipstream.cli.spec import HOME
+from slipstream.stack.spec import HOME
 
 Series = dict[str, list[float]]
-
-
-def register(sub: Any) -> None:
-    p = sub.add_parser(
-        "report",
-        help="write an HTML page and PNG plots of a finished run",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    p.add_argument(
-        "run", nargs="?", default=str(HOME / "current"), help="run directory, or a run id under .slipstream/runs"
-    )
-    p.add_argument("--out", type=Path, default=None, metavar="DIR", help="where to write (default RUN/report)")
-    p.add_argument(
-        "--traces", type=Path, action="append", default=[], metavar="FILE", help="span files (default: from stack.json)"
-    )
-    p.add_argument("--json-only", action="store_true", help="write only report.json (the series, no PNGs or HTML)")
-    p.set_defaults(func=run, parser=p)
 
 
 @dataclass

@@ -14,7 +14,7 @@ Each arm is a run of the demo's own (warm-start, the five-process stack, RL) wit
   prompt, its own serial teacher and warm-start, the same RL steps, samples and budget) and
   `swarm`, one after the other (`both`, the default), each in RUN_DIR/<arm>; `--swarm-lambda 0`
   runs the swarm with λ = 0 (the ablation, RUN_DIR/swarm-lambda0); warm-starts are cached by
-  content hash (`warmstart_cache`), so a second run of an arm with the same plan and code skips it;
+  content hash (`warmstart`), so a second run of an arm with the same plan and code skips it;
 - each arm's evaluation (swarm_eval.py): its warm-start ("before") and last version ("after"),
   in its own mode, on the same held-out and train items, sampled at the rollout temperature:
   accuracy, critical steps, sub-agents and parallel rate per episode (the warm-start's
@@ -37,7 +37,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from slipstream.cli.swarm_eval import FIGURES, ArmModel, budget_curve, evaluate_arm, plot_budget
+from slipstream.run.swarm_eval import FIGURES, ArmModel, budget_curve, evaluate_arm, plot_budget
 
 # Each arm's evaluation: tasks per split and sampled episodes per task (the same items for every arm).
 COMPARE_TASKS = 24
@@ -283,9 +283,9 @@ def table(report: dict[str, Any]) -> Any:
 
 
 def warm_started(plan: Any, model_dir: Path) -> dict[str, Any]:
-    """The arm's warm-start, cached by the content hash of its plan and code (warmstart_cache.py)."""
-    from slipstream.cli.training import warm_start
-    from slipstream.cli.warmstart_cache import cached_warm_start
+    """The arm's warm-start, cached by the content hash of its plan and code (warmstart.py)."""
+    from slipstream.run.training import warm_start
+    from slipstream.run.warmstart import cached_warm_start
 
     t0 = time.monotonic()
     figures = cached_warm_start(plan, model_dir, lambda: warm_start(plan, model_dir))
@@ -310,7 +310,7 @@ def stack_figures(summary: Any) -> dict[str, Any]:
 
 
 def _budget_only(plan: Any, args: argparse.Namespace, console: Any) -> int:
-    from slipstream.cli.spec import default_run_dir
+    from slipstream.stack.spec import default_run_dir
 
     arm = "single" if args.swarm_arm == "single" else "swarm"
     p = arm_plan(plan, arm)
@@ -338,9 +338,9 @@ def run(plan: Any, args: argparse.Namespace) -> int:
     import msgspec
     from rich.console import Console
 
-    from slipstream.cli.progress import ProgressView, summary_table
-    from slipstream.cli.spec import default_run_dir, restart_policy
-    from slipstream.cli.training import run_training
+    from slipstream.run.progress import ProgressView, summary_table
+    from slipstream.run.training import run_training
+    from slipstream.stack.spec import default_run_dir, restart_policy
 
     console = Console(highlight=False, soft_wrap=True)
     plan = copy.deepcopy(plan)

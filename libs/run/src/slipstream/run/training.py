@@ -19,12 +19,12 @@ from typing import Any
 
 import msgspec
 
-from slipstream.cli.heldout import held_out
-from slipstream.cli.spec import StackSpec, StoreSpec
-from slipstream.cli.summary_plan import summary_config
-from slipstream.cli.supervisor import RestartPolicy
+from slipstream.run.heldout import held_out
 from slipstream.run.plan import RunSummary, TrainingPlan, service_env, service_overrides
+from slipstream.run.summary_plan import summary_config
 from slipstream.runtime.lifecycle import EXIT_DRAIN_TIMEOUT
+from slipstream.stack.spec import StackSpec, StoreSpec
+from slipstream.stack.supervisor import RestartPolicy
 
 PIPELINE = ("rollout-worker", "reward-model", "learner", "weight-publisher", "task-source")
 
@@ -44,8 +44,8 @@ def initial_model(
         path = ensure_model(plan.model) if plan.model in CATALOG else Path(plan.model)
         return path, {"model": plan.model, "path": str(path), "resolve_s": round(time.monotonic() - t0, 2)}
     model_dir = run_dir / "model-init"
-    if plan.env == "code":  # the code demo's warm-start is cached by content hash (warmstart_cache.py)
-        from slipstream.cli.warmstart_cache import cached_warm_start
+    if plan.env == "code":  # the code demo's warm-start is cached by content hash (warmstart.py)
+        from slipstream.run.warmstart import cached_warm_start
 
         return model_dir, cached_warm_start(plan, model_dir, lambda: warm_start(plan, model_dir, on_check=on_check))
     return model_dir, warm_start(plan, model_dir, on_check=on_check)
@@ -153,7 +153,7 @@ def run_training(
     `init_model` (a saved model's directory and what making it did) replaces the warm-start, so
     runs that compare one thing (e.g. `bench summary`'s two context modes) start from one model.
     """
-    from slipstream.cli.follow import RunFailed, follow_run
+    from slipstream.run.follow import RunFailed, follow_run
 
     t0 = time.monotonic()
     emit = on_event or (lambda _kind, _data: None)
@@ -203,8 +203,8 @@ def run_training(
     summary.eval_curve.append(row)
     emit("eval", row)
 
-    from slipstream.cli.stack import Stack, StackError
-    from slipstream.cli.tap import Tap, TapError
+    from slipstream.run.tap import Tap, TapError
+    from slipstream.stack.local import Stack, StackError
 
     spec = StackSpec(
         run_dir=run_dir,

@@ -1,6 +1,6 @@
 """The processes of a local stack: a server (NATS, Redis) and a service, each with its health checks.
 
-Its own module because the stack (stack.py) starts and stops them and its report (stack_report.py)
+Its own module because the stack (local.py) starts and stops them and its report (state.py)
 reads them.
 """
 
@@ -9,8 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from slipstream.cli.probe import HOST, probe_tcp, url_endpoint
 from slipstream.stack import ManagedProcess, Server
+from slipstream.stack.probe import HOST, probe_tcp, url_endpoint
 
 
 @dataclass

@@ -46,10 +46,12 @@ import msgspec
 
 from slipstream.bus.config import BusConfig
 from slipstream.bus.permissions import ADMIN
-from slipstream.cli.credentials import Credentials
-from slipstream.cli.handles import ServerHandle, ServiceProcess
-from slipstream.cli.probe import HOST, probe_http
-from slipstream.cli.spec import (
+from slipstream.stack import ManagedProcess, ProcessGroup, Server, free_port, port_bindable, start_nats, start_redis
+from slipstream.stack.credentials import Credentials
+from slipstream.stack.handles import ServerHandle, ServiceProcess
+from slipstream.stack.probe import HOST, probe_http
+from slipstream.stack.signals import StopFlag
+from slipstream.stack.spec import (
     SUBAGENT_POOL,
     TOOL_SERVICE,
     StackSpec,
@@ -59,7 +61,7 @@ from slipstream.cli.spec import (
     publisher_rank,
     tool_replica_names,
 )
-from slipstream.cli.stack_report import (
+from slipstream.stack.state import (
     SCORE_KEYS_ENV,
     SCORE_SIGNING_KEY_ENV,
     SIGNING_KEY_ENV,
@@ -67,9 +69,7 @@ from slipstream.cli.stack_report import (
     health_rows,
     state_info,
 )
-from slipstream.cli.stop_signals import StopFlag
-from slipstream.cli.supervisor import Supervisor, SupervisorEvent
-from slipstream.stack import ManagedProcess, ProcessGroup, Server, free_port, port_bindable, start_nats, start_redis
+from slipstream.stack.supervisor import Supervisor, SupervisorEvent
 from slipstream.trust import SigningKey, generate_keypair, load_signing_key
 
 STATE_FILE = "stack.json"

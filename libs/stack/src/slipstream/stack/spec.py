@@ -3,7 +3,7 @@
 `slipstream up`, `slipstream demo` and the e2e tests describe a stack the same way: which
 services, which servers (started here or given by URL), which object store, where the run's
 files go. Everything here is pure (no processes, no sockets) so it is cheap to import from the
-argument parser and to unit-test; `slipstream.cli.stack` turns a spec into processes.
+argument parser and to unit-test; `slipstream.stack.local` turns a spec into processes.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Literal
 from urllib.parse import urlsplit
 
-from slipstream.cli.supervisor import NO_RESTART, RestartPolicy
+from slipstream.stack.supervisor import NO_RESTART, RestartPolicy
 
 # Canonical names (as in services/<name>/ and DESIGN.md), in start order: consumers of the
 # weights first is not needed since every service waits for its own streams.

@@ -1,6 +1,6 @@
 """What a running `Stack` reports: the health table's rows and stack.json's content.
 
-Split from stack.py (which starts, supervises and stops the processes): these read a stack's
+Split from local.py (which starts, supervises and stops the processes): these read a stack's
 servers, services and supervisor and build plain dicts — `slipstream up`'s table, `slipstream
 status` and the other commands that read RUN_DIR/stack.json.
 """
@@ -13,12 +13,12 @@ import time
 from collections.abc import Mapping
 from typing import Any, Protocol
 
-from slipstream.cli.credentials import FILE as CREDENTIALS_FILE
-from slipstream.cli.credentials import Credentials
-from slipstream.cli.handles import ServerHandle, ServiceProcess
-from slipstream.cli.probe import probe_http, url_endpoint
-from slipstream.cli.spec import StackSpec, kind_of, module_of
-from slipstream.cli.supervisor import Supervisor, describe_exit
+from slipstream.stack.credentials import FILE as CREDENTIALS_FILE
+from slipstream.stack.credentials import Credentials
+from slipstream.stack.handles import ServerHandle, ServiceProcess
+from slipstream.stack.probe import probe_http, url_endpoint
+from slipstream.stack.spec import StackSpec, kind_of, module_of
+from slipstream.stack.supervisor import Supervisor, describe_exit
 
 SIGNING_KEY_ENV = "SLIPSTREAM_TRUST__SIGNING_KEY"
 TRUSTED_KEYS_ENV = "SLIPSTREAM_TRUST__TRUSTED_KEYS"

@@ -19,7 +19,7 @@ import tempfile
 import time
 from typing import Any
 
-from slipstream.cli.bench import write_json
+from slipstream.bench.main import write_json
 
 
 def register(bench_subparsers: Any) -> None:

@@ -53,7 +53,7 @@ def register(bench_subparsers: Any) -> None:
         type=int,
         default=0,
         help="N >= 3: instead, a 3-node replicated JetStream cluster vs one node, on N network-namespace hosts "
-        "(root; bench_bus_hosts.py)",
+        "(root; bus_hosts.py)",
     )
     p.set_defaults(func=_command)
 
@@ -367,7 +367,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if args.messages < 1 or args.size < 256 or args.reps < 1:
         raise SystemExit("bench bus: --messages >= 1, --size >= 256 and --reps >= 1 are required")
     if args.hosts:
-        from slipstream.cli.bench_bus_hosts import measure, table
+        from slipstream.bench.bus_hosts import measure, table
 
         msgs, payloads = build_messages(args.messages, args.size)
         res = measure(args.hosts, msgs, sum(len(p) for p in payloads) / len(payloads))

@@ -58,11 +58,11 @@ def run(
     *, seed: int, heldout_tasks: int, train_tasks: int, source: str | None = None, random_seeds: int = 2
 ) -> dict[str, Any]:
     """Every baseline's pass rate on the demo's task sets for `seed`, graded by `Code.grade`."""
-    from slipstream.cli.demo import CODE_OPTIONS
     from slipstream.envs import get_env
     from slipstream.envs.base import Split
     from slipstream.envs.code import Code
     from slipstream.envs.code.baselines import BASELINES, patch_of
+    from slipstream.run.presets import CODE_OPTIONS
 
     options = {**CODE_OPTIONS, **({"source": source} if source else {})}
     env = get_env("code", **options)

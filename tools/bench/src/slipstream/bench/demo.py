@@ -169,8 +169,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     from rich.console import Console
     from rich.table import Table
 
-    from slipstream.cli.demo import demo_plan, with_length_penalty
-    from slipstream.cli.training import run_training
+    from slipstream.run.presets import demo_plan, with_length_penalty
+    from slipstream.run.training import run_training
 
     console = Console(highlight=False)
     root = args.run_dir or Path(".slipstream/bench") / time.strftime("demo-%Y%m%d-%H%M%S")

@@ -53,7 +53,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from slipstream.cli.bench_moe import add_moe_arguments, moe_section
+from slipstream.bench.moe import add_moe_arguments, moe_section
 
 GROUP = 8
 TARGET_ENGINE = 1.5
@@ -101,7 +101,7 @@ def register(bench_subparsers: Any) -> None:
         action="store_true",
         help="engine uses F.linear in fp32 instead of MKL's packed GEMM (see engine kernels.py)",
     )
-    add_moe_arguments(p)  # the MoE router-replay section (bench_moe.py)
+    add_moe_arguments(p)  # the MoE router-replay section (moe.py)
     p.add_argument("--no-speculative", action="store_true", help="skip the speculative decoding section")
     p.add_argument(
         "--spec-model",
@@ -300,7 +300,7 @@ async def _generation(args: argparse.Namespace, model_dir: Path) -> list[dict[st
 def _speculation(args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
-    from slipstream.cli.mtp_distill import load, prompts_for
+    from slipstream.bench.mtp_distill import load, prompts_for
     from slipstream.engine.speculative_bench import measure_speculation
 
     dtype = getattr(torch, args.spec_dtype)

@@ -21,8 +21,8 @@ import sys
 import time
 from typing import Any
 
-from slipstream.cli.bench import write_json
-from slipstream.cli.bench_serve import latency_figures, request_pool
+from slipstream.bench.main import write_json
+from slipstream.bench.serve import latency_figures, request_pool
 
 
 def register(bench_subparsers: Any) -> None:

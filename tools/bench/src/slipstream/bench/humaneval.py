@@ -51,7 +51,7 @@ def register(bench_subparsers: Any) -> None:
 
 
 def _command(args: argparse.Namespace) -> int:
-    from slipstream.cli.bench import write_json
+    from slipstream.bench.main import write_json
 
     if not 0 < args.problems <= 164:
         raise SystemExit(f"--problems must be 1..164, got {args.problems}")

@@ -57,7 +57,7 @@ def _command(args: argparse.Namespace) -> int:
     result = run(args)
     print(json.dumps(result["summary"], indent=2))
     if args.json:
-        from slipstream.cli.bench import write_json
+        from slipstream.bench.main import write_json
 
         write_json(result, args.json)
     return 0

@@ -139,10 +139,10 @@ async def _train(
 def learning(args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
-    from slipstream.cli.demo import demo_plan
     from slipstream.engine import build_tiny
     from slipstream.envs import get_env
     from slipstream.harness.warmstart import sft_warmstart
+    from slipstream.run.presets import demo_plan
 
     torch.set_num_threads(1)
     plan = demo_plan()

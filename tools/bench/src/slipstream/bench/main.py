@@ -1,6 +1,7 @@
-"""`slipstream bench <name>`: benchmarks, one module each (`bench_<name>.py`), found lazily.
+"""`slipstream bench <name>`: benchmarks, one module each under `slipstream.bench`, found lazily.
 
-A bench module exposes `register(bench_subparsers)`, adding its sub-command and setting
+`main(argv)` is what `slipstream bench ...` calls with every argument after `bench`. A bench
+module exposes `register(bench_subparsers)`, adding its sub-command and setting
 `func(args) -> int` with `set_defaults`. Modules are imported only when `slipstream bench ...`
 runs, so `slipstream --help` stays instant; a module that is absent is listed as unavailable
 and asking for it fails with a message saying which module is missing.
@@ -12,39 +13,28 @@ import argparse
 import importlib
 from typing import Any
 
-# sub-command -> module under slipstream.cli (later issues add theirs here)
+# sub-command -> module under slipstream.bench (later issues add theirs here)
 BENCHES: dict[str, str] = {
-    "bus": "bench_bus",
-    "async": "bench_async",
-    "weights": "bench_weights",
-    "lora": "bench_lora",
-    "multiturn": "bench_multiturn",
-    "engine": "bench_engine",
-    "demo": "bench_demo",
-    "sandbox": "bench_sandbox",
-    "search": "bench_search",
-    "bm25": "bench_bm25",
-    "serve": "bench_serve",
-    "engine-http": "bench_engine_http",
-    "learner": "bench_learner",
-    "summary": "bench_summary",
-    "code-baselines": "bench_code_baselines",
-    "humaneval": "bench_humaneval",
-    "moe": "bench_moe",
-    "search-budget": "bench_search_budget",
-    "envs": "bench_envs",
+    "bus": "bus",
+    "async": "sync_async",
+    "weights": "weights",
+    "lora": "lora",
+    "multiturn": "multiturn",
+    "engine": "engine",
+    "demo": "demo",
+    "sandbox": "sandbox",
+    "search": "search",
+    "bm25": "bm25",
+    "serve": "serve",
+    "engine-http": "engine_http",
+    "learner": "learner",
+    "summary": "summary",
+    "code-baselines": "code_baselines",
+    "humaneval": "humaneval",
+    "moe": "moe",
+    "search-budget": "search_budget",
+    "envs": "envs",
 }
-
-
-def register(sub: Any) -> None:
-    p = sub.add_parser(
-        "bench",
-        help="benchmarks that print figures and write JSON (bench --help lists them)",
-        add_help=False,
-        description="Run a benchmark.",
-    )
-    p.add_argument("rest", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
-    p.set_defaults(func=run, takes_extras=True)
 
 
 def build_parser() -> tuple[argparse.ArgumentParser, dict[str, str]]:
@@ -53,7 +43,7 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, str]]:
     subs = parser.add_subparsers(dest="bench", metavar="BENCH")
     missing: dict[str, str] = {}
     for name, module in BENCHES.items():
-        qualified = f"slipstream.cli.{module}"
+        qualified = f"slipstream.bench.{module}"
         try:
             mod = importlib.import_module(qualified)
         except ModuleNotFoundError as exc:
@@ -66,10 +56,11 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, str]]:
     return parser, missing
 
 
-def run(args: argparse.Namespace) -> int:
+def main(argv: list[str]) -> int:
+    """Run the bench `argv` names (`argv`: the arguments after `slipstream bench`); its exit code."""
     parser, missing = build_parser()
     # Known-args first: a missing bench's flags are not errors, the missing module is.
-    bench_args, extras = parser.parse_known_args(args.rest)
+    bench_args, extras = parser.parse_known_args(argv)
     if bench_args.bench is None:
         parser.print_help()
         return 2

@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from slipstream.cli.bench import percentile, write_json
+from slipstream.bench.main import percentile, write_json
 
 
 def register(bench_subparsers: Any) -> None:

@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from slipstream.cli.bench import percentile, write_json
+from slipstream.bench.main import percentile, write_json
 
 TARGET = 0.80
 MIN_CHUNKS = 20_000

@@ -1,6 +1,6 @@
 """`slipstream bench search-budget`: does the search plan's budget need pruning? Two teachers, measured.
 
-The demo plan's `search` options (demo.py SEARCH_OPTIONS, or `--options` JSON over them) give 2-3
+The demo plan's `search` options (libs/run presets.py SEARCH_OPTIONS, or `--options` JSON over them) give 2-3
 hop tasks whose first-hop search returns distractors that share the clues, and whose later hops
 return documents naming the bridge entity; a useful episode reads more than the token budget
 holds. This plays the scripted expert through the real episode harness (byte tokenizer, the
@@ -29,7 +29,7 @@ import json
 import re
 from typing import Any
 
-from slipstream.cli.bench import write_json
+from slipstream.bench.main import write_json
 
 SPLITS = ("train", "heldout")
 _WORD = re.compile(r"[a-z]+")
@@ -50,7 +50,7 @@ def register(bench_subparsers: Any) -> None:
 
 
 def _command(args: argparse.Namespace) -> int:
-    from slipstream.cli.demo import SEARCH_OPTIONS
+    from slipstream.run.presets import SEARCH_OPTIONS
 
     overrides = json.loads(args.options)
     if not isinstance(overrides, dict):

@@ -26,7 +26,7 @@ import statistics
 import time
 from typing import Any
 
-from slipstream.cli.bench import percentile, write_json
+from slipstream.bench.main import percentile, write_json
 
 
 def register(bench_subparsers: Any) -> None:
@@ -216,7 +216,7 @@ async def _child_pool(spec: dict[str, Any]) -> tuple[list[float], float]:
     """Run the clients in a child process (its own interpreter and CPU time); it times itself."""
     import sys
 
-    code = "from slipstream.cli.bench_serve import client_main; client_main()"
+    code = "from slipstream.bench.serve import client_main; client_main()"
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-c", code, json.dumps(spec), stdout=asyncio.subprocess.PIPE
     )

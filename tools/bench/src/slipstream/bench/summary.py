@@ -29,8 +29,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from slipstream.cli.bench import write_json
-from slipstream.cli.bench_demo import _seeds
+from slipstream.bench.demo import _seeds
+from slipstream.bench.main import write_json
 
 ARMS = ("summary", "truncate")
 SCORES = ("heldout_accuracy", "heldout_greedy", "train_accuracy", "train_greedy")
@@ -134,9 +134,9 @@ def run(args: argparse.Namespace, arms: list[str]) -> dict[str, Any]:
     from rich.console import Console
     from rich.table import Table
 
-    from slipstream.cli.demo import demo_plan, with_context
-    from slipstream.cli.summary_plan import summary_config
-    from slipstream.cli.training import run_training, warm_start
+    from slipstream.run.presets import demo_plan, with_context
+    from slipstream.run.summary_plan import summary_config
+    from slipstream.run.training import run_training, warm_start
 
     console = Console(highlight=False)
     root = (args.run_dir or Path(".slipstream/bench") / time.strftime("summary-%Y%m%d-%H%M%S")).resolve()

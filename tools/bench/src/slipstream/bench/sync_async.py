@@ -44,8 +44,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     from rich.console import Console
     from rich.table import Table
 
-    from slipstream.cli.demo import demo_plan
-    from slipstream.cli.training import run_training
+    from slipstream.run.presets import demo_plan
+    from slipstream.run.training import run_training
 
     console = Console(highlight=False)
     root = args.run_dir or Path(".slipstream/bench") / time.strftime("async-%Y%m%d-%H%M%S")

@@ -2,7 +2,7 @@
 
 `audit` reads the streams (what was published, dead-lettered and left), the announce log against
 the signed manifests, the workers' logs (versions applied and refused) and the learner's outcome
-log, and joins them with the trajectory tap's ids (chaos_accounting.py) into the figures the suite
+log, and joins them with the trajectory tap's ids (accounting.py) into the figures the suite
 prints.
 """
 
@@ -102,7 +102,7 @@ def audit(run_dir: Path, run_id: str, trusted_keys: list[str], tap_ids: set[str]
     """Read the finished run's JetStream store (on a fresh nats-server), manifests, logs and outcome log."""
     import msgspec
 
-    from slipstream.cli.chaos_accounting import AnnounceRecord, join_trajectories, versions_announced_twice
+    from slipstream.chaos.accounting import AnnounceRecord, join_trajectories, versions_announced_twice
     from slipstream.learner.outcomes import read_outcomes
     from slipstream.schemas import SCHEMA_HEADER, WeightAnnounce, WeightManifest, decode_message, from_json
     from slipstream.schemas.dead_letter import H_REASON, H_STREAM

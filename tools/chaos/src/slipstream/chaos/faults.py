@@ -1,9 +1,9 @@
-"""The faults of `slipstream chaos` (chaos.py) and how each is applied to a live local stack.
+"""The faults of `slipstream chaos` (suite.py) and how each is applied to a live local stack.
 
 `Chaos` follows the learner's steps and applies the schedule one fault after another, each
 `gap` steps after the previous one settled, recording when and what came of it (`FaultRecord`);
 the small NATS reads it needs (dead-letter counts, stream sequences) and the forged announces'
-publish live here too. What the suite concludes from the run's records is chaos_audit.py's.
+publish live here too. What the suite concludes from the run's records is audit.py's.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from slipstream.cli.chaos_audit import IMPOSTOR_VERSION, applied_versions, refused_versions
+from slipstream.chaos.audit import IMPOSTOR_VERSION, applied_versions, refused_versions
 
 PIPELINE_KILLS = ("rollout-worker", "reward-model", "learner", "weight-publisher", "task-source")
 # The shard corruption goes early: it needs a version right before a keyframe still to come.
@@ -126,7 +126,7 @@ class Chaos:
     # -- the schedule --------------------------------------------------------------------------------
     async def _poll_steps(self) -> None:
         """The learner's step from its /readyz too: the bus view pauses while NATS restarts."""
-        from slipstream.cli.status import read_json
+        from slipstream.stack.status import read_json
 
         while True:
             svc = self.stack.services.get("learner")
@@ -186,7 +186,7 @@ class Chaos:
         return await _until(lambda: self.steps >= target, timeout_s, f"learner step {target}")
 
     async def _ready(self, name: str, timeout_s: float) -> float:
-        from slipstream.cli.probe import probe_http
+        from slipstream.stack.probe import probe_http
 
         svc = self.stack.services[name]
         t0 = time.monotonic()
@@ -264,8 +264,8 @@ class Chaos:
     async def _forge(self, rec: FaultRecord) -> str:
         import msgspec
 
-        from slipstream.cli.status import read_json
         from slipstream.schemas import WeightAnnounce, to_json
+        from slipstream.stack.status import read_json
         from slipstream.store import LocalObjectStore
         from slipstream.weights import manifest_key, read_manifest
         from slipstream.weights.chain import latest_version
@@ -534,7 +534,7 @@ class Chaos:
 
 def handled_calls(port: int) -> int:
     """Calls a tool-service replica answered (`handled` in its /readyz status)."""
-    from slipstream.cli.status import read_json
+    from slipstream.stack.status import read_json
 
     _, body = read_json(port, "/readyz", 2.0)
     handled = ((body or {}).get("status") or {}).get("handled")

@@ -1,8 +1,8 @@
 """The health table `up` and `demo` print: one row per process (name, pid, url, health).
 
 Log paths are left out of the table (they all sit in `<run dir>/logs/<name>.log`; the commands
-say so once) so the table fits an 80-column terminal. Kept apart from `stack.py` so the Python
-API does not import rich.
+say so once) so the table fits an 80-column terminal. Kept apart from libs/stack
+(`slipstream.stack.local`) so the Python API does not import rich.
 """
 
 from __future__ import annotations

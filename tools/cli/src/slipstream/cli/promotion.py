@@ -26,7 +26,8 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from slipstream.cli.status import StatusError, add_run_dir_argument, load_stack
+from slipstream.cli.status import add_run_dir_argument
+from slipstream.stack.status import StatusError, load_stack
 
 if TYPE_CHECKING:
     from slipstream.eval_gate.config import EvalGateConfig
@@ -111,9 +112,9 @@ def gate_config(
     info: dict[str, Any], run_dir: Path, *, config_file: Path | None = None, model_path: Path | None = None
 ) -> EvalGateConfig:
     """The gate's config for this stack: file and SLIPSTREAM_* variables, with the stack's addresses on top."""
-    from slipstream.cli.credentials import redis_url_for
     from slipstream.eval_gate.config import EvalGateConfig
     from slipstream.runtime.config import ConfigError, resolve
+    from slipstream.stack.credentials import redis_url_for
 
     store = info["store"]
     overrides: dict[str, dict[str, Any]] = {
@@ -132,7 +133,7 @@ def gate_config(
 
 def _bus_user(info: dict[str, Any]) -> dict[str, str]:
     """The admin's NATS credentials for a stack that has users (the CLI acts for the operator)."""
-    from slipstream.cli.credentials import bus_config_for
+    from slipstream.stack.credentials import bus_config_for
 
     cfg = bus_config_for(info)
     return {"user": cfg.user, "password": cfg.password} if cfg.user else {}
@@ -140,8 +141,8 @@ def _bus_user(info: dict[str, Any]) -> dict[str, str]:
 
 async def _connect(info: dict[str, Any]) -> tuple[Any, Any]:
     from slipstream.bus import BusError, connect_bus
-    from slipstream.cli.credentials import bus_config_for, redis_url_for
     from slipstream.control import ControlUnavailable, connect_control
+    from slipstream.stack.credentials import bus_config_for, redis_url_for
 
     try:
         control = await connect_control(redis_url_for(info), info["run_id"])

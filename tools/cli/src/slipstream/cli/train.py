@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from slipstream.cli.spec import add_restart_arguments
+from slipstream.stack.spec import add_restart_arguments
 
 # Each service's config class: what `--print-config` resolves the run into.
 CONFIG_CLASSES = {
@@ -110,7 +110,7 @@ def run(args: argparse.Namespace) -> int:
     if args.print_config:
         return print_config(run_file, plan, full=args.print_config == "full")
     from slipstream.cli.demo import execute
-    from slipstream.cli.spec import StoreSpec, parse_nats_url, parse_redis_url, parse_store
+    from slipstream.stack.spec import StoreSpec, parse_nats_url, parse_redis_url, parse_store
 
     infra = run_file.infra
     try:

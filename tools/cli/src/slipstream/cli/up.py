@@ -1,6 +1,6 @@
 """`slipstream up`: start the local stack, wait until every service is ready, supervise until Ctrl-C.
 
-A service that crashes is restarted with backoff (`slipstream.cli.supervisor`), its restarts
+A service that crashes is restarted with backoff (`slipstream.stack.supervisor`), its restarts
 counted in stack.json; one that keeps crashing is given up on. `--no-restart` ends the stack at
 the first death instead.
 
@@ -17,7 +17,7 @@ import dataclasses
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from slipstream.cli.spec import (
+from slipstream.stack.spec import (
     StackSpec,
     add_stack_arguments,
     non_negative_int,
@@ -30,7 +30,7 @@ from slipstream.cli.spec import (
 if TYPE_CHECKING:
     from rich.console import Console
 
-    from slipstream.cli.stack import Stack
+    from slipstream.stack.local import Stack
 
 SUPERVISE_INTERVAL_S = 0.5
 
@@ -86,8 +86,8 @@ def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from slipstream.cli.health_table import health_table
-    from slipstream.cli.stack import Stack, StackError, StackInterrupted
-    from slipstream.cli.stop_signals import StopSignals
+    from slipstream.stack.local import Stack, StackError, StackInterrupted
+    from slipstream.stack.signals import StopSignals
 
     console = Console(highlight=False, soft_wrap=True)
     stack = Stack(spec, log=lambda msg: console.print(f"[dim]·[/dim] {msg}"))

@@ -1,20 +1,14 @@
-"""`slipstream top`: a live terminal view of a running stack.
+"""A running stack watched live: what `slipstream top` samples every interval and draws.
 
-Reads the run's `stack.json` (written by `slipstream up` / `demo`), then, every interval: probes
-each service's /readyz and scrapes its /metrics; asks the bus for every work stream's backlog
-and the dead-letter count; follows `learner.step` (the run's history), `weights.announce` and
-`weights.promoted` (the latest of each). It shows each service with its replica, health and
-throughput, the backlog of every stage with the slowest one highlighted (the stage whose
-backlog would take longest to drain at its consumer's current rate), the learner, announced,
-promoted and applied versions, reward and accuracy sparklines and staleness.
-
-`--once` samples twice, one interval apart (rates need two scrapes), prints one frame to
-stdout and exits: for tests, scripts and terminals that are not one.
+`StackWatch` reads the run's `stack.json`, probes each service's /readyz and scrapes its
+/metrics, asks the bus for every work stream's backlog and the dead-letter count, and follows
+`learner.step`, `weights.announce` and `weights.promoted`; each `sample()` is a `Frame`, which
+`render` draws (services, stage backlogs with the slowest highlighted, versions, sparklines);
+`show` runs the loop, or one frame with `once`.
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import http.client
@@ -27,8 +21,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from slipstream.cli.spec import HOME
-
 if TYPE_CHECKING:
     from rich.console import Group
 
@@ -39,22 +31,6 @@ if TYPE_CHECKING:
 STACK_FILE = "stack.json"
 HISTORY = 120
 """Learner steps kept for the sparklines."""
-
-
-def register(sub: Any) -> None:
-    p = sub.add_parser(
-        "top",
-        help="live view of a running stack: services, backlogs, versions, reward",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    p.add_argument(
-        "--run-dir", type=Path, default=HOME / "current", metavar="DIR", help="the run (default .slipstream/current)"
-    )
-    p.add_argument("--once", action="store_true", help="print one frame and exit (no terminal needed)")
-    p.add_argument("--interval", type=float, default=2.0, metavar="S", help="seconds between samples (default 2)")
-    p.add_argument("--width", type=int, default=None, help="columns to render (default: the terminal's, or 120)")
-    p.set_defaults(func=run, parser=p)
 
 
 # ---- what one sample holds ----
@@ -194,9 +170,9 @@ class StackWatch:
 
     async def start(self) -> None:
         from slipstream.bus import BusError, connect_bus
-        from slipstream.cli.credentials import bus_config_for
         from slipstream.schemas import LearnerStep, WeightAnnounce, WeightsPromoted
         from slipstream.schemas.subjects import LEARNER_STEP, WEIGHTS_ANNOUNCE, WEIGHTS_PROMOTED
+        from slipstream.stack.credentials import bus_config_for
 
         url = (self.info.get("servers", {}).get("nats") or {}).get("url")
         if not url:
@@ -364,7 +340,7 @@ def render(frame: Frame) -> Group:
     from rich.table import Table
     from rich.text import Text
 
-    from slipstream.cli.progress import sparkline
+    from slipstream.run.progress import sparkline
 
     head = Text(f"slipstream top — run {frame.run_id} ({frame.state}) at {time.strftime('%H:%M:%S')}", style="bold")
     services = Table(title="services", title_justify="left", expand=False)
@@ -426,40 +402,24 @@ def render(frame: Frame) -> Group:
     return Group(head, services, stages, Text("\n".join(lines)))
 
 
-# ---- the command ----
+# ---- the loop ----
 
 
-async def _main(args: argparse.Namespace, console: Any) -> int:
-    watch = StackWatch(args.run_dir)
+async def show(run_dir: Path, console: Any, *, once: bool = False, interval: float = 2.0) -> int:
+    """Draw the stack in `run_dir` every `interval` seconds until cancelled; `once`: one frame (two samples apart)."""
+    watch = StackWatch(run_dir)
     await watch.start()
     try:
-        if args.once:
+        if once:
             await watch.sample()
-            await asyncio.sleep(args.interval)
+            await asyncio.sleep(interval)
             console.print(render(await watch.sample()))
             return 0
         from rich.live import Live
 
         with Live(render(await watch.sample()), console=console, auto_refresh=False, screen=False) as live:
             while True:
-                await asyncio.sleep(args.interval)
+                await asyncio.sleep(interval)
                 live.update(render(await watch.sample()), refresh=True)
     finally:
         await watch.close()
-
-
-def run(args: argparse.Namespace) -> int:
-    if args.interval <= 0:
-        args.parser.error(f"--interval must be > 0, not {args.interval}")
-    from rich.console import Console
-
-    console = Console(highlight=False, width=args.width)
-    if args.width is None and not console.is_terminal:
-        console = Console(highlight=False, width=120)
-    try:
-        return asyncio.run(_main(args, console))
-    except KeyboardInterrupt:
-        return 0
-    except StackStateError as exc:
-        console.print(f"[red]slipstream top: {exc}[/red]")
-        return 1
