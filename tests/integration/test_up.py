@@ -31,6 +31,7 @@ from slipstream.stack.credentials import Credentials, redis_url_for
 from slipstream.stack.handles import ServerHandle
 from slipstream.stack.local import Stack, StackError, StackInterrupted
 from slipstream.stack.spec import SERVICES, StackSpec, module_of
+from slipstream.stack.stackfile import read_stack_file
 from slipstream.stack.supervisor import NO_RESTART, RestartPolicy
 
 pytestmark = pytest.mark.integration
@@ -128,7 +129,9 @@ def test_up_starts_servers_and_stops_them_on_a_signal(tmp_path: Path, sig: signa
         nats, red = state["servers"]["nats"], state["servers"]["redis"]
         assert nats["managed"] and red["managed"]
         assert _nats_info(nats["url"]).startswith(b"INFO {")
-        client = redis.Redis.from_url(redis_url_for(state))  # the admin, from credentials.json
+        client = redis.Redis.from_url(
+            redis_url_for(read_stack_file(tmp_path / "run"))
+        )  # the admin, from credentials.json
         assert client.ping() is True
         client.close()
         anonymous = redis.Redis.from_url(red["url"])

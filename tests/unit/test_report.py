@@ -17,6 +17,7 @@ import pytest
 from slipstream.cli.__main__ import main
 from slipstream.run.report import ReportError, build_report, load_run, resolve_run, write_html
 from slipstream.run.training import RunSummary, TrainingPlan
+from slipstream.stack.stackfile import ServiceEntry, StackFile, StoreEntry, encode_stack_file
 
 pytestmark = pytest.mark.unit
 
@@ -106,8 +107,9 @@ def write_run(tmp: Path, *, summary: bool = True, traces: bool = True, logs: boo
                      start + 400_000_000, 50_000_000),
             ]  # fmt: skip
         (run / "traces.all.jsonl").write_text("".join(json.dumps(s) + "\n" for s in spans))
-        services = {n: {"traces_file": str(run / "traces.all.jsonl")} for n in ("task-source",)}
-        (run / "stack.json").write_text(json.dumps({"services": services}))
+        services = {n: ServiceEntry(traces_file=str(run / "traces.all.jsonl")) for n in ("task-source",)}
+        stack = StackFile(run_id=run.name, servers={}, store=StoreEntry(), services=services)
+        (run / "stack.json").write_bytes(encode_stack_file(stack))
     return run
 
 

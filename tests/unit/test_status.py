@@ -10,17 +10,19 @@ import json
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 from rich.console import Console
 
 from slipstream.cli import promotion
 from slipstream.cli import status as status_command
 from slipstream.stack import status
+from slipstream.stack.stackfile import ServiceEntry, StackFile
 
 pytestmark = pytest.mark.unit
 
 
-def _info(tmp_path: Path) -> dict[str, Any]:
+def _raw(tmp_path: Path) -> dict[str, Any]:
     return {
         "version": 1,
         "state": "ready",
@@ -32,10 +34,16 @@ def _info(tmp_path: Path) -> dict[str, Any]:
     }
 
 
+def _info(tmp_path: Path) -> StackFile:
+    return msgspec.convert(_raw(tmp_path), StackFile)
+
+
 def test_load_stack_reads_a_stack_json(tmp_path: Path) -> None:
-    (tmp_path / "stack.json").write_text(json.dumps(_info(tmp_path)))
+    (tmp_path / "stack.json").write_text(json.dumps(_raw(tmp_path)))
     info = status.load_stack(tmp_path)
-    assert info["run_id"] == "r1" and info["servers"]["nats"]["url"] == "nats://127.0.0.1:4333"
+    assert info.run_id == "r1" and info.server_url("nats") == "nats://127.0.0.1:4333"
+    assert info.services["eval-gate"].port == 9999 and info.services["eval-gate"].restarts == 0
+    assert info.store.root == str(tmp_path / "store")
 
 
 @pytest.mark.parametrize(
@@ -62,7 +70,7 @@ def test_status_command_without_a_stack_exits_2(tmp_path: Path, capsys: pytest.C
 
 
 def test_service_row_reads_health_and_version_from_readyz() -> None:
-    svc = {"pid": 11, "url": "http://127.0.0.1:1", "restarts": 2}
+    svc = ServiceEntry(pid=11, url="http://127.0.0.1:1", restarts=2)
     body = {"state": "running", "status": {"policy_version": 5, "weights": {"follow": "promoted"}}}
     row = status.service_row("rollout-worker", svc, 200, body)
     assert row == {
@@ -74,7 +82,7 @@ def test_service_row_reads_health_and_version_from_readyz() -> None:
         "policy_version": 5,
         "follow": "promoted",
     }
-    assert status.service_row("learner", {"pid": 1, "url": ""}, 200, None)["restarts"] == 0  # an older stack.json
+    assert status.service_row("learner", ServiceEntry(pid=1), 200, None)["restarts"] == 0  # an older stack.json
     gate = status.service_row("eval-gate", svc, 200, {"status": {"control": {"redis": "degraded"}}})
     assert gate["redis"] == "degraded" and gate["policy_version"] is None
     assert status.service_row("learner", svc, 503, {"state": "starting"})["health"] == "not ready (starting)"
@@ -83,7 +91,7 @@ def test_service_row_reads_health_and_version_from_readyz() -> None:
 
 
 def test_service_row_shows_refused_announces_and_a_stall() -> None:
-    svc = {"pid": 11, "url": "http://127.0.0.1:1"}
+    svc = ServiceEntry(pid=11, url="http://127.0.0.1:1")
     refused = {"missing_manifest": 1, "fence": 2}
     worker = {"status": {"weights": {"announces": {"signatures": "required", "refused": refused}}}}
     assert status.service_row("rollout-worker", svc, 200, worker)["refused_announces"] == refused

@@ -159,8 +159,14 @@ def load_run(run_dir: Path, traces: list[Path]) -> Run:
     steps.sort(key=lambda s: s["step"])
     files = list(traces)
     if not files and (run_dir / "stack.json").exists():
-        services = json.loads((run_dir / "stack.json").read_text()).get("services", {})
-        files = [Path(s["traces_file"]) for s in services.values() if s.get("traces_file")]
+        from slipstream.stack.stackfile import StackFileError, read_stack_file
+
+        try:
+            services = read_stack_file(run_dir).services
+        except StackFileError as exc:
+            services = {}
+            notes.append(f"span files not found: {exc}")
+        files = [Path(s.traces_file) for s in services.values() if s.traces_file]
     files = [f for f in files if f.exists()]
     spans, bad = read_spans(files) if files else ([], 0)
     if bad:

@@ -21,6 +21,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from slipstream.stack.stackfile import FILE as STACK_FILE
+from slipstream.stack.stackfile import ServiceEntry, StackFile, StackFileError, read_stack_file
+
 if TYPE_CHECKING:
     from rich.console import Group
 
@@ -28,7 +31,6 @@ if TYPE_CHECKING:
     from slipstream.schemas import LearnerStep, WeightAnnounce, WeightsPromoted
     from slipstream.telemetry.exposition import Exposition
 
-STACK_FILE = "stack.json"
 HISTORY = 120
 """Learner steps kept for the sparklines."""
 
@@ -119,13 +121,13 @@ def _get(url: str, path: str, timeout_s: float) -> tuple[int, bytes]:
         conn.close()
 
 
-def _probe(name: str, info: dict[str, Any], timeout_s: float) -> ServiceSample:
+def _probe(name: str, info: ServiceEntry, timeout_s: float) -> ServiceSample:
     from slipstream.stack import pid_alive
     from slipstream.telemetry.exposition import parse_prometheus
 
-    pid = info.get("pid")
-    alive = isinstance(pid, int) and pid_alive(pid)
-    sample = ServiceSample(name, str(info.get("url", "")), pid if isinstance(pid, int) else None, alive=alive)
+    pid = info.pid
+    alive = pid is not None and pid_alive(pid)
+    sample = ServiceSample(name, info.url, pid, alive=alive)
     if not sample.alive:
         return sample
     try:
@@ -159,14 +161,14 @@ class StackWatch:
         self._tasks: list[asyncio.Task[None]] = []
         self._prev: dict[str, tuple[float, float, float, dict[str, float]]] = {}
 
-    def _read_state(self) -> dict[str, Any]:
+    def _read_state(self) -> StackFile:
         path = self.run_dir / STACK_FILE
+        if not path.exists():
+            raise StackStateError(f"no {path}; start a stack with `slipstream up` (or give --run-dir)")
         try:
-            return dict(json.loads(path.read_text()))
-        except FileNotFoundError:
-            raise StackStateError(f"no {path}; start a stack with `slipstream up` (or give --run-dir)") from None
-        except ValueError as exc:
-            raise StackStateError(f"{path} is not valid JSON: {exc}") from None
+            return read_stack_file(self.run_dir)
+        except StackFileError as exc:
+            raise StackStateError(str(exc)) from None
 
     async def start(self) -> None:
         from slipstream.bus import BusError, connect_bus
@@ -174,7 +176,7 @@ class StackWatch:
         from slipstream.schemas.subjects import LEARNER_STEP, WEIGHTS_ANNOUNCE, WEIGHTS_PROMOTED
         from slipstream.stack.credentials import bus_config_for
 
-        url = (self.info.get("servers", {}).get("nats") or {}).get("url")
+        url = self.info.server_url("nats")
         if not url:
             self.notes.append("stack.json names no NATS server; bus figures unavailable")
             return
@@ -194,7 +196,7 @@ class StackWatch:
 
     def _follow(self, subject: str, cls: type[Any], deliver: Any, on: Callable[[Any], None]) -> None:
         assert self.bus is not None
-        run_id = self.info.get("run_id", "")
+        run_id = self.info.run_id
 
         async def loop() -> None:
             assert self.bus is not None
@@ -250,7 +252,7 @@ class StackWatch:
             self.info = self._read_state()  # the state may have moved on (stopped, exit codes)
         now = time.monotonic()
         services = await asyncio.gather(
-            *(asyncio.to_thread(_probe, n, i, self.timeout_s) for n, i in self.info.get("services", {}).items())
+            *(asyncio.to_thread(_probe, n, i, self.timeout_s) for n, i in self.info.services.items())
         )
         problems: list[str] = []
         stages, dead = await self._stages(problems)
@@ -272,8 +274,8 @@ class StackWatch:
             if stage.service in {s.name for s in services if s.rate_in is not None}:
                 stage.rate = by_durable.get(stage.durable, 0.0)
         return Frame(
-            run_id=str(self.info.get("run_id", "")),
-            state=str(self.info.get("state", "?")),
+            run_id=self.info.run_id,
+            state=self.info.state,
             at=time.time(),
             services=list(services),
             stages=stages,

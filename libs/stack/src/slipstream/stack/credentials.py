@@ -16,12 +16,15 @@ import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from slipstream.bus.config import BusConfig
 from slipstream.bus.permissions import ADMIN, all_permissions, new_passwords, server_authorization
 from slipstream.control.acl import ADMIN as REDIS_ADMIN
 from slipstream.control.acl import acl_file, with_user
+
+if TYPE_CHECKING:
+    from slipstream.stack.stackfile import StackFile
 
 FILE = "credentials.json"
 
@@ -82,15 +85,15 @@ class Credentials:
         return cls(nats=dict(data["nats"]), redis=dict(data["redis"]))
 
 
-def bus_config_for(info: Mapping[str, Any], **kw: Any) -> BusConfig:
+def bus_config_for(info: StackFile, **kw: Any) -> BusConfig:
     """A BusConfig for a CLI read-out of the stack described by `info` (stack.json): admin when it has users."""
-    url = info["servers"]["nats"]["url"]
-    creds = Credentials.load(info["run_dir"]) if info.get("run_dir") else None
+    url = info.server_url("nats")
+    creds = Credentials.load(info.run_dir) if info.run_dir else None
     return creds.admin_bus(url, **kw) if creds is not None else BusConfig(url=url, **kw)
 
 
-def redis_url_for(info: Mapping[str, Any]) -> str:
+def redis_url_for(info: StackFile) -> str:
     """The stack's Redis URL for a CLI read-out, authenticated as the admin when it has users."""
-    url = str(info["servers"]["redis"]["url"])
-    creds = Credentials.load(info["run_dir"]) if info.get("run_dir") else None
+    url = info.server_url("redis")
+    creds = Credentials.load(info.run_dir) if info.run_dir else None
     return creds.admin_redis_url(url) if creds is not None else url

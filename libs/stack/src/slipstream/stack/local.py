@@ -61,6 +61,8 @@ from slipstream.stack.spec import (
     publisher_rank,
     tool_replica_names,
 )
+from slipstream.stack.stackfile import FILE as STACK_FILE
+from slipstream.stack.stackfile import encode_stack_file
 from slipstream.stack.state import (
     SCORE_KEYS_ENV,
     SCORE_SIGNING_KEY_ENV,
@@ -72,7 +74,6 @@ from slipstream.stack.state import (
 from slipstream.stack.supervisor import Supervisor, SupervisorEvent
 from slipstream.trust import SigningKey, generate_keypair, load_signing_key
 
-STATE_FILE = "stack.json"
 KILL_GRACE_S = 5.0
 """Extra wait past the services' own drain budget before SIGKILL (their shutdown needs a moment)."""
 
@@ -509,14 +510,14 @@ class Stack:
         return self._trust
 
     def info(self) -> dict[str, Any]:
-        """What stack.json holds: later commands (`slipstream status`, ...) read it."""
-        return state_info(self)
+        """What stack.json holds, as plain data: later commands read the file as a `StackFile`."""
+        return dict(msgspec.to_builtins(state_info(self)))
 
     def write_state(self) -> Path:
         """Write run_dir/stack.json (atomically) and point <home>/current at the run dir."""
-        path = self.spec.run_dir / STATE_FILE
+        path = self.spec.run_dir / STACK_FILE
         tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(json.dumps(self.info(), indent=2) + "\n")
+        tmp.write_bytes(encode_stack_file(state_info(self)))
         os.replace(tmp, path)
         self._state_written = True
         home = self.spec.home

@@ -1,8 +1,9 @@
 """What a running `Stack` reports: the health table's rows and stack.json's content.
 
 Split from local.py (which starts, supervises and stops the processes): these read a stack's
-servers, services and supervisor and build plain dicts — `slipstream up`'s table, `slipstream
-status` and the other commands that read RUN_DIR/stack.json.
+servers, services and supervisor and build the health table's rows (`slipstream up`'s table) and
+the `StackFile` that RUN_DIR/stack.json holds (stackfile.py), which `slipstream status` and the
+other commands read back.
 """
 
 from __future__ import annotations
@@ -18,6 +19,14 @@ from slipstream.stack.credentials import Credentials
 from slipstream.stack.handles import ServerHandle, ServiceProcess
 from slipstream.stack.probe import probe_http, url_endpoint
 from slipstream.stack.spec import StackSpec, kind_of, module_of
+from slipstream.stack.stackfile import (
+    RestartPolicyEntry,
+    ServerEntry,
+    ServiceEntry,
+    StackFile,
+    StoreEntry,
+    TrustEntry,
+)
 from slipstream.stack.supervisor import Supervisor, describe_exit
 
 SIGNING_KEY_ENV = "SLIPSTREAM_TRUST__SIGNING_KEY"
@@ -95,62 +104,58 @@ def health_rows(
     return rows
 
 
-def state_info(stack: Reported) -> dict[str, Any]:
-    """What stack.json holds: later commands (`slipstream status`, ...) read it."""
+def state_info(stack: Reported) -> StackFile:
+    """What stack.json holds: later commands (`slipstream status`, ...) read it (`read_stack_file`)."""
     spec = stack.spec
     assert spec.store is not None
-    return {
-        "version": 1,
-        "state": stack.state,
-        "run_id": spec.run_id,
-        "run_dir": str(spec.run_dir),
-        "supervisor_pid": os.getpid(),
-        "started_at": time.time() - (time.monotonic() - stack.started_at),
-        "servers": {
-            h.name: {
-                "url": h.url,
-                "port": url_endpoint(h.url, 0)[1],
-                "pid": h.pid,
-                "managed": h.managed,
-                "log": str(h.log_path) if h.log_path else None,
-            }
+    return StackFile(
+        state=stack.state,
+        run_id=spec.run_id,
+        run_dir=str(spec.run_dir),
+        supervisor_pid=os.getpid(),
+        started_at=time.time() - (time.monotonic() - stack.started_at),
+        servers={
+            h.name: ServerEntry(
+                url=h.url,
+                port=url_endpoint(h.url, 0)[1],
+                pid=h.pid,
+                managed=h.managed,
+                log=str(h.log_path) if h.log_path else None,
+            )
             for h in stack.servers.values()
         },
-        "store": {
-            "type": spec.store.type,
-            "root": spec.store.root,
-            "url": spec.store.url,
-            "endpoint_url": spec.store.endpoint_url,
-        },
-        "services": {
-            s.name: {
-                "module": module_of(kind_of(s.name)),
-                "pid": s.pid,
-                "port": s.port,
-                "url": s.url,
-                "log": str(s.process.log_path),
-                "traces_file": str(s.traces_file) if s.traces_file else None,
-                "ready_after_s": s.ready_after_s,
-                "restarts": stack.supervisor.restarts(s.name),
-                "supervisor": stack.supervisor.state(s.name),
-            }
+        store=StoreEntry(
+            type=spec.store.type, root=spec.store.root, url=spec.store.url, endpoint_url=spec.store.endpoint_url
+        ),
+        services={
+            s.name: ServiceEntry(
+                module=module_of(kind_of(s.name)),
+                pid=s.pid,
+                port=s.port,
+                url=s.url,
+                log=str(s.process.log_path),
+                traces_file=str(s.traces_file) if s.traces_file else None,
+                ready_after_s=s.ready_after_s,
+                restarts=stack.supervisor.restarts(s.name),
+                supervisor=stack.supervisor.state(s.name),
+            )
             for s in stack.services.values()
         },
-        "exit_codes": dict(stack.exit_codes),
-        "signing_key_id": stack.signing_key_id,
+        exit_codes=dict(stack.exit_codes),
+        signing_key_id=stack.signing_key_id,
         # For services started beside the stack (Tilt --local): who signs, and what to trust.
-        "trust": {
-            "signing_key": stack.trust.get(SIGNING_KEY_ENV, ""),
-            "trusted_keys": json.loads(stack.trust.get(TRUSTED_KEYS_ENV, "[]")),
-            "score_signing_key": stack.trust.get(SCORE_SIGNING_KEY_ENV, ""),
-            "score_trusted_keys": json.loads(stack.trust.get(SCORE_KEYS_ENV, "[]")),
-        },
-        "restart_policy": {
-            "enabled": stack.spec.restart.enabled,
-            "max_restarts": stack.spec.restart.max_restarts,
-            "window_s": stack.spec.restart.window_s,
-        },
-        "supervisor_events": [e.as_dict() for e in stack.supervisor.events[-100:]],
+        trust=TrustEntry(
+            signing_key=stack.trust.get(SIGNING_KEY_ENV, ""),
+            trusted_keys=json.loads(stack.trust.get(TRUSTED_KEYS_ENV, "[]")),
+            score_signing_key=stack.trust.get(SCORE_SIGNING_KEY_ENV, ""),
+            score_trusted_keys=json.loads(stack.trust.get(SCORE_KEYS_ENV, "[]")),
+        ),
+        restart_policy=RestartPolicyEntry(
+            enabled=stack.spec.restart.enabled,
+            max_restarts=stack.spec.restart.max_restarts,
+            window_s=stack.spec.restart.window_s,
+        ),
+        supervisor_events=[dict(e.as_dict()) for e in stack.supervisor.events[-100:]],
         # Users per service on the servers; the admin's passwords are in this file (mode 0600).
-        "credentials_file": str(spec.run_dir / CREDENTIALS_FILE) if stack.credentials else None,
-    }
+        credentials_file=str(spec.run_dir / CREDENTIALS_FILE) if stack.credentials else None,
+    )

@@ -1,6 +1,7 @@
 """One look at a running stack from its stack.json: servers, services' readiness, streams, versions, the learner.
 
-`load_stack` reads and checks a run's stack.json (shared with `slipstream eval/promote/rollback`);
+`load_stack` reads a run's stack.json as a `StackFile` and checks that it names the servers the
+commands need (shared with `slipstream eval/promote/rollback`);
 `collect` gathers what `slipstream status` shows (NATS and Redis reachability, each service's
 /readyz, every stream's messages and backlogs, dead letters, the announced and promoted versions,
 the last eval result and learner step); `render` draws it as rich tables; `exit_code` is 0 when
@@ -16,6 +17,8 @@ from typing import TYPE_CHECKING, Any
 
 from slipstream.stack.probe import HOST, probe_tcp, url_endpoint
 from slipstream.stack.spec import HOME
+from slipstream.stack.stackfile import FILE as STACK_FILE
+from slipstream.stack.stackfile import ServerEntry, ServiceEntry, StackFile, StackFileError, read_stack_file
 
 if TYPE_CHECKING:
     from slipstream.bus import BusConfig
@@ -28,23 +31,18 @@ class StatusError(Exception):
     """No usable stack.json (no run, or not a stack directory)."""
 
 
-def load_stack(run_dir: Path) -> dict[str, Any]:
+def load_stack(run_dir: Path) -> StackFile:
     """The run's stack.json, checked for what the commands need; StatusError says what is missing."""
-    path = run_dir / "stack.json"
+    path = run_dir / STACK_FILE
     if not path.exists():
         hint = " (start one with `slipstream up`)" if run_dir == DEFAULT_RUN_DIR else ""
-        raise StatusError(f"no stack.json in {run_dir}: not a running stack{hint}")
+        raise StatusError(f"no {STACK_FILE} in {run_dir}: not a running stack{hint}")
     try:
-        info = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        raise StatusError(f"cannot read {path}: {exc}") from None
-    if not isinstance(info, dict):
-        raise StatusError(f"{path} is not a JSON object")
-    for key in ("run_id", "servers", "services", "store"):
-        if key not in info:
-            raise StatusError(f"{path} has no {key!r}: written by an older or foreign tool?")
+        info = read_stack_file(run_dir)
+    except StackFileError as exc:
+        raise StatusError(str(exc)) from None
     for server in ("nats", "redis"):
-        if not isinstance(info["servers"].get(server), dict) or "url" not in info["servers"][server]:
+        if not info.server_url(server):
             raise StatusError(f"{path} names no {server} server URL")
     return info
 
@@ -52,18 +50,16 @@ def load_stack(run_dir: Path) -> dict[str, Any]:
 # ---- collecting ---------------------------------------------------------------------------------
 
 
-async def collect(info: dict[str, Any], *, timeout_s: float = 3.0) -> dict[str, Any]:
+async def collect(info: StackFile, *, timeout_s: float = 3.0) -> dict[str, Any]:
     from slipstream.stack.credentials import bus_config_for, redis_url_for
 
     """Everything `status` shows, probed now. Unreachable parts are reported in `errors`, never raised."""
     status: dict[str, Any] = {
-        "run_id": info["run_id"],
-        "run_dir": info.get("run_dir", ""),
-        "state": info.get("state", "?"),
-        "servers": [server_row(name, s) for name, s in info["servers"].items()],
-        "services": [
-            service_row(name, s, *read_json(int(s["port"]), "/readyz")) for name, s in info["services"].items()
-        ],
+        "run_id": info.run_id,
+        "run_dir": info.run_dir,
+        "state": info.state,
+        "servers": [server_row(name, s) for name, s in info.servers.items()],
+        "services": [service_row(name, s, *read_json(s.port, "/readyz")) for name, s in info.services.items()],
         "streams": [],
         "dlq": {},
         "versions": {},
@@ -74,11 +70,11 @@ async def collect(info: dict[str, Any], *, timeout_s: float = 3.0) -> dict[str, 
     if servers["nats"]["up"]:
         await _from_bus(status, bus_config_for(info, connect_budget_s=timeout_s))
     else:
-        status["errors"].append(f"nats at {info['servers']['nats']['url']} is not reachable")
+        status["errors"].append(f"nats at {info.server_url('nats')} is not reachable")
     if servers["redis"]["up"]:
         await _from_redis(status, redis_url_for(info), timeout_s)
     else:
-        status["errors"].append(f"redis at {info['servers']['redis']['url']} is not reachable")
+        status["errors"].append(f"redis at {info.server_url('redis')} is not reachable")
     verified = [row["verified_version"] for row in status["services"] if "verified_version" in row]
     if verified:
         # The workers' verified view beats the last message on the subject, which anyone can publish.
@@ -93,8 +89,8 @@ async def collect(info: dict[str, Any], *, timeout_s: float = 3.0) -> dict[str, 
     return status
 
 
-def server_row(name: str, server: dict[str, Any]) -> dict[str, Any]:
-    url = str(server["url"])
+def server_row(name: str, server: ServerEntry) -> dict[str, Any]:
+    url = server.url
     return {"name": name, "url": url, "up": probe_tcp(*url_endpoint(url, 4222 if name == "nats" else 6379))}
 
 
@@ -116,7 +112,7 @@ def read_json(port: int, path: str, timeout_s: float = 1.0) -> tuple[int | None,
     return resp.status, body if isinstance(body, dict) else None
 
 
-def service_row(name: str, svc: dict[str, Any], code: int | None, body: dict[str, Any] | None) -> dict[str, Any]:
+def service_row(name: str, svc: ServiceEntry, code: int | None, body: dict[str, Any] | None) -> dict[str, Any]:
     """One service's line: health from its /readyz answer, and the version it works with."""
     if code is None:
         health = "no answer"
@@ -129,9 +125,9 @@ def service_row(name: str, svc: dict[str, Any], code: int | None, body: dict[str
     if code is not None and code != 200 and progress.get("stalled"):
         health = f"not ready (stalled: {progress.get('reason', '')})"
     weights = st.get("weights") or {}
-    row: dict[str, Any] = {"name": name, "pid": svc.get("pid"), "url": svc.get("url", ""), "health": health}
-    # Written by the supervisor into stack.json at every restart (absent in an older stack.json).
-    row["restarts"] = int(svc.get("restarts") or 0)
+    row: dict[str, Any] = {"name": name, "pid": svc.pid, "url": svc.url, "health": health}
+    # Written by the supervisor into stack.json at every restart (absent in an older stack.json: 0).
+    row["restarts"] = svc.restarts
     version = st.get("policy_version")
     row["policy_version"] = version if isinstance(version, int) else None
     if weights.get("follow"):

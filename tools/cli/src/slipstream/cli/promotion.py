@@ -27,11 +27,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from slipstream.cli.status import add_run_dir_argument
-from slipstream.stack.status import StatusError, load_stack
 
 if TYPE_CHECKING:
     from slipstream.eval_gate.config import EvalGateConfig
     from slipstream.eval_gate.gate import Verdict
+    from slipstream.stack.stackfile import StackFile
 
 
 class Refused(Exception):
@@ -76,6 +76,8 @@ def _version(raw: str) -> int:
 
 
 def _guarded(command: str, args: argparse.Namespace, body: Any) -> int:
+    from slipstream.stack.status import StatusError, load_stack
+
     try:
         info = load_stack(args.run_dir)
     except StatusError as exc:
@@ -109,18 +111,17 @@ def run_rollback(args: argparse.Namespace) -> int:
 
 
 def gate_config(
-    info: dict[str, Any], run_dir: Path, *, config_file: Path | None = None, model_path: Path | None = None
+    info: StackFile, run_dir: Path, *, config_file: Path | None = None, model_path: Path | None = None
 ) -> EvalGateConfig:
     """The gate's config for this stack: file and SLIPSTREAM_* variables, with the stack's addresses on top."""
     from slipstream.eval_gate.config import EvalGateConfig
     from slipstream.runtime.config import ConfigError, resolve
     from slipstream.stack.credentials import redis_url_for
 
-    store = info["store"]
     overrides: dict[str, dict[str, Any]] = {
-        "service": {"run_id": info["run_id"], "redis_url": redis_url_for(info)},
-        "bus": {"type": "nats", "url": info["servers"]["nats"]["url"], **_bus_user(info)},
-        "store": {k: store[k] for k in ("type", "root", "url", "endpoint_url") if store.get(k)},
+        "service": {"run_id": info.run_id, "redis_url": redis_url_for(info)},
+        "bus": {"type": "nats", "url": info.server_url("nats"), **_bus_user(info)},
+        "store": _store_fields(info),
     }
     model = model_path or (run_dir / "model-init" if (run_dir / "model-init" / "config.json").exists() else None)
     if model is not None:
@@ -131,7 +132,7 @@ def gate_config(
         raise Refused(f"gate config: {exc}") from None
 
 
-def _bus_user(info: dict[str, Any]) -> dict[str, str]:
+def _bus_user(info: StackFile) -> dict[str, str]:
     """The admin's NATS credentials for a stack that has users (the CLI acts for the operator)."""
     from slipstream.stack.credentials import bus_config_for
 
@@ -139,13 +140,13 @@ def _bus_user(info: dict[str, Any]) -> dict[str, str]:
     return {"user": cfg.user, "password": cfg.password} if cfg.user else {}
 
 
-async def _connect(info: dict[str, Any]) -> tuple[Any, Any]:
+async def _connect(info: StackFile) -> tuple[Any, Any]:
     from slipstream.bus import BusError, connect_bus
     from slipstream.control import ControlUnavailable, connect_control
     from slipstream.stack.credentials import bus_config_for, redis_url_for
 
     try:
-        control = await connect_control(redis_url_for(info), info["run_id"])
+        control = await connect_control(redis_url_for(info), info.run_id)
     except ControlUnavailable as exc:
         raise Refused(str(exc)) from None
     try:
@@ -156,12 +157,18 @@ async def _connect(info: dict[str, Any]) -> tuple[Any, Any]:
     return control, bus
 
 
-def _store(info: dict[str, Any]) -> Any:
+def _store(info: StackFile) -> Any:
     from slipstream.store import setup_store
     from slipstream.store.config import StoreConfig
 
-    s = info["store"]
-    return setup_store(StoreConfig(**{k: s[k] for k in ("type", "root", "url", "endpoint_url") if s.get(k)}))
+    return setup_store(StoreConfig(**_store_fields(info)))
+
+
+def _store_fields(info: StackFile) -> dict[str, Any]:
+    """The store's fields that stack.json sets (StoreConfig's names), for the gate's config and the store."""
+    s = info.store
+    fields = {"type": s.type, "root": s.root, "url": s.url, "endpoint_url": s.endpoint_url}
+    return {k: v for k, v in fields.items() if v}
 
 
 def _manifest_key(store: Any, run_id: str, version: int) -> str:
@@ -173,7 +180,7 @@ def _manifest_key(store: Any, run_id: str, version: int) -> str:
     return str(key)
 
 
-async def _eval(info: dict[str, Any], args: argparse.Namespace) -> int:
+async def _eval(info: StackFile, args: argparse.Namespace) -> int:
     from slipstream.eval_gate.evaluator import build_evaluator
     from slipstream.eval_gate.gate import Gate
 
@@ -206,10 +213,10 @@ async def _eval(info: dict[str, Any], args: argparse.Namespace) -> int:
     return 0
 
 
-async def _promote(info: dict[str, Any], args: argparse.Namespace) -> int:
+async def _promote(info: StackFile, args: argparse.Namespace) -> int:
     from slipstream.eval_gate import pointer
 
-    run_id = info["run_id"]
+    run_id = info.run_id
     key = _manifest_key(_store(info), run_id, args.version)
     control, bus = await _connect(info)
     try:
@@ -228,11 +235,11 @@ async def _promote(info: dict[str, Any], args: argparse.Namespace) -> int:
     return 0
 
 
-async def _rollback(info: dict[str, Any], args: argparse.Namespace) -> int:
+async def _rollback(info: StackFile, args: argparse.Namespace) -> int:
     from slipstream.eval_gate import pointer
     from slipstream.weights.layout import manifest_key
 
-    run_id = info["run_id"]
+    run_id = info.run_id
     control, bus = await _connect(info)
     try:
         reason = "rollback" + (f": {args.reason}" if args.reason else "")

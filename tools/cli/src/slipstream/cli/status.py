@@ -19,7 +19,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-from slipstream.stack.status import DEFAULT_RUN_DIR, StatusError, collect, exit_code, load_stack, render
+from slipstream.stack.spec import HOME
+
+DEFAULT_RUN_DIR = HOME / "current"
 
 
 def register(sub: Any) -> None:
@@ -46,6 +48,8 @@ def add_run_dir_argument(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from slipstream.stack.status import StatusError, collect, exit_code, load_stack, render
+
     try:
         info = load_stack(args.run_dir)
     except StatusError as exc:
