@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from slipstream.chaos.suite import CHAOS_PLANS, SCHEDULES, chaos_plan, env_tools
+from slipstream.chaos.suite import CHAOS_PLANS, SCHEDULES, SEARCH_GREP_OPTIONS, chaos_plan, env_tools
 from slipstream.envs import get_env
 from slipstream.rollout_worker.config import RolloutWorkerConfig
 from slipstream.run import service_env
-from slipstream.run.presets import SEARCH_GREP_OPTIONS, demo_plan
+from slipstream.run.presets import demo_plan
 from slipstream.runtime.config import resolve
 from slipstream.tool_service.config import ToolServiceConfig
 from slipstream.tool_service.toolsets import ToolSetError, build_registry

@@ -206,34 +206,29 @@ def test_a_run_asking_for_a_subagent_pool_sends_the_workers_sub_agents_there(tmp
     assert local.subagents.transport == "local"
 
 
-def test_the_reverse_example_is_the_default_demo() -> None:
-    """examples/reverse.toml and `slipstream demo` train the same thing (the e2e suite's shared demo
-    run covers the file's path: tests/e2e/test_run_files.py, RUN_ELSEWHERE)."""
-    from slipstream.run.presets import demo_plan
+def test_the_demo_plans_are_the_example_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`slipstream demo --env ENV` trains examples/ENV.toml for every env with a demo plan (the one
+    place it is defined; the e2e suite's shared demo run covers the file's path: tests/e2e/test_run_files.py,
+    RUN_ELSEWHERE), and TrainingPlan's defaults on any other env."""
+    from slipstream.run.plan import TrainingPlan
+    from slipstream.run.presets import PRESETS, demo_plan, examples_dir
 
-    assert load(REPO / "examples" / "reverse.toml").plan() == demo_plan() == demo_plan("reverse")
-
-
-def test_the_lookup_example_is_the_lookup_demo() -> None:
-    """examples/lookup.toml and `slipstream demo --env lookup` train the same thing."""
-    from slipstream.run.presets import demo_plan
-
-    assert load(REPO / "examples" / "lookup.toml").plan() == demo_plan("lookup")
-
-
-def test_the_search_example_is_the_search_demo() -> None:
-    """examples/search.toml and `slipstream demo --env search` train the same thing."""
-    from slipstream.run.presets import demo_plan
-
-    assert load(REPO / "examples" / "search.toml").plan() == demo_plan("search")
-
-
-def test_the_swarm_example_is_the_swarm_demo() -> None:
-    """examples/swarm.toml and `slipstream demo --env swarm` train the same thing, λ schedule included."""
-    from slipstream.run.presets import demo_plan
-
-    plan = load(REPO / "examples" / "swarm.toml").plan()
-    assert plan == demo_plan("swarm") and set(plan.reward_schedule) == {"parallel", "finish"}
+    assert examples_dir() == REPO / "examples"
+    assert {"reverse", "lookup", "search", "swarm", "recall", "code"} <= set(PRESETS)
+    for env in PRESETS:
+        assert demo_plan(env) == load(REPO / "examples" / f"{env}.toml").plan(), env
+        assert demo_plan(env).env == env
+    assert demo_plan() == demo_plan("reverse")
+    assert demo_plan("arith") == TrainingPlan(eval_every=15, env="arith")
+    swarm = demo_plan("swarm")
+    assert set(swarm.reward_schedule) == {"parallel", "finish"}  # the λ schedule comes with the file
+    assert demo_plan("recall").summary["mode"] == "summary"
+    # A change to the file is a change to the demo: nothing else holds the plan.
+    (tmp_path / "reverse.toml").write_text('[env]\nname = "reverse"\n[batch]\nmax_steps = 7\n')
+    monkeypatch.setenv("SLIPSTREAM_EXAMPLES", str(tmp_path))
+    assert demo_plan().max_steps == 7
+    with pytest.raises(FileNotFoundError, match="lookup demo's plan"):
+        demo_plan("lookup")
 
 
 def test_the_search_call_example_trains_what_the_real_model_e2e_runs() -> None:
@@ -244,21 +239,6 @@ def test_the_search_call_example_trains_what_the_real_model_e2e_runs() -> None:
     example, demo = load(REPO / "examples" / "search_call.toml").plan(), pretrained_plan("smollm2-135m")
     fields = ("model", "env", "loss", "lora_rank", "lora_alpha", "rollout_dtype", "learner_autocast", "group_size")
     assert {f: getattr(example, f) for f in fields} == {f: getattr(demo, f) for f in fields}
-
-
-def test_the_recall_example_is_the_recall_demo() -> None:
-    """examples/recall.toml and `slipstream demo --env recall` train the same thing, summaries on."""
-    from slipstream.run.presets import demo_plan
-
-    plan = load(REPO / "examples" / "recall.toml").plan()
-    assert plan == demo_plan("recall") and plan.summary["mode"] == "summary"
-
-
-def test_the_code_example_is_the_code_demo() -> None:
-    """examples/code.toml and `slipstream demo --env code` train the same thing."""
-    from slipstream.run.presets import demo_plan
-
-    assert load(REPO / "examples" / "code.toml").plan() == demo_plan("code")
 
 
 def test_rollout_summary_reaches_the_workers_and_the_learner(tmp_path: Path) -> None:

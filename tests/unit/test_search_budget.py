@@ -11,7 +11,9 @@ import pytest
 from slipstream.bench.search_budget import measure
 from slipstream.envs import get_env
 from slipstream.envs.search.expert import _draw
-from slipstream.run.presets import SEARCH_OPTIONS
+from slipstream.run.presets import demo_plan
+
+SEARCH_OPTIONS = demo_plan("search").env_options
 
 pytestmark = [pytest.mark.unit, pytest.mark.slow]
 

@@ -36,7 +36,7 @@ def test_the_plan_puts_every_serial_episode_of_4_or_more_items_over_the_budget_a
     for name in ("parallel", "finish"):
         schedule = plan.reward_schedule[name]
         assert schedule["init"] == 0.1 and schedule["final"] == 0.0
-        assert schedule["anneal_steps"] == plan.max_steps  # positive until the last update: see swarm_plan
+        assert schedule["anneal_steps"] == plan.max_steps  # positive until the last update: see examples/swarm.toml
 
 
 def test_the_plan_reaches_the_services() -> None:

@@ -1,315 +1,45 @@
-"""The demo's plans: per environment, the settings over `TrainingPlan`'s defaults, and the plan builders.
+"""The demo's plans: `examples/<env>.toml` loaded as `TrainingPlan`s, the one place each is defined.
 
-`slipstream demo`, the benches, the chaos suite and the e2e tests start from these
-(`demo_plan(env)`, `pretrained_plan(model)`); `examples/<env>.toml` holds the same plans as run
-files (tests/unit/test_run_file.py checks that each pair trains the same thing).
+`slipstream demo --env ENV`, the benches, the chaos suite and the e2e tests start from
+`demo_plan(env)`: for an environment with a demo plan (PRESETS) it is the run file
+`examples/<env>.toml` (what `slipstream train examples/<env>.toml` trains; each file says why its
+values are what they are), for any other environment `TrainingPlan`'s defaults on that env.
+`pretrained_plan(model)` is the real-model demo; `with_context` and `with_length_penalty` are the
+demo's flags over a plan. The examples are found beside the source (the repository root's
+`examples/`), or where SLIPSTREAM_EXAMPLES points.
 """
 
 from __future__ import annotations
 
-import copy
+import os
+from pathlib import Path
 from typing import Any
 
 from slipstream.run.plan import TrainingPlan
-from slipstream.run.swarm_demo import swarm_plan
 
-# Per-environment demo settings, over TrainingPlan's defaults.
-# `reverse` (the default): 3-letter words only, and a warm-start that stops at 20% greedy train
-# accuracy (at most 400 steps). With words of 2-4 letters and a fixed 90-step warm-start the
-# policy started at ~80% greedy on 2-letter words and ~0-9% on 3-4-letter ones: RL could only
-# sharpen the 2-letter answers (held-out sampled 0.10 -> 0.24) while greedy stayed flat (0.32 ->
-# 0.32) and the faint 3-letter skill was trained away (0.09 -> 0). One length gives every task
-# the same difficulty; the target lands every seed at the same competence although the
-# supervised cliff (0.1 -> 1.0 greedy between ~150 and ~250 steps) falls at 70-170 steps by seed.
-# `lookup` (multi-turn tool use): the micro model is warm-started on an imperfect teacher's episodes
-# (on 30% of keys it guesses without calling the tool, on 40% of the rest its first call is
-# malformed) until greedy decoding replays 90% of the teacher's clean train episodes (the probe,
-# every 25 steps), i.e. until the two copies (key into the call, result into the answer) have
-# formed, or 800 steps; it then samples the teacher's habits at temperature 1, and RL has to
-# unlearn them. The copies form late and on a cliff whose onset varies by seed (seed 2: probe
-# 0.04 after 600 steps at lr 1e-3; 0.62 after 800 at lr 3e-3; 0.000 after 1200 with the cosine
-# stretched over 1200, so the cap is also the schedule's length and stays 800). A seed whose cliff
-# starts near the cap gets up to 800 settle steps at the final lr (seed 1 on an AVX2 host: probe
-# 0.009 at step 750, 0.073 at the cap). Greedy accuracy alone is not enough: seed 1 reached 0.93
-# with an expected sampled success (the probe's teacher-forced chance that sampling at T=1
-# replays the episode) of 0.026, and RL from there traded the copies away; the stop also needs
-# 0.15 of it (seed 0's start from which RL learned had 0.147). RL at lr 3e-4 broke seed 1's
-# sharper start (greedy 0.95 -> 0.05 after 20 steps, grad norms 4-10); at 1e-4 every seed learns
-# (libs/envs/README.md).
-LOOKUP_TEACHER = {"expert_guess_rate": 0.3, "expert_slip_rate": 0.4}
-# `code` (issues 14, 34): grammar-drawn programs with six bug kinds, held out by program template
-# (code/programs.py), four turns of at most 128 tokens, the expert guessing a wrong fix on 40% of
-# tasks, and Composer's length penalty on: 5e-4 x C(sampled tokens) (k 0.01, q 0.5), -0.061 for the
-# expert's ~160-token episode, -0.147 for four full 128-token turns (see ENV_PLANS["code"]).
-CODE_OPTIONS = {
-    "source": "programs",
-    "max_turns": 4,
-    "max_turn_tokens": 128,
-    "expert_guess_rate": 0.4,
-    "length_penalty": {"scale": 0.0005},
-}
-# The first `search` plans (issue 13), sized for a CPU: one hop, the BM25-only backend
-# (the hybrid one's MiniLM encode costs every process tens of seconds), the question without the
-# tool list, a 1,536-token budget with 420-token results and at most 4 turns. The expert finds the
-# hop with grep_corpus on the clues (BM25 cannot match the decade "1870s" to a year) and is
-# imperfect: on 30% of tasks its first grep names the neighbouring decade and it greps again.
-# SEARCH_GREP_OPTIONS is the first plan's corpus (24 tasks per domain, one distractor each, the
-# expert's grep `north. It dates from 187`): 200-1,500 warm-start steps formed the region word but
-# never the decade's digits or the found document's id, whose distances from where they are copied
-# varied with the text. SEARCH_OPTIONS (`fixed_offsets`): the question names the decade last and
-# the grep opens with its digits (`from 187.*north`), a document opens with its year and ends with
-# its id (`Id 417.`), so both copies sit a fixed distance before they are made; 225 tasks per
-# domain without distractors in 12 regions with unique (region, decade) clues and random 3-digit
-# ids (879 tasks, 661 train: too many to memorise), so the grep returns the target alone.
-# libs/envs/README.md, "The CPU demo plan", has the probe curves. Every episode of that plan was
-# two turns, one grep and no prune (issue 33): SEARCH_ONEHOP_OPTIONS keeps it (the swarm demo's
-# corpus); SEARCH_OPTIONS below is the plan that needs the harness.
-SEARCH_GREP_OPTIONS = {
-    "backend": "bm25",
-    "max_hops": 1,
-    "tasks_per_domain": 24,
-    "distractors": 1,
-    "filler_per_domain": 0,
-    "budget_tokens": 1536,
-    "search_tokens": 420,
-    "reserve_tokens": 128,
-    "max_turns": 4,
-    "tools_line": False,
-    "expert_grep": True,
-    "expert_slip_rate": 0.3,
-}
-SEARCH_ONEHOP_OPTIONS = {
-    **SEARCH_GREP_OPTIONS,
-    "tasks_per_domain": 225,
-    "distractors": 0,
-    "min_year": 1000,
-    "regions": 12,
-    "unique_clues": True,
-    "short_ids": True,
-    "fixed_offsets": True,
-    # A slipped grep returns another document whose decade is off by one: telling it from the
-    # target is a content comparison, which did not form (held-out greedy 0.000 at step 950 while
-    # the digit and id copies did). Without slips every episode is one grep and the output.
-    "expert_slip_rate": 0.0,
-    # Training tasks word their questions with nouns drawn from shared pools; the held-out (email)
-    # domain keeps its own. With three fixed wordings the held-out words broke the call that follows
-    # them (seed 0, mid-cliff: 11 of 64 held-out episodes first went wrong inside the tool name, 10 in
-    # the region word; none on train), and RL raised train success but not held-out.
-    "varied_nouns": True,
-}
-# `search` (issue 33): tasks that need the harness. 2-3 hops; the first hop's clues are searched
-# (no grep) and three distractors per task share its region and kind, so they rank with the
-# target; each later hop's search for the bridge entity also returns two documents that name it;
-# 100 filler documents per domain. One first-hop search result may cost 1,300 of the 2,048-token
-# budget, so without pruning the next hop is refused at the hard cutoff or finds no room:
-# `slipstream bench search-budget` (200 distinct train and 200 held-out tasks) measures a teacher
-# that never prunes against one that always does (libs/envs README, "The pruning plan").
-# The warm-start's teacher prunes on 8% of tasks (`expert_prune_rate`; <= 10% of episodes on both
-# splits as measured, a fixed draw per task), so RL must raise the
-# share; F_beta's beta goes 4 -> 2 over the run's 100 learner steps (`beta_anneal_versions`).
-# Held out: the email domain, whose nouns (thread, signature, earlier thread, meeting place) no
-# training question uses, and whose documents and entities no training task has.
-SEARCH_OPTIONS = {
-    "backend": "bm25",
-    "min_hops": 2,
-    "max_hops": 3,
-    "tasks_per_domain": 220,
-    "distractors": 3,
-    "distractor_clue": "region",
-    "hop_distractors": 2,
-    "filler_per_domain": 100,
-    "regions": 12,
-    "min_year": 1000,
-    "unique_first_hop": True,
-    "varied_nouns": True,
-    "tools_line": False,
-    "budget_tokens": 2048,
-    "search_tokens": 1300,
-    "reserve_tokens": 200,
-    "max_turns": 12,
-    "expert_fallback": "grep",
-    "expert_prune_rate": 0.08,
-    "beta_anneal_versions": 100,
-}
-# `recall` (issue 14: summaries vs truncation): 2 facts among 8 lines, then a question about one.
-# Whole episodes are ~120 tokens; the context threshold is drawn per group in [64, 88], so every
-# episode restarts once or twice, and a restart carries 24 tokens (a summary, or the last 24
-# tokens with --context truncate). The teacher's summaries drop the first fact on 30% of tasks.
-# Session 6 (no copy curriculum): 600 warm-start steps left the probe at 0.01-0.05 on seeds 0-2,
-# and RL moved held-out sampled success only within 0.01-0.04. Session 10, with the copy
-# curriculum (libs/harness README, "Copy pretraining"): RL learns wherever the warm-start forms the
-# fact's copy, which it did on one seed of three while the warm-start's cosine ran over 800 steps.
-# Session 11, a 3,000-step cap: the copy formed on seeds 0-2 (800-1,075 steps, probes 0.90-0.97)
-# and self-summaries beat truncation after RL on all three (held-out 0.994 / 0.982 / 0.988 vs
-# 0.236 / 0.313 / 0.297 at step 16; libs/harness README, summary chains).
-# The micro preset copies only at fixed distances unless it first learns induction heads: the copy
-# curriculum (libs/harness copying.py, ~1 minute) before the warm-start, and copy rows in every
-# warm-start batch so the heads are kept.
-COPY_CURRICULUM: dict[str, Any] = {"sft_copy_steps": 4000}
-# Values of one digit (a guess is right 1 in 10): the copy heads form on lowercase and digits
-# only (libs/harness copying.py), and upper-case values were copied on one seed of three.
-RECALL_OPTIONS: dict[str, Any] = {
-    "expert_drop_rate": 0.3,
-    "key_letters": "a",
-    "value_chars": "0123456789",
-    "value_len": 1,
-}
-RECALL_SUMMARY: dict[str, Any] = {
-    "enabled": True,
-    "mode": "summary",
-    "min_tokens": 56,
-    "max_tokens": 80,
-    "summary_tokens": 24,
-    "request": "<summary>",
-    "stop": ["</summary>"],
-    "restart_template": "<summary>{summary}</summary>[{n}]\n",
-}
-ENV_PLANS: dict[str, dict[str, Any]] = {
-    "reverse": {
-        "env_options": {"min_len": 3, "max_len": 3},
-        "sft_steps": 400,
-        "sft_target_accuracy": 0.2,
-        "train_eval_tasks": 256,
-    },
-    # reasoning-gym's spell_backward on 3-letter words: `reverse`'s skill behind reasoning-gym's preamble,
-    # scored by its verifier; the same plan as examples/reasoning_gym.toml, which says why it is learnable.
-    "reasoning_gym": {
-        "env_options": {"dataset": "spell_backward", "config": {"min_word_len": 3, "max_word_len": 3}},
-        "sft_steps": 400,
-        "sft_target_accuracy": 0.2,
-        "train_eval_tasks": 256,
-    },
-    "lookup": {
-        "env_options": LOOKUP_TEACHER,
-        "preset": "micro",
-        "sft_steps": 800,
-        "sft_batch": 16,
-        "sft_lr": 3e-3,
-        "sft_target_accuracy": 0.9,
-        "sft_check_every": 25,
-        "sft_settle_steps": 800,
-        "sft_target_sampled": 0.15,
-        "temperature": 1.0,
-        "max_tokens": 64,
-        "lr": 1e-4,
-        "max_steps": 40,
-        "eval_every": 20,
-        "heldout_tasks": 128,
-        "train_eval_tasks": 128,
-    },
-    "search": {
-        "env_options": SEARCH_OPTIONS,
-        "preset": "micro",
-        "loss": "cispo",
-        # The warm-start below was sized on the one-hop plan (SEARCH_ONEHOP_OPTIONS), not yet on this
-        # one. There: not the copy curriculum: with it (4 copy rows a batch) seed 0's warm-start ended its 1,600
-        # steps at probe 0.28 / sampled 0.11 (0.96 / 0.25 at 375 without), held-out 0.000 -> 0.016.
-        # The copies form on a cliff whose onset varies by seed (~1,400 steps for seed 0 with varied
-        # nouns; README). A cap of 3,000 sets the cosine's length, so the lr is still near its peak
-        # where the cliff falls (as for `recall`); the target stops it past the cliff's middle, where
-        # greedy replays 75% of the expert's episodes and sampling at T=1 half of them. Stopped at
-        # 0.5 / 0.15 (seed 0: 0.57 / 0.41) the digit copies were still partial (18 of 33 failed
-        # episodes first wrote '3' for a '9') and 60 RL steps moved nothing (held-out 0.324 -> 0.281).
-        "sft_steps": 3000,
-        "sft_batch": 8,
-        # Epochs over the train split's expert episodes: the SFT filter keeps one episode per task
-        # among those that found every target, so a stream of tasks drawn with replacement ran dry
-        # (100 steps of 8 rows outran 800 drawn tasks' kept examples).
-        "sft_pool_tasks": 645,
-        "sft_lr": 3e-3,
-        "sft_target_accuracy": 0.75,
-        "sft_check_every": 25,
-        "sft_settle_steps": 800,
-        "sft_target_sampled": 0.5,
-        "temperature": 1.0,
-        # A turn may be as long as the env's reserve (a batched prune names up to ~12 chunks), and a
-        # sample as long as the 2,048-token budget; the cap leaves the request room.
-        "max_tokens": 200,
-        "max_seq_len": 2304,
-        "lr": 1e-4,  # at 3e-4 the first plan's batch reward fell 0.14 -> 0.05 in five steps
-        "group_size": 8,
-        "groups_per_step": 4,
-        # The first plan's 100 steps of 32 one-hop episodes took ~3 minutes on a quiet machine; this
-        # plan's episodes are 3-8 turns of up to 2,048 tokens. beta_anneal_versions matches it.
-        "max_steps": 100,
-        "eval_every": 0,
-        # 200 held-out (email) tasks and 128 train tasks, 4 samples each: one seed's change then
-        # has a binomial standard error of ~0.05 (counting tasks, not samples).
-        "heldout_tasks": 200,
-        "heldout_samples": 4,
-        "train_eval_tasks": 128,
-        # At load ~10 on the shared 2-core machine the 12 RL steps took over 15 minutes (the
-        # default 900 s timeout ended seed 0 after step 5): room for a loaded machine.
-        "timeout_s": 1800.0,
-    },
-    "recall": {
-        "env_options": RECALL_OPTIONS,
-        "preset": "micro",
-        "summary": RECALL_SUMMARY,
-        **COPY_CURRICULUM,
-        "sft_copy_rows": 8,
-        # A cap of 3,000 steps sets the cosine's length: the fact's copy forms on a cliff (800-1,025
-        # steps on seeds 0 and 2), which the 800-step cosine had decayed past (probes 0.26 and 0.03
-        # after 1,600 steps); the target stops the warm-start where it lands.
-        "sft_steps": 3000,
-        "sft_batch": 16,
-        "sft_lr": 3e-3,
-        "sft_target_accuracy": 0.9,
-        "sft_check_every": 25,
-        "sft_settle_steps": 800,
-        "temperature": 1.0,
-        "max_tokens": 32,  # caps every turn, a summary's 24 tokens included
-        "lr": 3e-4,
-        "max_steps": 40,
-        "eval_every": 0,
-        "heldout_tasks": 128,
-        "train_eval_tasks": 128,
-        "timeout_s": 2400.0,  # the summary arm's 40 steps took 927 s at load 4-9
-    },
-    # `code` (issue 14), the same as examples/code.toml: planted-bug fixes in bubblewrap sandboxes.
-    # The expert is an imperfect teacher: on 40% of tasks it guesses the fix without reading the
-    # docstring or the failing assertion (the other wrong operator), runs the tests and stops. The
-    # warm-start learns the teacher's mixture (seed 0, epochs over 1,024 tasks: greedy 1.0 and
-    # sampled ~0.6 on the expert's clean episodes from step 500), so RL has the rest to learn. A
-    # sandboxed expert plays ~11 episodes/s on 2 cores: epochs over a pool (`sft_pool_tasks`)
-    # rather than new tasks for every batch (a 3,000-step cap would have played 24,000). Held-out
-    # sampled pass rate after 40 steps: 0.562 -> 0.875, 0.646 -> 0.786, 0.568 -> 0.750 on seeds 0-2
-    # (libs/envs README, "code"); the warm-start took 550, 3,800 (the cap) and 2,750 steps.
-    "code": {
-        "env_options": CODE_OPTIONS,
-        "preset": "micro",
-        "sft_steps": 3000,
-        "sft_batch": 8,
-        "sft_lr": 3e-3,
-        "sft_pool_tasks": 1024,
-        "sft_target_accuracy": 0.9,
-        "sft_check_every": 25,
-        "sft_settle_steps": 800,
-        "sft_target_sampled": 0.5,
-        "temperature": 1.0,
-        "max_tokens": 128,
-        "lr": 2e-4,
-        "group_size": 8,
-        "groups_per_step": 4,
-        "max_steps": 40,
-        "eval_every": 0,
-        "heldout_tasks": 96,
-        "heldout_samples": 2,
-        "train_eval_tasks": 64,
-        "timeout_s": 2400.0,
-    },
-    # `swarm` (issue 15): an orchestrator over frozen search sub-agents on the search plan's corpus
-    # (slipstream.run.swarm_demo: the plan, then swarm vs single on the held-out split).
-    "swarm": swarm_plan(SEARCH_ONEHOP_OPTIONS),
-}
+PRESETS = ("reverse", "reasoning_gym", "lookup", "search", "recall", "code", "swarm")
+"""The environments whose demo plan is `examples/<env>.toml`."""
+EXAMPLES_ENV = "SLIPSTREAM_EXAMPLES"
 
 
-def demo_plan(env: str | None = None) -> Any:
-    """The demo for `env` (default: reverse): TrainingPlan's defaults plus ENV_PLANS[env]."""
+def examples_dir() -> Path:
+    """Where the run files are: $SLIPSTREAM_EXAMPLES, else the repository's `examples/`."""
+    given = os.environ.get(EXAMPLES_ENV)
+    return Path(given) if given else Path(__file__).resolve().parents[5] / "examples"
+
+
+def demo_plan(env: str | None = None) -> TrainingPlan:
+    """The demo for `env` (default: reverse): examples/<env>.toml for PRESETS, else the defaults on `env`."""
+    from slipstream.run.runfile import load
+
+    name = env or "reverse"
+    if name in PRESETS:
+        path = examples_dir() / f"{name}.toml"
+        if not path.exists():
+            raise FileNotFoundError(f"the {name} demo's plan {path} is missing (set {EXAMPLES_ENV} to examples/)")
+        return load(path).plan()
     plan = TrainingPlan(eval_every=15)
-    plan.env = env or plan.env
-    for field, value in ENV_PLANS.get(plan.env, {}).items():
-        setattr(plan, field, copy.deepcopy(value))
+    plan.env = name
     return plan
 
 

@@ -2,7 +2,7 @@
 
 Each arm is a run of the demo's own (warm-start, the five-process stack, RL) with one plan:
 
-- the plan (`swarm_plan`): the `swarm` env on the search demo's corpus (`SEARCH_OPTIONS`: one
+- the plan (examples/swarm.toml): the `swarm` env on the first search demo's corpus (one-hop: one
   grep finds an item's document, so a sub-agent takes 2 steps) in the fixed layout, N in {2, 4,
   8} items a task, held-out tasks of unseen items (`heldout_items = "unseen"`), a critical-step
   budget of 4; the teacher knows the swarm tools but works serially with one sub-agent per item
@@ -48,71 +48,6 @@ BUDGET_NS = (4, 8)
 ITEM_COUNTS = (2, 4, 8)
 LAMBDA = 0.1
 ARMS = ("swarm", "single")
-
-
-def swarm_plan(search_options: dict[str, Any]) -> dict[str, Any]:
-    """ENV_PLANS["swarm"]: see the module docstring."""
-    steps = 12
-    # λ 0.1 -> 0 over the whole run (exactly 0 from step `steps`, after the last update): over half
-    # the steps, seed 1's run stalled at step 6, when λ reached 0, its warm-start never found a
-    # document (perf 0 everywhere), and the learner drops groups whose rewards are all equal.
-    anneal = {"init": LAMBDA, "final": 0.0, "anneal_steps": steps, "shape": "linear"}
-    return {
-        "env_options": {
-            "search": dict(search_options),
-            # The fixed layout (tasks.py): each question in brief, every prompt line as wide as the
-            # assign_task call that carries it, so every byte of an assignment sits one fixed
-            # distance (for a given N) after its source. In the `lines` layout the orchestrator
-            # never learned its copies (README, "swarm").
-            "layout": "fixed",
-            # Issue 32: N in {2, 4, 8}. With the budget of 4 a parallel episode (create + assign all,
-            # the sub-agents' 2, the answer) fits for every N; a serial single agent needs N + 1
-            # (fits at N = 2 only), a serial swarm 3N + 1 (never).
-            "item_counts": list(ITEM_COUNTS),
-            "max_critical_steps": 4,
-            "max_turns": 12,  # N + 1 turns for a serial agent at N = 8 (the budget curve's B up to N + 2)
-            "parallel_cap": 4,
-            "max_subagents": max(ITEM_COUNTS),
-            "max_assign_per_turn": max(ITEM_COUNTS),
-            "turn_tokens": 2048,  # a parallel turn at N = 8: 8 creates and 8 assignments, ~1,600 bytes
-            # Held-out items are unseen: their documents (entities, questions) never occur in train.
-            "heldout_items": "unseen",
-            # A warm-start without the behaviour (issue 32): the teacher uses one sub-agent per
-            # item, serially (one item a turn), in parallel on 8% of the tasks (a hash draw per task: 8.6% of
-            # 1,000 held-out tasks, 6.8% of 1,000 train tasks), so the held-out share stays <= 0.1.
-            "expert_subagents": "per_item",
-            "expert_parallel_rate": 0.08,
-            "warmstart_subagent_rows": 1,
-        },
-        "preset": "micro",
-        "loss": "cispo",
-        # Fixed-distance copies need no copy curriculum. The answer's id copies formed at
-        # 2,750-6,500 steps of the session-16 plan (libs/envs README, "swarm"); the probe (greedy
-        # replay of the expert's episodes) stops the warm-start earlier when it can.
-        "sft_steps": 8000,
-        "sft_batch": 8,
-        "sft_lr": 3e-3,
-        "sft_target_accuracy": 0.5,
-        "sft_check_every": 250,
-        "sft_target_sampled": 0.2,
-        # An orchestrator episode samples up to ~2,000 bytes: at T 1 a per-byte slip of 0.2%
-        # already loses a third of them.
-        "temperature": 0.5,
-        "max_tokens": 2048,
-        "max_seq_len": 4096,  # N = 8: prompt ~900, parallel turn ~1,600, results ~1,200, answer ~300
-        "lr": 1e-4,
-        "group_size": 8,
-        "groups_per_step": 4,
-        "max_steps": steps,
-        "eval_every": 0,
-        # The stack's own before/after eval is small: the arms' evaluations below are the measurement.
-        "heldout_tasks": 8,
-        "heldout_samples": 1,
-        "train_eval_tasks": 0,
-        "reward_schedule": {"parallel": dict(anneal), "finish": dict(anneal)},
-        "worker_tasks_in_flight": 8,
-        "timeout_s": 1800.0,
-    }
 
 
 def arm_plan(plan: Any, arm: str, lam: float | None = None) -> Any:

@@ -62,9 +62,9 @@ def run(
     from slipstream.envs.base import Split
     from slipstream.envs.code import Code
     from slipstream.envs.code.baselines import BASELINES, patch_of
-    from slipstream.run.presets import CODE_OPTIONS
+    from slipstream.run.presets import demo_plan
 
-    options = {**CODE_OPTIONS, **({"source": source} if source else {})}
+    options = {**demo_plan("code").env_options, **({"source": source} if source else {})}
     env = get_env("code", **options)
     assert isinstance(env, Code)
     start = time.monotonic()

@@ -1,6 +1,6 @@
 """`slipstream bench search-budget`: does the search plan's budget need pruning? Two teachers, measured.
 
-The demo plan's `search` options (libs/run presets.py SEARCH_OPTIONS, or `--options` JSON over them) give 2-3
+The demo plan's `search` options (examples/search.toml's `[env] options`, or `--options` JSON over them) give 2-3
 hop tasks whose first-hop search returns distractors that share the clues, and whose later hops
 return documents naming the bridge entity; a useful episode reads more than the token budget
 holds. This plays the scripted expert through the real episode harness (byte tokenizer, the
@@ -50,12 +50,12 @@ def register(bench_subparsers: Any) -> None:
 
 
 def _command(args: argparse.Namespace) -> int:
-    from slipstream.run.presets import SEARCH_OPTIONS
+    from slipstream.run.presets import demo_plan
 
     overrides = json.loads(args.options)
     if not isinstance(overrides, dict):
         raise SystemExit(f"--options must be a JSON object, got {args.options!r}")
-    result = measure({**SEARCH_OPTIONS, **overrides}, tasks=args.tasks, seed=args.seed)
+    result = measure({**demo_plan("search").env_options, **overrides}, tasks=args.tasks, seed=args.seed)
     for teacher, splits in result["teachers"].items():
         for split, m in splits.items():
             print(

@@ -16,12 +16,41 @@ from typing import Any
 
 from slipstream.chaos.audit import audit
 from slipstream.chaos.faults import FAULTS, Chaos, env_tools
-from slipstream.run.presets import SEARCH_GREP_OPTIONS
 
 NOT_COVERED = (
     "run and checked on reverse, lookup and search only: code and recall (their plans do not train yet) never were",
 )
-# Per-environment chaos settings, over the demo's plan (demo.ENV_PLANS). The suite needs the learner
+# The first `search` plans (issue 13), sized for a CPU: one hop, the BM25-only backend
+# (the hybrid one's MiniLM encode costs every process tens of seconds), the question without the
+# tool list, a 1,536-token budget with 420-token results and at most 4 turns. The expert finds the
+# hop with grep_corpus on the clues (BM25 cannot match the decade "1870s" to a year) and is
+# imperfect: on 30% of tasks its first grep names the neighbouring decade and it greps again.
+# SEARCH_GREP_OPTIONS is the first plan's corpus (24 tasks per domain, one distractor each, the
+# expert's grep `north. It dates from 187`): 200-1,500 warm-start steps formed the region word but
+# never the decade's digits or the found document's id, whose distances from where they are copied
+# varied with the text. The next plan (`fixed_offsets`): the question names the decade last and
+# the grep opens with its digits (`from 187.*north`), a document opens with its year and ends with
+# its id (`Id 417.`), so both copies sit a fixed distance before they are made; 225 tasks per
+# domain without distractors in 12 regions with unique (region, decade) clues and random 3-digit
+# ids (879 tasks, 661 train: too many to memorise), so the grep returns the target alone.
+# libs/envs/README.md, "The CPU demo plan", has the probe curves. Every episode of that plan was
+# two turns, one grep and no prune (issue 33): the swarm demo keeps it (its
+# corpus); examples/search.toml is the plan that needs the harness.
+SEARCH_GREP_OPTIONS = {
+    "backend": "bm25",
+    "max_hops": 1,
+    "tasks_per_domain": 24,
+    "distractors": 1,
+    "filler_per_domain": 0,
+    "budget_tokens": 1536,
+    "search_tokens": 420,
+    "reserve_tokens": 128,
+    "max_turns": 4,
+    "tools_line": False,
+    "expert_grep": True,
+    "expert_slip_rate": 0.3,
+}
+# Per-environment chaos settings, over the demo's plan (`demo_plan`, examples/<env>.toml). The suite needs the learner
 # to step through the whole schedule, and GRPO/CISPO drop a group whose rewards are all equal, so
 # the policy must earn varied rewards from the first step to the last; the figures are in the
 # runbook (deploy/runbooks/README.md).

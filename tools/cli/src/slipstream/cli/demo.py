@@ -195,11 +195,11 @@ def plan_from_args(args: argparse.Namespace) -> Any:
 def run(args: argparse.Namespace) -> int:
     if getattr(args, "realtime", False):
         return run_realtime(args)
-    plan = plan_from_args(args)
     from slipstream.run.envcheck import check_plan
     from slipstream.run.modelcheck import check_model
 
     try:  # a wrong --env or --model (or a plugin that fails to import) is named before anything starts
+        plan = plan_from_args(args)
         plan.model = check_model(plan.model)
         check_plan(plan.env, plan.env_options, plan.eval_suites)
     except ValueError as exc:
