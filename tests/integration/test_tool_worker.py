@@ -17,12 +17,12 @@ from slipstream.bus import BusConfig
 from slipstream.engine import ByteTokenizer
 from slipstream.engine.interface import GenerationRequest
 from slipstream.envs import get_env, task_of
-from slipstream.harness import ScriptedEngine
 from slipstream.rollout_worker.config import RolloutWorkerConfig, WorkerSection
 from slipstream.rollout_worker.sampler import Sampler
 from slipstream.rollout_worker.service import RolloutWorkerService
 from slipstream.runtime.section import ServiceSection
 from slipstream.stack import Server
+from slipstream.supervised import ScriptedEngine
 from slipstream.tools import ToolCall, ToolsConfig
 
 pytestmark = pytest.mark.integration

@@ -236,7 +236,7 @@ class Environment(abc.ABC, Generic[OptionsT]):
     def expert(self, task: TaskSpec, context: str) -> str:
         """A scripted expert's next output, given the decoded context so far (prompt included).
 
-        The harness plays it like a model (libs/harness/scripted.py), so its episodes are laid
+        The warm-start plays it like a model through the harness (libs/supervised scripted.py), so its episodes are laid
         out exactly as the policy's. The default answers single-turn tasks with `sft_example`.
         """
         return self.sft_example(task)

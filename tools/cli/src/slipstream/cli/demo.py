@@ -285,17 +285,17 @@ SEARCH_OPTIONS = {
 # tokens with --context truncate). The teacher's summaries drop the first fact on 30% of tasks.
 # Session 6 (no copy curriculum): 600 warm-start steps left the probe at 0.01-0.05 on seeds 0-2,
 # and RL moved held-out sampled success only within 0.01-0.04. Session 10, with the copy
-# curriculum (libs/harness README, "Copy pretraining"): RL learns wherever the warm-start forms the
+# curriculum (libs/supervised README, "Copy pretraining"): RL learns wherever the warm-start forms the
 # fact's copy, which it did on one seed of three while the warm-start's cosine ran over 800 steps.
 # Session 11, a 3,000-step cap: the copy formed on seeds 0-2 (800-1,075 steps, probes 0.90-0.97)
 # and self-summaries beat truncation after RL on all three (held-out 0.994 / 0.982 / 0.988 vs
 # 0.236 / 0.313 / 0.297 at step 16; libs/harness README, summary chains).
 # The micro preset copies only at fixed distances unless it first learns induction heads: the copy
-# curriculum (libs/harness copying.py, ~1 minute) before the warm-start, and copy rows in every
+# curriculum (libs/supervised copying.py, ~1 minute) before the warm-start, and copy rows in every
 # warm-start batch so the heads are kept.
 COPY_CURRICULUM: dict[str, Any] = {"sft_copy_steps": 4000}
 # Values of one digit (a guess is right 1 in 10): the copy heads form on lowercase and digits
-# only (libs/harness copying.py), and upper-case values were copied on one seed of three.
+# only (libs/supervised copying.py), and upper-case values were copied on one seed of three.
 RECALL_OPTIONS: dict[str, Any] = {
     "expert_drop_rate": 0.3,
     "key_letters": "a",
