@@ -15,7 +15,7 @@ import torch
 from slipstream.engine import ByteTokenizer, CausalLM, SamplingParams, TorchEngine, build_tiny
 from slipstream.engine.presets import PRESETS
 from slipstream.engine.source import PRESET_NAMES, ModelSource, load_model
-from slipstream.envs import Environment, Episode, Problem, Score, StepResult, TaskSpec, get_env
+from slipstream.envs import Environment, Problem, Score, StepResult, TaskSpec, Transcript, get_env
 from slipstream.harness import RolloutAborted, TaskRejected, evaluate, prompt_ids, rollout_group
 from slipstream.schemas import Task, Trajectory, decode, encode
 from slipstream.supervised import sft_sequence, sft_warmstart
@@ -151,7 +151,7 @@ class _TwoTurn(Environment[msgspec.Struct]):
     def sample(self, rng: random.Random) -> Problem:
         return Problem(key="k", prompt="go:", reference="x")
 
-    def transition(self, episode: Episode, model_output: str) -> StepResult:
+    def transition(self, episode: Transcript, model_output: str) -> StepResult:
         return (
             StepResult(observation="<obs>", done=False)
             if episode.turns == 1

@@ -42,7 +42,7 @@ import msgspec
 from slipstream.envs.base import Environment, Problem, Score, TaskSpec, fixed_draw
 from slipstream.envs.context import EpisodeContext, Outcome
 from slipstream.envs.registry import register
-from slipstream.schemas import Episode as EpisodeRecord
+from slipstream.schemas import Episode
 from slipstream.tools import Tool, ToolCall, ToolRegistry, execute, renderer_for, tool_event
 
 Doc = msgspec.Meta
@@ -217,7 +217,7 @@ class Lookup(Environment[LookupOptions]):
 
     # -- scoring ------------------------------------------------------------------------------------
 
-    def grade_episode(self, task: TaskSpec, episode: EpisodeRecord) -> Score:
+    def grade_episode(self, task: TaskSpec, episode: Episode) -> Score:
         answer = self.grade(task, episode.final_text)
         invalid = episode.counts.get("invalid_tool_call", 0)
         penalty = -self.options.invalid_call_penalty * invalid if invalid else 0.0

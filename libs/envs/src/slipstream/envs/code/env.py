@@ -70,8 +70,7 @@ from slipstream.envs.length_penalty import LengthPenalty
 from slipstream.envs.registry import register
 from slipstream.sandbox import BwrapProvider, BwrapSandbox, Limits, SandboxError
 from slipstream.sandbox.remote import RemoteSandbox
-from slipstream.schemas import Episode as EpisodeRecord
-from slipstream.schemas import ToolEvent
+from slipstream.schemas import Episode, ToolEvent
 from slipstream.tools import LocalTransport, ToolCall, ToolRegistry, execute, renderer_for, tool_event
 
 Doc = msgspec.Meta
@@ -316,7 +315,7 @@ class Code(Environment[CodeOptions]):
 
     # -- grading --------------------------------------------------------------------------------
 
-    def grade_episode(self, task: TaskSpec, episode: EpisodeRecord) -> Score:
+    def grade_episode(self, task: TaskSpec, episode: Episode) -> Score:
         score = self.grade(task, episode.final_text)
         components = dict(score.components)
         invalid = episode.counts.get("invalid_tool_call", 0)

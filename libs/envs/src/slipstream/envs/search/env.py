@@ -61,7 +61,7 @@ from slipstream.envs.search.tools import (
 from slipstream.envs.search.turn import TurnRunner
 from slipstream.envs.search.view import SOFT_MESSAGE, View, usage_line
 from slipstream.retrieval.types import SearchBackend
-from slipstream.schemas import Episode as EpisodeRecord
+from slipstream.schemas import Episode
 from slipstream.tools import LocalTransport, renderer_for
 
 
@@ -196,7 +196,7 @@ class Search(Environment[SearchOptions]):
     def expert(self, task: TaskSpec, context: str) -> str:
         return expert_policy.next_turn(task, context, self.options)
 
-    def curate_expert_episodes(self, tasks: list[TaskSpec], episodes: list[EpisodeRecord]) -> list[bool]:
+    def curate_expert_episodes(self, tasks: list[TaskSpec], episodes: list[Episode]) -> list[bool]:
         """Context-1's SFT filter (curation.py) over the expert's episodes."""
         cands = [
             candidate_of(t.metadata, e, reward=self.score(t, e).reward) for t, e in zip(tasks, episodes, strict=True)
@@ -204,7 +204,7 @@ class Search(Environment[SearchOptions]):
         kept = set(sft_filter(cands).kept)
         return [e.episode_id in kept for e in episodes]
 
-    def eval_metrics(self, tasks: list[TaskSpec], episodes: list[EpisodeRecord]) -> dict[str, float]:
+    def eval_metrics(self, tasks: list[TaskSpec], episodes: list[Episode]) -> dict[str, float]:
         """Context-1's metrics (metrics.py) pooled over the episodes, without the `search/` prefix."""
         from slipstream.envs.search.metrics import aggregate, episode_metrics
 
@@ -265,7 +265,7 @@ class Search(Environment[SearchOptions]):
 
     # -- scoring ------------------------------------------------------------------------------------
 
-    def grade_episode(self, task: TaskSpec, episode: EpisodeRecord) -> Score:
+    def grade_episode(self, task: TaskSpec, episode: Episode) -> Score:
         seen = {doc_of(c) for ev in episode.tool_log if ev.status == "ok" for c in _chunks(ev.info)}
         calls = [ev.name for ev in episode.tool_log]
         # The version that sampled the episode is the learner's step count when it was published:
