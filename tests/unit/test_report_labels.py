@@ -33,11 +33,11 @@ from slipstream.cli.report import (
     STAGE_BUSY,
     STAGE_SUM,
     build_report,
-    figure,
     load_run,
     reward_plot,
     stages_plot,
 )
+from slipstream.cli.report_figure import figure
 from slipstream.run.plan import RunSummary, TrainingPlan
 from slipstream.telemetry.trace_stats import time_by_stage
 
