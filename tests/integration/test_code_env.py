@@ -21,7 +21,7 @@ from slipstream.harness import rollout_episodes
 from slipstream.sandbox import cgroups
 from slipstream.schemas import Episode
 from slipstream.supervised import ScriptedEngine
-from slipstream.tools import ToolCall, renderer_for
+from slipstream.toolcalls import ToolCall, renderer_for
 
 pytestmark = [
     pytest.mark.integration,

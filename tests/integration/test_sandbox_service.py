@@ -35,8 +35,8 @@ from slipstream.sandbox.remote import RemoteSandbox
 from slipstream.schemas import Episode
 from slipstream.stack import Server
 from slipstream.supervised import ScriptedEngine
-from slipstream.tools import ToolCall, ToolRegistry, ToolsConfig, ToolTransport, renderer_for
-from slipstream.tools.remote import NatsTransport, connect
+from slipstream.toolcalls import ToolCall, ToolRegistry, ToolsConfig, ToolTransport, renderer_for
+from slipstream.toolcalls.remote import NatsTransport, connect
 
 pytestmark = [
     pytest.mark.integration,

@@ -28,8 +28,8 @@ from slipstream.harness import rollout_episodes
 from slipstream.schemas import Episode
 from slipstream.stack import Server
 from slipstream.supervised import ScriptedEngine
-from slipstream.tools import ToolRegistry, ToolsConfig, ToolTransport
-from slipstream.tools.remote import NatsTransport, connect
+from slipstream.toolcalls import ToolRegistry, ToolsConfig, ToolTransport
+from slipstream.toolcalls.remote import NatsTransport, connect
 
 pytestmark = pytest.mark.integration
 

@@ -2,7 +2,7 @@
 
 The prompt names a key ("key qx?\\n"); its value is a 3-digit number drawn from a hash of the
 key, so no model can know it: the policy has to call the `get` tool with the right key, read the
-result and answer with it. One episode, with the plain-text tag protocol of libs/tools:
+result and answer with it. One episode, with the plain-text tag protocol of libs/toolcalls:
 
     [bos]key qx?\\n                                      prompt
     <tool>{"name": "get", "args": {"key": "qx"}}</tool>  sampled (generation stops at </tool>)
@@ -43,7 +43,7 @@ from slipstream.envs.base import Environment, Problem, Score, TaskSpec, fixed_dr
 from slipstream.envs.context import EpisodeContext, Outcome
 from slipstream.envs.registry import register
 from slipstream.schemas import Episode
-from slipstream.tools import Tool, ToolCall, ToolRegistry, execute, renderer_for, tool_event
+from slipstream.toolcalls import Tool, ToolCall, ToolRegistry, execute, renderer_for, tool_event
 
 Doc = msgspec.Meta
 

@@ -30,7 +30,7 @@ PACKAGES = (
     "slipstream.harness",
     "slipstream.supervised",
     "slipstream.engine",
-    "slipstream.tools",
+    "slipstream.toolcalls",
     "slipstream.sandbox",
 )
 PLAN_FIELDS = ("env", "env_options", "preset", "seed", "temperature", "summary", "model")

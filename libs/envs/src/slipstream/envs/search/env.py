@@ -2,7 +2,7 @@
 
 The model gets a question and four tools (tools.py) and must end with a ranked list of document
 ids, `<docs>w0007 w0008</docs>`; it never answers the question itself. One turn is one line
-(generation stops at "\\n"), holding tool calls in the tag protocol of libs/tools, possibly
+(generation stops at "\\n"), holding tool calls in the tag protocol of libs/toolcalls, possibly
 several (parallel calls); a turn without a call is the final output.
 
 The harness rules (techniques.md §4.2):
@@ -62,7 +62,7 @@ from slipstream.envs.search.turn import TurnRunner
 from slipstream.envs.search.view import SOFT_MESSAGE, View, usage_line
 from slipstream.retrieval.types import SearchBackend
 from slipstream.schemas import Episode
-from slipstream.tools import LocalTransport, renderer_for
+from slipstream.toolcalls import LocalTransport, renderer_for
 
 
 @functools.lru_cache(maxsize=8)

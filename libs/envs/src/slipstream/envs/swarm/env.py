@@ -75,7 +75,7 @@ from slipstream.envs.swarm.options import SwarmOptions
 from slipstream.envs.swarm.steps import Ledger
 from slipstream.envs.swarm.tools import ASSIGN, CREATE, orchestrator_tools
 from slipstream.schemas import Episode
-from slipstream.tools import LocalTransport, MalformedCall, ToolCall, ToolResult, execute, renderer_for, tool_event
+from slipstream.toolcalls import LocalTransport, MalformedCall, ToolCall, ToolResult, execute, renderer_for, tool_event
 
 COMPONENTS: tuple[str, ...] = ("perf", "parallel", "finish")
 
