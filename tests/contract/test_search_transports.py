@@ -25,8 +25,8 @@ from slipstream.retrieval.index import load_index
 from slipstream.retrieval.tools import chunk_ids_of, search_tools
 from slipstream.stack import Server, start_nats
 from slipstream.store import LocalObjectStore
-from slipstream.tools import LocalTransport, ToolCall, ToolRegistry, execute
-from slipstream.tools.remote import NatsTransport
+from slipstream.toolcalls import LocalTransport, ToolCall, ToolRegistry, execute
+from slipstream.toolcalls.remote import NatsTransport
 
 # A replica loads torch, transformers and MiniLM before it is ready: tens of seconds on a busy 2-core machine.
 pytestmark = [pytest.mark.contract, pytest.mark.timeout(400)]

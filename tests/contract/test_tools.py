@@ -26,7 +26,7 @@ from slipstream.schemas import ToolReply, ToolRequest, decode, encode
 from slipstream.schemas.subjects import tool_subject
 from slipstream.stack import Server, start_nats
 from slipstream.tool_service.toolsets import build_registry
-from slipstream.tools import (
+from slipstream.toolcalls import (
     LocalTransport,
     MalformedCall,
     Tool,
@@ -37,7 +37,7 @@ from slipstream.tools import (
     tally,
     tool_event,
 )
-from slipstream.tools.remote import NatsTransport, connect, request_headers
+from slipstream.toolcalls.remote import NatsTransport, connect, request_headers
 
 pytestmark = pytest.mark.contract
 

@@ -40,7 +40,7 @@ import pytest
 from shared_run import DemoRun
 from spans import Span, Spans, trained_groups, trained_ids
 
-from slipstream.run.report import build_report
+from slipstream.run.report import BATCH_REWARD, build_report
 from slipstream.run.training import PIPELINE
 from slipstream.telemetry.spanfile import read_spans
 
@@ -83,7 +83,7 @@ def test_pipeline_learns_and_accounts_for_every_trajectory(demo_run: DemoRun, tm
     assert {"reward.png", "staleness.png", "time_to_policy.png"} <= set(pngs), pngs
     steps = [float(i) for i in range(1, plan.max_steps + 1)]
     panels = report["plots"]
-    assert dict(panels["reward"]["panels"][0]["series"])["reward (mean per step)"]["x"] == steps
+    assert dict(panels["reward"]["panels"][0]["series"])[BATCH_REWARD]["x"] == steps
     assert dict(panels["staleness"]["panels"][1]["series"])["mean staleness"]["x"] == steps
     # A worker that is busy skips versions overtaken by newer ones: time-to-policy has a point per applied version.
     applied = dict(panels["time_to_policy"]["panels"][0]["series"])["step -> first worker applied"]["x"]

@@ -22,10 +22,10 @@ from slipstream.engine import build_tiny, load_pretrained, save_pretrained
 from slipstream.engine.config import ModelConfig
 from slipstream.engine.tokenizer import ByteTokenizer
 from slipstream.envs import get_env
-from slipstream.harness.warmstart import sft_warmstart
 from slipstream.run import RunFileError, load
 from slipstream.run.training import run_training
 from slipstream.store import LocalObjectStore
+from slipstream.supervised.warmstart import sft_warmstart
 from slipstream.weights.chain import load_version
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]

@@ -455,8 +455,8 @@ async def test_tool_calls_go_only_from_workers_to_the_tool_service(secured: Secu
     from slipstream.tool_service.memory import CallMemory
     from slipstream.tool_service.server import ToolServer
     from slipstream.tool_service.toolsets import build_registry
-    from slipstream.tools import ToolCall, ToolsConfig
-    from slipstream.tools.remote import NatsTransport
+    from slipstream.toolcalls import ToolCall, ToolsConfig
+    from slipstream.toolcalls.remote import NatsTransport
 
     registry = build_registry(["calc"], {})
     once = ToolsConfig(transport="nats", retries=0, reply_margin_s=0.5)

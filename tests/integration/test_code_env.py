@@ -17,10 +17,11 @@ from slipstream.envs import get_env
 from slipstream.envs.base import TaskSpec
 from slipstream.envs.code import task_of_key
 from slipstream.envs.code.grader import HIDDEN_CASES
-from slipstream.harness import ScriptedEngine, rollout_episodes
+from slipstream.harness import rollout_episodes
 from slipstream.sandbox import cgroups
 from slipstream.schemas import Episode
-from slipstream.tools import ToolCall, renderer_for
+from slipstream.supervised import ScriptedEngine
+from slipstream.toolcalls import ToolCall, renderer_for
 
 pytestmark = [
     pytest.mark.integration,

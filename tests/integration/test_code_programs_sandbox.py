@@ -10,9 +10,10 @@ from slipstream.envs import get_env
 from slipstream.envs.base import TaskSpec
 from slipstream.envs.code import programs as P
 from slipstream.envs.code.tasks import task_of_key
-from slipstream.harness import ScriptedEngine, rollout_episodes
+from slipstream.harness import rollout_episodes
 from slipstream.sandbox import cgroups
 from slipstream.schemas import Episode
+from slipstream.supervised import ScriptedEngine
 
 pytestmark = [
     pytest.mark.integration,

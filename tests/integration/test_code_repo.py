@@ -17,8 +17,9 @@ from slipstream.engine import ByteTokenizer, SamplingParams
 from slipstream.envs import TaskSpec, get_env
 from slipstream.envs.code import repo
 from slipstream.envs.code.tasks import task_of_key
-from slipstream.harness import ScriptedEngine, rollout_episodes
+from slipstream.harness import rollout_episodes
 from slipstream.sandbox import cgroups
+from slipstream.supervised import ScriptedEngine
 
 pytestmark = [
     pytest.mark.integration,

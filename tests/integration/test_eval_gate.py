@@ -38,13 +38,13 @@ from slipstream.envs import get_env
 from slipstream.eval_gate.config import EvalGateConfig, GateSection
 from slipstream.eval_gate.service import EvalGateService
 from slipstream.eval_gate.suite import decode_details, details_key
-from slipstream.harness.warmstart import sft_warmstart
 from slipstream.rollout_worker.follower import WeightFollower
 from slipstream.runtime.section import ServiceSection
 from slipstream.schemas import EvalResult, WeightAnnounce, WeightsPromoted
 from slipstream.schemas.subjects import EVAL_RESULT, WEIGHTS_ANNOUNCE, WEIGHTS_PROMOTED
 from slipstream.stack import Server, free_port, start_redis
 from slipstream.store import LocalObjectStore, StoreConfig
+from slipstream.supervised.warmstart import sft_warmstart
 from slipstream.weights import publish_snapshot
 
 pytestmark = pytest.mark.integration

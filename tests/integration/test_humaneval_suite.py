@@ -19,11 +19,11 @@ from slipstream.envs import TaskSpec, get_env
 from slipstream.eval_gate.config import EvalGateConfig
 from slipstream.eval_gate.evaluator import Evaluator
 from slipstream.eval_gate.suite import EvalDetails, Suite
-from slipstream.harness import ScriptedEngine
 from slipstream.run.plan import TrainingPlan, run_env
 from slipstream.runtime.config import resolve
 from slipstream.sandbox import cgroups
 from slipstream.store import LocalObjectStore
+from slipstream.supervised import ScriptedEngine
 
 pytestmark = [
     pytest.mark.integration,

@@ -20,10 +20,10 @@ from scripted_judge import Call, Reply, ScriptedJudge, score, too_many
 
 from slipstream.control.client import ControlClient
 from slipstream.engine.tokenizer import ByteTokenizer
-from slipstream.harness.scripted import ScriptedEngine
 from slipstream.judge import Judge, JudgeConfig, JudgeInput, VerdictCache, sample_rubrics
 from slipstream.serve import MemorySink, ServeConfig, ServeEndpoint
 from slipstream.stack import Server
+from slipstream.supervised.scripted import ScriptedEngine
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 

@@ -29,13 +29,14 @@ from slipstream.engine import ByteTokenizer, SamplingParams
 from slipstream.engine.interface import GenerationRequest
 from slipstream.envs import TaskSpec, get_env, task_of
 from slipstream.envs.code.service import ServiceCaller, caller_registry
-from slipstream.harness import ScriptedEngine, rollout_episodes
+from slipstream.harness import rollout_episodes
 from slipstream.sandbox import cgroups
 from slipstream.sandbox.remote import RemoteSandbox
 from slipstream.schemas import Episode
 from slipstream.stack import Server
-from slipstream.tools import ToolCall, ToolRegistry, ToolsConfig, ToolTransport, renderer_for
-from slipstream.tools.remote import NatsTransport, connect
+from slipstream.supervised import ScriptedEngine
+from slipstream.toolcalls import ToolCall, ToolRegistry, ToolsConfig, ToolTransport, renderer_for
+from slipstream.toolcalls.remote import NatsTransport, connect
 
 pytestmark = [
     pytest.mark.integration,

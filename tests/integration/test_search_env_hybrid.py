@@ -12,8 +12,9 @@ import pytest
 from slipstream.engine import ByteTokenizer, SamplingParams
 from slipstream.envs import get_env
 from slipstream.envs.search import BACKENDS
-from slipstream.harness import ScriptedEngine, rollout_episodes, token_problems
+from slipstream.harness import rollout_episodes, token_problems
 from slipstream.harness.provenance import RecordingEngine
+from slipstream.supervised import ScriptedEngine
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 

@@ -31,8 +31,8 @@ from slipstream.retrieval.index import load_index
 from slipstream.retrieval.tools import search_tools
 from slipstream.stack import Server
 from slipstream.store import LocalObjectStore
-from slipstream.tools import LocalTransport, ToolCall, ToolRegistry, ToolResult
-from slipstream.tools.remote import NatsTransport, connect
+from slipstream.toolcalls import LocalTransport, ToolCall, ToolRegistry, ToolResult
+from slipstream.toolcalls.remote import NatsTransport, connect
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 

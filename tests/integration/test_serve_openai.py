@@ -28,10 +28,10 @@ from aiohttp import ClientSession, web
 from slipstream.engine import CausalLM, GenerationRequest, TorchEngine, build_tiny
 from slipstream.engine.tokenizer import ByteTokenizer
 from slipstream.harness.provenance import RecordingEngine
-from slipstream.harness.scripted import ScriptedEngine
 from slipstream.schemas import Episode, decode
 from slipstream.serve import VERSION_HEADER, MemorySink, ServeConfig, ServeEndpoint, StoreSink
 from slipstream.store import LocalObjectStore
+from slipstream.supervised.scripted import ScriptedEngine
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 

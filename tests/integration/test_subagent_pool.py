@@ -42,7 +42,7 @@ from slipstream.engine.presets import build_tiny
 from slipstream.engine.source import ModelSource
 from slipstream.envs import EpisodeContext, Outcome, Score, TaskSpec, get_env, registry
 from slipstream.envs.base import Environment, Problem
-from slipstream.harness import ScriptedEngine, rollout_episodes
+from slipstream.harness import rollout_episodes
 from slipstream.rollout_worker.config import PoolSection, RolloutWorkerConfig, SubagentsSection, WorkerSection
 from slipstream.rollout_worker.follower import engine_digest
 from slipstream.rollout_worker.service import RolloutWorkerService
@@ -62,6 +62,7 @@ from slipstream.schemas.subagents import REPLY_TO_HEADER
 from slipstream.schemas.subjects import WEIGHTS_ANNOUNCE, subagent_subject, tasks_subject
 from slipstream.stack import Server
 from slipstream.store import LocalObjectStore, StoreConfig
+from slipstream.supervised import ScriptedEngine
 from slipstream.weights import publish_snapshot
 
 pytestmark = pytest.mark.integration

@@ -24,11 +24,12 @@ from slipstream.engine import ByteTokenizer, SamplingParams
 from slipstream.engine.interface import GenerationRequest
 from slipstream.envs import TaskSpec, get_env, task_of
 from slipstream.envs.lookup import Lookup
-from slipstream.harness import ScriptedEngine, rollout_episodes
+from slipstream.harness import rollout_episodes
 from slipstream.schemas import Episode
 from slipstream.stack import Server
-from slipstream.tools import ToolRegistry, ToolsConfig, ToolTransport
-from slipstream.tools.remote import NatsTransport, connect
+from slipstream.supervised import ScriptedEngine
+from slipstream.toolcalls import ToolRegistry, ToolsConfig, ToolTransport
+from slipstream.toolcalls.remote import NatsTransport, connect
 
 pytestmark = pytest.mark.integration
 

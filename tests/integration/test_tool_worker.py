@@ -17,13 +17,13 @@ from slipstream.bus import BusConfig
 from slipstream.engine import ByteTokenizer
 from slipstream.engine.interface import GenerationRequest
 from slipstream.envs import get_env, task_of
-from slipstream.harness import ScriptedEngine
 from slipstream.rollout_worker.config import RolloutWorkerConfig, WorkerSection
 from slipstream.rollout_worker.sampler import Sampler
 from slipstream.rollout_worker.service import RolloutWorkerService
 from slipstream.runtime.section import ServiceSection
 from slipstream.stack import Server
-from slipstream.tools import ToolCall, ToolsConfig
+from slipstream.supervised import ScriptedEngine
+from slipstream.toolcalls import ToolCall, ToolsConfig
 
 pytestmark = pytest.mark.integration
 
@@ -94,7 +94,7 @@ async def test_remote_tools_without_a_nats_url_fail_before_the_model_loads() -> 
 async def test_the_local_stack_starts_the_tool_service_replicas_a_run_asks_for(tmp_path: Path) -> None:
     from slipstream.stack.local import Stack
     from slipstream.stack.spec import StackSpec
-    from slipstream.tools.remote import NatsTransport
+    from slipstream.toolcalls.remote import NatsTransport
 
     env = {"SLIPSTREAM_SERVE__SETS": '["lookup"]', "SLIPSTREAM_SERVE__OPTIONS": '{"lookup": {"salt": "worker-test"}}'}
     spec = StackSpec(run_dir=tmp_path / "run", services=(), tool_services=2, env=env, drain_timeout_s=5.0)

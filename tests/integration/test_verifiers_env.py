@@ -122,7 +122,7 @@ async def test_multi_turn_tool_episode_is_one_sample_with_the_tool_result_at_mas
     """A random tiny model never writes a tool call, so a scripted policy (the harness's
     ScriptedEngine: ids through the same tokenizer) plays; everything else is real: verifiers'
     harness, its MCP tool server, its renderer and the route."""
-    from slipstream.harness.scripted import ScriptedEngine
+    from slipstream.supervised.scripted import ScriptedEngine
 
     engine = RecordingEngine(ScriptedEngine(TOK, tool_user))
     await engine.start()

@@ -16,7 +16,7 @@ from slipstream.run.presets import demo_plan
 from slipstream.runtime.config import resolve
 from slipstream.tool_service.config import ToolServiceConfig
 from slipstream.tool_service.toolsets import ToolSetError, build_registry
-from slipstream.tools import LocalTransport, ToolCall
+from slipstream.toolcalls import LocalTransport, ToolCall
 
 pytestmark = pytest.mark.unit
 

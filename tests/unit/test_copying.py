@@ -1,4 +1,4 @@
-"""The dense copy curriculum (libs/harness copying.py) and its place in the warm-start."""
+"""The dense copy curriculum (libs/supervised copying.py) and its place in the warm-start."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import torch
 
 from slipstream.engine import ByteTokenizer, build_tiny
 from slipstream.envs import get_env
-from slipstream.harness.copying import ALPHABET, copy_example, copy_examples
-from slipstream.harness.warmstart import copy_pretrain, sft_warmstart
+from slipstream.supervised.copying import ALPHABET, copy_example, copy_examples
+from slipstream.supervised.warmstart import copy_pretrain, sft_warmstart
 
 pytestmark = [pytest.mark.unit, pytest.mark.usefixtures("one_torch_thread")]
 

@@ -48,7 +48,13 @@ def test_train_and_heldout_sit_side_by_side_before_and_after() -> None:
     )
     lines = render(s)
     header = row(lines, "train before")
-    assert header == ["decoding", "train before", "train after", "held-out before", "held-out after"]
+    assert header == [
+        "decoding",
+        "train before (v0)",
+        "train after (v0)",
+        "held-out before (v0)",
+        "held-out after (v0)",
+    ]
     assert row(lines, "│ sampled")[1:] == ["0.111", "0.222", "0.333", "0.444"]
     assert row(lines, "greedy")[1:] == ["0.555", "0.666", "0.777", "0.888"]
     caption = f"{plan.train_eval_tasks} train-split and {plan.heldout_tasks} held-out tasks; sampled: 4 per task"

@@ -27,10 +27,11 @@ from agentic_envs import LOCAL_ENVS
 from slipstream.engine import ByteTokenizer, CausalLM, SamplingParams, TorchEngine, build_tiny
 from slipstream.envs import ENVIRONMENTS, get_env, task_envs, task_of
 from slipstream.envs.base import Environment
-from slipstream.harness import RecordingEngine, ScriptedEngine, rollout_episodes, token_problems
+from slipstream.harness import RecordingEngine, rollout_episodes, token_problems
 from slipstream.harness.episode import sample_of_request
 from slipstream.rl.credit import group_rows, token_advantages
 from slipstream.schemas import Episode, ScoredEpisode, decode, encode
+from slipstream.supervised import ScriptedEngine
 
 pytestmark = [pytest.mark.unit, pytest.mark.usefixtures("one_torch_thread")]
 

@@ -14,11 +14,11 @@ from slipstream.envs import (
     ArithOptions,
     EnvError,
     Environment,
-    Episode,
     Problem,
     Score,
     StepResult,
     TaskSpec,
+    Transcript,
     get_env,
     register,
 )
@@ -338,7 +338,7 @@ class Echo(Environment[Opts]):
     def sample(self, rng: random.Random) -> Problem:
         return Problem(key=str(rng.randint(0, 99)), prompt="go:", reference="done")
 
-    def transition(self, episode: Episode, model_output: str) -> StepResult:
+    def transition(self, episode: Transcript, model_output: str) -> StepResult:
         if model_output == "done":
             return StepResult(observation=None, done=True)
         return StepResult(observation=f"[tool saw {model_output}]", done=False, info={"tool": "echo"})

@@ -10,7 +10,7 @@ import pytest
 from slipstream.engine import ByteTokenizer
 from slipstream.envs.context import EpisodeContext, Outcome
 from slipstream.envs.lookup import Lookup
-from slipstream.harness import expert_episodes
+from slipstream.supervised import expert_episodes
 
 pytestmark = pytest.mark.unit
 

@@ -43,9 +43,9 @@ class Curated(TwoSamples):
 def test_a_limit_plays_only_the_episodes_the_warm_start_uses_and_keeps_the_prefix(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    import slipstream.harness.warmstart as ws
+    import slipstream.supervised.warmstart as ws
 
-    monkeypatch.setattr("slipstream.harness.expert.EXPERT_CHUNK", 8)
+    monkeypatch.setattr("slipstream.supervised.expert.EXPERT_CHUNK", 8)
     env = TwoSamples()
     tasks = env.generate("train", 120, seed=3)
     distinct = len({t.metadata["key"] for t in tasks})
@@ -69,10 +69,10 @@ def test_the_warm_start_plays_expert_episodes_only_as_its_steps_reach_them(monke
     """A warm-start plays only the chunks of expert episodes its batches draw from (a code
     warm-start that stops at its probe's target had played every episode its cap could use), and
     its rows are the same prefix whatever the cap."""
-    import slipstream.harness.warmstart as ws
+    import slipstream.supervised.warmstart as ws
     from slipstream.engine import build_tiny
 
-    monkeypatch.setattr("slipstream.harness.expert.EXPERT_CHUNK", 4)
+    monkeypatch.setattr("slipstream.supervised.expert.EXPERT_CHUNK", 4)
     env = TwoSamples()
 
     def train(steps: int) -> dict[str, object]:
@@ -89,7 +89,7 @@ def test_the_warm_start_plays_expert_episodes_only_as_its_steps_reach_them(monke
 
 def test_a_pool_of_tasks_is_played_once_and_cycled_in_order() -> None:
     """`pool_tasks`: the expert plays that many tasks once and the steps go round their examples."""
-    import slipstream.harness.warmstart as ws
+    import slipstream.supervised.warmstart as ws
     from slipstream.engine import build_tiny
 
     env = TwoSamples()
@@ -115,7 +115,7 @@ class KeepsOne(TwoSamples):
 def test_a_warm_start_whose_curated_examples_run_out_says_so() -> None:
     """A filter that keeps few episodes (search's keeps one per task) outran by the steps: an error
     naming the step and the fix, not an empty batch; with a pool the steps cycle over what was kept."""
-    import slipstream.harness.warmstart as ws
+    import slipstream.supervised.warmstart as ws
     from slipstream.engine import build_tiny
 
     model, _ = build_tiny("micro", seed=1)

@@ -22,8 +22,8 @@ from slipstream.envs.base import Environment, Problem
 from slipstream.eval_gate.config import GateSection
 from slipstream.eval_gate.evaluator import Evaluator
 from slipstream.eval_gate.suite import Suite
-from slipstream.harness import ScriptedEngine
 from slipstream.store import LocalObjectStore
+from slipstream.supervised import ScriptedEngine
 
 pytestmark = pytest.mark.unit
 

@@ -19,10 +19,11 @@ from slipstream.envs.recall import SUMMARY_REQUEST, SUMMARY_RESTART
 from slipstream.eval_gate.config import EvalGateConfig, GateSection
 from slipstream.eval_gate.evaluator import Evaluator
 from slipstream.eval_gate.suite import EvalDetails, Suite
-from slipstream.harness import ScriptedEngine, SummaryConfig
+from slipstream.harness import SummaryConfig
 from slipstream.run.plan import TrainingPlan, run_env
 from slipstream.runtime.config import resolve
 from slipstream.store import LocalObjectStore
+from slipstream.supervised import ScriptedEngine
 
 pytestmark = pytest.mark.unit
 

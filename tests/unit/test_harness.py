@@ -15,17 +15,10 @@ import torch
 from slipstream.engine import ByteTokenizer, CausalLM, SamplingParams, TorchEngine, build_tiny
 from slipstream.engine.presets import PRESETS
 from slipstream.engine.source import PRESET_NAMES, ModelSource, load_model
-from slipstream.envs import Environment, Episode, Problem, Score, StepResult, TaskSpec, get_env
-from slipstream.harness import (
-    RolloutAborted,
-    TaskRejected,
-    evaluate,
-    prompt_ids,
-    rollout_group,
-    sft_sequence,
-    sft_warmstart,
-)
+from slipstream.envs import Environment, Problem, Score, StepResult, TaskSpec, Transcript, get_env
+from slipstream.harness import RolloutAborted, TaskRejected, evaluate, prompt_ids, rollout_group
 from slipstream.schemas import Task, Trajectory, decode, encode
+from slipstream.supervised import sft_sequence, sft_warmstart
 
 pytestmark = [pytest.mark.unit, pytest.mark.usefixtures("one_torch_thread")]
 
@@ -158,7 +151,7 @@ class _TwoTurn(Environment[msgspec.Struct]):
     def sample(self, rng: random.Random) -> Problem:
         return Problem(key="k", prompt="go:", reference="x")
 
-    def transition(self, episode: Episode, model_output: str) -> StepResult:
+    def transition(self, episode: Transcript, model_output: str) -> StepResult:
         return (
             StepResult(observation="<obs>", done=False)
             if episode.turns == 1
@@ -244,7 +237,7 @@ def test_sft_warmstart_lowers_the_loss() -> None:
 
 
 def test_greedy_accuracy_is_teacher_forced_argmax_exact_match() -> None:
-    from slipstream.harness.warmstart import greedy_accuracy, sft_sequence
+    from slipstream.supervised.warmstart import greedy_accuracy, sft_sequence
 
     m, _ = build_tiny("micro", seed=3)
     env = get_env("reverse", min_len=3, max_len=3)
@@ -269,7 +262,7 @@ def test_greedy_accuracy_is_teacher_forced_argmax_exact_match() -> None:
 
 
 def test_greedy_success_counts_an_item_only_when_all_its_turns_are_argmax() -> None:
-    from slipstream.harness.warmstart import greedy_success, sft_sequence
+    from slipstream.supervised.warmstart import greedy_success, sft_sequence
 
     m, _ = build_tiny("micro", seed=3)
     env = get_env("reverse", min_len=3, max_len=3)
@@ -291,7 +284,7 @@ def test_greedy_success_counts_an_item_only_when_all_its_turns_are_argmax() -> N
 
 
 def test_probe_success_is_greedy_and_sampled_success_from_one_pass() -> None:
-    from slipstream.harness.warmstart import greedy_success, probe_items, probe_success, sampled_success
+    from slipstream.supervised.warmstart import greedy_success, probe_items, probe_success, sampled_success
 
     env = get_env("lookup", expert_guess_rate=0.3, expert_slip_rate=0.4)
     items = probe_items(env, TOK, env.generate("train", 48, 5))
@@ -308,7 +301,7 @@ def test_probe_success_is_greedy_and_sampled_success_from_one_pass() -> None:
 
 
 def test_probe_items_of_an_imperfect_expert_are_its_clean_episodes() -> None:
-    from slipstream.harness.warmstart import probe_items
+    from slipstream.supervised.warmstart import probe_items
 
     env = get_env("lookup", expert_guess_rate=0.3, expert_slip_rate=0.4)
     tasks = env.generate("train", 64, 5)
@@ -340,7 +333,7 @@ class _FixedLogits(torch.nn.Module):
 
 
 def test_sampled_success_is_the_mean_probability_of_replaying_each_item() -> None:
-    from slipstream.harness.warmstart import sampled_success
+    from slipstream.supervised.warmstart import sampled_success
 
     m = _FixedLogits()
     # At T=1 token 3 has p = 3/6 = 1/2 and any other 1/6. Item A: one sample, three trained 3s:
@@ -362,7 +355,7 @@ def test_without_a_sampled_target_the_greedy_target_alone_stops_the_warm_start(
 ) -> None:
     # A probe that meets the greedy target at once stops at the first check (the reverse demo's
     # plan has no sampled target; a stop that also waited for one would run every seed to the cap).
-    import slipstream.harness.warmstart as ws
+    import slipstream.supervised.warmstart as ws
 
     monkeypatch.setattr(ws, "greedy_success", lambda *a, **k: 1.0)
     env = get_env("reverse", min_len=3, max_len=3)
@@ -449,7 +442,7 @@ def test_model_source_builds_the_seeded_preset_and_sets_threads() -> None:
 
 
 def test_rows_of_very_unlike_lengths_train_in_length_groups_to_the_same_mean_loss() -> None:
-    import slipstream.harness.warmstart as ws
+    import slipstream.supervised.warmstart as ws
 
     def row(n: int, start: int = 3) -> tuple[list[int], list[bool]]:
         ids = [(start + 7 * i) % 250 + 1 for i in range(n)]

@@ -11,8 +11,9 @@ from slipstream.engine import ByteTokenizer, SamplingParams
 from slipstream.engine.interface import GenerationRequest
 from slipstream.envs import EnvError, get_env, task_of
 from slipstream.envs.lookup import Lookup
-from slipstream.harness import RecordingEngine, ScriptedEngine, expert_episodes, rollout_episodes, token_problems
+from slipstream.harness import RecordingEngine, rollout_episodes, token_problems
 from slipstream.schemas import Episode
+from slipstream.supervised import ScriptedEngine, expert_episodes
 
 pytestmark = pytest.mark.unit
 

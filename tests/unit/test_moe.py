@@ -27,7 +27,7 @@ from slipstream.engine.moe import (
     unpack_routes,
 )
 from slipstream.engine.replay_mismatch import measure_replay_mismatch
-from slipstream.envs import Environment, Episode, Problem, Score, StepResult, TaskSpec
+from slipstream.envs import Environment, Problem, Score, StepResult, TaskSpec, Transcript
 from slipstream.harness import rollout_episodes
 from slipstream.learner.config import LearnerSection
 from slipstream.learner.trainer import Trainer
@@ -335,7 +335,7 @@ class _TwoTurn(Environment[msgspec.Struct]):
     def sample(self, rng: random.Random) -> Problem:
         return Problem(key="k", prompt="go:", reference="x")
 
-    def transition(self, episode: Episode, model_output: str) -> StepResult:
+    def transition(self, episode: Transcript, model_output: str) -> StepResult:
         return (
             StepResult(observation="<obs>", done=False)
             if episode.turns == 1

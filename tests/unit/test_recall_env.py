@@ -13,8 +13,9 @@ import pytest
 from slipstream.engine import ByteTokenizer, SamplingParams
 from slipstream.envs import get_env
 from slipstream.envs.recall import SUMMARY_REQUEST, SUMMARY_RESTART, Recall, parse_key
-from slipstream.harness import ScriptedEngine, SummaryConfig, rollout_episodes
-from slipstream.harness.warmstart import expert_episodes
+from slipstream.harness import SummaryConfig, rollout_episodes
+from slipstream.supervised import ScriptedEngine
+from slipstream.supervised.warmstart import expert_episodes
 
 pytestmark = pytest.mark.unit
 

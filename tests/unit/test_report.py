@@ -15,7 +15,18 @@ import msgspec
 import pytest
 
 from slipstream.cli.__main__ import main
-from slipstream.run.report import ReportError, build_report, load_run, resolve_run, write_html
+from slipstream.run.report import (
+    BATCH_ACCURACY,
+    BATCH_REWARD,
+    HELDOUT_GREEDY,
+    HELDOUT_SAMPLED,
+    STAGE_SUM,
+    ReportError,
+    build_report,
+    load_run,
+    resolve_run,
+    write_html,
+)
 from slipstream.run.training import RunSummary, TrainingPlan
 from slipstream.stack.stackfile import ServiceEntry, StackFile, StoreEntry, encode_stack_file
 
@@ -137,11 +148,12 @@ def test_every_plot_is_written_with_one_point_per_step(tmp_path: Path) -> None:
 
     steps = [float(i) for i in range(1, N + 1)]
     rw = series(report, "reward")
-    assert rw["reward (mean per step)"]["x"] == steps
-    assert rw["reward (mean per step)"]["y"] == pytest.approx([0.2 + 0.05 * i for i in range(1, N + 1)])
-    assert rw["train accuracy"]["x"] == steps and len(rw["train accuracy"]["y"]) == N
+    assert rw[BATCH_REWARD]["x"] == steps
+    assert rw[BATCH_REWARD]["y"] == pytest.approx([0.2 + 0.05 * i for i in range(1, N + 1)])
+    assert rw[BATCH_ACCURACY]["x"] == steps and len(rw[BATCH_ACCURACY]["y"]) == N
     # before RL at step 0, versions 5 and 10 (= steps 5 and 10), after RL at the last step
-    assert rw["held-out accuracy"] == {"x": [0.0, 5.0, 10.0, float(N)], "y": [0.25, 0.5, 0.625, 0.75]}
+    assert rw[HELDOUT_SAMPLED] == {"x": [0.0, 5.0, 10.0, float(N)], "y": [0.25, 0.5, 0.625, 0.75]}
+    assert HELDOUT_GREEDY not in rw  # the curve carries no greedy figures: none are drawn (not zeros)
 
     dist, per_step = series(report, "staleness", 0), series(report, "staleness", 1)
     half = N // 2  # odd steps: 40/20/4 at lags 0/1/2; even steps: 64 at lag 0
@@ -170,7 +182,7 @@ def test_every_plot_is_written_with_one_point_per_step(tmp_path: Path) -> None:
 
     stages = report["plots"]["stages"]["panels"][0]
     assert stages["labels"] == ["rollout-worker: process tasks.arith (x10)", "task-source: publish tasks.arith (x10)"]
-    assert stages["series"]["seconds"]["y"] == pytest.approx([5.0, 0.1])
+    assert stages["series"][STAGE_SUM]["y"] == pytest.approx([5.0, 0.1])
 
     tp = series(report, "throughput", 0)
     assert set(tp) == {"rollout-worker", "task-source"}
@@ -210,8 +222,8 @@ def test_without_a_summary_the_steps_come_from_the_learner_log(tmp_path: Path) -
     report = json.loads((tmp_path / "out" / "report.json").read_text())
     assert (report["steps"], report["steps_source"]) == (N, "logs/learner.log")
     rw = series(report, "reward")
-    assert rw["reward (mean per step)"]["x"] == [float(i) for i in range(1, N + 1)]
-    assert "held-out accuracy" not in rw
+    assert rw[BATCH_REWARD]["x"] == [float(i) for i in range(1, N + 1)]
+    assert HELDOUT_SAMPLED not in rw
     assert series(report, "mismatch", 0)["mismatch"]["y"] == [0.002] * N  # from the learner's step lines
     assert series(report, "mismatch", 1)["masked share"]["y"] == [0.5] * N
     assert len(report["plots"]["mismatch"]["panels"]) == 2  # no KL in those lines: no KL panel

@@ -15,10 +15,10 @@ from slipstream.engine.tokenizer import ByteTokenizer
 from slipstream.envs import get_env
 from slipstream.envs.search.expert import grep_pattern
 from slipstream.harness.evaluate import evaluate
-from slipstream.harness.scripted import ScriptedEngine
-from slipstream.harness.warmstart import expert_episodes
 from slipstream.retrieval.lexical_backend import LexicalSearch
 from slipstream.retrieval.types import Document
+from slipstream.supervised.scripted import ScriptedEngine
+from slipstream.supervised.warmstart import expert_episodes
 
 pytestmark = pytest.mark.unit
 

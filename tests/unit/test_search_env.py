@@ -1,6 +1,6 @@
 """The `search` environment's harness rules, played through the real episode harness.
 
-Episodes run in libs/harness (`rollout_episodes`) with a `ScriptedEngine` replaying fixed model
+Episodes run in libs/harness (`rollout_episodes`) with a `ScriptedEngine` (libs/supervised) replaying fixed model
 lines (or the env's expert) and the byte tokenizer, so token counts are exact. The search backend
 is tests/unit/search_backend.py's deterministic term-overlap backend ("terms"), a test stand-in
 for libs/retrieval's hybrid backend: retrieval quality is not under test here, the harness is.
@@ -23,8 +23,9 @@ from slipstream.envs.context import Purpose
 from slipstream.envs.search import Search
 from slipstream.envs.search.expert import call
 from slipstream.envs.search.reward import f_beta
-from slipstream.harness import RecordingEngine, ScriptedEngine, evaluate, rollout_episodes, token_problems
+from slipstream.harness import RecordingEngine, evaluate, rollout_episodes, token_problems
 from slipstream.schemas import Episode
+from slipstream.supervised import ScriptedEngine
 
 pytestmark = pytest.mark.unit
 

@@ -133,7 +133,7 @@ async def test_an_imperfect_expert_and_the_filter_over_its_episodes() -> None:
 
 def test_the_warm_start_trains_only_on_the_episodes_the_filter_keeps() -> None:
     from slipstream.engine import ByteTokenizer
-    from slipstream.harness.warmstart import expert_episodes, expert_examples
+    from slipstream.supervised.warmstart import expert_episodes, expert_examples
 
     e = env(expert_stop_rate=0.5, expert_distractor_rate=0.3)
     tasks = list({t.metadata["key"]: t for t in e.generate("train", 60, seed=2)}.values())

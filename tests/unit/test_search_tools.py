@@ -16,8 +16,8 @@ from slipstream.retrieval.backend import HybridSearch
 from slipstream.retrieval.index import build_index, corpus_key, load_index, save_index
 from slipstream.retrieval.tools import chunk_ids_of, search_tools
 from slipstream.store import LocalObjectStore
-from slipstream.tools import LocalTransport, ToolCall, ToolRegistry, renderer_for, with_hidden
-from slipstream.tools.calls import MalformedCall
+from slipstream.toolcalls import LocalTransport, ToolCall, ToolRegistry, renderer_for, with_hidden
+from slipstream.toolcalls.calls import MalformedCall
 
 pytestmark = pytest.mark.unit
 
@@ -168,7 +168,7 @@ def test_an_index_saved_to_the_store_loads_equal_and_a_corrupt_file_is_refused(
 
 
 def test_a_tool_cannot_require_a_hidden_argument() -> None:
-    from slipstream.tools import Tool, ToolDefinitionError
+    from slipstream.toolcalls import Tool, ToolDefinitionError
 
     schema = {"type": "object", "properties": {"q": {"type": "string"}, "_n": {"type": "integer"}}, "required": ["_n"]}
     with pytest.raises(ToolDefinitionError, match=r"hidden arguments \['_n'\] cannot be required"):

@@ -1,4 +1,4 @@
-"""The renderer a checkpoint's own template makes (no libs/tools family renders like it), and the choice."""
+"""The renderer a checkpoint's own template makes (no libs/toolcalls family renders like it), and the choice."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import pytest
 
 from slipstream.engine.chat import ChatTemplate
 from slipstream.serve.template_renderer import TemplateRenderer, renderer_for_model
-from slipstream.tools import ChatMessage, Tool, ToolRegistry
-from slipstream.tools.calls import ToolCall
+from slipstream.toolcalls import ChatMessage, Tool, ToolRegistry
+from slipstream.toolcalls.calls import ToolCall
 
 pytestmark = pytest.mark.unit
 

@@ -11,13 +11,13 @@ import torch
 
 from slipstream.engine import build_tiny
 from slipstream.envs import get_env
-from slipstream.harness.expert import episode_examples
-from slipstream.harness.sft_set import SftSetError, read_sft_set, sft_set_examples
-from slipstream.harness.warmstart import sft_warmstart
 from slipstream.learner.sft_export import SftExport
 from slipstream.run import load, service_env
 from slipstream.run.plan import SFT_SET
 from slipstream.schemas import Episode, PolicySegment, Sample, ScoredEpisode, pack_floats, pack_ids, pack_mask
+from slipstream.supervised.expert import episode_examples
+from slipstream.supervised.sft_set import SftSetError, read_sft_set, sft_set_examples
+from slipstream.supervised.warmstart import sft_warmstart
 
 pytestmark = pytest.mark.unit
 

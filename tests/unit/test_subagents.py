@@ -25,9 +25,10 @@ from slipstream.engine import ByteTokenizer, SamplingParams
 from slipstream.engine.interface import GenerationRequest
 from slipstream.envs import EpisodeContext, Outcome, Score, TaskSpec, get_env
 from slipstream.envs.base import Environment, Problem
-from slipstream.harness import ScriptedEngine, play_subagent, rollout_episodes
+from slipstream.harness import play_subagent, rollout_episodes
 from slipstream.harness.subagents import SUBAGENT_TOOL, child_steps
 from slipstream.schemas import Episode, SubagentReply, SubagentRequest, ToolEvent, decode, encode
+from slipstream.supervised import ScriptedEngine
 
 pytestmark = pytest.mark.unit
 

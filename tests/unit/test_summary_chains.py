@@ -20,17 +20,11 @@ import pytest
 from slipstream.engine import ByteTokenizer, GenerationRequest, SamplingParams
 from slipstream.envs import EpisodeContext, Outcome
 from slipstream.envs.base import Environment, Problem, Score, TaskSpec
-from slipstream.harness import (
-    RecordingEngine,
-    ScriptedEngine,
-    SummaryConfig,
-    group_threshold,
-    rollout_episodes,
-    token_problems,
-)
+from slipstream.harness import RecordingEngine, SummaryConfig, group_threshold, rollout_episodes, token_problems
 from slipstream.harness.summary import DEFAULT_REQUEST, TRUNCATED, restart_text
 from slipstream.rl.credit import episode_figures, sample_weights, token_advantages
 from slipstream.schemas import decode, encode, unpack_ids, unpack_mask
+from slipstream.supervised import ScriptedEngine
 
 pytestmark = pytest.mark.unit
 

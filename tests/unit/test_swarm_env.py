@@ -22,8 +22,9 @@ from slipstream.envs.base import TaskSpec
 from slipstream.envs.swarm import Ledger, Stage, Swarm
 from slipstream.envs.swarm import tasks as tk
 from slipstream.envs.swarm.tasks import HEADER, items_of
-from slipstream.harness import RecordingEngine, ScriptedEngine, expert_examples, rollout_episodes, token_problems
+from slipstream.harness import RecordingEngine, rollout_episodes, token_problems
 from slipstream.schemas import Episode
+from slipstream.supervised import ScriptedEngine, expert_examples
 
 pytestmark = pytest.mark.unit
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from slipstream.tools import (
+from slipstream.toolcalls import (
     HERMES_SYNTAX,
     TAG_SYNTAX,
     LocalTransport,

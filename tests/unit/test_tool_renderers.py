@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 from transformers.utils.chat_template_utils import render_jinja_template
 
-from slipstream.tools import ChatMessage, ToolCall, ToolRegistry, ToolResult, calculator, lookup, renderer_for
-from slipstream.tools.chatml import ChatMLRenderer, tools_block
+from slipstream.toolcalls import ChatMessage, ToolCall, ToolRegistry, ToolResult, calculator, lookup, renderer_for
+from slipstream.toolcalls.chatml import ChatMLRenderer, tools_block
 
 pytestmark = pytest.mark.unit
 

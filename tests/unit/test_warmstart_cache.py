@@ -74,3 +74,23 @@ def test_the_length_penalty_shares_a_warm_start_and_other_options_do_not() -> No
     assert wc.plan_digest(other, "s") != wc.plan_digest(on, "s")
     with pytest.raises(SystemExit, match=r"-0\.5"):
         with_length_penalty(demo_plan("code"), -0.5)
+
+
+def test_the_default_digest_covers_every_package_that_warm_starts() -> None:
+    """The warm-start lives in slipstream.supervised and plays through slipstream.harness: a change in
+    either must be a new digest, or a cached model would outlive the code that made it."""
+    import importlib.util
+
+    roots = [Path(base) for name in wc.PACKAGES for base in importlib.import_module(name).__path__]
+    for module in (
+        "slipstream.supervised.warmstart",
+        "slipstream.supervised.expert",
+        "slipstream.supervised.copying",
+        "slipstream.supervised.scripted",
+        "slipstream.supervised.sft_set",
+        "slipstream.harness.rollout",
+        "slipstream.envs.base",
+    ):
+        spec = importlib.util.find_spec(module)
+        assert spec is not None and spec.origin is not None, module
+        assert any(Path(spec.origin).is_relative_to(root) for root in roots), f"{module} is outside {wc.PACKAGES}"

@@ -4,9 +4,10 @@ An environment is what a rollout plays against and what judges its outcome. The 
 in the rollout worker (`generate`, `reset`, `step`), in the reward model (`score`) and in the eval
 gate (the held-out split), so a policy is trained in the harness it is deployed in.
 
-Episode contract, the same for single- and multi-turn environments:
+Step contract, the same for single- and multi-turn environments:
 
-- `reset(task)` opens an `Episode`; its first observation is the task's prompt.
+- `reset(task)` opens a `Transcript` (the episode's text so far); its first observation is the
+  task's prompt.
 - The worker generates a model output and calls `step(episode, output)`. The policy's tokens are
   exactly the model outputs: they carry loss mask 1 and the policy version that sampled them.
 - A step that returns an observation (a tool result, a token-budget line) asks the worker to
@@ -40,7 +41,7 @@ import msgspec
 
 from slipstream.envs.context import EpisodeContext, Outcome
 from slipstream.envs.task import SPLITS, Split, TaskSpec
-from slipstream.schemas import Episode as EpisodeRecord
+from slipstream.schemas import Episode
 
 Doc = msgspec.Meta
 Role = Literal["observation", "policy"]
@@ -65,8 +66,10 @@ class Message(msgspec.Struct, kw_only=True, frozen=True):
     text: str
 
 
-class Episode(msgspec.Struct, kw_only=True):
-    """A rollout in progress: the task, the transcript so far and env-private state."""
+class Transcript(msgspec.Struct, kw_only=True):
+    """An episode in progress under `reset`/`step`: the task, its messages so far and env-private state.
+
+    Not the wire `Episode` (slipstream.schemas), which is the finished episode as token samples."""
 
     task: TaskSpec
     messages: list[Message]
@@ -236,7 +239,7 @@ class Environment(abc.ABC, Generic[OptionsT]):
     def expert(self, task: TaskSpec, context: str) -> str:
         """A scripted expert's next output, given the decoded context so far (prompt included).
 
-        The harness plays it like a model (libs/harness/scripted.py), so its episodes are laid
+        The warm-start plays it like a model through the harness (libs/supervised scripted.py), so its episodes are laid
         out exactly as the policy's. The default answers single-turn tasks with `sft_example`.
         """
         return self.sft_example(task)
@@ -247,7 +250,7 @@ class Environment(abc.ABC, Generic[OptionsT]):
         it an option, so the orchestrator's own rows are not outnumbered by its sub-agents'."""
         return None
 
-    def curate_expert_episodes(self, tasks: list[TaskSpec], episodes: list[EpisodeRecord]) -> list[bool]:
+    def curate_expert_episodes(self, tasks: list[TaskSpec], episodes: list[Episode]) -> list[bool]:
         """Which of the expert's episodes (one per task, in order) warm-start the model.
 
         The default keeps all; an environment with a filter over its teacher's episodes
@@ -255,7 +258,7 @@ class Environment(abc.ABC, Generic[OptionsT]):
         """
         return [True] * len(episodes)
 
-    def eval_metrics(self, tasks: list[TaskSpec], episodes: list[EpisodeRecord]) -> dict[str, float]:
+    def eval_metrics(self, tasks: list[TaskSpec], episodes: list[Episode]) -> dict[str, float]:
         """Env-specific figures over evaluated episodes (one task per episode, in order), by name.
 
         The default has none; `search` reports Context-1's table (final-answer-found, recalls,
@@ -264,13 +267,13 @@ class Environment(abc.ABC, Generic[OptionsT]):
 
     # -- episodes -------------------------------------------------------------------------------
 
-    def reset(self, task: TaskSpec) -> Episode:
+    def reset(self, task: TaskSpec) -> Transcript:
         """Open an episode; its first observation is the prompt."""
         if task.env != self.name:
             raise ValueError(f"task {task.task_id!r} is for env {task.env!r}, not {self.name!r}")
-        return Episode(task=task, messages=[Message(role="observation", text=task.prompt)])
+        return Transcript(task=task, messages=[Message(role="observation", text=task.prompt)])
 
-    def step(self, episode: Episode, model_output: str) -> StepResult:
+    def step(self, episode: Transcript, model_output: str) -> StepResult:
         """Record one policy output and advance; see the module docstring for the contract."""
         if episode.done:
             raise ValueError(f"episode of task {episode.task.task_id!r} is already done")
@@ -286,7 +289,7 @@ class Environment(abc.ABC, Generic[OptionsT]):
         episode.done = result.done
         return result
 
-    def transition(self, episode: Episode, model_output: str) -> StepResult:
+    def transition(self, episode: Transcript, model_output: str) -> StepResult:
         """React to one policy output (tools, budgets). The default is single-turn: done, no observation."""
         return StepResult(observation=None, done=True)
 
@@ -309,7 +312,7 @@ class Environment(abc.ABC, Generic[OptionsT]):
 
     # -- scoring --------------------------------------------------------------------------------
 
-    def score(self, task: TaskSpec, completion: str | EpisodeRecord) -> Score:
+    def score(self, task: TaskSpec, completion: str | Episode) -> Score:
         """Judge an episode (or just its completion text) against `task`; never raises.
 
         Given an `Episode`, `grade_episode` judges it and the components recorded during play
@@ -317,7 +320,7 @@ class Environment(abc.ABC, Generic[OptionsT]):
         """
         if task.env != self.name:
             return self.failure(f"task {task.task_id!r} is for env {task.env!r}, not {self.name!r}")
-        if isinstance(completion, EpisodeRecord):
+        if isinstance(completion, Episode):
             if completion.is_stub():
                 return self.failure(f"episode {completion.episode_id!r} is a by-reference stub; load its body first")
             return self._guarded(
@@ -337,7 +340,7 @@ class Environment(abc.ABC, Generic[OptionsT]):
             return self.failure(f"scorer error: {type(exc).__name__}: {exc}")
 
     @staticmethod
-    def _with_play_rewards(score: Score, episode: EpisodeRecord) -> Score:
+    def _with_play_rewards(score: Score, episode: Episode) -> Score:
         extra = play_rewards(episode)
         if not extra:
             return score
@@ -348,7 +351,7 @@ class Environment(abc.ABC, Generic[OptionsT]):
             {**score.components, **extra}, correct=score.correct, parse_ok=score.parse_ok, reason=score.reason
         )
 
-    def grade_episode(self, task: TaskSpec, episode: EpisodeRecord) -> Score:
+    def grade_episode(self, task: TaskSpec, episode: Episode) -> Score:
         """The verifier for a whole episode; the default grades its final text with `grade`."""
         return self.grade(task, episode.final_text)
 
@@ -371,7 +374,7 @@ def fixed_draw(text: str) -> float:
     return int.from_bytes(digest, "little") / 2**64
 
 
-def play_rewards(episode: EpisodeRecord) -> dict[str, float]:
+def play_rewards(episode: Episode) -> dict[str, float]:
     """Reward components an environment recorded during play (metadata "reward.<name>")."""
     return {
         key[len(PLAY_REWARD_PREFIX) :]: float(value)
@@ -380,7 +383,7 @@ def play_rewards(episode: EpisodeRecord) -> dict[str, float]:
     }
 
 
-def task_of(episode: EpisodeRecord) -> TaskSpec:
+def task_of(episode: Episode) -> TaskSpec:
     """The environment's view of an episode's task (what `score` needs; the prompt is not kept)."""
     if episode.split not in SPLITS:
         raise ValueError(f"episode {episode.episode_id!r} has split {episode.split!r}; expected one of {SPLITS}")

@@ -43,7 +43,7 @@ from slipstream.envs.task import TaskSpec
 from slipstream.schemas import ToolEvent
 
 if TYPE_CHECKING:
-    from slipstream.tools import ToolRegistry, ToolTransport
+    from slipstream.toolcalls import ToolRegistry, ToolTransport
 
 Doc = msgspec.Meta
 

@@ -2,7 +2,7 @@
 
 The prompt names a key ("key qx?\\n"); its value is a 3-digit number drawn from a hash of the
 key, so no model can know it: the policy has to call the `get` tool with the right key, read the
-result and answer with it. One episode, with the plain-text tag protocol of libs/tools:
+result and answer with it. One episode, with the plain-text tag protocol of libs/toolcalls:
 
     [bos]key qx?\\n                                      prompt
     <tool>{"name": "get", "args": {"key": "qx"}}</tool>  sampled (generation stops at </tool>)
@@ -42,8 +42,8 @@ import msgspec
 from slipstream.envs.base import Environment, Problem, Score, TaskSpec, fixed_draw
 from slipstream.envs.context import EpisodeContext, Outcome
 from slipstream.envs.registry import register
-from slipstream.schemas import Episode as EpisodeRecord
-from slipstream.tools import Tool, ToolCall, ToolRegistry, execute, renderer_for, tool_event
+from slipstream.schemas import Episode
+from slipstream.toolcalls import Tool, ToolCall, ToolRegistry, execute, renderer_for, tool_event
 
 Doc = msgspec.Meta
 
@@ -217,7 +217,7 @@ class Lookup(Environment[LookupOptions]):
 
     # -- scoring ------------------------------------------------------------------------------------
 
-    def grade_episode(self, task: TaskSpec, episode: EpisodeRecord) -> Score:
+    def grade_episode(self, task: TaskSpec, episode: Episode) -> Score:
         answer = self.grade(task, episode.final_text)
         invalid = episode.counts.get("invalid_tool_call", 0)
         penalty = -self.options.invalid_call_penalty * invalid if invalid else 0.0

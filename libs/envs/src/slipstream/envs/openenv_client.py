@@ -35,7 +35,7 @@ from openenv.core.generic_client import GenericEnvClient  # type: ignore[import-
 from slipstream.envs.base import Environment, Problem, Score, TaskSpec, play_rewards
 from slipstream.envs.context import EpisodeContext, Outcome
 from slipstream.envs.registry import register
-from slipstream.schemas import Episode as EpisodeRecord
+from slipstream.schemas import Episode
 
 Doc = msgspec.Meta
 
@@ -122,7 +122,7 @@ class OpenEnv(Environment[OpenEnvOptions]):
         ctx.reward(REWARD, total)
         return Outcome(final_text=thread.completion_text(), finish_reason=finish)
 
-    def grade_episode(self, task: TaskSpec, episode: EpisodeRecord) -> Score:
+    def grade_episode(self, task: TaskSpec, episode: Episode) -> Score:
         """The server's reward was recorded during play (`reward.env`); this adds nothing to it."""
         played = play_rewards(episode)
         if REWARD not in played:

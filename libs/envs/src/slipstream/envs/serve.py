@@ -36,8 +36,7 @@ import msgspec
 
 from slipstream.envs.base import Environment, Problem, Score, TaskSpec
 from slipstream.envs.registry import register
-from slipstream.schemas import Episode as EpisodeRecord
-from slipstream.schemas import FeedbackSignal
+from slipstream.schemas import Episode, FeedbackSignal
 
 Doc = msgspec.Meta
 
@@ -158,7 +157,7 @@ class Serve(Environment[ServeOptions]):
     def grade(self, task: TaskSpec, completion: str) -> Score:
         return self.failure("a completion text alone carries no feedback signals")
 
-    def grade_episode(self, task: TaskSpec, episode: EpisodeRecord) -> Score:
+    def grade_episode(self, task: TaskSpec, episode: Episode) -> Score:
         components, used = apply_spec(self.options, episode.feedback)
         if not components:
             keys = sorted({s.key for s in episode.feedback})

@@ -7,10 +7,10 @@
 - `evaluate`: held-out accuracy and reward of an engine's current weights, via the same loop.
 - `play_subagent`, `merge_reply`: frozen sub-agents played by a pinned pool (pool.py), merged back
   (subagents.py).
-- `sft_warmstart`: a short supervised phase so RL starts from a policy that sometimes succeeds.
-"""
 
-from typing import TYPE_CHECKING, Any
+The supervised warm-start built on this loop (a scripted expert's episodes, `sft_warmstart`) is its
+own package, libs/supervised (`slipstream.supervised`).
+"""
 
 from slipstream.harness.episode import EpisodeRun, Recorder
 from slipstream.harness.evaluate import EvalReport, TaskEval, evaluate, greedy_params
@@ -29,32 +29,10 @@ from slipstream.harness.rollout import (
     rollout_group,
     trajectory_of,
 )
-from slipstream.harness.scripted import ScriptedEngine
 from slipstream.harness.state import EpisodeState, SampleBuilder
 from slipstream.harness.subagents import SubagentTransport, build_request, merge_reply
 from slipstream.harness.summarising import SummarisingContext
 from slipstream.harness.summary import SummaryConfig, group_threshold
-
-# The warm-start trains with torch; it loads on first use so that importing the harness (a
-# service's config, `--help`) does not pull torch in.
-_WARMSTART = ("episode_examples", "expert_episodes", "expert_examples", "sft_sequence", "sft_warmstart")
-if TYPE_CHECKING:
-    from slipstream.harness.warmstart import (
-        episode_examples,
-        expert_episodes,
-        expert_examples,
-        sft_sequence,
-        sft_warmstart,
-    )
-
-
-def __getattr__(name: str) -> Any:
-    if name in _WARMSTART:
-        from slipstream.harness import warmstart
-
-        return getattr(warmstart, name)
-    raise AttributeError(f"module 'slipstream.harness' has no attribute {name!r}")
-
 
 __all__ = [
     "EngineCall",
@@ -66,7 +44,6 @@ __all__ = [
     "RolloutAborted",
     "RolloutError",
     "SampleBuilder",
-    "ScriptedEngine",
     "SubagentTransport",
     "SummarisingContext",
     "SummaryConfig",
@@ -75,10 +52,7 @@ __all__ = [
     "as_spec",
     "build_request",
     "completion_seed",
-    "episode_examples",
     "evaluate",
-    "expert_episodes",
-    "expert_examples",
     "greedy_params",
     "group_threshold",
     "merge_reply",
@@ -88,8 +62,6 @@ __all__ = [
     "prompt_ids",
     "rollout_episodes",
     "rollout_group",
-    "sft_sequence",
-    "sft_warmstart",
     "token_problems",
     "trajectory_of",
 ]

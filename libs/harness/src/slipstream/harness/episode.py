@@ -44,7 +44,7 @@ from slipstream.schemas import (
     ToolEvent,
     Turn,
 )
-from slipstream.tools import LocalTransport, ToolRegistry, ToolTransport
+from slipstream.toolcalls import LocalTransport, ToolRegistry, ToolTransport
 
 _SEED_SPACE = 2**62
 

@@ -45,7 +45,7 @@ from slipstream.harness.subagents import SubagentTransport
 from slipstream.harness.summarising import SummarisingContext
 from slipstream.harness.summary import SummaryConfig, group_threshold
 from slipstream.schemas import Episode, Task, Trajectory
-from slipstream.tools import ToolRegistry, ToolTransport
+from slipstream.toolcalls import ToolRegistry, ToolTransport
 
 __all__ = [
     "RolloutAborted",

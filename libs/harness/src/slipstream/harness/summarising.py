@@ -16,7 +16,7 @@ from slipstream.harness.summary import TRUNCATED, SummaryConfig, restart_text
 if TYPE_CHECKING:
     from slipstream.envs.base import TaskSpec
     from slipstream.schemas import ToolEvent
-    from slipstream.tools import ToolRegistry, ToolTransport
+    from slipstream.toolcalls import ToolRegistry, ToolTransport
 
 
 class Chain:

@@ -1,9 +1,9 @@
 """The search tools the model calls: search_corpus, grep_corpus, read_document.
 
-Each is a `slipstream.tools.Tool` over a `SearchBackend`, so the same objects run in-process
+Each is a `slipstream.toolcalls.Tool` over a `SearchBackend`, so the same objects run in-process
 (`LocalTransport`) and in a tool-service replica (the `search` tool set). What the model is
 shown is one argument each (`query`, `pattern`, `doc_id`). The harness adds hidden arguments
-(names starting with `_`, stripped from the schema the model sees; see slipstream.tools.tool):
+(names starting with `_`, stripped from the schema the model sees; see slipstream.toolcalls.tool):
 
 | hidden      | tools                      | meaning                                                       |
 |-------------|----------------------------|---------------------------------------------------------------|
@@ -31,7 +31,7 @@ from typing import Any
 
 from slipstream.retrieval.ranking import cut_to_budget
 from slipstream.retrieval.types import Chunk, SearchBackend
-from slipstream.tools import Tool, ToolInputError
+from slipstream.toolcalls import Tool, ToolInputError
 
 GREP_LIMIT = 5
 _CHUNK_TAG = re.compile(r'<chunk id="([^"]+)"')

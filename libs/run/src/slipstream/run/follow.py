@@ -16,7 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from slipstream.run.heldout import held_out
+from slipstream.run.heldout import HeldOutScore, held_out
 from slipstream.schemas import LearnerStep, WeightAnnounce
 from slipstream.schemas.subjects import LEARNER_STEP, WEIGHTS_ANNOUNCE
 from slipstream.stack.spec import kind_of
@@ -64,6 +64,7 @@ async def _follow(
     store_root: Path | None,
 ) -> None:
     last_manifest: dict[int, str] = {}
+    scored: dict[int, HeldOutScore] = {}  # the versions evals() scored, by version
     done = asyncio.Event()
     t_train = time.monotonic()
 
@@ -87,6 +88,7 @@ async def _follow(
                     "turns_per_episode": s.turns_per_episode,
                     "tool_calls_per_turn": s.tool_calls_per_turn,
                     "invalid_call_rate": s.invalid_call_rate,
+                    "samples_per_episode": s.samples_per_episode,
                     "reward_weights": dict(s.reward_weights),
                     "episode_means": dict(s.episode_means),
                     # the train-inference mismatch, the off-policy mask's share, the KL to the reference (None: none)
@@ -141,7 +143,7 @@ async def _follow(
             await asyncio.sleep(1.0)
             if summary.final_version >= next_at and summary.final_version in last_manifest:
                 v = summary.final_version
-                score = await held_out(plan, model_dir, store_root, last_manifest[v])
+                score = scored[v] = await held_out(plan, model_dir, store_root, last_manifest[v])
                 row = score.row(v)
                 summary.eval_curve.append(row)
                 emit("eval", row)
@@ -176,23 +178,37 @@ async def _follow(
             summary.weights = await asyncio.to_thread(weight_bytes, store_root, stack.spec.run_id)
         summary.spanning_versions = tap.spanning
         emit("phase", {"phase": "eval", "detail": f"held-out accuracy of version {summary.final_version}"})
+        known = scored.get(summary.final_version)
         key = last_manifest.get(summary.final_version)
-        after = await held_out(plan, model_dir, store_root, key)
-        summary.heldout_accuracy_after, summary.heldout_reward_after = after.accuracy, after.reward
-        summary.heldout_greedy_after = after.greedy
-        summary.heldout_invalid_call_rate_after = after.invalid_call_rate
-        summary.train_accuracy_after = after.train_accuracy
-        summary.train_greedy_after = after.train_greedy
-        summary.train_invalid_call_rate_after = after.train_invalid_call_rate
-        summary.heldout_tool_calls_after = after.tool_calls
-        summary.heldout_metrics_after, summary.train_metrics_after = after.metrics, after.train_metrics
-        summary.context_after = after.context
-        summary.suites_after = after.suites
-        summary.eval_curve.append(after.row(summary.final_version))
+        after = known if known is not None else await held_out(plan, model_dir, store_root, key)
+        record_after(summary, after, emit, new=known is None)
     finally:
         for w in watchers:
             w.cancel()
         await asyncio.gather(*watchers, return_exceptions=True)
+
+
+def record_after(summary: RunSummary, after: HeldOutScore, emit: Emit, *, new: bool = True) -> None:
+    """The final version's held-out scores become the summary's "after" figures and its closing eval line.
+
+    One version, one figure: a final version evals() already scored is not sampled again (a second
+    sampled evaluation of the same weights gives another figure), and its eval line is printed once
+    more, last, so the line just above the summary table shows exactly the table's "after" column.
+    """
+    summary.heldout_accuracy_after, summary.heldout_reward_after = after.accuracy, after.reward
+    summary.heldout_greedy_after = after.greedy
+    summary.heldout_invalid_call_rate_after = after.invalid_call_rate
+    summary.train_accuracy_after = after.train_accuracy
+    summary.train_greedy_after = after.train_greedy
+    summary.train_invalid_call_rate_after = after.train_invalid_call_rate
+    summary.heldout_tool_calls_after = after.tool_calls
+    summary.heldout_metrics_after, summary.train_metrics_after = after.metrics, after.train_metrics
+    summary.context_after = after.context
+    summary.suites_after = after.suites
+    row = after.row(summary.final_version)
+    if new:
+        summary.eval_curve.append(row)
+    emit("eval", row)
 
 
 def announce_verifier(stack: Stack) -> Any:

@@ -45,9 +45,9 @@ class TrainingPlan(msgspec.Struct, kw_only=True):
     sft_from: str = ""
     """An SFT set (the learner's `sft_export_path` file of an earlier run, or that run's directory) the
     warm-start trains on instead of the env's references or scripted expert: rejection-sampling
-    fine-tuning (libs/harness sft_set.py); "" = the env's own examples."""
+    fine-tuning (libs/supervised sft_set.py); "" = the env's own examples."""
     sft_copy_steps: int = 0
-    """Steps of the dense copy curriculum before the warm-start (libs/harness copying.py): the
+    """Steps of the dense copy curriculum before the warm-start (libs/supervised copying.py): the
     induction heads a from-scratch model needs to copy from an arbitrary distance (0: none)."""
     sft_copy_rows: int = 0
     """Copy-curriculum rows added to every warm-start batch, so those heads are kept (0: none)."""

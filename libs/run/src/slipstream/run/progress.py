@@ -187,7 +187,15 @@ def accuracy_table(summary: Any) -> Table:
     plan = summary.plan
     t = Table(title="accuracy — train split vs held-out", show_edge=True)
     t.add_column("decoding")
-    for col in ("train before", "train after", "held-out before", "held-out after"):
+    # Each column names the version it scored: "after" is the final version, the one the closing
+    # "held-out accuracy of vN" line above the table shows.
+    before, after = "(v0)", f"(v{summary.final_version})"
+    for col in (
+        f"train before {before}",
+        f"train after {after}",
+        f"held-out before {before}",
+        f"held-out after {after}",
+    ):
         t.add_column(col, justify="right")
     t.add_row(
         "sampled",

@@ -2,9 +2,10 @@
 
 From the run directory it reads `summary.json` (what `slipstream demo` writes; without it, the
 learner's `step` log lines), the services' JSON logs under `logs/`, and the span files when the
-stack ran with `--traces` (named in `stack.json`). It plots reward and accuracy per step (with
-held-out accuracy where it was measured), the staleness distribution, throughput per service
-over time, time-to-policy per version, where time went per stage, and per step the
+stack ran with `--traces` (named in `stack.json`). It plots the learner's batch reward and
+accuracy per step (sampled rollouts; with held-out accuracy, sampled and greedy, where it was
+measured), the staleness distribution, throughput per service over time, time-to-policy per
+version, where time went per stage (summed and as wall-clock cover), and per step the
 train–inference mismatch, the share of tokens the off-policy mask removed and the KL to the
 reference (when the learner reported them). A plot whose data is
 missing is skipped with a note saying why. `DIR/report.json` holds every plotted series, so a
@@ -17,33 +18,13 @@ import argparse
 import html
 import json
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from slipstream.run.report_figure import Panel, Plot, Series, draw
 from slipstream.stack.spec import HOME
-
-Series = dict[str, list[float]]
-
-
-@dataclass
-class Panel:
-    title: str
-    xlabel: str
-    ylabel: str
-    kind: str  # "line", "bar" or "barh"
-    series: dict[str, Series]
-    labels: list[str] = field(default_factory=list)
-    """Tick labels of a "barh" panel, one per bar."""
-
-
-@dataclass
-class Plot:
-    name: str
-    title: str
-    caption: str
-    panels: list[Panel] = field(default_factory=list)
 
 
 # ---- reading the run ----
@@ -177,30 +158,65 @@ def load_run(run_dir: Path, traces: list[Path]) -> Run:
 # ---- what to plot ----
 
 
+# The reward plot's series. The learner's figures are over the batch it trained on (sampled rollouts
+# of train-split tasks, uniform groups dropped), not an evaluation; held-out is both ways.
+BATCH_REWARD = "batch reward (sampled, mean per learner step)"
+BATCH_ACCURACY = "batch accuracy (sampled, the groups each step trained on)"
+HELDOUT_SAMPLED = "held-out accuracy, sampled"
+HELDOUT_GREEDY = "held-out accuracy, greedy"
+
+
+def _sampling(summary: dict[str, Any]) -> str:
+    """How the held-out evaluation sampled, from the run's plan: "T=1, 4 samples per task"."""
+    plan = summary.get("plan") or {}
+    if "temperature" not in plan:
+        return "at the rollout temperature"
+    return f"T={float(plan['temperature']):g}, {int(plan.get('heldout_samples', 1))} samples per task"
+
+
 def reward_plot(run: Run) -> Plot:
     xs = [float(s["step"]) for s in run.steps]
     series: dict[str, Series] = {
-        "reward (mean per step)": {"x": xs, "y": [float(s["reward"]) for s in run.steps]},
-        "train accuracy": {"x": xs, "y": [float(s["accuracy"]) for s in run.steps]},
+        BATCH_REWARD: {"x": xs, "y": [float(s["reward"]) for s in run.steps]},
+        BATCH_ACCURACY: {"x": xs, "y": [float(s["accuracy"]) for s in run.steps]},
     }
     # Held-out accuracy by the step that produced the evaluated version (version 0: before RL).
     step_of = {0: 0.0, **{int(s["version"]): float(s["step"]) for s in run.steps}}
-    held: dict[float, float] = {}
+    sampled: dict[float, float] = {}
+    greedy: dict[float, float] = {}
     for e in run.summary.get("eval_curve") or []:
-        held[step_of.get(int(e["version"]), float(e["version"]))] = float(e["accuracy"])
-    if run.summary.get("heldout_tasks"):
-        held.setdefault(0.0, float(run.summary.get("heldout_accuracy_before", 0.0)))
-        if run.summary.get("ok"):
-            last = step_of.get(int(run.summary.get("final_version", -1)), xs[-1])
-            held.setdefault(last, float(run.summary.get("heldout_accuracy_after", 0.0)))
-    if held:
-        series["held-out accuracy"] = {"x": sorted(held), "y": [held[k] for k in sorted(held)]}
+        at = step_of.get(int(e["version"]), float(e["version"]))
+        sampled[at] = float(e["accuracy"])
+        if "greedy" in e:
+            greedy[at] = float(e["greedy"])
+    s = run.summary
+    # The summary's before/after figures fill in where the curve lacks them; greedy only where the
+    # curve has greedy figures at all (a curve without them is from a run that did not record them).
+    filled = [(sampled, "heldout_accuracy")] + ([(greedy, "heldout_greedy")] if greedy else [])
+    if s.get("heldout_tasks"):
+        last = step_of.get(int(s.get("final_version", -1)), xs[-1])
+        for held, key in filled:
+            held.setdefault(0.0, float(s.get(f"{key}_before", 0.0)))
+            if s.get("ok"):
+                held.setdefault(last, float(s.get(f"{key}_after", 0.0)))
+    for name, held in ((HELDOUT_SAMPLED, sampled), (HELDOUT_GREEDY, greedy)):
+        if held:
+            series[name] = {"x": sorted(held), "y": [held[k] for k in sorted(held)]}
+    caption = (
+        f"Per learner step ({len(xs)} steps, from {run.steps_source}): the mean reward and the accuracy of the batch "
+        "it trained on, sampled rollouts of train-split tasks; groups whose rewards were all equal are dropped before "
+        "a step, so these run above what the policy scores on fresh tasks."
+    )
+    if sampled:
+        caption += (
+            f" Held-out accuracy where it was measured (before RL at step 0, during, and after): sampled "
+            f"({_sampling(s)}) and greedy."
+        )
     return Plot(
         "reward",
         "Reward and accuracy per step",
-        f"Mean reward and training accuracy of each learner step ({len(xs)} steps, from {run.steps_source}); "
-        "held-out accuracy where it was measured (greedy, before RL, during and after).",
-        [Panel("reward and accuracy", "learner step", "value", "line", series)],
+        caption,
+        [Panel("the learner's batch (sampled) and held-out evaluations", "learner step", "value", "line", series)],
     )
 
 
@@ -347,62 +363,37 @@ def mismatch_plot(run: Run) -> Plot:
     )
 
 
+STAGE_SUM = "sum of span durations (concurrent spans each count)"
+STAGE_BUSY = "wall-clock seconds with one open (overlaps once)"
+
+
 def stages_plot(run: Run) -> Plot:
     from slipstream.telemetry.trace_stats import time_by_stage
 
     stages = time_by_stage(run.spans)[:20]
     panels = []
     if stages:
+        ys = [float(i) for i in range(len(stages))]
         panels.append(
             Panel(
-                "total seconds in each stage's outermost spans", "seconds", "", "barh",
-                {"seconds": {"x": [float(i) for i in range(len(stages))], "y": [s.total_s for s in stages]}},
+                "seconds per stage (a service's outermost spans of one name)", "seconds", "", "barh",
+                {STAGE_SUM: {"x": ys, "y": [s.total_s for s in stages]},
+                 STAGE_BUSY: {"x": ys, "y": [s.busy_s for s in stages]}},
                 labels=[f"{s.service}: {s.name} (x{s.count})" for s in stages],
             )
         )  # fmt: skip
     return Plot(
         "stages",
         "Where time went per stage",
-        "Seconds spent in each service's outermost spans (handling a message, a step, a publish), summed over the run.",
+        "Per stage (one service's outermost spans of one name: handling a message, a step, a publish), two "
+        "figures over the run: the sum of the spans' durations, in which spans open at the same time each count "
+        "(a worker handling 8 messages at once for 10 s sums 80 s, so a stage's sum can exceed the run's wall "
+        "time), and the wall-clock seconds in which at least one of them was open (overlaps counted once).",
         panels,
     )
 
 
-# ---- drawing and writing ----
-
-
-def draw(plot: Plot, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")  # no display: files only
-    import matplotlib.pyplot as plt
-    from matplotlib.ticker import MaxNLocator
-
-    fig, axes = plt.subplots(1, len(plot.panels), figsize=(6.5 * len(plot.panels), 4.2), squeeze=False)
-    for ax, panel in zip(axes[0], plot.panels, strict=True):
-        for label, s in panel.series.items():
-            if panel.kind == "bar":
-                ax.bar(s["x"], s["y"], label=label)
-                ax.set_xticks(s["x"])
-            elif panel.kind == "barh":
-                ax.barh(s["x"], s["y"], label=label)
-                ax.set_yticks(s["x"], panel.labels, fontsize=7)
-                ax.invert_yaxis()
-            else:
-                ax.plot(s["x"], s["y"], marker="o" if len(s["x"]) < 40 else None, markersize=3, label=label)
-        ax.set_title(panel.title if len(plot.panels) > 1 else f"{plot.title}: {panel.title}", fontsize=10)
-        if panel.kind == "line" and all(float(x).is_integer() for s in panel.series.values() for x in s["x"]):
-            ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps and versions are whole numbers
-        ax.set_xlabel(panel.xlabel)
-        ax.set_ylabel(panel.ylabel)
-        ax.grid(alpha=0.3)
-        if len(panel.series) > 1:
-            ax.legend(fontsize=8)
-    if len(plot.panels) > 1:
-        fig.suptitle(plot.title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+# ---- writing (the drawing: report_figure.py) ----
 
 
 def _summary_rows(run: Run) -> list[tuple[str, str]]:
@@ -411,8 +402,11 @@ def _summary_rows(run: Run) -> list[tuple[str, str]]:
     if s:
         rows += [
             ("result", "ok" if s.get("ok") else f"FAILED: {s.get('error', '')[:200]}"),
-            ("held-out accuracy before / after", f"{s.get('heldout_accuracy_before', 0):.3f} / "
-             f"{s.get('heldout_accuracy_after', 0):.3f} ({s.get('heldout_tasks', 0)} tasks)"),
+            (f"held-out accuracy before (v0) / after (v{s.get('final_version', 0)}), sampled",
+             f"{s.get('heldout_accuracy_before', 0):.3f} / {s.get('heldout_accuracy_after', 0):.3f} "
+             f"({s.get('heldout_tasks', 0)} tasks, {_sampling(s)})"),
+            (f"held-out accuracy before (v0) / after (v{s.get('final_version', 0)}), greedy",
+             f"{s.get('heldout_greedy_before', 0):.3f} / {s.get('heldout_greedy_after', 0):.3f}"),
             ("versions published", f"{s.get('versions_published', 0)} (final v{s.get('final_version', 0)})"),
             ("trajectories published / scored / trained",
              f"{tr.get('published', '-')} / {tr.get('scored', '-')} / {tr.get('trained', '-')}"),
@@ -422,11 +416,18 @@ def _summary_rows(run: Run) -> list[tuple[str, str]]:
     shaped = [st for st in run.steps if "turns_per_episode" in st]
     if shaped:
         first, last = shaped[0], shaped[-1]
+
+        def fig(step: dict[str, Any], key: str) -> str:
+            # A figure the step did not carry (a summary written before it was recorded) is unknown, not 0.
+            return f"{float(step[key]):.3f}" if isinstance(step.get(key), (int, float)) else "-"
+
         rows.append(
             (
                 "episodes, first / last step",
                 " | ".join(
-                    f"{k.replace('_', ' ')} {first.get(k, 0.0):.3f} / {last.get(k, 0.0):.3f}" for k in EPISODE_FIGURES
+                    f"{k.replace('_', ' ')} {fig(first, k)} / {fig(last, k)}"
+                    for k in EPISODE_FIGURES
+                    if k in first or k in last
                 ),
             )
         )

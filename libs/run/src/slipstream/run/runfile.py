@@ -309,9 +309,9 @@ def load(path: str | Path) -> RunFile:
 
 
 def check_renderer(name: str | None) -> None:
-    """A named [endpoint] renderer exists in libs/tools ('' or None: follow the model)."""
+    """A named [endpoint] renderer exists in libs/toolcalls ('' or None: follow the model)."""
     if name:
-        from slipstream.tools import renderer_for
+        from slipstream.toolcalls import renderer_for
 
         renderer_for(name)  # ValueError: "no renderer for model family 'x'; known: ..."
 

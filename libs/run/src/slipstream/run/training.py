@@ -67,7 +67,7 @@ def warm_start(
 
     from slipstream.engine import build_tiny, save_pretrained
     from slipstream.envs import get_env
-    from slipstream.harness.warmstart import sft_warmstart
+    from slipstream.supervised.warmstart import sft_warmstart
 
     env = get_env(plan.env, **plan.env_options)
     # One thread, like every service: the tiny model's kernels are too small to gain from two,
@@ -108,8 +108,8 @@ def sft_from_rows(plan: TrainingPlan) -> list[Any] | None:
     """The warm-start rows of `plan.sft_from` (a run directory means its learner's SFT export); None without it."""
     if not plan.sft_from:
         return None
-    from slipstream.harness.sft_set import sft_set_examples
     from slipstream.run.plan import SFT_SET
+    from slipstream.supervised.sft_set import sft_set_examples
 
     path = Path(plan.sft_from)
     return sft_set_examples(path / SFT_SET if path.is_dir() else path, env=plan.env)

@@ -4,7 +4,7 @@ The code demo's warm-start (a sandboxed expert's pool, then supervised steps to 
 dominates its wall time and depends only on the plan's warm-start fields and the code that plays
 and trains. Its result is kept under a digest of both: the plan's `sft_*` fields, env, env
 options, preset, seed, temperature and summary; torch's version; and the bytes of every Python
-file of the packages involved (envs, harness, engine, tools, sandbox). Any change to either is a
+file of the packages involved (envs, harness, supervised, engine, tools, sandbox). Any change to either is a
 new digest, so a cached model is never reused for a different warm-start. The cache lives in
 `$SLIPSTREAM_WARMSTART_CACHE` (default `~/.cache/slipstream/warmstart`); a hit copies the model into
 the run and returns the stored figures with `cached` set to the digest.
@@ -25,7 +25,14 @@ from typing import Any
 
 import msgspec
 
-PACKAGES = ("slipstream.envs", "slipstream.harness", "slipstream.engine", "slipstream.tools", "slipstream.sandbox")
+PACKAGES = (
+    "slipstream.envs",
+    "slipstream.harness",
+    "slipstream.supervised",
+    "slipstream.engine",
+    "slipstream.toolcalls",
+    "slipstream.sandbox",
+)
 PLAN_FIELDS = ("env", "env_options", "preset", "seed", "temperature", "summary", "model")
 REWARD_ONLY_OPTIONS = ("length_penalty", "beta_final", "beta_anneal_versions")
 """Env options that only shape RL's reward: the warm-start (the expert's episodes, supervised steps and

@@ -2,7 +2,7 @@
 
 The renderer owns every character of the prompt, tool descriptions and tool-call syntax included,
 so what the endpoint serves is what the harness trains on. It follows the loaded model unless
-config names a family (`template_renderer.renderer_for_model`: a libs/tools family that renders
+config names a family (`template_renderer.renderer_for_model`: a libs/toolcalls family that renders
 as the checkpoint's chat template does, the template itself, or `tags` for a model without one).
 The prompt text is tokenised once here, with a bos in front only for a model without a chat
 template (as the harness does): a template writes its own start markers, and transformers'
@@ -26,9 +26,9 @@ from typing import Any
 from slipstream.engine.tokenizer import Tokenizer
 from slipstream.serve.protocol import RequestError
 from slipstream.serve.template_renderer import renderer_for_model
-from slipstream.tools import ChatMessage, ToolRegistry
-from slipstream.tools.calls import ToolCall
-from slipstream.tools.tool import Tool, ToolDefinitionError
+from slipstream.toolcalls import ChatMessage, ToolRegistry
+from slipstream.toolcalls.calls import ToolCall
+from slipstream.toolcalls.tool import Tool, ToolDefinitionError
 
 ROLES = ("system", "user", "assistant", "tool")
 
@@ -46,7 +46,7 @@ class ChatFormat:
     """One model family's prompt format, tool syntax and stop strings."""
 
     def __init__(self, family: str, tokenizer: Tokenizer) -> None:
-        """`family` names a libs/tools renderer; '' follows the model (see `renderer_for_model`)."""
+        """`family` names a libs/toolcalls renderer; '' follows the model (see `renderer_for_model`)."""
         self.renderer = renderer_for_model(tokenizer, family)
         self.family = self.renderer.family
         self.tokenizer = tokenizer

@@ -28,7 +28,7 @@ class ServeConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     renderer: Annotated[
         str,
         Doc(
-            description="Prompt format and tool-call syntax: a libs/tools renderer ('smollm2', 'qwen2.5', 'tags'); "
+            description="Prompt format and tool-call syntax: a libs/toolcalls renderer ('smollm2', 'qwen2.5', 'tags'); "
             "empty = follow the loaded model (its chat template, or 'tags' without one)."
         ),
     ] = ""

@@ -1,7 +1,7 @@
 """The renderer a served model's own chat template makes, and the choice of renderer per model.
 
 The endpoint's prompt format follows the loaded model. A checkpoint that ships a chat template
-(tokenizer_config.json or chat_template.jinja) is served either through the libs/tools family
+(tokenizer_config.json or chat_template.jinja) is served either through the libs/toolcalls family
 renderer whose rendering equals that template on probe conversations (SmolLM2's template is
 ChatML with its own default system prompt: the `smollm2` renderer, which adds the tool support
 the template lacks), or, when no family matches (a Qwen3, a Llama 3, a Mistral checkpoint), through
@@ -19,10 +19,10 @@ from typing import Any
 
 from slipstream.engine.chat import ChatTemplate
 from slipstream.engine.tokenizer import Tokenizer
-from slipstream.tools import ChatMessage, ToolRegistry, renderer_for
-from slipstream.tools.calls import ToolCall
-from slipstream.tools.parsing import HERMES_SYNTAX, ParsedTurn, parse_calls
-from slipstream.tools.renderer import Renderer, RendererBase
+from slipstream.toolcalls import ChatMessage, ToolRegistry, renderer_for
+from slipstream.toolcalls.calls import ToolCall
+from slipstream.toolcalls.parsing import HERMES_SYNTAX, ParsedTurn, parse_calls
+from slipstream.toolcalls.renderer import Renderer, RendererBase
 
 # Families whose hand-written renderer may stand for a checkpoint's template (when it renders the same).
 CHAT_FAMILIES = ("smollm2", "qwen2.5")

@@ -22,6 +22,9 @@ class StageTime:
     name: str
     count: int
     total_s: float
+    """The sum of the spans' durations: spans open at the same time each count, so it can exceed wall time."""
+    busy_s: float = 0.0
+    """Wall-clock seconds in which at least one of the spans was open (the union of their intervals)."""
 
     @property
     def mean_s(self) -> float:
@@ -40,15 +43,34 @@ def _duration_s(span: Span) -> float:
     return max(0.0, (end - start) / 1e9) if isinstance(start, int) and isinstance(end, int) else 0.0
 
 
+def _covered_s(intervals: list[tuple[int, int]]) -> float:
+    """Seconds covered by the union of [start_ns, end_ns) intervals."""
+    total, reach = 0, None
+    for start, end in sorted(intervals):
+        if reach is None or start > reach:
+            total += end - start
+            reach = end
+        elif end > reach:
+            total += end - reach
+            reach = end
+    return total / 1e9
+
+
 def time_by_stage(spans: Iterable[Span]) -> list[StageTime]:
-    """Total seconds per (service, span name) over outermost spans, largest first."""
+    """Seconds per (service, span name) over outermost spans, summed and as wall-clock cover; largest sum first."""
     acc: dict[tuple[str, str], list[float]] = {}
+    cover: dict[tuple[str, str], list[tuple[int, int]]] = {}
     for s in outermost(spans):
         key = (str(s.get("service", "")), str(s.get("name", "")))
         slot = acc.setdefault(key, [0, 0.0])
         slot[0] += 1
         slot[1] += _duration_s(s)
-    stages = [StageTime(svc, name, int(c), t) for (svc, name), (c, t) in acc.items()]
+        start, end = s.get("start_ns"), s.get("end_ns")
+        if isinstance(start, int) and isinstance(end, int) and end > start:
+            cover.setdefault(key, []).append((start, end))
+    stages = [
+        StageTime(svc, name, int(c), t, _covered_s(cover.get((svc, name), []))) for (svc, name), (c, t) in acc.items()
+    ]
     return sorted(stages, key=lambda st: (-st.total_s, st.service, st.name))
 
 

@@ -2,7 +2,7 @@
 
 Rejection-sampling fine-tuning (Kimi K2.5 §4.4.2): the episodes outcome-based RL produced, kept
 when their reward reaches `[learner] sft_export_min_reward`, become supervised data for a later
-warm-start (`slipstream train` with `[warmstart] sft_from`, read by `slipstream.harness.sft_set`).
+warm-start (`slipstream train` with `[warmstart] sft_from`, read by `slipstream.supervised.sft_set`).
 Written beside the outcome log and at the same moments, so a line means the learner settled it:
 
 - trained episodes when the checkpoint covering their step commits (a step lost in a crash

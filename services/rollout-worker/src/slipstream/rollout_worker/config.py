@@ -25,7 +25,7 @@ from slipstream.runtime.section import ServiceSection
 from slipstream.serve.config import ServeConfig
 from slipstream.store.config import StoreConfig
 from slipstream.telemetry.config import TelemetryConfig
-from slipstream.tools.config import ToolsConfig
+from slipstream.toolcalls.config import ToolsConfig
 from slipstream.trust.config import TrustConfig
 
 Doc = msgspec.Meta

@@ -26,7 +26,7 @@ from slipstream.harness.summary import SummaryConfig
 from slipstream.rollout_worker.config import WorkerSection
 from slipstream.rollout_worker.instruments import ROLLOUT_S
 from slipstream.schemas import Episode, Task
-from slipstream.tools import ToolRegistry, ToolTransport
+from slipstream.toolcalls import ToolRegistry, ToolTransport
 
 ToolsFactory = Callable[[ToolRegistry], ToolTransport]
 

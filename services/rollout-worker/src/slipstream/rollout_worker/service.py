@@ -6,7 +6,7 @@
 `setup` loads the model ([model]) into a TorchEngine (or, with `[engine] type = "http"`, connects
 an HttpEngine to a dedicated inference server and loads only the tokenizer), connects the bus and the object store and
 binds the `rollout-worker` durable; with `[tools] transport = "nats"` it also connects to the
-tool-service's NATS, and every episode's tool calls go there (libs/tools remote.py). `run`
+tool-service's NATS, and every episode's tool calls go there (libs/toolcalls remote.py). `run`
 takes tasks until SIGTERM; then it stops fetching, gives in-flight groups the drain budget
 (less a grace period) to finish and be published and acked, and hands back (releases) the rest.
 Everything the loops do is in their own modules.
@@ -66,7 +66,7 @@ from slipstream.schemas.subjects import consumer as durable_spec
 from slipstream.serve import MemoryPending, RedisPending, ServeEndpoint, StoreSink, pending_policy
 from slipstream.store import setup_store
 from slipstream.telemetry.logs import get_logger
-from slipstream.tools import ToolRegistry, ToolTransport
+from slipstream.toolcalls import ToolRegistry, ToolTransport
 from slipstream.trust import AnnounceVerifier, Keyring
 
 if TYPE_CHECKING:
@@ -119,7 +119,7 @@ class RolloutWorkerService(BaseService):
         return self.cfg.bus.url
 
     async def _connect_tools(self) -> None:
-        from slipstream.tools.remote import connect
+        from slipstream.toolcalls.remote import connect
 
         self.tools_nc = await connect(
             self.tools_url(),
@@ -129,7 +129,7 @@ class RolloutWorkerService(BaseService):
         )
 
     def _remote_tools(self, registry: ToolRegistry) -> ToolTransport:
-        from slipstream.tools.remote import NatsTransport
+        from slipstream.toolcalls.remote import NatsTransport
 
         assert self.tools_nc is not None, "setup() did not connect the tool transport"
         # One per episode: a cheap view of the one connection, counting into the worker's stats.

@@ -5,7 +5,7 @@
 the pool's backlog is a consumer lag KEDA scales on. The reply comes back on core NATS to an inbox
 this worker opened for the request (header `Slipstream-Reply-To`), never through a stream.
 
-Failure semantics follow the tool-service's (libs/tools remote.py):
+Failure semantics follow the tool-service's (libs/toolcalls remote.py):
 
 - no reply within `timeout_s` (the pool is saturated, a replica died, the stream refused the
   publish): the request is sent again after a short doubling pause, up to `retries` times, with

@@ -31,7 +31,7 @@ from slipstream.sandbox import Limits
 from slipstream.sandbox.remote import SandboxHost
 from slipstream.telemetry.logs import get_logger
 from slipstream.telemetry.metrics import counter, gauge
-from slipstream.tools import Tool
+from slipstream.toolcalls import Tool
 
 log = get_logger(__name__)
 Doc = msgspec.Meta

@@ -27,7 +27,7 @@ from typing import Any
 import msgspec
 
 from slipstream.store import StoreConfig, setup_store
-from slipstream.tools import Tool
+from slipstream.toolcalls import Tool
 
 OPTIONS = {"index", "store", "search_tokens", "read_tokens", "grep_tokens", "timeout_s", "threads"}
 

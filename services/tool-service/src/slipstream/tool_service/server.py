@@ -27,8 +27,8 @@ from slipstream.schemas.tools import ToolReply
 from slipstream.telemetry.logs import get_logger
 from slipstream.telemetry.metrics import counter, gauge, histogram
 from slipstream.tool_service.memory import CallMemory
-from slipstream.tools import ToolCall, ToolRegistry, run_tool
-from slipstream.tools.remote import decode_request, reply_bytes, reply_of_result
+from slipstream.toolcalls import ToolCall, ToolRegistry, run_tool
+from slipstream.toolcalls.remote import decode_request, reply_bytes, reply_of_result
 
 if TYPE_CHECKING:
     from nats.aio.client import Client

@@ -8,7 +8,7 @@ subscription per tool. `run` waits for SIGTERM; `drain` unsubscribes (callers' n
 to the other replicas, or, with none left, fail fast as "no responders" and are retried), answers
 what this replica already took, and waits for the calls it is running within the drain budget.
 A replica killed without a drain (SIGKILL, OOM) leaves its in-flight calls unanswered: each
-caller's attempt times out and is re-sent to a live replica (libs/tools remote.py).
+caller's attempt times out and is re-sent to a live replica (libs/toolcalls remote.py).
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ from slipstream.tool_service.memory import CallMemory
 from slipstream.tool_service.sandboxes import SandboxSet
 from slipstream.tool_service.server import ToolServer
 from slipstream.tool_service.toolsets import ToolSetError, build_registry
-from slipstream.tools import Tool
-from slipstream.tools.remote import connect
+from slipstream.toolcalls import Tool
+from slipstream.toolcalls.remote import connect
 
 if TYPE_CHECKING:
     from nats.aio.client import Client

@@ -1,6 +1,6 @@
 """Tool sets: the named groups of tools a replica serves (`[serve] sets`).
 
-`calc` and `wait` are the built-in deterministic tools of libs/tools (option: `timeout_s`);
+`calc` and `wait` are the built-in deterministic tools of libs/toolcalls (option: `timeout_s`);
 `search` is search_corpus / grep_corpus / read_document over a hybrid index loaded from the
 object store (options in `search.py`; it takes precedence over an environment of that name: the
 search environment's tools are these, served from the stored index), or, with the single option
@@ -22,7 +22,7 @@ from slipstream.envs import EnvError, get_env
 from slipstream.envs.registry import available
 from slipstream.store import StoreConfig
 from slipstream.tool_service.search import SearchSetError, search_toolset
-from slipstream.tools import Tool, ToolRegistry, calculator, wait
+from slipstream.toolcalls import Tool, ToolRegistry, calculator, wait
 
 BUILTIN: dict[str, Callable[..., Tool]] = {"calc": calculator, "wait": wait}
 

@@ -141,8 +141,8 @@ def learning(args: argparse.Namespace) -> dict[str, Any]:
 
     from slipstream.engine import build_tiny
     from slipstream.envs import get_env
-    from slipstream.harness.warmstart import sft_warmstart
     from slipstream.run.presets import demo_plan
+    from slipstream.supervised.warmstart import sft_warmstart
 
     torch.set_num_threads(1)
     plan = demo_plan()

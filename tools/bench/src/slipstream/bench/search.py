@@ -65,7 +65,7 @@ def _command(args: argparse.Namespace) -> int:
 
 
 async def _round(transport: Any, queries: list[str], *, concurrency: int, budget: int, tag: str) -> dict[str, Any]:
-    from slipstream.tools import ToolCall
+    from slipstream.toolcalls import ToolCall
 
     slots = asyncio.Semaphore(concurrency)
     latencies: list[float] = []
@@ -150,8 +150,8 @@ async def _measure(args: argparse.Namespace) -> dict[str, Any]:
     from slipstream.retrieval.tools import chunk_ids_of, search_tools
     from slipstream.stack import start_nats
     from slipstream.store import LocalObjectStore
-    from slipstream.tools import LocalTransport, ToolRegistry
-    from slipstream.tools.remote import NatsTransport
+    from slipstream.toolcalls import LocalTransport, ToolRegistry
+    from slipstream.toolcalls.remote import NatsTransport
 
     docs = synthetic_corpus(args.docs, seed=args.seed)
     params = IndexParams(max_chunk_tokens=args.chunk_tokens, counter="approx")

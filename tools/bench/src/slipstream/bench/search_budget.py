@@ -74,7 +74,7 @@ def measure(options: dict[str, Any], *, tasks: int, seed: int = 0) -> dict[str, 
     """The three teachers' metrics on `tasks` distinct train and `tasks` distinct held-out tasks."""
     from slipstream.engine import ByteTokenizer
     from slipstream.envs import get_env
-    from slipstream.harness.expert import expert_episodes
+    from slipstream.supervised.expert import expert_episodes
 
     if tasks < 1:
         raise ValueError(f"tasks must be >= 1, got {tasks}")

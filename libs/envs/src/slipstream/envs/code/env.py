@@ -1,7 +1,7 @@
 """`code`: a coding agent in a sandbox, rewarded by tests run in a *fresh* sandbox (Composer 2).
 
 Each episode gets its own bubblewrap sandbox over the task's tree (libs/sandbox) and six tools
-(tools.py) in the plain-text tag protocol of libs/tools. A turn without a tool call ends the
+(tools.py) in the plain-text tag protocol of libs/toolcalls. A turn without a tool call ends the
 episode; so does `max_turns`. The episode's answer (`final_text`) is its patch: the files the
 agent changed, as JSON `{path: content | null}` taken from the sandbox's own writable layer.
 
@@ -70,9 +70,8 @@ from slipstream.envs.length_penalty import LengthPenalty
 from slipstream.envs.registry import register
 from slipstream.sandbox import BwrapProvider, BwrapSandbox, Limits, SandboxError
 from slipstream.sandbox.remote import RemoteSandbox
-from slipstream.schemas import Episode as EpisodeRecord
-from slipstream.schemas import ToolEvent
-from slipstream.tools import LocalTransport, ToolCall, ToolRegistry, execute, renderer_for, tool_event
+from slipstream.schemas import Episode, ToolEvent
+from slipstream.toolcalls import LocalTransport, ToolCall, ToolRegistry, execute, renderer_for, tool_event
 
 Doc = msgspec.Meta
 T = TypeVar("T")
@@ -316,7 +315,7 @@ class Code(Environment[CodeOptions]):
 
     # -- grading --------------------------------------------------------------------------------
 
-    def grade_episode(self, task: TaskSpec, episode: EpisodeRecord) -> Score:
+    def grade_episode(self, task: TaskSpec, episode: Episode) -> Score:
         score = self.grade(task, episode.final_text)
         components = dict(score.components)
         invalid = episode.counts.get("invalid_tool_call", 0)

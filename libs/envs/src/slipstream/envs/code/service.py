@@ -25,7 +25,7 @@ from typing import Any
 
 from slipstream.sandbox import SandboxError
 from slipstream.sandbox.remote import SandboxHost
-from slipstream.tools import Tool, ToolCall, ToolRegistry, ToolTransport
+from slipstream.toolcalls import Tool, ToolCall, ToolRegistry, ToolTransport
 
 CREATE = "sandbox_create"
 ROUTE_PREFIX = "sandbox_"

@@ -14,7 +14,7 @@ from typing import Any
 
 from slipstream.envs.code.tasks import RUNNER_PATH, CodeTask
 from slipstream.sandbox import Limits, Sandbox
-from slipstream.tools import Tool, ToolInputError
+from slipstream.toolcalls import Tool, ToolInputError
 
 OUTPUT_CHARS = 600  # what one tool result shows the model, at most
 

@@ -2,7 +2,7 @@
 
 The model gets a question and four tools (tools.py) and must end with a ranked list of document
 ids, `<docs>w0007 w0008</docs>`; it never answers the question itself. One turn is one line
-(generation stops at "\\n"), holding tool calls in the tag protocol of libs/tools, possibly
+(generation stops at "\\n"), holding tool calls in the tag protocol of libs/toolcalls, possibly
 several (parallel calls); a turn without a call is the final output.
 
 The harness rules (techniques.md §4.2):
@@ -61,8 +61,8 @@ from slipstream.envs.search.tools import (
 from slipstream.envs.search.turn import TurnRunner
 from slipstream.envs.search.view import SOFT_MESSAGE, View, usage_line
 from slipstream.retrieval.types import SearchBackend
-from slipstream.schemas import Episode as EpisodeRecord
-from slipstream.tools import LocalTransport, renderer_for
+from slipstream.schemas import Episode
+from slipstream.toolcalls import LocalTransport, renderer_for
 
 
 @functools.lru_cache(maxsize=8)
@@ -196,7 +196,7 @@ class Search(Environment[SearchOptions]):
     def expert(self, task: TaskSpec, context: str) -> str:
         return expert_policy.next_turn(task, context, self.options)
 
-    def curate_expert_episodes(self, tasks: list[TaskSpec], episodes: list[EpisodeRecord]) -> list[bool]:
+    def curate_expert_episodes(self, tasks: list[TaskSpec], episodes: list[Episode]) -> list[bool]:
         """Context-1's SFT filter (curation.py) over the expert's episodes."""
         cands = [
             candidate_of(t.metadata, e, reward=self.score(t, e).reward) for t, e in zip(tasks, episodes, strict=True)
@@ -204,7 +204,7 @@ class Search(Environment[SearchOptions]):
         kept = set(sft_filter(cands).kept)
         return [e.episode_id in kept for e in episodes]
 
-    def eval_metrics(self, tasks: list[TaskSpec], episodes: list[EpisodeRecord]) -> dict[str, float]:
+    def eval_metrics(self, tasks: list[TaskSpec], episodes: list[Episode]) -> dict[str, float]:
         """Context-1's metrics (metrics.py) pooled over the episodes, without the `search/` prefix."""
         from slipstream.envs.search.metrics import aggregate, episode_metrics
 
@@ -265,7 +265,7 @@ class Search(Environment[SearchOptions]):
 
     # -- scoring ------------------------------------------------------------------------------------
 
-    def grade_episode(self, task: TaskSpec, episode: EpisodeRecord) -> Score:
+    def grade_episode(self, task: TaskSpec, episode: Episode) -> Score:
         seen = {doc_of(c) for ev in episode.tool_log if ev.status == "ok" for c in _chunks(ev.info)}
         calls = [ev.name for ev in episode.tool_log]
         # The version that sampled the episode is the learner's step count when it was published:

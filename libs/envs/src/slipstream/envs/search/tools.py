@@ -25,7 +25,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from slipstream.retrieval.types import Chunk, Document, SearchBackend, TokenCounter
-from slipstream.tools import Tool, ToolInputError, ToolRegistry
+from slipstream.toolcalls import Tool, ToolInputError, ToolRegistry
 
 SEARCH, GREP, READ, PRUNE = "search_corpus", "grep_corpus", "read_document", "prune_chunks"
 RETRIEVAL_TOOLS = (SEARCH, GREP, READ)
@@ -127,7 +127,7 @@ def backend_tools(backend: Callable[[], SearchBackend] | None, *, timeout_s: flo
     """search/grep/read with their hidden arguments; `backend()` is called on first use (None: no
     implementation here, for a registry that only describes the wire schema of a tool-service).
 
-    The hidden arguments are libs/tools' (`_`-prefixed, never shown to the model, never required):
+    The hidden arguments are libs/toolcalls' (`_`-prefixed, never shown to the model, never required):
     `_exclude`, `_budget` and, for reads, `_query` — the same names and result format as the
     tool-service's `search` tool set, so a turn's calls run unchanged in-process or over NATS.
     """

@@ -20,7 +20,7 @@ from slipstream.envs.search.options import SearchOptions
 from slipstream.envs.search.tools import PRUNE, READ, RETRIEVAL_TOOLS, chunk_blocks
 from slipstream.envs.search.view import SOFT_MESSAGE, View, refusal, usage_line
 from slipstream.schemas import ToolEvent
-from slipstream.tools import MalformedCall, Renderer, ToolCall, ToolResult, ToolTransport, execute, tool_event
+from slipstream.toolcalls import MalformedCall, Renderer, ToolCall, ToolResult, ToolTransport, execute, tool_event
 
 _EMPTY = ToolResult(call_id="", name=None, outcome="ok", text="")
 NO_ROOM = "no new chunks fit the remaining budget; prune chunks or give your final answer"

@@ -74,8 +74,8 @@ from slipstream.envs.swarm import tasks as tk
 from slipstream.envs.swarm.options import SwarmOptions
 from slipstream.envs.swarm.steps import Ledger
 from slipstream.envs.swarm.tools import ASSIGN, CREATE, orchestrator_tools
-from slipstream.schemas import Episode as EpisodeRecord
-from slipstream.tools import LocalTransport, MalformedCall, ToolCall, ToolResult, execute, renderer_for, tool_event
+from slipstream.schemas import Episode
+from slipstream.toolcalls import LocalTransport, MalformedCall, ToolCall, ToolResult, execute, renderer_for, tool_event
 
 COMPONENTS: tuple[str, ...] = ("perf", "parallel", "finish")
 
@@ -246,7 +246,7 @@ class Swarm(Environment[SwarmOptions]):
         found = len(set(output) & set(need))
         return found / max(1, len(need)), True, f"found {found}/{len(need)}"
 
-    def grade_episode(self, task: TaskSpec, episode: EpisodeRecord) -> Score:
+    def grade_episode(self, task: TaskSpec, episode: Episode) -> Score:
         perf, parsed, reason = self._perf(task, episode.final_text)
         c = episode.counts
         spawned, finished = c.get("subagents", 0), c.get("subagents_finished", 0)
@@ -270,7 +270,7 @@ class Swarm(Environment[SwarmOptions]):
             {"perf": perf, "parallel": 0.0, "finish": 0.0}, correct=perf == 1.0, parse_ok=parsed, reason=reason
         )
 
-    def eval_metrics(self, tasks: list[TaskSpec], episodes: list[EpisodeRecord]) -> dict[str, float]:
+    def eval_metrics(self, tasks: list[TaskSpec], episodes: list[Episode]) -> dict[str, float]:
         """accuracy, perf, critical/total steps, assignments, sub-agents with finished work and
         malformed calls (means), finish rate, the parallel rate (share of episodes with a turn that
         ran 2+ sub-agents at once), the mean wall-clock latency per episode in seconds, and the

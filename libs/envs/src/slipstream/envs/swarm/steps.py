@@ -7,7 +7,7 @@ PARL's definition (techniques.md §2.3, "S_main usually 1"): each orchestrator t
 where S_main(t) is the orchestrator's own step in turn t and S_sub,i(t) the steps of the i-th
 sub-agent that turn runs. Here S_main(t) = 1 for every turn, whatever it calls: the direct tool
 calls of one turn (search, grep, read) are issued together and run at once
-(`slipstream.tools.execution.execute` gathers them with `asyncio.gather`), so the turn waits for
+(`slipstream.toolcalls.execution.execute` gathers them with `asyncio.gather`), so the turn waits for
 them once, not once a call; a turn with no call (the final message) is a step too. A malformed
 call (the parser's error: unknown tool, bad arguments, bad JSON) never runs, but the turn that
 made it still costs its step, and the episode counts it (`malformed_calls`). The assign_task calls

@@ -18,7 +18,7 @@ from __future__ import annotations
 from typing import Any
 
 from slipstream.envs.search.tools import GREP, READ, SEARCH, model_tools
-from slipstream.tools import Tool, ToolRegistry
+from slipstream.toolcalls import Tool, ToolRegistry
 
 CREATE, ASSIGN = "create_subagent", "assign_task"
 SWARM_TOOLS = (CREATE, ASSIGN)

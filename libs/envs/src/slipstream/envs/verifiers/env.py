@@ -43,7 +43,7 @@ from slipstream.envs.base import Environment, Problem, Score, TaskSpec, play_rew
 from slipstream.envs.context import EpisodeContext, Outcome
 from slipstream.envs.registry import register
 from slipstream.envs.verifiers.bridge import EPISODE_HEADER, Bridge
-from slipstream.schemas import Episode as EpisodeRecord
+from slipstream.schemas import Episode
 
 Doc = msgspec.Meta
 
@@ -192,7 +192,7 @@ class Verifiers(Environment[VerifiersOptions]):
             final_text=str(answer.get("reply") or (link.texts[-1] if link.texts else "")), finish_reason=finish
         )
 
-    def grade_episode(self, task: TaskSpec, episode: EpisodeRecord) -> Score:
+    def grade_episode(self, task: TaskSpec, episode: Episode) -> Score:
         """verifiers scored the episode during play (`reward.vf.<name>`); this only reads the verdict."""
         played = {k: v for k, v in play_rewards(episode).items() if k.startswith(PREFIX)}
         if not played:

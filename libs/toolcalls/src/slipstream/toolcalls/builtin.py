@@ -12,7 +12,7 @@ import operator
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from slipstream.tools.tool import Tool, ToolInputError
+from slipstream.toolcalls.tool import Tool, ToolInputError
 
 _BINARY: dict[type[ast.operator], Callable[[Any, Any], Any]] = {
     ast.Add: operator.add,

@@ -1,7 +1,7 @@
-"""Slipstream tools: registry, call parsing, concurrent classified execution, and renderers.
+"""Slipstream tool calls, the tools an agent calls: registry, call parsing, classified execution, renderers.
 
 ```python
-from slipstream.tools import LocalTransport, ToolRegistry, calculator, execute, renderer_for
+from slipstream.toolcalls import LocalTransport, ToolRegistry, calculator, execute, renderer_for
 
 registry = ToolRegistry([calculator()])
 r = renderer_for("smollm2")            # or "tags" for byte-level models, "qwen2.5"
@@ -12,10 +12,10 @@ suffix = r.bridge(messages, completion, r.result_messages(results), tools=regist
 ```
 """
 
-from slipstream.tools import chatml as _chatml  # noqa: F401  (registers smollm2, qwen2.5)
-from slipstream.tools import tags as _tags  # noqa: F401  (registers tags)
-from slipstream.tools.builtin import calculator, evaluate, lookup, wait
-from slipstream.tools.calls import (
+from slipstream.toolcalls import chatml as _chatml  # noqa: F401  (registers smollm2, qwen2.5)
+from slipstream.toolcalls import tags as _tags  # noqa: F401  (registers tags)
+from slipstream.toolcalls.builtin import calculator, evaluate, lookup, wait
+from slipstream.toolcalls.calls import (
     IN_PROCESS,
     INFRA_KINDS,
     MALFORMED_KINDS,
@@ -31,13 +31,13 @@ from slipstream.tools.calls import (
     tool_event,
     with_hidden,
 )
-from slipstream.tools.chatml import ChatMLRenderer
-from slipstream.tools.config import ToolsConfig
-from slipstream.tools.execution import LocalTransport, ToolTransport, execute, run_tool
-from slipstream.tools.parsing import HERMES_SYNTAX, TAG_SYNTAX, CallSyntax, ParsedTurn, parse_calls
-from slipstream.tools.renderer import RENDERERS, ChatMessage, Renderer, renderer_for
-from slipstream.tools.tags import TagRenderer
-from slipstream.tools.tool import HIDDEN_PREFIX, Tool, ToolDefinitionError, ToolInputError, ToolRegistry
+from slipstream.toolcalls.chatml import ChatMLRenderer
+from slipstream.toolcalls.config import ToolsConfig
+from slipstream.toolcalls.execution import LocalTransport, ToolTransport, execute, run_tool
+from slipstream.toolcalls.parsing import HERMES_SYNTAX, TAG_SYNTAX, CallSyntax, ParsedTurn, parse_calls
+from slipstream.toolcalls.renderer import RENDERERS, ChatMessage, Renderer, renderer_for
+from slipstream.toolcalls.tags import TagRenderer
+from slipstream.toolcalls.tool import HIDDEN_PREFIX, Tool, ToolDefinitionError, ToolInputError, ToolRegistry
 
 __all__ = [
     "HERMES_SYNTAX",

@@ -13,8 +13,8 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from slipstream.tools.calls import MalformedCall, ToolCall
-from slipstream.tools.tool import ToolRegistry
+from slipstream.toolcalls.calls import MalformedCall, ToolCall
+from slipstream.toolcalls.tool import ToolRegistry
 
 
 @dataclass(frozen=True)

@@ -36,10 +36,10 @@ from opentelemetry.context import get_current
 from slipstream.schemas.codec import SCHEMA_HEADER, SchemaError, check_header, decode, encode, schema_header
 from slipstream.schemas.subjects import tool_subject
 from slipstream.schemas.tools import ToolReply, ToolRequest
-from slipstream.tools.calls import ToolCall, ToolResult
-from slipstream.tools.config import ToolsConfig
-from slipstream.tools.execution import run_tool
-from slipstream.tools.tool import ToolRegistry
+from slipstream.toolcalls.calls import ToolCall, ToolResult
+from slipstream.toolcalls.config import ToolsConfig
+from slipstream.toolcalls.execution import run_tool
+from slipstream.toolcalls.tool import ToolRegistry
 
 if TYPE_CHECKING:
     from nats.aio.client import Client

@@ -11,10 +11,10 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 
-from slipstream.tools.calls import ToolCall
-from slipstream.tools.parsing import TAG_SYNTAX
-from slipstream.tools.renderer import ChatMessage, RendererBase, register_renderer
-from slipstream.tools.tool import ToolRegistry
+from slipstream.toolcalls.calls import ToolCall
+from slipstream.toolcalls.parsing import TAG_SYNTAX
+from slipstream.toolcalls.renderer import ChatMessage, RendererBase, register_renderer
+from slipstream.toolcalls.tool import ToolRegistry
 
 RESULT_OPEN = "<result>"
 RESULT_CLOSE = "</result>"

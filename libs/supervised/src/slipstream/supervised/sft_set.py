@@ -16,8 +16,8 @@ from pathlib import Path
 
 import msgspec
 
-from slipstream.harness.expert import Example, episode_examples
 from slipstream.schemas import ScoredEpisode
+from slipstream.supervised.expert import Example, episode_examples
 
 
 class SftSetError(ValueError):

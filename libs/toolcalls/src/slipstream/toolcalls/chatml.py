@@ -24,10 +24,10 @@ import json
 from collections.abc import Sequence
 from typing import Any, Literal
 
-from slipstream.tools.calls import ToolCall
-from slipstream.tools.parsing import HERMES_SYNTAX, ParsedTurn, parse_calls
-from slipstream.tools.renderer import ChatMessage, RendererBase, register_renderer
-from slipstream.tools.tool import ToolRegistry
+from slipstream.toolcalls.calls import ToolCall
+from slipstream.toolcalls.parsing import HERMES_SYNTAX, ParsedTurn, parse_calls
+from slipstream.toolcalls.renderer import ChatMessage, RendererBase, register_renderer
+from slipstream.toolcalls.tool import ToolRegistry
 
 IM_START = "<|im_start|>"
 IM_END = "<|im_end|>"

@@ -19,9 +19,9 @@ from slipstream.engine.interface import GenerationRequest, SamplingParams
 from slipstream.engine.tokenizer import Tokenizer
 from slipstream.envs.base import Environment, TaskSpec
 from slipstream.harness.rollout import rollout_episodes
-from slipstream.harness.scripted import ScriptedEngine
 from slipstream.harness.summary import SummaryConfig
 from slipstream.schemas import Episode
+from slipstream.supervised.scripted import ScriptedEngine
 
 # One training example: token ids and, per id, whether it is a trained target.
 Example = tuple[list[int], list[bool]]

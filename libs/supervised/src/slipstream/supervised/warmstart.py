@@ -6,7 +6,7 @@ seconds of supervised training on `env.sft_example(task)` for train-split tasks 
 well short of mastery so RL has room to improve held-out accuracy.
 
 The sequence is laid out exactly as a rollout lays it out ([bos] + prompt + completion + eos,
-see rollout.py), and the loss covers only the completion tokens and the eos.
+see libs/harness rollout.py), and the loss covers only the completion tokens and the eos.
 
 Multi-turn environments (`env.warmstart_from_expert`) warm-start from their scripted expert
 instead: `expert_examples` plays `env.expert` through the real harness (scripted.py), and the
@@ -36,8 +36,9 @@ from torch import nn
 
 from slipstream.engine.tokenizer import Tokenizer
 from slipstream.envs.base import Environment, TaskSpec
-from slipstream.harness.copying import copy_examples
-from slipstream.harness.expert import (  # noqa: F401  (re-exported: the warm-start's public names)
+from slipstream.harness.rollout import prompt_ids
+from slipstream.supervised.copying import copy_examples
+from slipstream.supervised.expert import (  # noqa: F401  (re-exported: the warm-start's public names)
     EXPERT_CHUNK,
     Example,
     Summaries,
@@ -47,10 +48,9 @@ from slipstream.harness.expert import (  # noqa: F401  (re-exported: the warm-st
     expert_example_chunks,
     expert_examples,
 )
-from slipstream.harness.rollout import prompt_ids
 
 # Defaults measured on the `arith` env (max_operand 19, ops "+") with the tiny preset on one CPU
-# thread: see libs/harness/README.md for the figures.
+# thread: see libs/supervised/README.md for the figures.
 DEFAULT_STEPS = 200
 DEFAULT_BATCH_SIZE = 32
 DEFAULT_LR = 3e-3
@@ -160,7 +160,7 @@ def sft_warmstart(
     2,000-step warm-start of batch 8 would play for 24 minutes before the model saw its last row).
 
     `rows`: train on these examples (epochs over them, shuffled once by `seed`) instead of the env's references
-    or its expert: an SFT set of the policy's own RL episodes (`slipstream.harness.sft_set`,
+    or its expert: an SFT set of the policy's own RL episodes (`slipstream.supervised.sft_set`,
     rejection-sampling fine-tuning). The probe and its target are the env's as without them, so
     the stop means the same for both kinds of data.
 

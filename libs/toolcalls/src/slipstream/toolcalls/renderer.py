@@ -18,9 +18,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
-from slipstream.tools.calls import ToolCall, ToolResult
-from slipstream.tools.parsing import CallSyntax, ParsedTurn, parse_calls
-from slipstream.tools.tool import ToolRegistry
+from slipstream.toolcalls.calls import ToolCall, ToolResult
+from slipstream.toolcalls.parsing import CallSyntax, ParsedTurn, parse_calls
+from slipstream.toolcalls.tool import ToolRegistry
 
 Role = Literal["system", "user", "assistant", "tool"]
 

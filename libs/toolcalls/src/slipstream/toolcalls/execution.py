@@ -14,8 +14,8 @@ import time
 from collections.abc import Sequence
 from typing import Any, Protocol
 
-from slipstream.tools.calls import IN_PROCESS, MalformedCall, ToolCall, ToolResult, invalid_result
-from slipstream.tools.tool import Tool, ToolInputError, ToolRegistry
+from slipstream.toolcalls.calls import IN_PROCESS, MalformedCall, ToolCall, ToolResult, invalid_result
+from slipstream.toolcalls.tool import Tool, ToolInputError, ToolRegistry
 
 
 class ToolTransport(Protocol):

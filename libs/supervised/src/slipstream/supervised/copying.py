@@ -9,7 +9,7 @@ token is a target) the same model's induction cliff falls at ~1,000 steps (30 s 
 thread): 0.22 -> 0.97 per-token copy accuracy between steps 900 and 1,100 (seed 0, lowercase). Pretrained
 so, and with a few such rows kept in every later batch (the heads drift away otherwise), it
 learns the marked copy in 300-400 steps (seeds 0 and 1). The figures are in
-libs/harness/README.md, "Copy pretraining".
+libs/supervised/README.md, "Copy pretraining".
 
 One example, byte for byte (`alphabet` defaults to lowercase letters and digits):
 
