@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, ClassVar
 
 import msgspec
 import pytest
 
-from slipstream.runtime.config import ConfigError, env_name, parse_args, parse_cli, resolve
+from slipstream.runtime.base import ServiceConfig
+from slipstream.runtime.config import ConfigError, dump, env_name, parse_args, parse_cli, resolve
 from slipstream.runtime.section import ServiceSection
 from slipstream.telemetry.config import TelemetryConfig
 
@@ -181,3 +182,34 @@ def test_help_documents_every_field_with_its_env_name(capsys: pytest.CaptureFixt
             assert f"--{sec}.{field.name.replace('_', '-')}" in text
             assert env_name(sec, field.name) in text
             assert " ".join(props[field.name]["description"].split()) in text, field.name
+
+
+class Svc(ServiceConfig, kw_only=True, forbid_unknown_fields=True):
+    section_docs: ClassVar[dict[str, str]] = {"store": "Where this service keeps its checkpoints."}
+    alpha: Alpha = msgspec.field(default_factory=Alpha)
+
+
+def test_a_service_config_is_the_shared_sections_then_its_own() -> None:
+    assert [f.name for f in msgspec.structs.fields(Svc)] == ["service", "bus", "store", "telemetry", "alpha"]
+    cfg = resolve(
+        Svc,
+        environ={
+            "SLIPSTREAM_STORE__ROOT": "/tmp/s",
+            "SLIPSTREAM_BUS__URL": "nats://h:1",
+            "SLIPSTREAM_ALPHA__COUNT": "3",
+        },
+    )
+    assert (cfg.store.root, cfg.bus.url, cfg.alpha.count) == ("/tmp/s", "nats://h:1", 3)
+    assert list(json.loads(dump(cfg))) == ["service", "bus", "store", "telemetry", "alpha"]
+    with pytest.raises(ConfigError, match=r"unknown key store\.rooot"):
+        resolve(Svc, environ={"SLIPSTREAM_STORE__ROOOT": "x"})
+
+
+def test_section_docs_replace_a_shared_sections_line_in_help(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        parse_cli(Svc, ["--help"], prog="svc")
+    text = " ".join(capsys.readouterr().out.split())
+    assert "[store]: Where this service keeps its checkpoints." in text
+    assert "[bus]: Message bus (NATS JetStream or in-memory)." in text
+    assert "Object store (local directory or S3)." not in text
+    assert ServiceConfig.section_docs == {}

@@ -1,5 +1,8 @@
 """The consume loop services run: fetch a batch, hand each delivery to a handler, settle it.
 
+Fetching (and its backoff when a fetch fails) is the one pull loop, `slipstream.bus.pull_loop`;
+this module is what it does with each batch.
+
 On `stop` (SIGTERM flips it) the loop fetches no more, lets the handlers already running finish,
 and hands back every fetched-but-unstarted delivery at once (a nak without delay), so a replica
 that is shutting down loses nothing and delays nothing. A handler that raises gets its delivery
@@ -31,12 +34,12 @@ import msgspec
 from slipstream.bus.base import BusError, Consumer
 from slipstream.bus.delivery import Delivery
 from slipstream.bus.instruments import CONSUME_ERRORS
+from slipstream.bus.pull_loop import pull_loop
 from slipstream.bus.tracing import consumer_span, tracing_active
 
 T = TypeVar("T", bound=msgspec.Struct)
 Handler = Callable[[Delivery[T]], Awaitable[Any]]
 log = logging.getLogger(__name__)
-_MAX_BACKOFF_S = 5.0
 
 
 @dataclass
@@ -54,11 +57,6 @@ async def _settle_quietly(what: str, op: Awaitable[bool]) -> None:
     except Exception as exc:  # nats-py raises its own hierarchy; report it, never end the loop
         CONSUME_ERRORS.add(1, reason="settle")
         log.warning("could not %s a delivery: %r (it will be redelivered after ack_wait)", what, exc)
-
-
-async def _sleep_or_stop(stop: asyncio.Event, seconds: float) -> None:
-    with contextlib.suppress(TimeoutError):
-        await asyncio.wait_for(stop.wait(), seconds)
 
 
 async def consume(
@@ -86,7 +84,6 @@ async def consume(
     running: set[asyncio.Task[None]] = set()
     fetched: list[Delivery[T]] = []
     held: set[Delivery[T]] = set()
-    backoff = 0.1
     interval = default_heartbeat(consumer) if heartbeat_s is None else heartbeat_s
     beats = asyncio.create_task(_heartbeats(held, interval)) if interval > 0 else None
 
@@ -118,30 +115,29 @@ async def consume(
         running.discard(task)
         slots.release()
 
-    try:
-        while not stop.is_set():
-            try:
-                fetched = await consumer.fetch(batch, fetch_timeout_s)
-            except BusError as exc:
-                stats.fetch_errors += 1
-                CONSUME_ERRORS.add(1, reason="fetch")
-                log.warning("fetch from %s failed: %s; retrying in %.1fs", durable, exc, backoff)
-                await _sleep_or_stop(stop, backoff)
-                backoff = min(backoff * 2, _MAX_BACKOFF_S)
+    async def dispatch(batch_: list[Delivery[T]]) -> None:
+        fetched[:] = batch_  # what is left of it when stop comes is handed back below
+        held.update(batch_)
+        while fetched and not stop.is_set():
+            if concurrency == 1:
+                await run(fetched.pop(0))
                 continue
-            backoff = 0.1
-            held.update(fetched)
-            while fetched and not stop.is_set():
-                if concurrency == 1:
-                    await run(fetched.pop(0))
-                    continue
-                await slots.acquire()
-                if stop.is_set():
-                    slots.release()
-                    break
-                task = asyncio.create_task(run(fetched.pop(0)))
-                running.add(task)
-                task.add_done_callback(done)
+            await slots.acquire()
+            if stop.is_set():
+                slots.release()
+                break
+            task = asyncio.create_task(run(fetched.pop(0)))
+            running.add(task)
+            task.add_done_callback(done)
+
+    def fetch_failed(exc: BusError) -> None:
+        stats.fetch_errors += 1
+        CONSUME_ERRORS.add(1, reason="fetch")
+
+    try:
+        await pull_loop(
+            consumer, dispatch, stop=stop, batch=batch, fetch_timeout_s=fetch_timeout_s, on_fetch_error=fetch_failed
+        )
     finally:
         if running:
             await asyncio.gather(*running, return_exceptions=True)
@@ -149,7 +145,7 @@ async def consume(
             if d.settled is None:
                 stats.released += 1
                 await _settle_quietly("release", d.release())
-        fetched = []
+        fetched.clear()
         held.clear()
         if beats is not None:
             beats.cancel()

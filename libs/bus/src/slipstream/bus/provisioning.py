@@ -23,6 +23,7 @@ from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, RetentionPolic
 from slipstream.bus.base import BusError
 from slipstream.bus.config import BusConfig
 from slipstream.bus.topology import Topology, server_max_deliver
+from slipstream.runtime.backoff import Backoff
 from slipstream.schemas.subjects import ConsumerSpec, StreamSpec
 
 log = logging.getLogger(__name__)
@@ -63,7 +64,7 @@ def consumer_config(spec: ConsumerSpec) -> ConsumerConfig:
 
 
 async def _with_retries(what: str, op: Callable[[], Awaitable[None]]) -> None:
-    delay = 0.1
+    retry = Backoff(0.1, max_s=2.0)
     for attempt in range(1, _ATTEMPTS + 1):
         try:
             await op()
@@ -71,9 +72,9 @@ async def _with_retries(what: str, op: Callable[[], Awaitable[None]]) -> None:
         except (nats.js.errors.ServiceUnavailableError, nats.errors.TimeoutError, nats.errors.NoRespondersError) as exc:
             if attempt == _ATTEMPTS:
                 raise BusError(f"cannot {what}: JetStream did not answer after {attempt} attempts ({exc!r})") from exc
+            delay = next(retry)
             log.info("%s: JetStream not ready (%r); retrying in %.1fs", what, exc, delay)
             await asyncio.sleep(delay)
-            delay = min(delay * 2, 2.0)
 
 
 def _same_stream(have: StreamConfig, want: StreamConfig) -> bool:

@@ -41,6 +41,7 @@ from slipstream.judge.verdict import (
     prompt_digest,
     reask_message,
 )
+from slipstream.runtime.backoff import Backoff
 from slipstream.schemas import Judgement
 from slipstream.telemetry.logs import get_logger
 from slipstream.telemetry.metrics import counter, histogram
@@ -246,6 +247,7 @@ class Judge:
     async def ask(self, messages: list[dict[str, str]]) -> str:
         """The judge's answer text; retries what may pass on a later try, then raises `CallFailed`."""
         cfg = self.cfg
+        retry = Backoff(cfg.backoff_s, max_s=cfg.max_backoff_s)
         for attempt in range(cfg.call_retries + 1):
             kind, detail, wait = await self._attempt(messages)
             if kind == "ok":
@@ -254,8 +256,8 @@ class Judge:
                 tries = attempt + 1
                 raise CallFailed(kind, f"{detail} (after {tries} {'try' if tries == 1 else 'tries'})")
             self.stats.retries[kind] = self.stats.retries.get(kind, 0) + 1
-            delay = wait if wait is not None else cfg.backoff_s * 2**attempt
-            await asyncio.sleep(min(cfg.max_backoff_s, delay))
+            # A Retry-After is obeyed (within the cap); otherwise the backoff decides.
+            await asyncio.sleep(min(cfg.max_backoff_s, wait) if wait is not None else retry.delay(attempt))
         raise AssertionError("unreachable")
 
     async def _attempt(self, messages: list[dict[str, str]]) -> tuple[str, str, float | None]:

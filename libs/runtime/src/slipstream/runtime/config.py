@@ -42,14 +42,19 @@ def _sections(cls: type[msgspec.Struct]) -> dict[str, type[msgspec.Struct]]:
 
 
 def _section_docs(cls: type[msgspec.Struct]) -> dict[str, str]:
-    """Descriptions of the sections themselves (`Annotated[Section, Meta(description=...)]`)."""
+    """Descriptions of the sections themselves (`Annotated[Section, Meta(description=...)]`).
+
+    A class's `section_docs` mapping (`slipstream.runtime.base.ServiceConfig`) overrides them: a
+    service saying what it keeps in a shared section.
+    """
     info = msgspec.inspect.type_info(cls)
     assert isinstance(info, msgspec.inspect.StructType)
-    return {
+    docs = {
         f.name: str((f.type.extra_json_schema or {}).get("description", ""))
         for f in info.fields
         if isinstance(f.type, msgspec.inspect.Metadata)
     }
+    return {**docs, **getattr(cls, "section_docs", {})}
 
 
 def _fields(section: type[msgspec.Struct]) -> dict[str, msgspec.inspect.Field]:

@@ -23,7 +23,6 @@ model's fault (`invalid_tool_call`). The replica checks again, against its own r
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
@@ -33,6 +32,7 @@ from nats.errors import NoRespondersError
 from opentelemetry import propagate
 from opentelemetry.context import get_current
 
+from slipstream.runtime.backoff import Backoff
 from slipstream.schemas.codec import SCHEMA_HEADER, SchemaError, check_header, decode, encode, schema_header
 from slipstream.schemas.subjects import tool_subject
 from slipstream.schemas.tools import ToolReply, ToolRequest
@@ -138,10 +138,11 @@ class NatsTransport:
         wait_s = tool.timeout_s + self.reply_margin_s
         subject = tool_subject(call.name)
         failures: list[str] = []
+        retry = Backoff(self.retry_backoff_s)
         for attempt in range(1, self.retries + 2):
             if attempt > 1:
                 self.stats["retries"] += 1
-                await asyncio.sleep(self.retry_backoff_s * 2 ** (attempt - 2))
+                await retry.sleep()
             request = ToolRequest(
                 call_id=call.id,
                 tool=call.name,

@@ -31,6 +31,7 @@ from typing import Any
 import msgspec
 
 from slipstream.control import Control, ControlUnavailable
+from slipstream.runtime.backoff import Backoff
 from slipstream.schemas import WeightAnnounce, WeightManifest, from_json
 from slipstream.store import ObjectNotFound, ObjectStore
 from slipstream.telemetry.logs import get_logger
@@ -167,7 +168,7 @@ class AnnounceVerifier:
 
     async def _fetch(self, key: str) -> bytes | Verdict:
         deadline = time.monotonic() + self.timeout_s
-        pause = _RETRY_S
+        retry = Backoff(_RETRY_S, max_s=1.0)
         while True:
             try:
                 left = max(deadline - time.monotonic(), 0.001)
@@ -176,10 +177,10 @@ class AnnounceVerifier:
                 # Manifests are written before their announce: a missing one was never stored.
                 return Verdict(None, "missing_manifest", f"no manifest at {key}")
             except Exception as exc:  # store backends raise their own errors (OSError, botocore, timeouts)
+                pause = next(retry)
                 if time.monotonic() + pause >= deadline:
                     return Verdict(None, "unfetchable", f"manifest {key}: {exc!r} for {self.timeout_s:.1f} s")
                 await asyncio.sleep(pause)
-                pause = min(pause * 2, 1.0)
 
     async def _granted(self, announce: WeightAnnounce, manifest: WeightManifest) -> Verdict:
         if self.control is None or manifest.fence_token == 0:

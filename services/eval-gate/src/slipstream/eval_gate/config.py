@@ -1,4 +1,7 @@
-"""Configuration of the eval-gate service: one typed class, its sections owned by the libs.
+"""Configuration of the eval-gate service: one typed class on `ServiceConfig`.
+
+`slipstream.runtime.base.ServiceConfig` holds the shared sections ([service], [bus], [store],
+[telemetry]), each owned by its lib; this module adds the service's own.
 
 Resolved by `slipstream.runtime.config` from defaults, a TOML file (`--config`),
 `SLIPSTREAM_<SECTION>__<FIELD>` variables and `--section.field` flags, in that order. `[model]`
@@ -17,12 +20,9 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 
-from slipstream.bus.config import BusConfig
 from slipstream.engine.source import ModelSource
 from slipstream.harness.summary import SummaryConfig
-from slipstream.runtime.section import ServiceSection
-from slipstream.store.config import StoreConfig
-from slipstream.telemetry.config import TelemetryConfig
+from slipstream.runtime.base import ServiceConfig
 from slipstream.trust.config import TrustConfig
 
 Doc = msgspec.Meta
@@ -115,19 +115,7 @@ class GateSection(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         return self.suite_sizes.get(env, self.suite_size)
 
 
-class EvalGateConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    service: Annotated[ServiceSection, Doc(description="Process: run id, replica, probe port, drain budget.")] = (
-        msgspec.field(default_factory=ServiceSection)
-    )
-    bus: Annotated[BusConfig, Doc(description="Message bus (NATS JetStream or in-memory).")] = msgspec.field(
-        default_factory=BusConfig
-    )
-    store: Annotated[StoreConfig, Doc(description="Object store (local directory or S3).")] = msgspec.field(
-        default_factory=StoreConfig
-    )
-    telemetry: Annotated[TelemetryConfig, Doc(description="Logs and traces.")] = msgspec.field(
-        default_factory=TelemetryConfig
-    )
+class EvalGateConfig(ServiceConfig, kw_only=True, forbid_unknown_fields=True):
     model: Annotated[
         ModelSource, Doc(description="Architecture, tokenizer, dtype, device, threads (weights come per version).")
     ] = msgspec.field(default_factory=ModelSource)

@@ -2,6 +2,9 @@
 
     fetch (only while Redis answers) -> verify -> classify -> gate.consider (heartbeats meanwhile) -> ack / nak
 
+Fetching is the bus's one pull loop (`slipstream.bus.pull_loop`: backoff when a fetch fails);
+"only while Redis answers" is this intake's `ready` step of it.
+
 - Redis down: nothing is fetched (so no announcement uses up deliveries and reaches the DLQ
   while the control plane is away); Redis is pinged every `retry_delay_s` and fetching resumes
   by itself. An outage in the middle of a judgement naks that announcement with the delay.
@@ -26,11 +29,12 @@ from collections import Counter
 from collections.abc import Awaitable
 from typing import TYPE_CHECKING
 
-from slipstream.bus import BusError
+from slipstream.bus.pull_loop import pull_loop
 from slipstream.bus.tracing import consumer_span, tracing_active
 from slipstream.control import Control, ControlUnavailable
 from slipstream.eval_gate.gate import Gate
 from slipstream.eval_gate.instruments import RETRIED, SKIPPED
+from slipstream.runtime.backoff import sleep_or_stop
 from slipstream.schemas import WeightAnnounce
 from slipstream.telemetry.logs import get_logger
 from slipstream.trust import AnnounceVerifier
@@ -39,7 +43,6 @@ if TYPE_CHECKING:
     from slipstream.bus import Consumer, Delivery
 
 log = get_logger(__name__)
-_MAX_BACKOFF_S = 5.0
 
 
 class AnnounceIntake:
@@ -71,20 +74,17 @@ class AnnounceIntake:
         self.in_flight = 0
 
     async def run(self, stop: asyncio.Event) -> None:
-        backoff = 0.1
-        while not stop.is_set():
+        async def control_up() -> int:
+            # While Redis is away nothing is fetched: the announcements wait in the stream.
             if not self.control.healthy and not await self.control.ping():
-                await _sleep_or_stop(stop, self.retry_delay_s)
-                continue
-            try:
-                fetched = await self.consumer.fetch(self.batch, self.fetch_timeout_s)
-            except BusError as exc:
-                log.warning("fetch failed; retrying", error=str(exc), retry_in_s=backoff)
-                await _sleep_or_stop(stop, backoff)
-                backoff = min(backoff * 2, _MAX_BACKOFF_S)
-                continue
-            backoff = 0.1
+                await sleep_or_stop(stop, self.retry_delay_s)
+                return 0
+            return self.batch
+
+        async def take(fetched: list[Delivery[WeightAnnounce]]) -> None:
             await self.handle(fetched, stop)
+
+        await pull_loop(self.consumer, take, stop=stop, fetch_timeout_s=self.fetch_timeout_s, ready=control_up)
 
     async def handle(self, fetched: list[Delivery[WeightAnnounce]], stop: asyncio.Event) -> None:
         """Settle every delivery of one fetch (see the module docstring for the order)."""
@@ -185,8 +185,3 @@ class AnnounceIntake:
             await op
         except Exception as exc:  # redelivered after the ack wait; consider() is idempotent
             log.warning("could not settle an announcement", outcome=outcome, error=repr(exc))
-
-
-async def _sleep_or_stop(stop: asyncio.Event, seconds: float) -> None:
-    with contextlib.suppress(TimeoutError):
-        await asyncio.wait_for(stop.wait(), seconds)

@@ -1,4 +1,7 @@
-"""Configuration of the learner service: one typed class, its sections owned by the libs.
+"""Configuration of the learner service: one typed class on `ServiceConfig`.
+
+`slipstream.runtime.base.ServiceConfig` holds the shared sections ([service], [bus], [store],
+[telemetry]), each owned by its lib; this module adds the service's own.
 
 Resolved by `slipstream.runtime.config` from defaults, a TOML file (`--config`),
 `SLIPSTREAM_<SECTION>__<FIELD>` variables and `--section.field` flags, in that order. The
@@ -8,18 +11,15 @@ Resolved by `slipstream.runtime.config` from defaults, a TOML file (`--config`),
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, ClassVar, Literal
 
 import msgspec
 
-from slipstream.bus.config import BusConfig
 from slipstream.engine.source import ModelSource
 from slipstream.rl import LossConfig
 from slipstream.rl.schedule import ComponentSchedule, check_schedule
 from slipstream.rl.toggle import ToggleConfig
-from slipstream.runtime.section import ServiceSection
-from slipstream.store.config import StoreConfig
-from slipstream.telemetry.config import TelemetryConfig
+from slipstream.runtime.base import ServiceConfig
 from slipstream.trust.config import ProvenanceConfig
 
 Doc = msgspec.Meta
@@ -310,19 +310,10 @@ class LearnerSection(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
                 ) from None
 
 
-class LearnerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    service: Annotated[ServiceSection, Doc(description="Process: run id, replica, probe port, drain budget.")] = (
-        msgspec.field(default_factory=ServiceSection)
-    )
-    bus: Annotated[BusConfig, Doc(description="Message bus (NATS JetStream or in-memory).")] = msgspec.field(
-        default_factory=BusConfig
-    )
-    store: Annotated[StoreConfig, Doc(description="Object store (local directory or S3): checkpoints, weights.")] = (
-        msgspec.field(default_factory=StoreConfig)
-    )
-    telemetry: Annotated[TelemetryConfig, Doc(description="Logs and traces.")] = msgspec.field(
-        default_factory=TelemetryConfig
-    )
+class LearnerConfig(ServiceConfig, kw_only=True, forbid_unknown_fields=True):
+    section_docs: ClassVar[dict[str, str]] = {
+        "store": "Object store (local directory or S3): checkpoints, weights.",
+    }
     model: Annotated[ModelSource, Doc(description="The policy to train: an HF directory or a seeded preset.")] = (
         msgspec.field(default_factory=ModelSource)
     )

@@ -1,4 +1,7 @@
-"""Configuration of the reward-model service: one typed class, its sections owned by the libs.
+"""Configuration of the reward-model service: one typed class on `ServiceConfig`.
+
+`slipstream.runtime.base.ServiceConfig` holds the shared sections ([service], [bus], [store],
+[telemetry]), each owned by its lib; this module adds the service's own.
 
 Resolved by `slipstream.runtime.config` from defaults, a TOML file (`--config`),
 `SLIPSTREAM_<SECTION>__<FIELD>` variables and `--section.field` flags, in that order.
@@ -6,15 +9,12 @@ Resolved by `slipstream.runtime.config` from defaults, a TOML file (`--config`),
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, ClassVar
 
 import msgspec
 
-from slipstream.bus.config import BusConfig
 from slipstream.judge.config import JudgeConfig
-from slipstream.runtime.section import ServiceSection
-from slipstream.store.config import StoreConfig
-from slipstream.telemetry.config import TelemetryConfig
+from slipstream.runtime.base import ServiceConfig
 from slipstream.trust.config import ProvenanceConfig
 
 Doc = msgspec.Meta
@@ -56,19 +56,10 @@ class RewardSection(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
                 owner[env] = name
 
 
-class RewardModelConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    service: Annotated[ServiceSection, Doc(description="Process: run id, replica, probe port, drain budget.")] = (
-        msgspec.field(default_factory=ServiceSection)
-    )
-    bus: Annotated[BusConfig, Doc(description="Message bus (NATS JetStream or in-memory).")] = msgspec.field(
-        default_factory=BusConfig
-    )
-    store: Annotated[
-        StoreConfig, Doc(description="Object store (local directory or S3): by-reference episode bodies.")
-    ] = msgspec.field(default_factory=StoreConfig)
-    telemetry: Annotated[TelemetryConfig, Doc(description="Logs and traces.")] = msgspec.field(
-        default_factory=TelemetryConfig
-    )
+class RewardModelConfig(ServiceConfig, kw_only=True, forbid_unknown_fields=True):
+    section_docs: ClassVar[dict[str, str]] = {
+        "store": "Object store (local directory or S3): by-reference episode bodies.",
+    }
     reward: Annotated[
         RewardSection, Doc(description="Scoring: concurrency, per-environment options, rubric judges.")
     ] = msgspec.field(default_factory=RewardSection)

@@ -1,4 +1,7 @@
-"""Configuration of the rollout-worker service: one typed class, its sections owned by the libs.
+"""Configuration of the rollout-worker service: one typed class on `ServiceConfig`.
+
+`slipstream.runtime.base.ServiceConfig` holds the shared sections ([service], [bus], [store],
+[telemetry]), each owned by its lib; this module adds the service's own.
 
 Resolved by `slipstream.runtime.config` from defaults, a TOML file (`--config`),
 `SLIPSTREAM_<SECTION>__<FIELD>` variables and `--section.field` flags, in that order. `[model]`
@@ -13,18 +16,15 @@ truncation baseline) for every episode this worker plays (a run file's `[rollout
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 import msgspec
 
-from slipstream.bus.config import BusConfig
 from slipstream.engine.backend import EngineBackend
 from slipstream.engine.source import ModelSource
 from slipstream.harness.summary import SummaryConfig
-from slipstream.runtime.section import ServiceSection
+from slipstream.runtime.base import ServiceConfig
 from slipstream.serve.config import ServeConfig
-from slipstream.store.config import StoreConfig
-from slipstream.telemetry.config import TelemetryConfig
 from slipstream.toolcalls.config import ToolsConfig
 from slipstream.trust.config import TrustConfig
 
@@ -161,19 +161,10 @@ class SubagentsSection(msgspec.Struct, kw_only=True, forbid_unknown_fields=True)
     ] = 0.5
 
 
-class RolloutWorkerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    service: Annotated[ServiceSection, Doc(description="Process: run id, replica, probe port, drain budget.")] = (
-        msgspec.field(default_factory=ServiceSection)
-    )
-    bus: Annotated[BusConfig, Doc(description="Message bus (NATS JetStream or in-memory).")] = msgspec.field(
-        default_factory=BusConfig
-    )
-    store: Annotated[
-        StoreConfig, Doc(description="Object store (local directory or S3) the weights are read from.")
-    ] = msgspec.field(default_factory=StoreConfig)
-    telemetry: Annotated[TelemetryConfig, Doc(description="Logs and traces.")] = msgspec.field(
-        default_factory=TelemetryConfig
-    )
+class RolloutWorkerConfig(ServiceConfig, kw_only=True, forbid_unknown_fields=True):
+    section_docs: ClassVar[dict[str, str]] = {
+        "store": "Object store (local directory or S3) the weights are read from.",
+    }
     model: Annotated[
         ModelSource, Doc(description="Initial weights (version 0), tokenizer, dtype, device, threads.")
     ] = msgspec.field(default_factory=ModelSource)

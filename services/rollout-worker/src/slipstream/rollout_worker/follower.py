@@ -68,6 +68,7 @@ from slipstream.rollout_worker.instruments import (
     PINNED_IGNORED,
     TIME_TO_POLICY_S,
 )
+from slipstream.runtime.backoff import Backoff
 from slipstream.schemas import Episode, WeightAnnounce, WeightsPromoted
 from slipstream.schemas.subjects import WEIGHTS_ANNOUNCE, WEIGHTS_PROMOTED
 from slipstream.store import ObjectStore
@@ -400,7 +401,7 @@ class WeightFollower:
                 if attempt == self.retries:
                     self._fail(version, "fetch", repr(exc))
                     return None
-                pause = self.backoff_s * 2**attempt
+                pause = Backoff(self.backoff_s).delay(attempt)
                 log.warning("weight fetch failed; retrying", policy_version=version, error=repr(exc), retry_in_s=pause)
                 await asyncio.sleep(pause)
                 if self._superseded(announce):

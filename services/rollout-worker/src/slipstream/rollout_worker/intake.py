@@ -2,8 +2,10 @@
 
 Every replica binds the same durable, so JetStream splits the backlog between them. A replica
 fetches only as many tasks as it has free slots (`max_tasks_in_flight`), so a busy replica does
-not hoard tasks that an idle one could run. Each held task gets an in-progress signal every
-`heartbeat_s`, so a long rollout (or a wait for a weight version) never outlives ack_wait.
+not hoard tasks that an idle one could run: that is this intake's `ready` step of the bus's one
+pull loop (`slipstream.bus.pull_loop`), which also backs off when a fetch fails. Each held task
+gets an in-progress signal every `heartbeat_s`, so a long rollout (or a wait for a weight
+version) never outlives ack_wait.
 
 The handler settles each delivery itself (ack, nak, release, or dead-letter); intake only
 guarantees that a delivery whose handler crashed is nak'd rather than left to time out. With
@@ -18,7 +20,8 @@ import contextlib
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from slipstream.bus import BusError, Consumer, Delivery
+from slipstream.bus import Consumer, Delivery
+from slipstream.bus.pull_loop import pull_loop
 from slipstream.bus.tracing import consumer_span, tracing_active
 from slipstream.rollout_worker.instruments import FETCH_ERRORS, HEARTBEAT_ERRORS, INFLIGHT, TASKS
 from slipstream.schemas import Task
@@ -26,7 +29,6 @@ from slipstream.telemetry.logs import get_logger
 
 Handler = Callable[[Delivery[Any]], Awaitable[None]]
 log = get_logger(__name__)
-_MAX_BACKOFF_S = 5.0
 
 
 class TaskIntake:
@@ -58,23 +60,15 @@ class TaskIntake:
 
     async def run(self, handle: Handler, stop: asyncio.Event) -> None:
         """Fetch into free slots until `stop`; returns without waiting for the held tasks."""
-        backoff = 0.1
-        while not stop.is_set():
+
+        async def room() -> int:
             free = self.max_in_flight - len(self._running)
             if free <= 0:
                 self._slot_freed.clear()
                 await _first(self._slot_freed.wait(), stop.wait())
-                continue
-            try:
-                batch = await self.consumer.fetch(free, self.fetch_timeout_s)
-            except BusError as exc:
-                FETCH_ERRORS.add()
-                log.warning("task fetch failed; retrying", error=str(exc), retry_in_s=backoff)
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stop.wait(), backoff)
-                backoff = min(backoff * 2, _MAX_BACKOFF_S)
-                continue
-            backoff = 0.1
+            return free
+
+        async def take(batch: list[Delivery[Any]]) -> None:
             for i, delivery in enumerate(batch):
                 if stop.is_set():
                     # Fetched but never started: hand back at once so another replica takes it.
@@ -87,6 +81,15 @@ class TaskIntake:
                 self._running.add(job)
                 job.add_done_callback(self._done)
             INFLIGHT.set(float(len(self._running)))
+
+        await pull_loop(
+            self.consumer,
+            take,
+            stop=stop,
+            fetch_timeout_s=self.fetch_timeout_s,
+            ready=room,
+            on_fetch_error=lambda _exc: FETCH_ERRORS.add(),
+        )
 
     def _done(self, job: asyncio.Task[None]) -> None:
         self._running.discard(job)

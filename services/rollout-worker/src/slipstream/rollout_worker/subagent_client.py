@@ -33,6 +33,7 @@ import msgspec
 
 from slipstream.bus import Bus, BusError
 from slipstream.rollout_worker.instruments import SUBAGENT_REQUESTS
+from slipstream.runtime.backoff import Backoff
 from slipstream.schemas import SubagentReply, SubagentRequest
 from slipstream.schemas.codec import SCHEMA_HEADER, SchemaError, check_header, decode
 from slipstream.schemas.subagents import REPLY_TO_HEADER
@@ -90,12 +91,13 @@ class NatsSubagents:
         inbox = self._nc.new_inbox()
         sub = await self._nc.subscribe(inbox, cb=on_reply)
         failures: list[str] = []
+        retry = Backoff(self.retry_backoff_s)
         try:
             for attempt in range(1, self.retries + 2):
                 if attempt > 1:
                     self.stats["retries"] += 1
                     SUBAGENT_REQUESTS.add(outcome="retried")
-                    await asyncio.sleep(self.retry_backoff_s * 2 ** (attempt - 2))
+                    await retry.sleep()
                 if not got.done():
                     sent = msgspec.structs.replace(
                         request, attempt=attempt, deadline=time.time() + self.timeout_s, caller=self.caller

@@ -1,4 +1,7 @@
-"""Configuration of the task source: one typed class, its sections owned by the libs.
+"""Configuration of the task source: one typed class on `ServiceConfig`.
+
+`slipstream.runtime.base.ServiceConfig` holds the shared sections ([service], [bus], [store],
+[telemetry]), each owned by its lib; this module adds the service's own.
 
 Resolved by `slipstream.runtime.config` from defaults, a TOML file (`--config`),
 `SLIPSTREAM_<SECTION>__<FIELD>` variables and `--section.field` flags, in that order. Lists and
@@ -7,14 +10,11 @@ tables given as variables or flags are JSON: `SLIPSTREAM_TASKS__ENVS='["arith","
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 import msgspec
 
-from slipstream.bus.config import BusConfig
-from slipstream.runtime.section import ServiceSection
-from slipstream.store.config import StoreConfig
-from slipstream.telemetry.config import TelemetryConfig
+from slipstream.runtime.base import ServiceConfig
 from slipstream.trust.config import TrustConfig
 
 Doc = msgspec.Meta
@@ -126,22 +126,13 @@ class TasksSection(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             raise ValueError(f"[tasks] sampler_never_weight must be in [0, 1], got {self.sampler_never_weight}")
 
 
-class TaskSourceConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    service: Annotated[ServiceSection, Doc(description="Process: run id, replica, probe port, drain budget.")] = (
-        msgspec.field(default_factory=ServiceSection)
-    )
-    bus: Annotated[BusConfig, Doc(description="Message bus (NATS JetStream or in-memory).")] = msgspec.field(
-        default_factory=BusConfig
-    )
-    telemetry: Annotated[TelemetryConfig, Doc(description="Logs and traces.")] = msgspec.field(
-        default_factory=TelemetryConfig
-    )
+class TaskSourceConfig(ServiceConfig, kw_only=True, forbid_unknown_fields=True):
+    section_docs: ClassVar[dict[str, str]] = {
+        "store": "Object store (local directory or S3) announced manifests are checked in.",
+    }
     tasks: Annotated[TasksSection, Doc(description="Task generation, pacing and the stop condition.")] = msgspec.field(
         default_factory=TasksSection
     )
-    store: Annotated[
-        StoreConfig, Doc(description="Object store (local directory or S3) announced manifests are checked in.")
-    ] = msgspec.field(default_factory=StoreConfig)
     trust: Annotated[TrustConfig, Doc(description="Public keys an announced version must be signed with.")] = (
         msgspec.field(default_factory=TrustConfig)
     )

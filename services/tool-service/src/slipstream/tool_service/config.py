@@ -1,4 +1,7 @@
-"""Configuration of the tool-service: one typed class, its shared sections owned by the libs.
+"""Configuration of the tool-service: one typed class on `ServiceConfig`.
+
+`slipstream.runtime.base.ServiceConfig` holds the shared sections ([service], [bus], [store],
+[telemetry]), each owned by its lib; this module adds the service's own.
 
 Resolved by `slipstream.runtime.config` from defaults, a TOML file (`--config`),
 `SLIPSTREAM_<SECTION>__<FIELD>` variables and `--section.field` flags, in that order. Only
@@ -7,14 +10,11 @@ Resolved by `slipstream.runtime.config` from defaults, a TOML file (`--config`),
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, ClassVar
 
 import msgspec
 
-from slipstream.bus.config import BusConfig
-from slipstream.runtime.section import ServiceSection
-from slipstream.store.config import StoreConfig
-from slipstream.telemetry.config import TelemetryConfig
+from slipstream.runtime.base import ServiceConfig
 
 Doc = msgspec.Meta
 
@@ -52,20 +52,11 @@ class ToolServeSection(msgspec.Struct, kw_only=True, forbid_unknown_fields=True)
     remember_s: Annotated[float, Doc(description="How long a call id is remembered.", gt=0)] = 300.0
 
 
-class ToolServiceConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    service: Annotated[ServiceSection, Doc(description="Process: run id, replica, probe port, drain budget.")] = (
-        msgspec.field(default_factory=ServiceSection)
-    )
-    bus: Annotated[BusConfig, Doc(description="NATS server (type must be 'nats'; only url and timeouts are used).")] = (
-        msgspec.field(default_factory=BusConfig)
-    )
-    telemetry: Annotated[TelemetryConfig, Doc(description="Logs and traces.")] = msgspec.field(
-        default_factory=TelemetryConfig
-    )
+class ToolServiceConfig(ServiceConfig, kw_only=True, forbid_unknown_fields=True):
+    section_docs: ClassVar[dict[str, str]] = {
+        "bus": "NATS server (type must be 'nats'; only url and timeouts are used).",
+        "store": "Object store the 'search' tool set loads its index from (unless its options name one).",
+    }
     serve: Annotated[ToolServeSection, Doc(description="The tools served, concurrency and call-id memory.")] = (
         msgspec.field(default_factory=ToolServeSection)
     )
-    store: Annotated[
-        StoreConfig,
-        Doc(description="Object store the 'search' tool set loads its index from (unless its options name one)."),
-    ] = msgspec.field(default_factory=StoreConfig)

@@ -1,4 +1,7 @@
-"""Configuration of the weight-publisher service: one typed class, its sections owned by the libs.
+"""Configuration of the weight-publisher service: one typed class on `ServiceConfig`.
+
+`slipstream.runtime.base.ServiceConfig` holds the shared sections ([service], [bus], [store],
+[telemetry]), each owned by its lib; this module adds the service's own.
 
 Resolved by `slipstream.runtime.config` from defaults, a TOML file (`--config`),
 `SLIPSTREAM_<SECTION>__<FIELD>` variables and `--section.field` flags, in that order.
@@ -10,10 +13,7 @@ from typing import Annotated, Literal
 
 import msgspec
 
-from slipstream.bus.config import BusConfig
-from slipstream.runtime.section import ServiceSection
-from slipstream.store.config import StoreConfig
-from slipstream.telemetry.config import TelemetryConfig
+from slipstream.runtime.base import ServiceConfig
 from slipstream.trust.config import TrustConfig
 
 Doc = msgspec.Meta
@@ -88,19 +88,7 @@ class PublisherSection(msgspec.Struct, kw_only=True, forbid_unknown_fields=True)
             raise ValueError(f"ranks > 1 publishes parts with the delta codec; codec {self.codec!r} is not supported")
 
 
-class WeightPublisherConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    service: Annotated[ServiceSection, Doc(description="Process: run id, replica, probe port, drain budget.")] = (
-        msgspec.field(default_factory=ServiceSection)
-    )
-    bus: Annotated[BusConfig, Doc(description="Message bus (NATS JetStream or in-memory).")] = msgspec.field(
-        default_factory=BusConfig
-    )
-    store: Annotated[StoreConfig, Doc(description="Object store (local directory or S3).")] = msgspec.field(
-        default_factory=StoreConfig
-    )
-    telemetry: Annotated[TelemetryConfig, Doc(description="Logs and traces.")] = msgspec.field(
-        default_factory=TelemetryConfig
-    )
+class WeightPublisherConfig(ServiceConfig, kw_only=True, forbid_unknown_fields=True):
     publisher: Annotated[PublisherSection, Doc(description="Staging directory, shard size, clean-up.")] = msgspec.field(
         default_factory=PublisherSection
     )

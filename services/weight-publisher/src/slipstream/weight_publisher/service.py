@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 from slipstream.bus import connect_bus
 from slipstream.control import Control, ControlClient
+from slipstream.runtime.backoff import Backoff
 from slipstream.runtime.service import BaseService
 from slipstream.store import setup_store
 from slipstream.telemetry.logs import get_logger
@@ -150,18 +151,16 @@ class WeightPublisherService(BaseService):
                 await asyncio.wait_for(stop.wait(), PROBE_INTERVAL_S)
 
     async def _publish_loop(self, stop: asyncio.Event) -> None:
-        pause = self.cfg.publisher.poll_interval_s
+        retry = Backoff(self.cfg.publisher.poll_interval_s, max_s=self.cfg.publisher.retry_max_s)
         while not stop.is_set():
             batch = await self.watcher.wait(stop)
             self._pending = len(batch)
             for staged in batch:
                 if not await self._attempt(staged):
                     # Retry this (the oldest) version before any later one; the rescan picks it up first.
-                    with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(stop.wait(), pause)
-                    pause = min(pause * 2, self.cfg.publisher.retry_max_s)
+                    await retry.sleep(stop)
                     break
-                pause = self.cfg.publisher.poll_interval_s
+                retry.reset()
                 if stop.is_set():
                     break
         # Stopping: what the learner already staged gets one attempt each, within the drain budget.
