@@ -1,4 +1,5 @@
-"""The learner as 2 FSDP2 ranks on a local Ray (gloo, CPU) against the single-process learner.
+"""The learner as 2 FSDP2 ranks on a local Ray (gloo, CPU) against the single-process learner, both driven
+through the one `Ranks` interface the service uses (`open_ranks`: a group of one in-process, a Ray group).
 
 Same seed, same data: the loss of every step and the weights after 5 steps agree within float
 tolerance (the ranks sum the same per-token terms in another order), and a checkpoint written by
@@ -16,14 +17,15 @@ import random
 from collections.abc import Iterator
 from pathlib import Path
 
+import msgspec
 import pytest
 import torch
 
-from slipstream.engine.source import ModelSource, load_model
-from slipstream.learner.checkpoint import Checkpoints, restore
+from slipstream.engine.source import ModelSource
+from slipstream.learner.checkpoint import Checkpoints
 from slipstream.learner.config import LearnerSection
+from slipstream.learner.group import Ranks, SingleRank, open_ranks
 from slipstream.learner.ranks import RankGroup
-from slipstream.learner.trainer import Trainer
 from slipstream.rl import LossConfig
 from slipstream.schemas import (
     PolicySegment,
@@ -86,9 +88,10 @@ def steps_data(seed: int, steps: int) -> list[list[list[ScoredEpisode]]]:
     return out
 
 
-def in_process() -> Trainer:
-    model, tok = load_model(SOURCE)
-    return Trainer(model, SECTION, LOSS, pad_id=tok.pad_id)
+def in_process() -> Ranks:
+    group = open_ranks(SOURCE, msgspec.structs.replace(SECTION, ranks=1), LOSS)
+    assert isinstance(group, SingleRank)  # in this process: no Ray
+    return group
 
 
 def assert_same_weights(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor], atol: float = 2e-5) -> None:
@@ -100,7 +103,8 @@ def assert_same_weights(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor], 
 
 @pytest.fixture(scope="module")
 def ranks() -> Iterator[RankGroup]:
-    group = RankGroup(SOURCE, SECTION, LOSS)
+    group = open_ranks(SOURCE, SECTION, LOSS)
+    assert isinstance(group, RankGroup)
     try:
         yield group
     finally:
@@ -157,7 +161,13 @@ def test_two_ranks_train_as_one_process(ranks: RankGroup, tmp_path: Path) -> Non
     # ... and one written by the single process at the same point, to resume the ranks from.
     single_ckpts = Checkpoints(store, "one-process", keep=2)
     single_ckpts.save(
-        step=STEPS, policy_version=STEPS, model=single.model, optimizer=single.optimizer, dropped={}, trained_ids=[]
+        step=STEPS,
+        policy_version=STEPS,
+        model=single.model,
+        optimizer=single.optimizer,
+        dropped={},
+        trained_ids=[],
+        sharded=single.sharded_writer,
     )
     after = data[STEPS]
     expected = ranks.step(after, STEPS)  # how the writing run continues
@@ -167,7 +177,7 @@ def test_two_ranks_train_as_one_process(ranks: RankGroup, tmp_path: Path) -> Non
     ckpt = ranks_ckpts.load_latest()
     assert ckpt is not None and ckpt.sharded and not ckpt.optimizer_state
     resumed = in_process()
-    restore(ckpt, resumed.model, resumed.optimizer)
+    resumed.restore(ckpt)
     assert_same_weights(resumed.model.state_dict(), gathered, atol=0.0)
     got = resumed.step(after, STEPS)
     assert got.loss == pytest.approx(expected.loss, rel=1e-5, abs=1e-7)

@@ -20,6 +20,7 @@ from test_weight_publisher import Announces, running
 
 from slipstream.bus import Bus, BusConfig, connect_bus
 from slipstream.learner.config import LearnerConfig
+from slipstream.learner.ranks import RankGroup
 from slipstream.learner.service import LearnerService
 from slipstream.learner.version_state import unique_state
 from slipstream.runtime.config import resolve
@@ -112,8 +113,9 @@ async def test_two_ranks_publish_their_parts_and_a_follower_ends_bit_identical(
                     have=None if held is None else (a.policy_version - 1, held),
                 )
             assert held is not None
-            gathered = learner.trainer.full_state()  # type: ignore[union-attr]
-            names = unique_state(learner.trainer.mirror)  # type: ignore[union-attr]
+            assert isinstance(learner.ranks, RankGroup)
+            gathered = learner.ranks.full_state()
+            names = unique_state(learner.ranks.mirror)
             expected = {n: gathered[n].to("cpu") for n in names}
             expected = {n: t.bfloat16() if t.is_floating_point() else t for n, t in expected.items()}
             assert sorted(held) == sorted(expected)

@@ -16,11 +16,12 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Sequence
-from typing import TYPE_CHECKING, TypeAlias
+from typing import TypeAlias
 
 from slipstream.bus import Delivery
 from slipstream.learner.checkpoint import Checkpoints
 from slipstream.learner.claims import Claims, Committed
+from slipstream.learner.group import Ranks
 from slipstream.learner.instruments import CHECKPOINT_S, CHECKPOINTS, DROPPED_METRIC, HELD, SETTLE_ERRORS
 from slipstream.learner.intake import Drop, Intake, Member
 from slipstream.learner.lead import Lead, confirmed
@@ -28,13 +29,9 @@ from slipstream.learner.ledger import TrainedLedger
 from slipstream.learner.outcomes import DROPPED, TRAINED, Outcome, OutcomeLog
 from slipstream.learner.progress import Progress
 from slipstream.learner.sft_export import SftExport
-from slipstream.learner.trainer import Trainer
 from slipstream.rl import DropReason
 from slipstream.schemas import ScoredEpisode
 from slipstream.telemetry.logs import get_logger
-
-if TYPE_CHECKING:
-    from slipstream.learner.ranks import RankGroup
 
 Entry: TypeAlias = Member[Delivery[ScoredEpisode]]
 """A trajectory the intake let go of, with every delivery of it."""
@@ -93,7 +90,7 @@ class Committer:
         *,
         progress: Progress,
         intake: Intake[Delivery[ScoredEpisode]],
-        trainer: Trainer | RankGroup,
+        ranks: Ranks,
         checkpoints: Checkpoints,
         ledger: TrainedLedger,
         outcomes: OutcomeLog,
@@ -103,7 +100,7 @@ class Committer:
     ) -> None:
         self.progress = progress
         self.intake = intake
-        self.trainer = trainer
+        self.ranks = ranks
         self.checkpoints = checkpoints
         self.ledger = ledger
         self.outcomes = outcomes
@@ -136,9 +133,9 @@ class Committer:
             self.checkpoints.save,
             step=p.step,
             policy_version=p.version,
-            model=self.trainer.model,
-            optimizer=self.trainer.optimizer,
-            sharded=self.trainer.sharded_writer,
+            model=self.ranks.model,
+            optimizer=self.ranks.optimizer,
+            sharded=self.ranks.sharded_writer,
             dropped=dict(self.intake.dropped),
             trained_ids=ids,
             trained_sequences=sequences,

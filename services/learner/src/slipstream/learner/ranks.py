@@ -36,7 +36,7 @@ import os
 import socket
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -224,7 +224,7 @@ def rank_chunks(items: Sequence[TrainItem], split: Split, micro_batch: int) -> l
 
 
 class RankGroup:
-    """N rank actors training one policy, driven from this process; `step` has `Trainer.step`'s contract."""
+    """N rank actors training one policy, driven from this process: the `Ranks` (group.py) of ranks > 1."""
 
     def __init__(self, source: ModelSource, section: LearnerSection, loss: LossConfig) -> None:
         if section.ranks < 2:
@@ -293,6 +293,7 @@ class RankGroup:
         # The driver's unsharded mirror: what versions are staged and checkpoints' weights written from.
         self.mirror, tokenizer = load_model(source)
         self.pad_id = tokenizer.pad_id
+        self.vocab_size = int(self.mirror.config.vocab_size)
         self.attention_weight = attention_weight_for(int(self.mirror.config.hidden_size))
         self.last_split: Split | None = None
         self._part_names: list[list[str]] | None = None
@@ -403,7 +404,7 @@ class RankGroup:
         *,
         dtype: str = "",
         step_finished_at: float,
-        extra: dict[str, str] | None = None,
+        extra: Mapping[str, str] | None = None,
     ) -> list[Path]:
         """Every rank stages its part of `version` into `<staging_dir>/rank-<r>`, for that rank's publisher."""
         names = self.part_names()
@@ -420,7 +421,7 @@ class RankGroup:
             self._mirror_step = self._steps
         return self.mirror
 
-    # -- what the service uses in place of a Trainer's model and optimizer ------------------------------
+    # -- the checkpoint's parts (`Ranks`): the gathered model, no driver optimizer, a sharded writer -----
     optimizer: torch.optim.Optimizer | None = None
     """No optimizer in the driver: each rank holds AdamW's state for its shard (see `sharded_writer`)."""
 

@@ -15,21 +15,17 @@ import contextlib
 import logging
 import random
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import torch
 
 from slipstream.bus import Bus
-from slipstream.learner.checkpoint import CheckpointMeta, Checkpoints, restore
-from slipstream.learner.handoff import RankHandoff, WeightHandoff
-from slipstream.learner.trainer import Trainer
+from slipstream.learner.checkpoint import CheckpointMeta, Checkpoints
+from slipstream.learner.group import Ranks
+from slipstream.learner.handoff import WeightHandoff
 from slipstream.schemas import WeightAnnounce
 from slipstream.schemas.subjects import WEIGHTS_ANNOUNCE
 from slipstream.store import ObjectStore
 from slipstream.weights.layout import version_of_manifest_key
-
-if TYPE_CHECKING:
-    from slipstream.learner.ranks import RankGroup
 
 log = logging.getLogger(__name__)
 
@@ -93,22 +89,20 @@ async def resume(
     bus: Bus,
     store: ObjectStore,
     checkpoints: Checkpoints,
-    handoff: WeightHandoff | RankHandoff,
-    trainer: Trainer | RankGroup,
+    handoff: WeightHandoff,
+    ranks: Ranks,
     seed: int,
     announce_timeout_s: float,
 ) -> ResumePoint:
-    """Restore the newest committed checkpoint into `trainer` (or seed a fresh run) and fix the version.
+    """Restore the newest committed checkpoint into `ranks` (or seed a fresh run) and fix the version.
 
     A fresh run (no checkpoint, no version known anywhere) stages its initial weights as version
     0, so a worker that joins late can always fetch a complete version.
     """
     ckpt = await asyncio.to_thread(checkpoints.load_latest)
     if ckpt is not None:
-        if isinstance(trainer, Trainer):
-            restore(ckpt, trainer.model, trainer.optimizer)
-        else:  # ranks: each loads its slice (blocking calls into the rank actors)
-            await asyncio.to_thread(trainer.restore, ckpt)
+        # Blocking: a group of one loads in this thread's process, rank actors each load their slice.
+        await asyncio.to_thread(ranks.restore, ckpt)
     else:
         torch.manual_seed(seed)
         random.seed(seed)
@@ -118,7 +112,7 @@ async def resume(
     staged = await asyncio.to_thread(handoff.highest_staged)
     version = current_version(checkpoint=ckpt_version, announced=announced, published=published, staged=staged)
     if version < 0:
-        await asyncio.to_thread(handoff.stage_step, 0, trainer)
+        await asyncio.to_thread(handoff.stage_step, 0, ranks)
         version = 0
     return ResumePoint(
         step=ckpt.meta.step if ckpt is not None else 0,

@@ -1,14 +1,16 @@
 """The learner service: trains the policy on scored trajectories and hands new weights to the weight-publisher.
 
-    traj.scored.<env> --(durable "learner")--> intake --groups--> trainer --> staged weights (publisher)
+    traj.scored.<env> --(durable "learner")--> intake --groups--> ranks ---> staged weights (publisher)
                                                  |                   |------> learner.step
                                                  +-- drops: acked at once, counted by reason
                                       trained trajectories: acked when the checkpoint covering them commits
 
-`service.py` only wires the parts: `intake.py` (grouping, admission, drops), `trainer.py` (the
-AdamW step, in a worker thread so the intake keeps draining NATS), `handoff.py` (staging for the
-publisher), `report.py` (the step's metrics, log line and `learner.step`), `commit.py` (checkpoint
-commits, acks, drops, and the hand-back at stop; `checkpoint.py` writes the checkpoints),
+`service.py` only wires the parts: `intake.py` (grouping, admission, drops), `group.py` (the
+training ranks as one, whatever `[learner] ranks` says: in this process for one rank, `trainer.py`'s
+AdamW step, or FSDP2 rank actors on Ray, `ranks.py`; stepped in a worker thread so the intake keeps
+draining NATS), `handoff.py` (each rank's staging for its publisher), `report.py` (the step's
+metrics, log line and `learner.step`), `commit.py` (checkpoint commits, acks, drops, and the
+hand-back at stop; `checkpoint.py` writes the checkpoints),
 `progress.py` (the step counters the parts share), `resume.py` (where versions continue),
 `ledger.py` (trained ids of committed checkpoints, for duplicates), `slipstream.trust.scores` (with
 `[provenance] trusted_keys`, a scored episode not signed by a trusted reward-model key is refused
@@ -47,12 +49,12 @@ import msgspec
 from slipstream.bus import Bus, Consumer, Delivery, connect_bus, consume
 from slipstream.bus.tracing import annotate, batch_span, inject
 from slipstream.control import Control, ControlClient, ControlUnavailable
-from slipstream.engine.source import load_model
 from slipstream.learner.checkpoint import Checkpoints
 from slipstream.learner.claims import Claims
 from slipstream.learner.commit import Committer, Entry, quietly
 from slipstream.learner.config import LearnerConfig
-from slipstream.learner.handoff import RankHandoff, WeightHandoff
+from slipstream.learner.group import Ranks, open_ranks
+from slipstream.learner.handoff import WeightHandoff
 from slipstream.learner.instruments import PENDING_GROUPS, READY_GROUPS, RECEIVED, REDELIVERED, STEP_VERSION
 from slipstream.learner.intake import Drop, Group, Intake
 from slipstream.learner.lead import Lead, confirmed
@@ -60,11 +62,10 @@ from slipstream.learner.leadership import LeadershipLost
 from slipstream.learner.ledger import TrainedLedger
 from slipstream.learner.outcomes import OutcomeLog
 from slipstream.learner.progress import Progress
-from slipstream.learner.ranks import RankError, RankGroup
+from slipstream.learner.ranks import RankError
 from slipstream.learner.report import observe, publish_step
 from slipstream.learner.resume import resume
 from slipstream.learner.sft_export import SftExport
-from slipstream.learner.trainer import Trainer
 from slipstream.rl import DropReason
 from slipstream.runtime.progress import ProgressWatch
 from slipstream.runtime.service import BaseService
@@ -103,13 +104,11 @@ class LearnerService(BaseService):
         self.bus: Bus | None = None
         self.store: ObjectStore | None = None
         self.consumer: Consumer[ScoredEpisode] | None = None
-        self.trainer: Trainer | RankGroup | None = None
+        self.ranks: Ranks | None = None
         self.intake: Intake[Delivery[ScoredEpisode]] | None = None
         self.checkpoints: Checkpoints | None = None
-        self.handoff: WeightHandoff | RankHandoff = (
-            WeightHandoff(self.section.staging_dir, dtype=self.section.weights_dtype)
-            if self.section.ranks == 1
-            else RankHandoff(self.section.staging_dir, self.section.ranks, dtype=self.section.weights_dtype)
+        self.handoff = WeightHandoff(
+            self.section.staging_dir, ranks=self.section.ranks, dtype=self.section.weights_dtype
         )
         self.ledger = TrainedLedger(self.section.keep_checkpoints)
         self.outcomes = OutcomeLog(self.section.outcomes_path)
@@ -147,19 +146,8 @@ class LearnerService(BaseService):
         )
         await self.bus.ensure_streams()
         self.store = await asyncio.to_thread(setup_store, cfg.store)
-        if self.section.ranks > 1:
-            # This process becomes a Ray driver; Ray is imported only on this path (by RankGroup).
-            group = await asyncio.to_thread(RankGroup, cfg.model, self.section, cfg.loss)
-            self.trainer, model = group, group.mirror
-        else:
-            model, tokenizer = await asyncio.to_thread(load_model, cfg.model)
-            self.trainer = Trainer(model, self.section, cfg.loss, pad_id=tokenizer.pad_id)
-            if self.trainer.autocast != self.section.autocast:
-                log.warning(
-                    "bf16 autocast off: this CPU has no fast bf16 GEMM (AVX2 only), so the learner computes in fp32",
-                    requested=self.section.autocast,
-                    device=str(self.trainer.device),
-                )
+        # One rank trains in this process; N make it the Ray driver of N rank actors (Ray is imported only then).
+        self.ranks = await asyncio.to_thread(open_ranks, cfg.model, self.section, cfg.loss)
         self.checkpoints = Checkpoints(
             self.store, cfg.service.run_id, keep=self.section.keep_checkpoints, scratch_dir=self.section.shared_dir
         )
@@ -172,7 +160,7 @@ class LearnerService(BaseService):
         self.intake = Intake(
             max_staleness=self.section.max_staleness,
             group_timeout_s=self.section.group_timeout_s,
-            vocab_size=model.config.vocab_size,
+            vocab_size=self.ranks.vocab_size,
             ledger=self.ledger,
             uniform_tol=self.section.uniform_tol,
             reward_schedule=self.section.reward_schedule,
@@ -181,7 +169,7 @@ class LearnerService(BaseService):
         self.committer = Committer(
             progress=self.progress,
             intake=self.intake,
-            trainer=self.trainer,
+            ranks=self.ranks,
             checkpoints=self.checkpoints,
             ledger=self.ledger,
             outcomes=self.outcomes,
@@ -194,13 +182,13 @@ class LearnerService(BaseService):
 
     async def _resume(self) -> dict[str, int]:
         """Load the latest checkpoint (if any) and settle the current version; returns the drop counts."""
-        assert self.bus is not None and self.store is not None and self.trainer and self.checkpoints
+        assert self.bus is not None and self.store is not None and self.ranks and self.checkpoints
         point = await resume(
             bus=self.bus,
             store=self.store,
             checkpoints=self.checkpoints,
             handoff=self.handoff,
-            trainer=self.trainer,
+            ranks=self.ranks,
             seed=self.section.seed,
             announce_timeout_s=self.section.announce_timeout_s,
         )
@@ -363,13 +351,13 @@ class LearnerService(BaseService):
     async def _step(
         self, groups: Sequence[Group[Delivery[ScoredEpisode]]], members: list[Entry], stop: asyncio.Event
     ) -> None:
-        assert self.trainer is not None and self.intake is not None and self.committer is not None
+        assert self.ranks is not None and self.intake is not None and self.committer is not None
         assert self.bus is not None
         committer, p = self.committer, self.progress
         batch = [self.intake.trained(g, p.step) for g in groups]  # as scored, less Toggle's budget rule
         committer.training = members
         # λ of the reward schedule at the steps already taken (the intake screened the groups at the same step).
-        stats = await asyncio.to_thread(self.trainer.step, batch, p.version, step=p.step)
+        stats = await asyncio.to_thread(self.ranks.step, batch, p.version, step=p.step)
         if not stats.applied:
             committer.training = []
             annotate({"slipstream.outcome": NONFINITE})
@@ -392,7 +380,7 @@ class LearnerService(BaseService):
         await asyncio.to_thread(
             self.handoff.stage_step,
             p.version,
-            self.trainer,
+            self.ranks,
             step_finished_at=finished_at,
             fence=self.lead.fence() if self.lead is not None else None,
             trace_context=trace_context,
@@ -463,9 +451,9 @@ class LearnerService(BaseService):
         await self._finish(commit=False)
 
     async def close(self) -> None:
-        if isinstance(self.trainer, RankGroup) and self.trainer.failed is not None:
+        if self.ranks is not None and self.ranks.failed is not None:
             # A failed rank group first: nothing below needs it, and the close budget is short.
-            await asyncio.to_thread(self.trainer.close)
+            await asyncio.to_thread(self.ranks.close)
         if self.lead is not None:
             if self.bus is not None and self.intake is not None:
                 await self.lead.hand_over(self.bus, self.section.lease_handover_s)
@@ -479,8 +467,8 @@ class LearnerService(BaseService):
             await self.bus.close()
         if self.store is not None:
             self.store.close()
-        if self.trainer is not None and not isinstance(self.trainer, Trainer):
-            await asyncio.to_thread(self.trainer.close)  # the rank actors (and the local Ray)
+        if self.ranks is not None:
+            await asyncio.to_thread(self.ranks.close)  # the rank actors (and the local Ray); nothing for one rank
 
     # -- probes -----------------------------------------------------------------------------------
     def ready(self) -> bool:

@@ -40,9 +40,8 @@ import contextlib
 import math
 import time
 import typing
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Literal
 
 import msgspec
@@ -257,10 +256,8 @@ def merge_sums(
 
 
 class Trainer:
-    """The policy, its AdamW optimizer, and the step that updates them."""
-
-    sharded_writer: Callable[[Path], None] | None = None
-    """Checkpoints of this trainer are whole files (`RankGroup` sets a torch.distributed.checkpoint writer)."""
+    """The policy, its AdamW optimizer, and the step that updates them: one rank's training, the whole of a
+    group of one (`group.SingleRank`) or one FSDP2 rank actor's (`ranks.RankWorker`)."""
 
     def __init__(
         self,

@@ -1,9 +1,10 @@
 """`slipstream bench learner`: trained tokens/s of the learner at 1 and N ranks, and what packing balances.
 
 The same synthetic steps (seeded; groups whose completion lengths differ from task to task, as
-real tasks' answers do) are trained by the single-process learner (`Trainer`; torch threads:
-`--threads`, by default as many as the most ranks timed, so both use as many cores) and by N
-FSDP2 ranks on a local Ray (`RankGroup`, one CPU and one torch thread each). Each run first takes
+real tasks' answers do) are trained by the learner's ranks as the service opens them
+(`open_ranks`): one rank in this process (torch threads: `--threads`, by default as many as the
+most ranks timed, so both use as many cores) and N FSDP2 ranks on a local Ray (one CPU and one
+torch thread each). Each run first takes
 warm-up steps that are not timed. Trained tokens/s = trained (loss-mask) tokens of the timed
 steps / their wall time; the weights are gathered to the driver once at the end, timed apart (the
 service gathers once per published version).
@@ -168,8 +169,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
     from slipstream.engine.source import ModelSource, load_model
     from slipstream.learner.config import LearnerSection
-    from slipstream.learner.ranks import RankGroup
-    from slipstream.learner.trainer import Trainer
+    from slipstream.learner.group import open_ranks
     from slipstream.rl import LossConfig
 
     source = ModelSource(preset=args.preset, seed=args.seed, threads=1)
@@ -182,30 +182,23 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     )
     loss = LossConfig()
     base = LearnerSection(micro_batch=args.micro_batch, seed=args.seed, lr=1e-5)
-    model, tok = load_model(source)
+    model = load_model(source)[0]
     hidden = int(model.config.hidden_size)
     n_params = sum(p.numel() for p in model.parameters())
     runs: dict[str, Any] = {}
     for n in args.ranks:
         print(f"learner: {args.preset} at {n} rank(s) ...", flush=True)
         section = msgspec.structs.replace(base, ranks=n)
-        if n == 1:
-            # load_model applies [model] threads (the ranks keep 1 each).
-            threads = args.threads or max(args.ranks)
-            single = msgspec.structs.replace(source, threads=threads)
-            trainer = Trainer(load_model(single)[0], section, loss, pad_id=tok.pad_id)
-            figures = _time_run(trainer, steps, args.warmup)
-            figures["torch_threads"] = torch.get_num_threads()
-            figures["gather_s"] = 0.0
-        else:
-            started = time.perf_counter()
-            with RankGroup(source, section, loss) as group:
-                figures = {"start_s": round(time.perf_counter() - started, 2)}
-                figures |= _time_run(group, steps, args.warmup)
-                t0 = time.perf_counter()
-                group.gathered_model()
-                figures["gather_s"] = round(time.perf_counter() - t0, 3)
-                figures["torch_threads"] = 1
+        # load_model applies [model] threads: the one rank in this process gets --threads, Ray ranks 1 each.
+        threads = (args.threads or max(args.ranks)) if n == 1 else 1
+        started = time.perf_counter()
+        with open_ranks(msgspec.structs.replace(source, threads=threads), section, loss) as group:
+            figures = {"start_s": round(time.perf_counter() - started, 2)}
+            figures |= _time_run(group, steps, args.warmup)
+            t0 = time.perf_counter()
+            _ = group.model  # the whole policy: gathered from N ranks, at hand for one
+            figures["gather_s"] = round(time.perf_counter() - t0, 3)
+            figures["torch_threads"] = torch.get_num_threads() if n == 1 else 1
         runs[str(n)] = figures
         print(f"  {figures['tokens_per_s']} trained tokens/s, steps {figures['step_s']} s", flush=True)
     packing = _packing(steps, base, sorted({*args.ranks, 2, 4}), hidden)
