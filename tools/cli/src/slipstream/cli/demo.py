@@ -81,7 +81,8 @@ def register(sub: Any) -> None:
         default=None,
         metavar="TARGET",
         help="skip most tasks whose group is predicted uniform before sampling it: keep a task with "
-        "probability min(1, P(mixed) / TARGET) (services/rollout-worker screen.py; default 0: off)",
+        "probability min(1, P(mixed) / TARGET) (services/rollout-worker screen.py; the default demo: 0.8; "
+        "0: off)",
     )
     p.add_argument(
         "--sft-steps",
@@ -326,6 +327,9 @@ ENV_PLANS: dict[str, dict[str, Any]] = {
         "sft_steps": 400,
         "sft_target_accuracy": 0.2,
         "train_eval_tasks": 256,
+        # The task screen: ~70% of rollouts were groups the learner dropped as uniform; with it, ~30%
+        # (services/task-source README, "Fewer wasted rollouts"). `--screen 0` turns it off.
+        "screen_target": 0.8,
     },
     # reasoning-gym's spell_backward on 3-letter words: `reverse`'s skill behind reasoning-gym's preamble,
     # scored by its verifier; the same plan as examples/reasoning_gym.toml, which says why it is learnable.
