@@ -73,6 +73,11 @@ def test_pipeline_learns_and_accounts_for_every_trajectory(demo_run: DemoRun, tm
     assert groups == plan.max_steps * plan.groups_per_step and odd == {}, odd
     assert tr["trained"] == trained <= plan.max_steps * plan.groups_per_step * plan.group_size
     assert set(tr["dropped"]) <= {"stale", "uniform_group", "incomplete_group", "duplicate", "malformed"}, tr
+    # The demo screens tasks before sampling them (rollout-worker screen.py): the workers judged
+    # every task, skipped some, and no rollouts were spent on those.
+    if plan.screen_target > 0:
+        screen = tr["screen"]
+        assert screen["screened"] > 0 and screen["kept"] > 0 and screen["not_judged"] == 0, screen
 
     assert summary.spanning_versions >= 1
 

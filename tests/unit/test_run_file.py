@@ -367,3 +367,21 @@ def test_a_reward_schedule_in_the_run_file_reaches_the_learner(tmp_path: Path) -
         "finish": ComponentSchedule(init=0.1, anneal_steps=40, shape="cosine"),
     }
     assert "SLIPSTREAM_LEARNER__REWARD_SCHEDULE" not in run_env(load(DEV_RUN).plan())  # none: nothing set
+
+
+def test_rollout_screen_target_reaches_the_workers(tmp_path: Path) -> None:
+    """[rollout] screen_target becomes the workers' [worker] screen_target; left out, the screen is off."""
+    from slipstream.rollout_worker.config import RolloutWorkerConfig
+
+    path = tmp_path / "screen.toml"
+    path.write_text('[env]\nname = "reverse"\n[rollout]\nscreen_target = 0.8\n')
+    plan = load(path).plan()
+    assert plan.screen_target == 0.8
+    environ = service_env(plan, Path("/m"), Path("/staging"), Path("/outcomes.jsonl"))
+    assert resolve(RolloutWorkerConfig, environ=environ).worker.screen_target == 0.8
+    plain = service_env(load(DEV_RUN).plan(), Path("/m"), Path("/s"), Path("/o"))
+    assert resolve(RolloutWorkerConfig, environ=plain).worker.screen_target == 0.0
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[rollout]\nscreen_target = "high"\n')
+    with pytest.raises(RunFileError, match="screen_target"):
+        load(bad)

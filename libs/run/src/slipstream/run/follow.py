@@ -165,6 +165,7 @@ async def _follow(
         last_version = summary.steps_log[-1]["version"] if summary.steps_log else 0
         while summary.final_version < last_version and time.monotonic() < deadline:
             await asyncio.sleep(0.1)
+        screen = await asyncio.to_thread(screen_totals, stack)
         for kind in STOP_ORDER:
             # Every process of the kind: with learner ranks, a weight-publisher per rank.
             for name, svc in list(stack.services.items()):
@@ -174,6 +175,8 @@ async def _follow(
         await asyncio.sleep(0.2)  # let the tap see the last publishes
         await asyncio.to_thread(tap.stop)
         summary.trajectories = await account(bus, summary, stack, tap.injected_scored())
+        if screen is not None:
+            summary.trajectories["screen"] = screen
         if store_root is not None:
             summary.weights = await asyncio.to_thread(weight_bytes, store_root, stack.spec.run_id)
         summary.spanning_versions = tap.spanning
@@ -209,6 +212,35 @@ def record_after(summary: RunSummary, after: HeldOutScore, emit: Emit, *, new: b
     if new:
         summary.eval_curve.append(row)
     emit("eval", row)
+
+
+def screen_totals(stack: Stack) -> dict[str, Any] | None:
+    """The rollout workers' task screens (`[worker] screen_target`), summed from their /readyz, or None if off."""
+    from slipstream.stack.probe import get_json
+
+    totals: dict[str, Any] = {}
+    for name, svc in list(stack.services.items()):
+        if kind_of(name) != "rollout-worker" or not svc.alive():
+            continue
+        body = get_json(svc.port, "/readyz")
+        found = _find_key(body, "screen")
+        if not isinstance(found, dict):
+            continue
+        for key in ("kept", "screened", "not_judged"):
+            totals[key] = totals.get(key, 0) + int(found.get(key) or 0)
+        totals["target"] = found.get("target")
+    return totals or None
+
+
+def _find_key(body: Any, key: str) -> Any:
+    if isinstance(body, dict):
+        if key in body:
+            return body[key]
+        for value in body.values():
+            found = _find_key(value, key)
+            if found is not None:
+                return found
+    return None
 
 
 def announce_verifier(stack: Stack) -> Any:

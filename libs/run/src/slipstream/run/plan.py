@@ -56,6 +56,9 @@ class TrainingPlan(msgspec.Struct, kw_only=True):
     task_sampler: str = "off"
     """The task source's `[tasks] sampler`: "pass_rate" serves again the tasks whose latest group was
     informative and retires those solved every time (services/task-source sampler.py); "off": all fresh."""
+    screen_target: float = 0.0
+    """The rollout workers' `[worker] screen_target`: > 0 skips most tasks whose group is predicted to
+    be uniform before sampling it (services/rollout-worker screen.py); 0: off."""
     max_staleness: int = 2
     max_steps: int = 60
     lr: float = 5e-4
@@ -270,6 +273,8 @@ def run_env(plan: TrainingPlan) -> dict[str, str]:
         # promotion decision rests on the run's own env.
         env["SLIPSTREAM_GATE__SUITE_SIZES"] = json.dumps(plan.eval_suites)
         env["SLIPSTREAM_GATE__REPORT_ONLY"] = json.dumps(list(plan.eval_suites))
+    if plan.screen_target > 0:
+        env["SLIPSTREAM_WORKER__SCREEN_TARGET"] = str(plan.screen_target)
     if plan.task_sampler != "off":
         # Only when on, so run files without it render as before.
         env["SLIPSTREAM_TASKS__SAMPLER"] = plan.task_sampler

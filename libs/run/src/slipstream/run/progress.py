@@ -265,6 +265,13 @@ def restarts_line(restarts: dict[str, int]) -> str:
     return ", ".join(f"{k} {v}" for k, v in done.items()) if done else "none"
 
 
+def screen_line(screen: dict[str, Any]) -> str:
+    """The workers' task screen: tasks skipped as predicted uniform, of those it judged (no rollouts spent)."""
+    judged = int(screen.get("kept", 0)) + int(screen.get("screened", 0))
+    share = f" ({screen.get('screened', 0) / judged:.0%})" if judged else ""
+    return f"{screen.get('screened', 0)} of {judged}{share}, target {screen.get('target')}"
+
+
 def summary_table(summary: Any) -> Group:
     """The closing summary: the accuracy table, then what the run did."""
     t = Table(title="slipstream demo — summary", show_header=False)
@@ -286,6 +293,7 @@ def summary_table(summary: Any) -> Group:
         ("  scored / trained", f"{tr.get('scored', '-')} / {tr.get('trained', '-')}"),
         ("  dropped", ", ".join(f"{k} {v}" for k, v in sorted((tr.get("dropped") or {}).items())) or "none"),
         ("  trained share", trained_line(tr)),
+        *([("  tasks screened out before sampling", screen_line(tr["screen"]))] if tr.get("screen") else []),
         ("  dead-lettered / left unconsumed", f"{dead_lettered(tr)} / {left}"),
         *(
             [("  injected from outside (scored stream)", str(tr["injected_scored"]))]

@@ -26,7 +26,8 @@ Sections (every key optional; what is left out keeps `TrainingPlan`'s default):
                  set of an earlier run's RL episodes, or that run's directory: rejection-sampling
                  fine-tuning instead of the env's references or expert)
     [eval]       heldout_tasks, heldout_samples, eval_every, train_eval_tasks (train accuracy beside held-out)
-    [rollout]    max_batch, tasks_in_flight, max_seq_len (the workers' engines)
+    [rollout]    max_batch, tasks_in_flight, max_seq_len (the workers' engines), screen_target (> 0: skip
+                 most tasks whose group is predicted uniform before sampling it; services/rollout-worker)
     [rollout.summary]  context restarts (libs/harness summary.py): enabled, mode ("summary": the
                  policy summarises itself; "truncate": the baseline, the context's last tokens),
                  min_tokens / max_tokens (the per-group threshold range), summary_tokens (the budget
@@ -162,6 +163,7 @@ class RolloutSection(_Section):
     max_batch: int | None = None
     tasks_in_flight: int | None = None
     max_seq_len: int | None = None
+    screen_target: float | None = None
     summary: SummarySection | None = None
 
 

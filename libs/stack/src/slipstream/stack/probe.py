@@ -6,7 +6,9 @@ http.client rather than urllib so that no HTTP(S)_PROXY variable reroutes a loop
 from __future__ import annotations
 
 import http.client
+import json
 import socket
+from typing import Any
 from urllib.parse import urlsplit
 
 HOST = "127.0.0.1"
@@ -19,6 +21,18 @@ def probe_http(port: int, path: str, host: str = HOST, timeout_s: float = 1.0) -
         conn.request("GET", path)
         return conn.getresponse().status
     except (OSError, http.client.HTTPException):
+        return None
+    finally:
+        conn.close()
+
+
+def get_json(port: int, path: str, host: str = HOST, timeout_s: float = 2.0) -> Any:
+    """The JSON body of GET path (whatever its status: /readyz answers 503 with its body), or None."""
+    conn = http.client.HTTPConnection(host, port, timeout=timeout_s)
+    try:
+        conn.request("GET", path)
+        return json.loads(conn.getresponse().read())
+    except (OSError, http.client.HTTPException, ValueError):
         return None
     finally:
         conn.close()

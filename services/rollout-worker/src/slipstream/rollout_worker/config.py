@@ -48,6 +48,17 @@ class WorkerSection(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     top_p: Annotated[float, Doc(description="Nucleus mass kept, in (0, 1]; 1 disables.", gt=0, le=1)] = 1.0
     top_k: Annotated[int, Doc(description="Sample from the k most likely tokens; 0 disables.", ge=0)] = 0
     max_tokens: Annotated[int, Doc(description="Most tokens one generation (one turn) may produce.", ge=1)] = 32
+    screen_target: Annotated[
+        float,
+        Doc(
+            description="Before sampling a task's group, keep the task with probability min(1, P(mixed) / "
+            "screen_target), P(mixed) = 1 - p^G - (1-p)^G from p, the chance one sample writes the reference "
+            "(one teacher-forced forward); a task not kept is acked without a group (outcome screened). "
+            "Single-turn envs with a reference, on the torch engine; 0 = off (screen.py).",
+            ge=0,
+            le=1,
+        ),
+    ] = 0.0
     stop: Annotated[list[str], Doc(description="Extra stop strings for every generation.")] = []
     stop_at_terminator: Annotated[
         bool, Doc(description="Also stop each generation at the environment's answer terminator (arith: newline).")

@@ -9,6 +9,8 @@ Every path ends in exactly one settlement, counted by outcome:
 - nak_error: the rollout failed unexpectedly (logged with its cause);
 - released: the worker is shutting down and the drain budget ran out (or the engine stopped);
   the task is handed back at once, without using up a delivery;
+- screened: `[worker] screen_target` judged its group very likely uniform (screen.py); acked with
+  no group, so the source's window frees at once;
 - rejected: the task can never be rolled out here (unknown env, bad split, prompt too long); it
   goes to `dlq.TASKS` with the reason and its original bytes.
 
@@ -32,6 +34,7 @@ from slipstream.rollout_worker.follower import WeightFollower
 from slipstream.rollout_worker.instruments import TASKS, VERSION_WAIT_TIMEOUTS
 from slipstream.rollout_worker.outbox import Outbox
 from slipstream.rollout_worker.sampler import Sampler
+from slipstream.rollout_worker.screen import TaskScreen
 from slipstream.schemas import Task
 from slipstream.schemas.subjects import dlq_subject, spec_for
 from slipstream.telemetry.logs import get_logger
@@ -56,8 +59,10 @@ class TaskPipeline:
         *,
         version_wait_timeout_s: float,
         retry_delay_s: float,
+        screen: TaskScreen | None = None,
     ) -> None:
         self.bus = bus
+        self.screen = screen
         self.sampler = sampler
         self.outbox = outbox
         self.follower = follower
@@ -85,6 +90,9 @@ class TaskPipeline:
                     waited_s=self.version_wait_timeout_s,
                 )
                 await self._settle(delivery, "nak_version_wait", delivery.nak(self.retry_delay_s))
+                return
+            if self.screen is not None and not await self.screen.keep(self.sampler.env(task.env), task):
+                await self._settle(delivery, "screened", delivery.ack())
                 return
             episodes = await self._unless_aborted(self.sampler.sample(task))
         except (_Aborted, RolloutAborted):

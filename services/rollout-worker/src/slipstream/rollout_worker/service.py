@@ -56,6 +56,7 @@ from slipstream.rollout_worker.intake import TaskIntake
 from slipstream.rollout_worker.outbox import Outbox
 from slipstream.rollout_worker.pipeline import TaskPipeline
 from slipstream.rollout_worker.sampler import Sampler, check_env_options, check_summary
+from slipstream.rollout_worker.screen import TaskScreen
 from slipstream.rollout_worker.subagent_client import NatsSubagents
 from slipstream.rollout_worker.subagent_pool import SubagentServer
 from slipstream.runtime.progress import ProgressWatch
@@ -287,6 +288,7 @@ class RolloutWorkerService(BaseService):
             self.follower,
             version_wait_timeout_s=w.version_wait_timeout_s,
             retry_delay_s=w.retry_delay_s,
+            screen=self._screen(tokenizer),
         )
         self.intake = TaskIntake(
             self.consumer,
@@ -297,6 +299,18 @@ class RolloutWorkerService(BaseService):
         )
         if cfg.endpoint.enabled:
             await self._open_endpoint(tokenizer)
+
+    def _screen(self, tokenizer: Tokenizer) -> TaskScreen | None:
+        """The task screen of `[worker] screen_target` (screen.py), or None when it is 0."""
+        w = self.cfg.worker
+        if w.screen_target <= 0:
+            return None
+        if not isinstance(self.engine, TorchEngine):
+            raise ValueError(
+                f"[worker] screen_target = {w.screen_target} needs the torch engine (it reads the model's "
+                f"log-probs in this process); [engine] type is {self.cfg.engine.type!r}"
+            )
+        return TaskScreen(self.engine.model, tokenizer, target=w.screen_target, temperature=w.temperature)
 
     def _follower(self, keyring: Keyring, **options: Any) -> WeightFollower:
         """The announce verifier (and its fencing check) and the weight follower; `options`: the follower's
@@ -500,6 +514,8 @@ class RolloutWorkerService(BaseService):
             out["policy_version"] = self.engine.policy_version
         if self.intake is not None and self.pipeline is not None:
             out["tasks"] = {"inflight": self.intake.in_flight, "taken": self.intake.taken, **self.pipeline.outcomes}
+            if self.pipeline.screen is not None:
+                out["screen"] = self.pipeline.screen.status()
             out["inflight"] = self.intake.in_flight
         if self.outbox is not None:
             out["trajectories_published"] = self.outbox.published

@@ -58,6 +58,9 @@ def register(bench_subparsers: Any) -> None:
         default=None,
         help="the task source's sampler (default the demo's)",
     )
+    p.add_argument(
+        "--screen", type=float, default=None, metavar="TARGET", help="the workers' task screen target (0: off)"
+    )
     p.set_defaults(func=_command)
 
 
@@ -183,6 +186,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             plan.max_steps = args.steps
         if getattr(args, "task_sampler", None) is not None:
             plan.task_sampler = args.task_sampler
+        if getattr(args, "screen", None) is not None:
+            plan.screen_target = args.screen
         with_length_penalty(plan, getattr(args, "length_penalty", None))
         plan.eval_every = 0  # before and after only: the figures compared
         loads.append(os.getloadavg())

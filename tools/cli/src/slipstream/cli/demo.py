@@ -75,6 +75,15 @@ def register(sub: Any) -> None:
         "those solved every time (services/task-source README); off: every task fresh",
     )
     p.add_argument(
+        "--screen",
+        type=float,
+        default=None,
+        metavar="TARGET",
+        help="skip most tasks whose group is predicted uniform before sampling it: keep a task with "
+        "probability min(1, P(mixed) / TARGET) (services/rollout-worker screen.py; the default demo: 0.8; "
+        "0: off)",
+    )
+    p.add_argument(
         "--sft-steps",
         type=int,
         default=None,
@@ -174,6 +183,7 @@ def plan_from_args(args: argparse.Namespace) -> Any:
         ("eval_every", args.eval_every),
         ("lr", args.lr),
         ("task_sampler", getattr(args, "task_sampler", None)),
+        ("screen_target", getattr(args, "screen", None)),
         ("sft_steps", args.sft_steps),
         ("sft_target_accuracy", getattr(args, "sft_target", None)),
         ("temperature", args.temperature),
