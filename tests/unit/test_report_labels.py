@@ -114,7 +114,7 @@ def lines_by_label(fig: Any) -> dict[str, tuple[list[float], list[float]]]:
 
 
 def inside(fig: Any, artist: Any) -> bool:
-    box = artist.get_window_extent(renderer=fig.canvas.get_renderer())
+    box = artist.get_window_extent()  # measured by the figure's own renderer, at the dpi it is saved at
     edge = fig.bbox
     return box.x0 >= edge.x0 - 1 and box.x1 <= edge.x1 + 1 and box.y0 >= edge.y0 - 1 and box.y1 <= edge.y1 + 1
 

@@ -80,9 +80,8 @@ def figure(plot: Plot) -> Any:
     fig.tight_layout()
     # A title is centred over its axes, which long tick labels push aside: re-wrap it narrower until
     # it lies inside the figure (a few passes; layout moves the axes again each time).
-    renderer = fig.canvas.get_renderer()
     for _ in range(4):
-        over = [ax for ax in axes[0] if not _within(ax.title.get_window_extent(renderer=renderer), fig.bbox)]
+        over = [ax for ax in axes[0] if not _within(ax.title.get_window_extent(), fig.bbox)]
         if not over:
             break
         wrap = max(20, int(wrap * 0.75))
