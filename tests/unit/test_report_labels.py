@@ -22,9 +22,10 @@ import msgspec
 import pytest
 from rich.console import Console
 
-from slipstream.cli.follow import record_after
-from slipstream.cli.heldout import HeldOutScore
-from slipstream.cli.progress import ProgressView, summary_table
+from slipstream.run.follow import record_after
+from slipstream.run.heldout import HeldOutScore
+from slipstream.run.plan import RunSummary, TrainingPlan
+from slipstream.run.progress import ProgressView, summary_table
 from slipstream.run.report import (
     BATCH_ACCURACY,
     BATCH_REWARD,
@@ -37,8 +38,7 @@ from slipstream.run.report import (
     reward_plot,
     stages_plot,
 )
-from slipstream.cli.report_figure import figure
-from slipstream.run.plan import RunSummary, TrainingPlan
+from slipstream.run.report_figure import figure
 from slipstream.telemetry.trace_stats import time_by_stage
 
 pytestmark = pytest.mark.unit

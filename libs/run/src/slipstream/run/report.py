@@ -26,7 +26,6 @@ from typing import Any
 from slipstream.run.report_figure import Panel, Plot, Series, draw
 from slipstream.stack.spec import HOME
 
-
 # ---- reading the run ----
 
 
