@@ -110,13 +110,14 @@ async def _wait_version(engine: VllmEngine, version: int, timeout_s: float = 120
 
 
 async def _running_long(engine: VllmEngine, rid: str) -> asyncio.Task[GenerationResult]:
-    """A long greedy request, known to be decoding: a short one sent after it has finished."""
+    """A long greedy request, known to be in flight (sent, not finished) when this returns."""
     long = asyncio.create_task(
         engine.generate(_req(rid, "tell me a long story: ", temperature=0.0, max_tokens=LONG, ignore_eos=True))
     )
-    await asyncio.sleep(0.2)
-    await engine.generate(_req(rid + "-probe", "hi", temperature=0.0, max_tokens=3, ignore_eos=True))
-    assert not long.done(), "the long request finished before the probe: nothing was in flight"
+    while engine.stats()["vllm_in_flight"] < 1:
+        await asyncio.sleep(0.005)
+    await asyncio.sleep(0.1)
+    assert not long.done(), "the long request finished at once: nothing was in flight"
     return long
 
 
