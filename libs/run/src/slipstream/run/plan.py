@@ -116,6 +116,9 @@ class TrainingPlan(msgspec.Struct, kw_only=True):
     endpoint: dict[str, Any] = {}
     """[endpoint] of the rollout workers: their OpenAI-compatible, recording endpoint (the fields of
     libs/serve `ServeConfig`: enabled, host, port, model_name, renderer, ...); {}: closed."""
+    engine: dict[str, Any] = {}
+    """[engine] of the rollout workers (the fields of libs/engine `EngineBackend`: type "torch" | "http" |
+    "vllm", url, vllm_python, ...); {}: the in-process torch engine."""
     summary: dict[str, Any] = {}
     """Context restarts of the workers' episodes (and of the held-out evals and the warm-start's expert):
     the fields of libs/harness `SummaryConfig` (enabled, mode "summary" | "truncate", min_tokens,
@@ -296,6 +299,8 @@ def run_env(plan: TrainingPlan) -> dict[str, str]:
     env.update(summary_env(plan.summary))
     if plan.endpoint:
         env.update(endpoint_env(plan.endpoint))
+    if plan.engine:
+        env.update(section_env("engine", plan.engine))
     if env_options:
         env["SLIPSTREAM_TASKS__ENV_OPTIONS"] = env_options
         env["SLIPSTREAM_REWARD__ENV_OPTIONS"] = env_options

@@ -50,6 +50,10 @@ Sections (every key optional; what is left out keeps `TrainingPlan`'s default):
                  enabled, host, port, model_name, renderer ("" follows the model), api_keys,
                  default_max_tokens, max_tokens_limit, session_idle_s; `slipstream serve RUN.toml`
                  serves [model] with the same settings, without training
+    [engine]     the rollout workers' engine (libs/engine `EngineBackend`): type ("torch" | "http" | "vllm":
+                 each worker starts a vLLM server of its own from vllm_python, `make vllm-venv`), url,
+                 request_timeout_s, weights_timeout_s, vllm_python, vllm_start_timeout_s,
+                 vllm_kv_cache_gb, vllm_max_model_len, vllm_enforce_eager, vllm_threads, vllm_args
     [replicas]   rollout-worker, reward-model, eval-gate (the cluster's replica counts); tool-service
                  (> 0: the env's tools run in that many tool-service replicas, locally too)
     [infra]      nats_url, redis_url, store: reuse running servers / an S3 store ("" = start locally)
@@ -189,6 +193,20 @@ class EndpointSection(_Section):
     session_idle_s: float | None = None
 
 
+class EngineSection(_Section):
+    type: Literal["torch", "http", "vllm"] | None = None
+    url: str | None = None
+    request_timeout_s: float | None = None
+    weights_timeout_s: float | None = None
+    vllm_python: str | None = None
+    vllm_start_timeout_s: float | None = None
+    vllm_kv_cache_gb: int | None = None
+    vllm_max_model_len: int | None = None
+    vllm_enforce_eager: bool | None = None
+    vllm_threads: int | None = None
+    vllm_args: list[str] | None = None
+
+
 class ReplicasSection(_Section, rename="kebab"):
     rollout_worker: int = 1
     reward_model: int = 1
@@ -218,6 +236,7 @@ class RunFile(_Section):
     rollout: RolloutSection = msgspec.field(default_factory=RolloutSection)
     learner: LearnerSection = msgspec.field(default_factory=LearnerSection)
     endpoint: EndpointSection | None = None
+    engine: EngineSection | None = None
     replicas: ReplicasSection = msgspec.field(default_factory=ReplicasSection)
     infra: InfraSection = msgspec.field(default_factory=InfraSection)
 
@@ -257,6 +276,8 @@ class RunFile(_Section):
             endpoint = {k: v for k, v in msgspec.structs.asdict(self.endpoint).items() if v is not None}
             endpoint.setdefault("enabled", True)  # an [endpoint] table that says nothing else means it
             fields["endpoint"] = endpoint
+        if self.engine is not None:
+            fields["engine"] = {k: v for k, v in msgspec.structs.asdict(self.engine).items() if v is not None}
         if self.learner.ranks is not None and self.learner.ranks < 1:
             raise ValueError(f"[learner] ranks must be >= 1, got {self.learner.ranks}")
         return msgspec.convert(fields, TrainingPlan)

@@ -216,6 +216,9 @@ def run_training(
         env={**service_env(plan, model_dir, staging_dir, run_dir / "learner-outcomes.jsonl"), **(stack_env or {})},
         service_env=service_overrides(plan),
         drain_timeout_s=10.0,
+        # A worker with [engine] type = "vllm" is ready once its vLLM server is (minutes on a CPU).
+        ready_timeout_s=120.0
+        + (float(plan.engine.get("vllm_start_timeout_s", 600.0)) if plan.engine.get("type") == "vllm" else 0.0),
         traces=run_dir / "traces.jsonl" if traces else None,
         tool_services=plan.tool_service_replicas,
         subagent_pool=plan.subagent_pool_replicas,

@@ -22,7 +22,7 @@ announced versions, and the endpoint answers 429 while the served version lags t
 Frozen sub-agents (`spawn(..., trainable=False)`) run, with `[subagents] transport = "local"`
 (default), on a second engine in this process over a deep copy of the weights taken before any
 announcement, built on first use (libs/engine frozen.py), or version `[subagents] pin_version` from
-the store; the follower never touches it. With `[engine] type = "http"` that copy is [model] loaded
+the store; the follower never touches it. With `[engine] type = "http"` (or "vllm") that copy is [model] loaded
 here as well (the server's weights are live), and setup fails if it cannot be loaded. With `"nats"`
 they are requests to the sub-agent pool (subagent_client.py), and a reply played on another version
 than `[subagents] pin_version` (-1 = 0) is rejected as an infra error. With
@@ -168,12 +168,30 @@ class RolloutWorkerService(BaseService):
                         f"could not be loaded: {exc}; load it, or set [subagents] transport = 'nats' (the pinned pool)"
                     ) from exc
             return remote, tokenizer
+        if cfg.engine.type == "vllm":
+            return await self._vllm_engine()
         model, tokenizer = await asyncio.to_thread(load_model, cfg.model)
         if cfg.subagents.transport == "local" and not self.pooled:
             # Copied before the engine holds it: the frozen engine's weights are never the live ones.
             self._model = await asyncio.to_thread(copy.deepcopy, model)
         engine = self._torch_engine(model, tokenizer)
         await engine.start()
+        return engine, tokenizer
+
+    async def _vllm_engine(self) -> tuple[Engine, Tokenizer]:
+        """A vLLM server of this worker's own over [model] (as an HF directory), started and stopped here."""
+        from slipstream.engine.vllm_engine import VllmEngine
+        from slipstream.engine.vllm_setup import model_dir_for
+
+        cfg = self.cfg
+        directory = await asyncio.to_thread(model_dir_for, cfg.model)
+        tokenizer = await asyncio.to_thread(load_tokenizer_only, cfg.model)
+        if cfg.subagents.transport == "local" and not self.pooled:
+            # The server's weights follow every announcement: frozen sub-agents get [model]'s own copy.
+            self._model, _ = await asyncio.to_thread(load_model, cfg.model)
+        engine = VllmEngine.from_config(cfg.engine, directory, dtype=cfg.model.dtype)
+        await engine.start()
+        log.info("started vLLM", url=engine.url, start_s=round(engine.stats()["start_s"], 1), log=str(engine.log_path))
         return engine, tokenizer
 
     def _torch_engine(self, model: Any, tokenizer: Tokenizer) -> TorchEngine:

@@ -1,0 +1,35 @@
+"""The vllm tier: `VllmEngine` against a real vLLM server started from .venv-vllm (`make test-vllm`).
+
+Every test here is marked `vllm`. They skip, saying why, when .venv-vllm is absent (`make vllm-venv`
+builds it) and when the tier was not asked for with `-m vllm`: each module starts a vLLM server
+(~30-60 s, ~1-4 GB), and two at once on a small machine would starve each other, so `make test`
+(which runs on several xdist workers) never starts one.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+VLLM_PYTHON = Path(os.environ.get("SLIPSTREAM_VLLM_PYTHON", REPO / ".venv-vllm" / "bin" / "python"))
+# vLLM's CPU threads (VllmEngine `threads`): 1, unbound, by default, since these machines' cores are shared;
+# SLIPSTREAM_VLLM_THREADS=0 binds one to every core (the fast setting on a machine of one's own).
+THREADS = int(os.environ.get("SLIPSTREAM_VLLM_THREADS", "1"))
+_HERE = Path(__file__).parent
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    ours = [item for item in items if _HERE in Path(str(item.path)).parents]
+    if not ours:
+        return
+    reason = ""
+    if not VLLM_PYTHON.is_file():
+        reason = f"vllm tier: no vLLM venv at {VLLM_PYTHON} (build it with `make vllm-venv`)"
+    elif "vllm" not in (config.option.markexpr or ""):
+        reason = "vllm tier: runs only when selected with -m vllm (`make test-vllm`), one vLLM server at a time"
+    if reason:
+        for item in ours:
+            item.add_marker(pytest.mark.skip(reason=reason))
