@@ -40,7 +40,10 @@ TOK = ByteTokenizer()
 WORDS = ["apple", "bread", "chair", "house", "light", "water", "stone", "river"]
 
 if not PYTHON.exists():
-    pytest.skip(f"verifiers' venv {PYTHON} is not built (make verifiers-venv)", allow_module_level=True)
+    pytest.skip(
+        f"verifiers' venv {PYTHON} is not built (make verifiers-venv; CI skips: libs/envs README)",
+        allow_module_level=True,
+    )
 if not list(VENV.glob("lib/python*/site-packages/textarena")):
     pytest.skip(f"{VENV} has no textarena (make verifiers-venv installs it)", allow_module_level=True)
 
