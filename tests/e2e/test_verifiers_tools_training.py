@@ -26,10 +26,11 @@ from typing import Any
 
 import pytest
 import torch
-from e2e_support import one_version_rollouts, train_and_tap
+from e2e_support import TappedRun, one_version_rollouts, train_and_tap
 
 from slipstream.cli.training import TrainingPlan
 from slipstream.engine import SamplingParams, build_tiny, save_pretrained
+from slipstream.engine.loading import load_pretrained
 from slipstream.engine.tokenizer import ByteTokenizer
 from slipstream.envs import get_env
 from slipstream.envs.verifiers.bridge import Bridge
@@ -95,10 +96,8 @@ async def expert_rows() -> list[Example]:
     return rows
 
 
-@pytest.mark.timeout(900)
-async def test_a_tool_using_verifiers_env_trains_and_records_what_the_model_sampled(tmp_path: Path) -> None:
-    torch.set_num_threads(1)
-    plan = TrainingPlan(
+def lookup_plan() -> TrainingPlan:
+    return TrainingPlan(
         env="verifiers",
         env_options=OPTIONS,
         preset="micro",
@@ -112,6 +111,12 @@ async def test_a_tool_using_verifiers_env_trains_and_records_what_the_model_samp
         max_staleness=1,
         temperature=1.0,
     )
+
+
+@pytest.mark.timeout(900)
+async def test_a_tool_using_verifiers_env_trains_and_records_what_the_model_sampled(tmp_path: Path) -> None:
+    torch.set_num_threads(1)
+    plan = lookup_plan()
     run = "vf-lookup"
     run_dir = tmp_path / run
     rows = await expert_rows()
@@ -125,6 +130,14 @@ async def test_a_tool_using_verifiers_env_trains_and_records_what_the_model_samp
     save_pretrained(model, tok, run_dir / "model-init")
     tapped = await train_and_tap(plan, run_dir, run)
 
+    checked, with_tool = await check_rollouts(tapped, plan.temperature)
+    assert checked.get(0, 0) >= 4 and any(v > 0 for v in checked), checked
+    assert with_tool > 0, "no rollout called the tool: the multi-turn path did not run"
+
+
+async def check_rollouts(tapped: TappedRun, temperature: float) -> tuple[dict[int, int], int]:
+    """Check every one-version rollout (module docstring): (rollouts checked per version, how many called the tool)."""
+    _, tok = load_pretrained(tapped.model_dir, dtype=torch.float32, device="cpu")
     checked: dict[int, int] = {}
     with_tool = 0
     async for ep, version, model in one_version_rollouts(tapped):
@@ -139,14 +152,13 @@ async def test_a_tool_using_verifiers_env_trains_and_records_what_the_model_samp
         observed = [t for t in sample.turns if t.role != "policy"]
         for turn in observed:
             assert mask[turn.start - n : turn.end - n] == [0] * (turn.end - turn.start)
-            assert tok.decode(ids[turn.start : turn.end]).startswith("\ntool: "), tok.decode(ids[turn.start : turn.end])
+            assert "\ntool: " in tok.decode(ids[turn.start : turn.end]), tok.decode(ids[turn.start : turn.end])
         with_tool += bool(observed)
         assert (float(ep.metadata["reward.vf.looked_up"]) > 0) == bool(observed), (ep.task_id, ep.metadata)
         with torch.no_grad():
             logits = model(torch.tensor([ids]))[0]
-        again = token_logprobs(logits[n - 1 : -1], torch.tensor(ids[n:]), temperature=plan.temperature).tolist()
+        again = token_logprobs(logits[n - 1 : -1], torch.tensor(ids[n:]), temperature=temperature).tolist()
         sampled = [i for i, m in enumerate(mask) if m]
         assert sampled and [again[i] for i in sampled] == pytest.approx([recorded[i] for i in sampled], abs=2e-3)
         checked[version] = checked.get(version, 0) + 1
-    assert checked.get(0, 0) >= 4 and any(v > 0 for v in checked), checked
-    assert with_tool > 0, "no rollout called the tool: the multi-turn path did not run"
+    return checked, with_tool
