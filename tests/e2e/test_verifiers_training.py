@@ -38,7 +38,10 @@ OPTIONS = {
 }
 
 if not PYTHON.exists():
-    pytest.skip(f"verifiers' venv {PYTHON} is not built (make verifiers-venv)", allow_module_level=True)
+    pytest.skip(
+        f"verifiers' venv {PYTHON} is not built (make verifiers-venv; CI skips: libs/envs README)",
+        allow_module_level=True,
+    )
 
 
 @pytest.mark.timeout(600)

@@ -186,7 +186,7 @@ async def test_the_renderers_client_verifiers_trains_with_reads_the_route(served
 
     python = Path(__file__).resolve().parents[2] / ".venv-vf" / "bin" / "python"
     if not python.exists():
-        pytest.skip(f"verifiers' venv {python} is not built (make verifiers-venv)")
+        pytest.skip(f"verifiers' venv {python} is not built (make verifiers-venv; CI skips: libs/envs README)")
     proc = await asyncio.create_subprocess_exec(
         str(python),
         "-c",

@@ -37,7 +37,10 @@ TOK = ByteTokenizer()
 HARNESS = {"harness": {"id": "null"}, "runtime": {"type": "subprocess"}}
 
 if not PYTHON.exists():
-    pytest.skip(f"verifiers' venv {PYTHON} is not built (make verifiers-venv)", allow_module_level=True)
+    pytest.skip(
+        f"verifiers' venv {PYTHON} is not built (make verifiers-venv; CI skips: libs/envs README)",
+        allow_module_level=True,
+    )
 
 
 def options(taskset: str, **more: Any) -> dict[str, Any]:

@@ -96,7 +96,7 @@ def external(request: pytest.FixtureRequest) -> dict[str, dict[str, Any]]:
 
 def _env(name: str, external: dict[str, dict[str, Any]]) -> Environment[Any]:
     if name == "verifiers" and not VF_PYTHON.exists():
-        pytest.skip(f"verifiers plays in its own venv, {VF_PYTHON} is not built (make verifiers-venv)")
+        pytest.skip(f"verifiers plays in its own venv: {VF_PYTHON} is not built (make verifiers-venv; CI skips)")
     if name in LOCAL_ENVS:
         return LOCAL_ENVS[name]()
     return get_env(name, **{**ENV_OPTIONS.get(name, {}), **external.get(name, {})})

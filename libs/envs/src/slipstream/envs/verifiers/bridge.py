@@ -38,6 +38,7 @@ from slipstream.serve.protocol import RequestError
 
 EPISODE_HEADER = "X-Slipstream-Episode"
 RUNNER = Path(__file__).with_name("runner.py")
+STARTUP_S = 300.0  # the runner's limit to import verifiers and say it is ready
 
 
 @dataclass
@@ -146,7 +147,9 @@ class Runner:
             limit=64 * 1024 * 1024,
         )
         assert self.proc.stdout is not None
-        first = await asyncio.wait_for(self.proc.stdout.readline(), 120)
+        # Importing verifiers takes ~4 s of a core; on a shared machine with 28 runnable processes
+        # on 2 cores it took 110 s of wall time (measured), so the wait is generous.
+        first = await asyncio.wait_for(self.proc.stdout.readline(), STARTUP_S)
         if not first or not json.loads(first).get("ready"):
             raise RuntimeError(f"the verifiers runner ({self.python} {RUNNER}) did not start: {first!r}")
         self.reader = asyncio.create_task(self._read(), name="verifiers runner reader")

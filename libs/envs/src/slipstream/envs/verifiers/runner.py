@@ -3,7 +3,9 @@
 Runs under verifiers' own interpreter (its venv: verifiers 0.4 pins openai < 3, the project
 openai >= 3), started by `bridge.Runner` as `python runner.py`; it imports nothing of
 Slipstream. One JSON object per line on stdin asks for one episode, one JSON line on stdout
-answers it; episodes run concurrently.
+answers it; episodes run concurrently. The answers have a descriptor of their own: file
+descriptor 1 (and `sys.stdout`) is pointed at stderr, so what a taskset, a game engine or a
+child process prints (textarena's games call `nltk.download`, which prints) cannot corrupt them.
 
     ask:    {"id", "env": <verifiers EnvConfig as a dict>, "task": <taskset index>,
              "base_url", "headers", "model", "renderer_model", "renderer": <RendererConfig dict>,
@@ -22,15 +24,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import sys
 import traceback
+from pathlib import Path
 from typing import Any
 
 import verifiers.v1 as vf  # type: ignore[import-not-found]  # lives in verifiers' own venv
-from renderers.configs import DefaultRendererConfig  # type: ignore[import-not-found]
+from renderers.configs import CustomRendererConfig  # type: ignore[import-not-found]
 from verifiers.v1.utils.loaders import load_environment, resolve_env_config  # type: ignore[import-not-found]
 
 TAG_PARSER = "slipstream-tags"
+# renderer.py beside this file, loaded by `renderers` from its path: the next turn extends the sampled ids.
+EXTENDING_RENDERER = f"{Path(__file__).with_name('renderer.py')}:ExtendingRenderer"
 
 
 class TagToolParser:
@@ -123,7 +129,9 @@ async def play(envs: Envs, ask: dict[str, Any]) -> dict[str, Any]:
         api_key_var="SLIPSTREAM_VF_KEY",
         headers=dict(ask.get("headers") or {}),
         renderer_model_name=ask["renderer_model"],
-        renderer=DefaultRendererConfig.model_validate(renderer)
+        renderer=CustomRendererConfig(
+            import_path=EXTENDING_RENDERER, **{k: v for k, v in renderer.items() if k != "name"}
+        )
         if renderer.get("name", "default") == "default"
         else None,
     )
@@ -155,7 +163,17 @@ async def play(envs: Envs, ask: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def answer_channel() -> Any:
+    """The process's stdout moved to a descriptor of its own; fd 1 and `sys.stdout` now go to stderr."""
+    sys.stdout.flush()
+    fd = os.dup(1)
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+    return os.fdopen(fd, "w", buffering=1)
+
+
 async def main() -> None:
+    out_channel = answer_channel()
     loop = asyncio.get_running_loop()
     reader = asyncio.StreamReader()
     await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
@@ -176,15 +194,15 @@ async def main() -> None:
             }
         out["id"] = ask.get("id")
         async with write_lock:
-            sys.stdout.write(json.dumps(out) + "\n")
-            sys.stdout.flush()
+            out_channel.write(json.dumps(out) + "\n")
+            out_channel.flush()
 
     register_tag_parser()
     running: set[asyncio.Task[None]] = set()
     async with contextlib.AsyncExitStack() as stack:
         envs = Envs(stack)
-        sys.stdout.write(json.dumps({"ready": True}) + "\n")
-        sys.stdout.flush()
+        out_channel.write(json.dumps({"ready": True}) + "\n")
+        out_channel.flush()
         while line := await reader.readline():
             if not line.strip():
                 continue
