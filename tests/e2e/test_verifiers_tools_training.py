@@ -28,7 +28,7 @@ import pytest
 import torch
 from e2e_support import TappedRun, one_version_rollouts, train_and_tap
 
-from slipstream.cli.training import TrainingPlan
+from slipstream.run.training import TrainingPlan
 from slipstream.engine import SamplingParams, build_tiny, save_pretrained
 from slipstream.engine.loading import load_pretrained
 from slipstream.engine.tokenizer import ByteTokenizer

@@ -1,7 +1,7 @@
 """`VllmEngine` before any server runs: the missing-venv error, the command and environment it would
 start vLLM with, the checkpoint's parameter description, and which `[model]`s it refuses.
 
-The engine against a real vLLM server is tests/vllm (`make test-vllm`)."""
+The engine against a real vLLM server is tests/vllm_tier (`make test-vllm`)."""
 
 from __future__ import annotations
 
