@@ -28,17 +28,17 @@ import pytest
 import torch
 from e2e_support import TappedRun, one_version_rollouts, train_and_tap
 
-from slipstream.run.training import TrainingPlan
 from slipstream.engine import SamplingParams, build_tiny, save_pretrained
 from slipstream.engine.loading import load_pretrained
 from slipstream.engine.tokenizer import ByteTokenizer
 from slipstream.envs import get_env
 from slipstream.envs.verifiers.bridge import Bridge
-from slipstream.harness.expert import Example, episode_examples
 from slipstream.harness.rollout import rollout_episodes
-from slipstream.harness.scripted import ScriptedEngine
-from slipstream.harness.warmstart import sft_warmstart
 from slipstream.rl.batch import token_logprobs
+from slipstream.run.training import TrainingPlan
+from slipstream.supervised.expert import Example, episode_examples
+from slipstream.supervised.scripted import ScriptedEngine
+from slipstream.supervised.warmstart import sft_warmstart
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
