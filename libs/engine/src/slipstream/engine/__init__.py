@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 _EXPORTS: dict[str, str] = {
     "ModelConfig": "config",
-    "EngineError": "engine",
+    "EngineError": "driver",
     "TorchEngine": "engine",
     "Engine": "interface",
     "FinishReason": "interface",
@@ -81,7 +81,8 @@ def __dir__() -> list[str]:
 
 if TYPE_CHECKING:
     from slipstream.engine.config import ModelConfig
-    from slipstream.engine.engine import EngineError, TorchEngine
+    from slipstream.engine.driver import EngineError
+    from slipstream.engine.engine import TorchEngine
     from slipstream.engine.interface import (
         Engine,
         FinishReason,

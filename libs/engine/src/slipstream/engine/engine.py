@@ -34,18 +34,17 @@ talks to NATS stays responsive while torch works.
 
 from __future__ import annotations
 
-import asyncio
 import collections
 import logging
 import threading
 import time
 from collections.abc import Iterator, Mapping
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
+from slipstream.engine.driver import StepDriver
 from slipstream.engine.interface import GenerationRequest, GenerationResult
 from slipstream.engine.kernels import Fp32Weights, MklPackedWeights, choose_kernel, project
 from slipstream.engine.model import CausalLM
@@ -60,10 +59,6 @@ log = logging.getLogger(__name__)
 
 # Throughput in stats() is measured over this many recent steps.
 _RATE_WINDOW_STEPS = 64
-
-
-class EngineError(RuntimeError):
-    """The engine loop died; in-flight requests fail with this, carrying the cause."""
 
 
 class TorchEngine:
@@ -143,14 +138,14 @@ class TorchEngine:
         self._spec_accepted = 0
         self._last_apply_ms = 0.0
         self._recent: collections.deque[tuple[float, int]] = collections.deque(maxlen=_RATE_WINDOW_STEPS)
-        # async face
-        self._futures: dict[str, asyncio.Future[GenerationResult]] = {}
-        self._task: asyncio.Task[None] | None = None
-        self._wake: asyncio.Event | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._executor: ThreadPoolExecutor | None = None
-        self._closing = False
-        self._error: BaseException | None = None
+        self._driver = StepDriver(
+            "TorchEngine",
+            submit=self.submit,
+            abort=self.abort,
+            abort_all=self._abort_all,
+            step=self.step,
+            has_work=lambda: self.has_work,
+        )
 
     # ----------------------------------------------------------------- protocol: weights & state
     @property
@@ -161,7 +156,7 @@ class TorchEngine:
     @property
     def error(self) -> BaseException | None:
         """Why the engine loop died, or None while it is healthy (a readiness probe reads this)."""
-        return self._error
+        return self._driver.error
 
     @property
     def pending_version(self) -> int | None:
@@ -560,84 +555,20 @@ class TorchEngine:
     def _running(self) -> list[SequenceState]:
         return [s for s in self._slots if s is not None]
 
-    # ----------------------------------------------------------------- async face
+    # ----------------------------------------------------------------- async face (driver.py)
     async def start(self) -> None:
-        if self._task is not None:
-            return
-        if self._closing:
-            raise RuntimeError("TorchEngine was stopped; build a new one")
-        self._loop = asyncio.get_running_loop()
-        self._wake = asyncio.Event()
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="slipstream-engine")
-        self._task = asyncio.create_task(self._run(), name="slipstream-engine-loop")
+        await self._driver.start()
 
     async def stop(self) -> None:
         """Abort everything in flight, let the loop deliver those results, then shut down."""
-        self._closing = True
-        with self._lock:
-            self._abort_ids.update(self._known_ids)
-        self._notify()
-        if self._task is not None:
-            await asyncio.gather(self._task, return_exceptions=True)
-            self._task = None
-        if self._executor is not None:
-            self._executor.shutdown(wait=True)
-            self._executor = None
+        await self._driver.stop()
 
     async def generate(self, request: GenerationRequest) -> GenerationResult:
-        if self._task is None or self._closing:
-            raise RuntimeError("TorchEngine is not running: await engine.start() first (and not after stop())")
-        if self._error is not None:
-            raise EngineError("engine loop failed") from self._error
-        fut: asyncio.Future[GenerationResult] = asyncio.get_running_loop().create_future()
-        if request.request_id in self._futures:
-            raise ValueError(f"request {request.request_id!r} is already in flight")
-        self._futures[request.request_id] = fut
-        try:
-            self.submit(request)
-            return await fut
-        except asyncio.CancelledError:
-            self.abort(request.request_id)
-            raise
-        finally:
-            self._futures.pop(request.request_id, None)
+        return await self._driver.generate(request)
 
     def _notify(self) -> None:
-        # submit/apply_weights/abort may come from another thread (a weight downloader, say);
-        # asyncio.Event is not thread-safe, so hop onto the engine's loop then.
-        if self._wake is None or self._loop is None:
-            return
-        try:
-            current = asyncio.get_running_loop()
-        except RuntimeError:
-            current = None
-        if current is self._loop:
-            self._wake.set()
-        elif not self._loop.is_closed():
-            self._loop.call_soon_threadsafe(self._wake.set)
+        self._driver.notify()
 
-    async def _run(self) -> None:
-        assert self._wake is not None
-        loop = asyncio.get_running_loop()
-        try:
-            while True:
-                if not self.has_work:
-                    if self._closing:
-                        return
-                    self._wake.clear()
-                    if not self.has_work:
-                        await self._wake.wait()
-                    continue
-                results = await loop.run_in_executor(self._executor, self.step)
-                for res in results:
-                    fut = self._futures.get(res.request_id)
-                    if fut is not None and not fut.done():
-                        fut.set_result(res)
-        except Exception as exc:
-            # Fatal: report it to every waiter (and to later callers) instead of hanging them.
-            self._error = exc
-            log.exception("engine loop failed; failing %d in-flight requests", len(self._futures))
-            for fut in self._futures.values():
-                if not fut.done():
-                    fut.set_exception(EngineError(f"engine loop failed: {exc!r}"))
-            raise
+    def _abort_all(self) -> None:
+        with self._lock:
+            self._abort_ids.update(self._known_ids)

@@ -46,7 +46,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from slipstream.engine.engine import EngineError
+from slipstream.engine.driver import EngineError
 from slipstream.engine.interface import GenerationRequest, GenerationResult, ParamSpec, Timings
 from slipstream.engine.vllm_setup import checkpoint_specs, find_python, free_port, terminate_group
 

@@ -46,7 +46,7 @@ import aiohttp
 import msgspec
 
 from slipstream.engine.backend import EngineBackend
-from slipstream.engine.engine import EngineError
+from slipstream.engine.driver import EngineError
 from slipstream.engine.interface import GenerationRequest, GenerationResult, ParamSpec
 from slipstream.serve import inference_wire as wire
 

@@ -23,7 +23,8 @@ from aiohttp import web
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
-from slipstream.engine.engine import EngineError, TorchEngine
+from slipstream.engine.driver import EngineError
+from slipstream.engine.engine import TorchEngine
 from slipstream.engine.interface import GenerationRequest
 from slipstream.engine.weight_update import param_specs, tied_aliases
 from slipstream.serve import inference_wire as wire

@@ -28,7 +28,7 @@ from typing import TypeVar
 from slipstream.bus import Bus, Delivery
 from slipstream.bus import dlq as dead_letters
 from slipstream.bus.tracing import annotate
-from slipstream.engine.engine import EngineError
+from slipstream.engine.driver import EngineError
 from slipstream.harness import RolloutAborted, TaskRejected
 from slipstream.rollout_worker.follower import WeightFollower
 from slipstream.rollout_worker.instruments import TASKS, VERSION_WAIT_TIMEOUTS

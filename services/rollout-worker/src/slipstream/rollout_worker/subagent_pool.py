@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from slipstream.bus import Delivery
-from slipstream.engine.engine import EngineError
+from slipstream.engine.driver import EngineError
 from slipstream.engine.interface import Engine
 from slipstream.engine.tokenizer import Tokenizer
 from slipstream.envs import EnvError
