@@ -31,7 +31,8 @@ async def read_streams(url: str) -> dict[str, list[tuple[str, bytes, dict[str, s
         for stream in ("TRAJ_RAW", "TRAJ_SCORED", "WEIGHTS", "DLQ"):
             state = (await js.stream_info(stream)).state
             rows = out.setdefault(stream, [])
-            for seq in range(state.first_seq, state.last_seq + 1):
+            # An empty stream of a cluster reports first_seq 0, and asking for message 0 is a bad request.
+            for seq in range(max(state.first_seq, 1), state.last_seq + 1):
                 try:
                     m = await js.get_msg(stream, seq)
                 except NotFoundError:

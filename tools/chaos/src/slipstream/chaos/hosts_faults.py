@@ -63,8 +63,13 @@ class HostsChaos(Chaos):
         stack.on_services_stopped.append(self._read_streams)
 
     def _read_streams(self, stack: Any) -> None:
-        """Every message left in the streams, read from the cluster once the services stopped."""
+        """Every message left in the streams, read from the cluster once the services stopped.
+
+        A node a fault left stopped (the run ended during `roll:nats`) is started again first."""
         try:
+            for i in range(len(stack.nats.nodes)):
+                if i not in stack.nats.procs:
+                    stack.nats.start(i)
             self.streams = asyncio.run(read_streams(stack.servers["nats"].url))
         except Exception as exc:
             self.stream_read_error = repr(exc)

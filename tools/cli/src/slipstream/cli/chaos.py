@@ -33,7 +33,8 @@ the reward-model and the rollout worker each on another host, and its own faults
 streams, restarted after), `cut:worker-host` (the worker's host off the bridge for 10 s, then
 healed), `kill:redis-primary` (Sentinel promotes the replica; the old primary returns as its
 replica) and `roll:nats` (each node stopped and started again, one by one); each fault's times to
-recover are in the JSON's `hosts.recovery`. Default 24 steps, gap 2.
+recover are in the JSON's `hosts.recovery`. Default 40 steps, gap 2: at 24 the run ended during
+the roll; at 40 the four faults had settled by step ~25 (tools/chaos/README.md has the run).
 
 Each fault is logged with its step, time and outcome (slipstream.chaos.faults applies them). After the
 run the suite reads the run's own records back (slipstream.chaos.audit and .accounting): the
@@ -55,7 +56,7 @@ from typing import Any
 from slipstream.chaos.faults import FAULTS
 from slipstream.chaos.hosts_faults import HOST_FAULTS
 
-HOSTS_SCHEDULE = (24, 2)
+HOSTS_SCHEDULE = (40, 2)
 """Default (--steps, --gap) with --hosts: four faults, each settled within two steps, two apart."""
 
 
@@ -152,5 +153,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(text + "\n")
-    print("chaos: " + ("PASSED" if out["passed"] else "FAILED") + f"; must be 0: {out['must_be_zero']}")
+    print(
+        "chaos: " + ("PASSED" if out["passed"] else "FAILED") + f"; must be 0: {out.get('must_be_zero', 'not audited')}"
+    )
     return 0 if out["passed"] else 1
