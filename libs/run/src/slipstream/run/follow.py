@@ -222,7 +222,7 @@ def screen_totals(stack: Stack) -> dict[str, Any] | None:
     for name, svc in list(stack.services.items()):
         if kind_of(name) != "rollout-worker" or not svc.alive():
             continue
-        body = get_json(svc.port, "/readyz")
+        body = get_json(svc.port, "/readyz", host=svc.host)
         found = _find_key(body, "screen")
         if not isinstance(found, dict):
             continue

@@ -110,7 +110,8 @@ class Tap:
         self._quit = asyncio.Event()
         nc = Client()
         try:  # connect inside: a connect that fails half-way may hold a socket too
-            await nc.connect(self.url, name="follow-tap", **self._options)
+            servers = [u.strip() for u in self.url.split(",") if u.strip()]  # a cluster: every node
+            await nc.connect(servers=servers, name="follow-tap", **self._options)
             await nc.subscribe("traj.raw.>", cb=self._on_raw)
             await nc.subscribe("traj.scored.>", cb=self._on_scored)
             await nc.flush()

@@ -139,6 +139,7 @@ def run_training(
     on_stack: Callable[[Any], None] | None = None,
     on_tap: Callable[[Any], None] | None = None,
     init_model: tuple[Path, dict[str, Any]] | None = None,
+    hosts: int = 0,
 ) -> RunSummary:
     """Run one training end to end; never raises for a failed run (the summary says why).
 
@@ -152,6 +153,8 @@ def run_training(
     trajectory `Tap` as soon as it subscribes (the chaos suite joins its ids with the learner's).
     `init_model` (a saved model's directory and what making it did) replaces the warm-start, so
     runs that compare one thing (e.g. `bench summary`'s two context modes) start from one model.
+    `hosts` (>= 3, root only) runs the stack on that many network-namespace hosts with a JetStream
+    cluster and Redis with Sentinel (slipstream.stack.multihost).
     """
     from slipstream.run.follow import RunFailed, follow_run
 
@@ -204,7 +207,8 @@ def run_training(
     emit("eval", row)
 
     from slipstream.run.tap import Tap, TapError
-    from slipstream.stack.local import Stack, StackError
+    from slipstream.stack.local import StackError
+    from slipstream.stack.multihost import CLUSTER_TAP, open_stack
 
     spec = StackSpec(
         run_dir=run_dir,
@@ -224,16 +228,23 @@ def run_training(
         subagent_pool=plan.subagent_pool_replicas,
         pin_version=plan.subagent_pin_version,
         restart=restart or RestartPolicy(),
-    )
-    stack = Stack(
-        spec, log=lambda msg: emit("log", {"message": msg}), on_event=lambda ev: emit("supervisor", ev.as_dict())
+        hosts=hosts,
     )
     tap: Tap | None = None
+    try:
+        stack = open_stack(
+            spec, log=lambda msg: emit("log", {"message": msg}), on_event=lambda ev: emit("supervisor", ev.as_dict())
+        )
+    except StackError as exc:  # no namespaces here, say
+        summary.error = str(exc)
+        summary.wall_time_s = time.monotonic() - t0
+        return summary
     try:
         emit("phase", {"phase": "stack", "detail": "starting nats-server, redis and the services"})
         stack.start()
         # At once: the services are still importing, so the tap sees every trajectory ever published.
-        tap = Tap(stack.servers["nats"].url, stack.admin_nats_options()).start()
+        tap_options = {**stack.admin_nats_options(), **(CLUSTER_TAP if hosts else {})}
+        tap = Tap(stack.servers["nats"].url, tap_options).start()
         if on_tap is not None:
             on_tap(tap)
         stack.write_state()

@@ -47,6 +47,8 @@ class ServiceProcess:
     process: ManagedProcess
     traces_file: Path | None
     ready_after_s: float | None = None
+    host: str = HOST
+    """The address its HTTP port listens on: loopback, or its namespace host's address (multihost.py)."""
 
     @property
     def pid(self) -> int:
@@ -54,7 +56,7 @@ class ServiceProcess:
 
     @property
     def url(self) -> str:
-        return f"http://{HOST}:{self.port}"
+        return f"http://{self.host}:{self.port}"
 
     def alive(self) -> bool:
         return self.process.alive()

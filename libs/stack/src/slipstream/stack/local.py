@@ -159,20 +159,7 @@ class Stack:
         try:
             spec.log_dir.mkdir(parents=True, exist_ok=True)
             spec.data_dir.mkdir(parents=True, exist_ok=True)
-            creds = self.credentials
-            if creds is None:
-                self.servers["nats"] = self._server("nats", spec.nats_url, start_nats)
-                self.servers["redis"] = self._server("redis", spec.redis_url, start_redis)
-            else:
-                creds.save(spec.run_dir)
-                nats_auth, redis_acl = creds.nats_authorization(), creds.redis_acl(spec.run_id)
-                self.servers["nats"] = self._server(
-                    "nats", None, lambda d, logs, **kw: start_nats(d, logs, authorization=nats_auth, **kw)
-                )
-                self.servers["redis"] = self._server(
-                    "redis", None, lambda d, logs, **kw: start_redis(d, logs, acl=redis_acl, **kw)
-                )
-                self._provision(creds)
+            self._start_servers()
             assert spec.store is not None
             if spec.store.type == "local":
                 Path(spec.store.root).mkdir(parents=True, exist_ok=True)
@@ -184,7 +171,9 @@ class Stack:
                 self._check_interrupt()
                 port = free_port()
                 proc = self._spawn(name, port)
-                self.services[name] = ServiceProcess(name, port, proc, spec.traces_file(name))
+                self.services[name] = ServiceProcess(
+                    name, port, proc, spec.traces_file(name), host=self.service_host(name)
+                )
                 self.supervisor.watch(name)
                 self._log(f"started {name} (pid {proc.pid}, port {port})")
         except BaseException:
@@ -192,11 +181,37 @@ class Stack:
             raise
         return self
 
+    def _start_servers(self) -> None:
+        """NATS and Redis: given by URL, else started here (with one user per service when secure)."""
+        spec, creds = self.spec, self.credentials
+        if creds is None:
+            self.servers["nats"] = self._server("nats", spec.nats_url, start_nats)
+            self.servers["redis"] = self._server("redis", spec.redis_url, start_redis)
+            return
+        creds.save(spec.run_dir)
+        nats_auth, redis_acl = creds.nats_authorization(), creds.redis_acl(spec.run_id)
+        self.servers["nats"] = self._server(
+            "nats", None, lambda d, logs, **kw: start_nats(d, logs, authorization=nats_auth, **kw)
+        )
+        self.servers["redis"] = self._server(
+            "redis", None, lambda d, logs, **kw: start_redis(d, logs, acl=redis_acl, **kw)
+        )
+        self._provision(creds)
+
+    def service_host(self, name: str) -> str:
+        """The address service `name`'s HTTP port listens on (loopback here; its host's in multihost.py)."""
+        return HOST
+
+    def service_argv(self, name: str) -> list[str]:
+        """The command that runs service `name` (`python -m slipstream.<pkg>` unless the spec names one)."""
+        return list(self.spec.commands.get(name) or (sys.executable, "-m", module_of(kind_of(name))))
+
     def _spawn(self, name: str, port: int) -> ManagedProcess:
         # Call from the main thread only: the child's parent-death signal is tied to the thread
         # that forked it, so a child forked from a worker thread would die with that thread.
-        argv = self.spec.commands.get(name) or (sys.executable, "-m", module_of(kind_of(name)))
-        proc = ManagedProcess(name, argv, self.spec.log_dir / f"{name}.log", self.service_env(name, port))
+        proc = ManagedProcess(
+            name, self.service_argv(name), self.spec.log_dir / f"{name}.log", self.service_env(name, port)
+        )
         self.group.add(proc)
         return proc
 
@@ -325,7 +340,7 @@ class Stack:
                 "SLIPSTREAM_BUS__URL": self.servers["nats"].url,
                 "SLIPSTREAM_SERVICE__REDIS_URL": self.servers["redis"].url,
                 "SLIPSTREAM_SERVICE__RUN_ID": spec.run_id,
-                "SLIPSTREAM_SERVICE__HTTP_HOST": HOST,
+                "SLIPSTREAM_SERVICE__HTTP_HOST": self.service_host(name),
                 "SLIPSTREAM_SERVICE__HTTP_PORT": str(port),
                 "SLIPSTREAM_SERVICE__DRAIN_TIMEOUT_S": str(spec.drain_timeout_s),
                 "SLIPSTREAM_TELEMETRY__LOG_FORMAT": "json",
@@ -407,7 +422,7 @@ class Stack:
             for svc in list(pending):
                 if not svc.alive():
                     continue  # waiting for its restart
-                if probe_http(svc.port, "/readyz", timeout_s=0.5) == 200:
+                if probe_http(svc.port, "/readyz", host=svc.host, timeout_s=0.5) == 200:
                     svc.ready_after_s = time.monotonic() - self.started_at
                     pending.remove(svc)
                     self._log(f"{svc.name} ready after {svc.ready_after_s:.1f} s")

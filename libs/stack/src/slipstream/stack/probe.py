@@ -47,5 +47,7 @@ def probe_tcp(host: str, port: int, timeout_s: float = 0.5) -> bool:
 
 
 def url_endpoint(url: str, default_port: int) -> tuple[str, int]:
-    parts = urlsplit(url)
+    """(host, port) of a URL; of its first server when it names several (a cluster, Sentinels)."""
+    first = url.split(",", 1)[0]
+    parts = urlsplit(first)
     return parts.hostname or HOST, parts.port or default_port

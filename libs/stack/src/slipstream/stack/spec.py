@@ -153,6 +153,10 @@ class StackSpec:
     (`[subagents] transport = "nats"`). 0: sub-agents run in the workers, on a frozen local copy."""
     pin_version: int = 0
     """The weight version every pool replica loads and keeps ([pool] pin_version; 0: [model] itself)."""
+    hosts: int = 0
+    """0: every process on this machine's loopback. N >= 3: N network-namespace hosts (root only) with a
+    3-node JetStream cluster, Redis with a replica and Sentinel, and the services spread over them
+    (`multihost.HostsStack`)."""
 
     def process_names(self) -> tuple[str, ...]:
         """Every service process, in start order: a weight-publisher per learner rank in place of one."""
@@ -195,6 +199,7 @@ class StackSpec:
             secure=self.secure,
             subagent_pool=self.subagent_pool,
             pin_version=self.pin_version,
+            hosts=self.hosts,
         )
 
     def traces_file(self, service: str) -> Path | None:

@@ -89,7 +89,7 @@ def health_rows(
         elif not s.alive():
             health = f"exited ({s.returncode})"
         else:
-            status = probe_http(s.port, "/readyz", timeout_s=0.5)
+            status = probe_http(s.port, "/readyz", host=s.host, timeout_s=0.5)
             health = "ready" if status == 200 else f"not ready ({status or 'no answer'})"
         rows.append(
             {

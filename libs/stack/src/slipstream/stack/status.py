@@ -94,9 +94,11 @@ def server_row(name: str, server: ServerEntry) -> dict[str, Any]:
     return {"name": name, "url": url, "up": probe_tcp(*url_endpoint(url, 4222 if name == "nats" else 6379))}
 
 
-def read_json(port: int, path: str, timeout_s: float = 1.0) -> tuple[int | None, dict[str, Any] | None]:
-    """(HTTP status, JSON body) of GET path on the loopback port; (None, None) when nothing answers."""
-    conn = http.client.HTTPConnection(HOST, port, timeout=timeout_s)
+def read_json(
+    port: int, path: str, timeout_s: float = 1.0, host: str = HOST
+) -> tuple[int | None, dict[str, Any] | None]:
+    """(HTTP status, JSON body) of GET path on `host` (loopback by default); (None, None) when nothing answers."""
+    conn = http.client.HTTPConnection(host, port, timeout=timeout_s)
     try:
         conn.request("GET", path)
         resp = conn.getresponse()

@@ -23,14 +23,16 @@ async def read_streams(url: str) -> dict[str, list[tuple[str, bytes, dict[str, s
     import nats
     from nats.js.errors import NotFoundError
 
-    nc = await nats.connect(url, name="chaos-audit")
+    servers = [u.strip() for u in url.split(",") if u.strip()]  # one server, or every node of a cluster
+    nc = await nats.connect(servers=servers, name="chaos-audit")
     out: dict[str, list[tuple[str, bytes, dict[str, str]]]] = {}
     try:
         js = nc.jetstream()
         for stream in ("TRAJ_RAW", "TRAJ_SCORED", "WEIGHTS", "DLQ"):
             state = (await js.stream_info(stream)).state
             rows = out.setdefault(stream, [])
-            for seq in range(state.first_seq, state.last_seq + 1):
+            # An empty stream of a cluster reports first_seq 0, and asking for message 0 is a bad request.
+            for seq in range(max(state.first_seq, 1), state.last_seq + 1):
                 try:
                     m = await js.get_msg(stream, seq)
                 except NotFoundError:
@@ -98,8 +100,17 @@ def _episode_id(subject: str, body: bytes, headers: dict[str, str]) -> str | Non
         return None
 
 
-def audit(run_dir: Path, run_id: str, trusted_keys: list[str], tap_ids: set[str]) -> dict[str, Any]:
-    """Read the finished run's JetStream store (on a fresh nats-server), manifests, logs and outcome log."""
+def audit(
+    run_dir: Path,
+    run_id: str,
+    trusted_keys: list[str],
+    tap_ids: set[str],
+    streams: dict[str, list[tuple[str, bytes, dict[str, str]]]] | None = None,
+) -> dict[str, Any]:
+    """Read the finished run's JetStream store (on a fresh nats-server), manifests, logs and outcome log.
+
+    `streams`: what `read_streams` read from the live servers instead (a cluster's replicated store
+    is read while it runs: `chaos --hosts`)."""
     import msgspec
 
     from slipstream.chaos.accounting import AnnounceRecord, join_trajectories, versions_announced_twice
@@ -112,11 +123,12 @@ def audit(run_dir: Path, run_id: str, trusted_keys: list[str], tap_ids: set[str]
     from slipstream.trust import Keyring
     from slipstream.trust.signing import Check, check_manifest
 
-    server = start_nats(run_dir / "data" / "nats", run_dir / "logs" / "audit")
-    try:
-        streams = asyncio.run(read_streams(server.url))
-    finally:
-        server.stop()
+    if streams is None:
+        server = start_nats(run_dir / "data" / "nats", run_dir / "logs" / "audit")
+        try:
+            streams = asyncio.run(read_streams(server.url))
+        finally:
+            server.stop()
 
     left: set[str] = set()
     left_garbage = 0

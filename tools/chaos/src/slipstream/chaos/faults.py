@@ -131,7 +131,7 @@ class Chaos:
         while True:
             svc = self.stack.services.get("learner")
             if svc is not None and svc.alive():
-                _, body = await asyncio.to_thread(read_json, svc.port, "/readyz", 1.0)
+                _, body = await asyncio.to_thread(read_json, svc.port, "/readyz", 1.0, svc.host)
                 step = ((body or {}).get("status") or {}).get("step")
                 if isinstance(step, int):
                     self.steps = max(self.steps, step)
@@ -191,7 +191,7 @@ class Chaos:
         svc = self.stack.services[name]
         t0 = time.monotonic()
         while True:
-            if svc.alive() and await asyncio.to_thread(probe_http, svc.port, "/readyz", timeout_s=0.5) == 200:
+            if svc.alive() and await asyncio.to_thread(probe_http, svc.port, "/readyz", svc.host, 0.5) == 200:
                 return time.monotonic() - t0
             if time.monotonic() - t0 > timeout_s:
                 raise FaultFailed(f"{name} not ready {timeout_s:.0f} s after its restart")
@@ -297,7 +297,7 @@ class Chaos:
         worker = self.stack.services["rollout-worker"]
 
         def refused() -> dict[str, int]:
-            _, body = read_json(worker.port, "/readyz", 1.0)
+            _, body = read_json(worker.port, "/readyz", 1.0, worker.host)
             status = (body or {}).get("status") or {}
             return dict((((status.get("weights") or {}).get("announces") or {}).get("refused")) or {})
 
@@ -318,7 +318,7 @@ class Chaos:
         rec.detail = {"newest_real_version": newest, "forged": sorted(announces), "worker_refused": dict(seen)}
         source = self.stack.services.get("task-source")
         if source is not None:
-            _, body = await asyncio.to_thread(read_json, source.port, "/readyz", 1.0)
+            _, body = await asyncio.to_thread(read_json, source.port, "/readyz", 1.0, source.host)
             st = (body or {}).get("status") or {}
             rec.detail["task_source_refused"] = dict(((st.get("announces") or {}).get("refused")) or {})
         took = await self._next_steps(self.gap, 240)

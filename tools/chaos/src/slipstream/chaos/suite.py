@@ -85,12 +85,12 @@ SCHEDULES: dict[str, tuple[int, int]] = {"search": (40, 1)}
 last fault settled at step 30: 40 leaves room, and a step there cost ~3 s after a ~400 s warm-start."""
 
 
-def parse_faults(text: str) -> list[str]:
-    """The schedule from --faults; a name it does not know is an error naming it."""
+def parse_faults(text: str, known: tuple[str, ...] = FAULTS) -> list[str]:
+    """The schedule from --faults; a name not in `known` is an error naming it."""
     names = [f.strip() for f in text.split(",") if f.strip()]
-    unknown = [f for f in names if f not in FAULTS]
+    unknown = [f for f in names if f not in known]
     if unknown:
-        raise ValueError(f"unknown fault(s) {', '.join(unknown)}; known: {', '.join(FAULTS)}")
+        raise ValueError(f"unknown fault(s) {', '.join(unknown)}; known: {', '.join(known)}")
     if not names:
         raise ValueError("--faults names no fault")
     return names
@@ -176,18 +176,52 @@ def figures(chaos: Chaos, summary: Any, found: dict[str, Any]) -> dict[str, Any]
     }
 
 
+def recovery(chaos: Any) -> dict[str, dict[str, Any]]:
+    """Per fault, its times to recover (the `_s` figures of its detail)."""
+    return {r.name: {k: v for k, v in r.detail.items() if k.endswith("_s")} for r in chaos.records}
+
+
 def run_chaos(
-    plan: Any, run_dir: Path, faults: list[str], *, gap: int = 2, first_at: int = 2, log: Callable[[str], None] = print
+    plan: Any,
+    run_dir: Path,
+    faults: list[str],
+    *,
+    gap: int = 2,
+    first_at: int = 2,
+    log: Callable[[str], None] = print,
+    hosts: int = 0,
 ) -> dict[str, Any]:
-    """One chaos run: the training under the schedule, then the audit; returns the figures (also RUN_DIR/chaos.json)."""
+    """One chaos run: the training under the schedule, then the audit; returns the figures (also RUN_DIR/chaos.json).
+
+    `hosts` (>= 3, root only) runs it on namespace hosts with the hosts' faults (hosts_faults.py)."""
+    from slipstream.chaos.hosts_faults import HostsChaos
     from slipstream.run.training import run_training
 
-    chaos = Chaos(plan, faults, gap=gap, first_at=first_at, log=log)
+    chaos = (HostsChaos if hosts else Chaos)(plan, faults, gap=gap, first_at=first_at, log=log)
     run_dir = run_dir.resolve()
-    summary = run_training(plan, run_dir, on_event=chaos.on_event, on_stack=chaos.on_stack, on_tap=chaos.on_tap)
+    summary = run_training(
+        plan, run_dir, on_event=chaos.on_event, on_stack=chaos.on_stack, on_tap=chaos.on_tap, hosts=hosts
+    )
     tap_ids = set(chaos.tap.ids.raw_ids) if chaos.tap is not None else set()
     trusted = chaos.stack.trusted_keys if chaos.stack is not None else []
-    found = audit(run_dir, run_dir.name, trusted, tap_ids)
+    if isinstance(chaos, HostsChaos):
+        if chaos.streams is None:
+            why = chaos.stream_read_error or "the stack never started"
+            summary.error = summary.error or f"the streams could not be read from the cluster: {why}"
+            summary.ok = False
+            out = {
+                "passed": False,
+                "finished": False,
+                "error": summary.error,
+                "faults": [r.as_dict() for r in chaos.records],
+            }
+            (run_dir / "chaos.json").write_text(json.dumps(out, indent=2) + "\n")
+            return out
+        found = audit(run_dir, run_dir.name, trusted, tap_ids, streams=chaos.streams)
+    else:
+        found = audit(run_dir, run_dir.name, trusted, tap_ids)
     out = figures(chaos, summary, found)
+    if isinstance(chaos, HostsChaos):
+        out["hosts"] = {"count": hosts, "placement": chaos.placement, "recovery": recovery(chaos)}
     (run_dir / "chaos.json").write_text(json.dumps(out, indent=2) + "\n")
     return out

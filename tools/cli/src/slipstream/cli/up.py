@@ -7,6 +7,12 @@ the first death instead.
 Exit codes: 0 after an orderly stop (SIGINT/SIGTERM), 1 when the stack could not become ready, a
 service was given up on, a server died, or (with --no-restart) a process died (unless
 --keep-going), 2 for bad arguments, 130 when interrupted while starting.
+
+`--hosts N` (N >= 3, root only) runs the stack on N network-namespace hosts instead of loopback
+(slipstream.stack.multihost): a 3-node JetStream cluster with every stream replicated 3 times,
+Redis with a replica and Sentinel, the services spread over the hosts; it prints where each
+process runs. Stopping it (Ctrl-C, SIGTERM) stops everything and removes the namespaces, their
+links and the bridge. Where namespaces cannot be made it says why and exits 2.
 Only argparse is imported at module level so `slipstream --help` stays instant.
 """
 
@@ -70,6 +76,14 @@ def register(sub: Any) -> None:
         help="the weight version every pool replica loads and keeps (default 0: [model]'s initial weights)",
     )
     p.add_argument(
+        "--hosts",
+        type=non_negative_int,
+        default=0,
+        metavar="N",
+        help="run on N (>= 3) network-namespace hosts with a 3-node JetStream cluster and Redis with Sentinel, the "
+        "services spread over them (root only); stopping removes the namespaces",
+    )
+    p.add_argument(
         "--keep-going", action="store_true", help="report a process that dies but keep the rest running (exit 0)"
     )
     p.set_defaults(func=run, parser=p)
@@ -81,16 +95,27 @@ def run(args: argparse.Namespace) -> int:
         spec = with_run_file(spec, args.run, args.parser)
     if args.subagent_pool is not None:
         spec = dataclasses.replace(spec, subagent_pool=args.subagent_pool)
-    spec = dataclasses.replace(spec, pin_version=args.pin_version)
+    spec = dataclasses.replace(spec, pin_version=args.pin_version, hosts=args.hosts)
+    if args.hosts:
+        from slipstream.stack.hosts import unavailable
+        from slipstream.stack.multihost import MIN_HOSTS
+
+        if args.hosts < MIN_HOSTS:
+            args.parser.error(f"--hosts must be at least {MIN_HOSTS} (a 3-node JetStream cluster), got {args.hosts}")
+        if spec.nats_url or spec.redis_url:
+            args.parser.error("--hosts starts its own NATS cluster and Redis failover set; drop --nats-url/--redis-url")
+        if why := unavailable():
+            args.parser.error(f"--hosts needs network namespaces, unavailable here: {why}")
 
     from rich.console import Console
 
     from slipstream.cli.health_table import health_table
-    from slipstream.stack.local import Stack, StackError, StackInterrupted
+    from slipstream.stack.local import StackError, StackInterrupted
+    from slipstream.stack.multihost import HostsStack, open_stack
     from slipstream.stack.signals import StopSignals
 
     console = Console(highlight=False, soft_wrap=True)
-    stack = Stack(spec, log=lambda msg: console.print(f"[dim]·[/dim] {msg}"))
+    stack = open_stack(spec, log=lambda msg: console.print(f"[dim]·[/dim] {msg}"))
     with StopSignals(stack.interrupt, stack.force_stop):
         console.print(f"slipstream up: run [bold]{stack.spec.run_id}[/bold] in {stack.spec.run_dir}")
         try:
@@ -108,6 +133,8 @@ def run(args: argparse.Namespace) -> int:
                 return 1
             state = stack.write_state()
             console.print(health_table(stack.health()))
+            if isinstance(stack, HostsStack):
+                console.print(where_table(stack.where()))
             console.print(
                 f"ready in {took:.1f} s; logs in {stack.spec.log_dir}/<name>.log; state in {state}\n"
                 "Ctrl-C stops everything" + (" (--keep-going: deaths are reported only)" if args.keep_going else "")
@@ -122,6 +149,18 @@ def run(args: argparse.Namespace) -> int:
             restarted = {n: c for n, c in stack.restarts.items() if c}
             if restarted:
                 console.print("restarts: " + ", ".join(f"{n} {c}" for n, c in restarted.items()))
+
+
+def where_table(rows: list[dict[str, Any]]) -> Any:
+    """Which host each process of a `--hosts` stack runs on."""
+    from rich.table import Table
+
+    table = Table(title="where each process runs")
+    for col in ("process", "host", "namespace", "address", "pid"):
+        table.add_column(col)
+    for r in rows:
+        table.add_row(r["name"], str(r["host"]), r["netns"], r["address"], str(r["pid"]))
+    return table
 
 
 def _supervise(stack: Stack, console: Console, *, keep_going: bool) -> int:
