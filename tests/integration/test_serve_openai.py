@@ -183,6 +183,98 @@ async def test_tool_call_is_parsed_into_openai_tool_calls(served: dict[str, Any]
     ]
 
 
+def _member_episodes(served: dict[str, Any], sessions: list[str]) -> list[Episode]:
+    """The episodes recorded for a group's member sessions, in member order."""
+    by_session = {e.metadata["session_id"]: e for e in served["sink"].episodes}
+    return [by_session[s] for s in sessions]
+
+
+def _assert_served_as_recorded(served: dict[str, Any], episode: Episode, call_id: str, ids: list[int]) -> None:
+    """One member: the ids the client got are the engine's, and its episode holds exactly them."""
+    produced = _engine_call(served["engine"], call_id)
+    assert ids == list(produced.completion_ids)
+    (sample,) = episode.samples
+    assert sample.ids() == list(produced.prompt_ids) + ids and sample.prompt_len == len(produced.prompt_ids)
+    assert sample.mask() == [1] * len(ids)
+    assert sample.behaviour_logprobs() == pytest.approx(list(produced.logprobs))
+
+
+async def test_chat_n_2_answers_two_choices_each_recorded_as_its_own_episode(served: dict[str, Any]) -> None:
+    client, ep = served["client"], served["ep"]
+    ask = {"model": MODEL, "messages": [{"role": "user", "content": "pick one"}], "max_tokens": 10, "seed": 5}
+    raw = await client.chat.completions.with_raw_response.create(
+        **ask, n=2, logprobs=True, extra_body={"return_token_ids": True}
+    )
+    resp = raw.parse()
+    assert [c.index for c in resp.choices] == [0, 1]
+    extra = resp.model_extra or {}
+    call_ids, sessions = extra["slipstream"]["call_ids"], extra["slipstream"]["session_ids"]
+    assert len(set(sessions)) == 2 and len(served["engine"].calls) == ep.recorder.recorded == 2
+    ids = [c.model_extra["token_ids"] for c in resp.choices]
+    assert ids[0] != ids[1]  # seeds 5 and 6: two draws, not one draw twice
+    assert resp.usage.completion_tokens == len(ids[0]) + len(ids[1])
+    assert [c.model_extra["slipstream"]["call_id"] for c in resp.choices] == call_ids
+    for choice, call_id in zip(resp.choices, call_ids, strict=True):
+        produced = _engine_call(served["engine"], call_id)
+        assert [e.logprob for e in choice.logprobs.content] == pytest.approx(list(produced.logprobs))
+        assert extra["prompt_token_ids"] == list(produced.prompt_ids)
+    # One call with the same seed and n = 1 is member 0's draw.
+    single = await client.chat.completions.create(**ask, extra_body={"return_token_ids": True})
+    assert single.choices[0].model_extra["token_ids"] == ids[0]
+    await ep.recorder.flush_all()
+    episodes = _member_episodes(served, sessions)
+    for episode, call_id, member_ids in zip(episodes, call_ids, ids, strict=True):
+        _assert_served_as_recorded(served, episode, call_id, member_ids)
+        assert episode.metadata["group_key"] == raw.headers["x-slipstream-group"]
+        assert episode.metadata["group_size"] == "2"
+    assert len(served["sink"].episodes) == 3  # the two members and the single call
+    # The same key asks again: a fresh pair of sessions, never folded into the first pair's episodes.
+    again = await client.chat.completions.create(**ask, n=2)
+    assert not set((again.model_extra or {})["slipstream"]["session_ids"]) & set(sessions)
+
+
+async def test_chat_n_2_streamed_sends_each_choice_under_its_index(served: dict[str, Any]) -> None:
+    client, ep = served["client"], served["ep"]
+    ask = {"model": MODEL, "messages": [{"role": "user", "content": "two streams"}], "max_tokens": 8, "seed": 9}
+    stream = await client.chat.completions.create(
+        **ask, n=2, stream=True, stream_options={"include_usage": True}, extra_body={"return_token_ids": True}
+    )
+    chunks = [c async for c in stream]
+    ids: dict[int, list[int]] = {0: [], 1: []}
+    text: dict[int, str] = {0: "", 1: ""}
+    ends: dict[int, dict[str, Any]] = {}
+    for chunk in chunks:
+        for choice in chunk.choices:
+            ids[choice.index] += (choice.model_extra or {}).get("token_ids") or []
+            text[choice.index] += choice.delta.content or ""
+            if choice.finish_reason is not None:
+                ends[choice.index] = (chunk.model_extra or {})["slipstream"]
+    assert sorted(ends) == [0, 1] and ends[0]["session_id"] != ends[1]["session_id"]
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == len(ids[0]) + len(ids[1])
+    # Not streamed, the same seed: the same two draws, in the same order.
+    plain = await client.chat.completions.create(**ask, n=2, extra_body={"return_token_ids": True})
+    assert [c.model_extra["token_ids"] for c in plain.choices] == [ids[0], ids[1]]
+    assert [c.message.content for c in plain.choices] == [text[0], text[1]]
+    await ep.recorder.flush_all()
+    sessions = [ends[0]["session_id"], ends[1]["session_id"]]
+    for i, episode in enumerate(_member_episodes(served, sessions)):
+        _assert_served_as_recorded(served, episode, ends[i]["call_id"], ids[i])
+
+
+async def test_completions_n_2_answers_two_choices_each_recorded_as_its_own_episode(served: dict[str, Any]) -> None:
+    client, ep = served["client"], served["ep"]
+    resp = await client.completions.create(
+        model=MODEL, prompt="7*6=", max_tokens=6, n=2, seed=2, extra_body={"return_token_ids": True}
+    )
+    assert [c.index for c in resp.choices] == [0, 1]
+    call_ids = (resp.model_extra or {})["slipstream"]["call_ids"]
+    sessions = (resp.model_extra or {})["slipstream"]["session_ids"]
+    await ep.recorder.flush_all()
+    for choice, episode, call_id in zip(resp.choices, _member_episodes(served, sessions), call_ids, strict=True):
+        _assert_served_as_recorded(served, episode, call_id, choice.model_extra["token_ids"])
+    assert len(served["sink"].episodes) == 2
+
+
 async def test_a_retried_request_is_replayed_and_recorded_once(served: dict[str, Any]) -> None:
     client, ep, engine = served["client"], served["ep"], served["engine"]
     served["fail"].failed = 0  # arm: the first attempt is served, then its response is lost
@@ -289,7 +381,7 @@ async def test_completions_models_health_and_versions(served: dict[str, Any]) ->
     [
         ({"model": "gpt-4o", "messages": [{"role": "user", "content": "x"}]}, openai.NotFoundError, "model"),
         ({"model": MODEL, "messages": []}, openai.BadRequestError, "messages"),
-        ({"model": MODEL, "messages": [{"role": "user", "content": "x"}], "n": 2}, openai.BadRequestError, "n"),
+        ({"model": MODEL, "messages": [{"role": "user", "content": "x"}], "n": 65}, openai.BadRequestError, "n"),
         ({"model": MODEL, "messages": [{"role": "robot", "content": "x"}]}, openai.BadRequestError, "messages[0]"),
         (
             {"model": MODEL, "messages": [{"role": "user", "content": "x"}], "max_tokens": 0},

@@ -105,7 +105,8 @@ async def test_idle_sessions_flush_to_the_sink() -> None:
     [
         ({"messages": [{"role": "user", "content": "x"}]}, "model"),
         ({"model": "m"}, "messages"),
-        ({"model": "m", "messages": [{"role": "user", "content": "x"}], "n": 3}, "n"),
+        ({"model": "m", "messages": [{"role": "user", "content": "x"}], "n": 0}, "n"),
+        ({"model": "m", "messages": [{"role": "user", "content": "x"}], "n": 65}, "n"),
         ({"model": "m", "messages": [{"role": "user", "content": "x"}], "max_tokens": 65}, "max_tokens"),
         ({"model": "m", "messages": [{"role": "user", "content": "x"}], "max_tokens": True}, "max_tokens"),
         ({"model": "m", "messages": [{"role": "user", "content": "x"}], "temperature": 3}, "temperature"),
@@ -141,11 +142,12 @@ def test_valid_requests_become_sampling_params() -> None:
             "stream": True,
             "stream_options": {"include_usage": True},
             "top_k": 5,
+            "n": 2,
         },
         **LIMITS,
     )
     assert call.params == SamplingParams(temperature=0.0, top_k=5, max_tokens=9, stop=["\n"], seed=4)
-    assert call.stream and call.include_usage
+    assert call.stream and call.include_usage and call.n == 2
     assert parse_completion({"model": "m", "prompt": [1, 2]}, **LIMITS).prompt_ids == [1, 2]
     with pytest.raises(RequestError) as info:
         parse_completion({"model": "m", "prompt": [1, True]}, **LIMITS)

@@ -10,6 +10,10 @@ the environment's name, its object the `Environment` subclass, or a module whose
 it). A plugin is imported the first time its name is looked up, so every process that builds
 environments by name (worker, reward model, eval gate, task source) finds it, and a plugin that
 fails to import breaks only the runs that name it, with an `EnvError` saying why.
+
+An environment that holds something open for the whole process (the verifiers runner and the
+processes beneath it) registers its closer with `on_close`; a process that plays episodes calls
+`close_envs()` when it stops (the rollout worker's close), so none of it outlives the process.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ import importlib.metadata
 import inspect
 import logging
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, TypeVar
 
 import msgspec
@@ -32,12 +36,25 @@ PLUGIN_GROUP = "slipstream.environments"
 log = logging.getLogger(__name__)
 
 ENVIRONMENTS: dict[str, type[Environment[Any]]] = {}
+_CLOSERS: list[Callable[[], Awaitable[None]]] = []
 
 E = TypeVar("E", bound=type[Environment[Any]])
 
 
 class EnvError(ValueError):
     """An unknown environment, an unknown option, or an option of the wrong type or value."""
+
+
+def on_close(closer: Callable[[], Awaitable[None]]) -> None:
+    """Have `close_envs` await `closer` (once, however often it is registered)."""
+    if closer not in _CLOSERS:
+        _CLOSERS.append(closer)
+
+
+async def close_envs() -> None:
+    """Close what environments hold open for the process (`on_close`), in the order registered."""
+    for closer in list(_CLOSERS):
+        await closer()
 
 
 def register(name: str) -> Callable[[E], E]:

@@ -14,7 +14,9 @@ call is replayed, not resampled) →
 implicit signals for the session's previous call (`slipstream.serve.feedback`) →
 `engine.generate` → record (`slipstream.serve.record`) → respond. Every response names the
 policy version of its newest token in `x-slipstream-policy-version`, and carries the call's
-per-token version segments under `slipstream` in the body.
+per-token version segments under `slipstream` in the body. A call with `n` > 1 (any of the three
+generating routes) is n such calls of its one prompt, each its own session and episode, one
+group (`slipstream.serve.group`).
 
 A streamed chat call without tools, on an engine that shows a running request's tokens
 (`TorchEngine.progress`), is written as its tokens are sampled (`slipstream.serve.live`). Any
@@ -40,13 +42,14 @@ from slipstream.serve.call_record import CallRecord
 from slipstream.serve.chat import ChatFormat, Reply
 from slipstream.serve.config import ServeConfig
 from slipstream.serve.feedback import FeedbackPost, Implicit, last_user_text, parse_feedback
-from slipstream.serve.generate import GROUP_HEADER, GenerateRoute, request_group
 from slipstream.serve.generate import ROUTE as GENERATE_ROUTE
+from slipstream.serve.generate import GenerateRoute
+from slipstream.serve.group import GROUP_HEADER, request_group, serve_group
 from slipstream.serve.live import stream_chat
 from slipstream.serve.protocol import Call, RequestError, body_hash, parse_chat, parse_completion
 from slipstream.serve.record import Recorder
 from slipstream.serve.render import completion_text, render_chat, render_completion, sse_chat, sse_completion
-from slipstream.serve.top_logprobs import top_alternatives
+from slipstream.serve.top_logprobs import Alternatives, top_alternatives
 from slipstream.telemetry.logs import get_logger
 from slipstream.telemetry.metrics import REGISTRY
 
@@ -216,10 +219,11 @@ class ServeApp:
 
         async def replay(record: CallRecord, replayed: bool) -> web.StreamResponse:
             headers = self._headers(record, replayed)
-            return await sse_chat(request, self.model_name, record, reply_of(record), call, self.fmt, headers)
+            return await sse_chat(request, self.model_name, [record], [reply_of(record)], call, self.fmt, headers)
 
         progress = getattr(self.engine, "progress", None)
-        if call.stream and tools is None and not call.top_logprobs and callable(progress):  # as sampled (live.py)
+        live = call.stream and call.n == 1 and tools is None and not call.top_logprobs
+        if live and callable(progress):  # as sampled (live.py)
             return await stream_chat(
                 request,
                 progress=progress,
@@ -231,16 +235,16 @@ class ServeApp:
                 model=self.model_name,
                 version=self.engine.policy_version,
             )
-        record, replayed = await self._serve(request, call, raw, key, prompt_ids, "messages", user_text)
-        headers = self._headers(record, replayed)
-        tops = None
+        records, headers = await self._serve_n(request, call, raw, key, prompt_ids, "messages", user_text)
+        replies = [reply_of(r) for r in records]
+        tops: list[Alternatives | None] | None = None
         if call.top_logprobs:
-            tops, version = await top_alternatives(self.engine, record, call.top_logprobs)
-            headers["x-slipstream-top-logprobs-version"] = str(version)
+            computed = [await top_alternatives(self.engine, r, call.top_logprobs) for r in records]
+            tops = [alternatives for alternatives, _ in computed]
+            headers["x-slipstream-top-logprobs-version"] = ",".join(str(v) for _, v in computed)
         if call.stream:
-            return await sse_chat(request, self.model_name, record, reply_of(record), call, self.fmt, headers, tops)
-        body = render_chat(self.model_name, record, reply_of(record), call, self.fmt, tops)
-        return web.json_response(body, headers=headers)
+            return await sse_chat(request, self.model_name, records, replies, call, self.fmt, headers, tops)
+        return web.json_response(render_chat(self.model_name, records, replies, call, self.fmt, tops), headers=headers)
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
         key = self._auth(request)
@@ -255,11 +259,10 @@ class ServeApp:
             prompt_ids = call.prompt_ids
         else:
             prompt_ids = self.fmt.encode(call.prompt_text or "")
-        record, replayed = await self._serve(request, call, raw, key, prompt_ids, "prompt")
-        headers = self._headers(record, replayed)
+        records, headers = await self._serve_n(request, call, raw, key, prompt_ids, "prompt")
         if call.stream:
-            return await sse_completion(request, self.model_name, record, call, self.fmt, headers)
-        return web.json_response(render_completion(self.model_name, record, call, self.fmt), headers=headers)
+            return await sse_completion(request, self.model_name, records, call, self.fmt, headers)
+        return web.json_response(render_completion(self.model_name, records, call, self.fmt), headers=headers)
 
     async def feedback(self, request: web.Request) -> web.Response:
         """`POST /v1/feedback`: 200 recorded / duplicate, 404 unknown target, 409 already released."""
@@ -360,6 +363,27 @@ class ServeApp:
             "x-slipstream-replayed": "true" if replayed else "false",
             **({GROUP_HEADER: record.group_key} if record.group_key else {}),
         }
+
+    async def _serve_n(
+        self,
+        request: web.Request,
+        call: Call,
+        raw: bytes,
+        key: str,
+        prompt_ids: list[int],
+        prompt_param: str,
+        user_text: str | None = None,
+    ) -> tuple[list[CallRecord], dict[str, str]]:
+        """The call's `n` records (one, or a group: group.py) and its response headers."""
+        if call.n == 1:
+            record, replayed = await self._serve(request, call, raw, key, prompt_ids, prompt_param, user_text)
+            return [record], self._headers(record, replayed)
+        records, replayed, group = await serve_group(
+            self, request, call, raw, key, prompt_ids, prompt_param, call.n, user_text
+        )
+        headers = self._headers(records[0], replayed)
+        headers[GROUP_HEADER] = group
+        return records, headers
 
     async def _serve(
         self,

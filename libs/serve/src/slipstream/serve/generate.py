@@ -15,21 +15,14 @@ A call is served and recorded exactly like a completions call with token ids (`S
 same admission, sessions, retry coalescing and episode assembly, so a multi-turn rollout whose
 every prompt extends the previous context is one sample with its observations at mask 0.
 
-`n` > 1 samples n completions of the one prompt in one call: each is its own rollout, recorded in
-session `<session>/<i>` (so each becomes its own episode, whatever headers the client sends; with
-no session named, `<session>` is fresh per call), with seeds `seed + i` when a seed is given. The
-n share a group key (`x-slipstream-group` in the response, `grp-<session>`), and the release
-stage publishes their n episodes as one group once all n are done (pending.py: per prompt, not
-in arrival order). A client that sends the same prompt in separate calls names the group itself:
-`x-slipstream-group: <key>` (and optionally `x-slipstream-group-size: <members>`, else the
-endpoint's `group_size`) on each call, any route; on an n > 1 call its key replaces `grp-...`.
+`n` > 1 samples n completions of the one prompt in one call, each its own rollout and episode
+in one group (group.py, shared with the OpenAI routes); `x-slipstream-group` in the response
+names the group.
 """
 
 from __future__ import annotations
 
-import asyncio
 import math
-import uuid
 from typing import Any, Protocol
 
 from aiohttp import web
@@ -37,14 +30,10 @@ from aiohttp import web
 from slipstream.engine.interface import SamplingParams
 from slipstream.serve.call_record import CallRecord
 from slipstream.serve.chat import ChatFormat
-from slipstream.serve.protocol import Call, RequestError
+from slipstream.serve.group import GROUP_HEADER, Serving, serve_group
+from slipstream.serve.protocol import MAX_N, Call, RequestError
 
 ROUTE = "/inference/v1/generate"
-GROUP_HEADER = "x-slipstream-group"
-GROUP_SIZE_HEADER = "x-slipstream-group-size"
-MAX_N = 64
-MAX_GROUP_KEY = 256
-MAX_GROUP_SIZE = 4096
 
 # vLLM sampling fields that change nothing here (or describe the response shape we always give).
 _HARMLESS = {
@@ -182,36 +171,6 @@ def parse_generate(body: Any, *, default_max_tokens: int, max_tokens_limit: int,
     return n, Call(endpoint="generate", model=model, params=params, prompt_ids=list(ids), session_id=session)
 
 
-def request_group(headers: Any) -> tuple[str, int]:
-    """(group key, members it asks for; 0 = the endpoint's `group_size`) a client named in its
-    headers, ('', 0) when none; a 400 naming the header when either is malformed."""
-    key = headers.get(GROUP_HEADER, "").strip()
-    size_text = headers.get(GROUP_SIZE_HEADER, "").strip()
-    if not key:
-        if size_text:
-            raise RequestError(
-                f"'{GROUP_SIZE_HEADER}' needs '{GROUP_HEADER}' (the key the members share)", param=GROUP_SIZE_HEADER
-            )
-        return "", 0
-    if len(key) > MAX_GROUP_KEY or not key.isprintable():
-        raise RequestError(
-            f"'{GROUP_HEADER}' must be printable and at most {MAX_GROUP_KEY} characters, got {key[:40]!r}...",
-            param=GROUP_HEADER,
-        )
-    if not size_text:
-        return key, 0
-    try:
-        size = int(size_text)
-    except ValueError:
-        size = 0
-    if not 1 <= size <= MAX_GROUP_SIZE:
-        raise RequestError(
-            f"'{GROUP_SIZE_HEADER}' must be an integer in [1, {MAX_GROUP_SIZE}], got {size_text!r}",
-            param=GROUP_SIZE_HEADER,
-        )
-    return key, size
-
-
 def choice_body(index: int, ids: list[int], logprobs: list[float], finish_reason: str) -> dict[str, Any]:
     """One choice in vLLM's shape: exact ids, and log-probs keyed by id (`token_id:<id>`)."""
     content = [{"token": f"token_id:{t}", "logprob": lp} for t, lp in zip(ids, logprobs, strict=True)]
@@ -241,7 +200,7 @@ def render_generate(records: list[CallRecord]) -> dict[str, Any]:
     }
 
 
-class Endpoint(Protocol):
+class Endpoint(Serving, Protocol):
     """What the route shares with the endpoint it is mounted on (`app.ServeApp`)."""
 
     fmt: ChatFormat
@@ -251,21 +210,7 @@ class Endpoint(Protocol):
     def _admit(self) -> None: ...
     async def _body(self, request: web.Request) -> tuple[Any, bytes]: ...
     def _check_model(self, call: Call) -> None: ...
-    def _session(self, request: web.Request, call: Call, key: str) -> str: ...
     def _headers(self, record: CallRecord, replayed: bool) -> dict[str, str]: ...
-    async def _serve(
-        self,
-        request: web.Request,
-        call: Call,
-        raw: bytes,
-        key: str,
-        prompt_ids: list[int],
-        prompt_param: str,
-        user_text: str | None = None,
-        *,
-        session: str | None = None,
-        group: tuple[str, int] | None = None,
-    ) -> tuple[CallRecord, bool]: ...
 
 
 class GenerateRoute:
@@ -287,42 +232,7 @@ class GenerateRoute:
             record, replayed = await app._serve(request, call, raw, key, prompt_ids, "token_ids")
             headers = app._headers(record, replayed)
             return web.json_response(render_generate([record]), headers=headers)
-        # n rollouts of one prompt: each its own session (so its own episode), one group key.
-        base = app._session(request, call, key)
-        if not (request.headers.get("X-Session-ID", "").strip() or call.session_id):
-            # No session named: every call is a fresh group of rollouts (a key alone would
-            # otherwise fold a client's successive groups into the same n sessions).
-            base = f"{base.removeprefix('anon-')}/{uuid.uuid4().hex[:12]}"
-        named = request_group(request.headers)
-        group = named if named[0] else (f"grp-{base}", n)
-        served = await asyncio.gather(
-            *(
-                app._serve(
-                    request,
-                    _member(call, f"{base}/{i}", i),
-                    raw + f"#{i}".encode(),
-                    key,
-                    prompt_ids,
-                    "token_ids",
-                    session=f"{base}/{i}",
-                    group=group,
-                )
-                for i in range(n)
-            )
-        )
-        records = [r for r, _ in served]
-        headers = app._headers(records[0], any(rep for _, rep in served))
-        headers[GROUP_HEADER] = group[0]
+        records, replayed, group = await serve_group(app, request, call, raw, key, prompt_ids, "token_ids", n)
+        headers = app._headers(records[0], replayed)
+        headers[GROUP_HEADER] = group
         return web.json_response(render_generate(records), headers=headers)
-
-
-def _member(call: Call, session: str, index: int) -> Call:
-    """Call `index` of an n-group: its own session; its own seed when the request fixed one."""
-    params = call.params
-    if params.seed is not None:
-        params = SamplingParams(**{**_fields(params), "seed": params.seed + index})
-    return Call(endpoint=call.endpoint, model=call.model, params=params, prompt_ids=call.prompt_ids, session_id=session)
-
-
-def _fields(params: SamplingParams) -> dict[str, Any]:
-    return {f: getattr(params, f) for f in params.__struct_fields__}

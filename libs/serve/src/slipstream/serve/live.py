@@ -128,7 +128,7 @@ async def stream_chat(
     last["slipstream"] = _extras(record)
     await _send(resp, last)
     if call.include_usage:
-        await _send(resp, {**base, "choices": [], "usage": _usage(record)})
+        await _send(resp, {**base, "choices": [], "usage": _usage([record])})
     await _send(resp, "[DONE]")
     await resp.write_eof()
     return resp

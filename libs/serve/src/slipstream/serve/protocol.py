@@ -1,7 +1,7 @@
 """The OpenAI wire surface: request validation into typed calls, and OpenAI-shaped errors.
 
 Only what the endpoint serves is accepted, and everything else is refused by name, because a
-silently ignored field (say `n = 4`, or `logit_bias`) would hand the client something other
+silently ignored field (say `logit_bias`) would hand the client something other
 than what it asked for and record data nobody can interpret later. Unknown *extra* keys are
 tolerated (clients send `user`, `metadata`, `store`, ...), as OpenAI-compatible servers do.
 
@@ -19,6 +19,7 @@ from typing import Any
 from slipstream.engine.interface import SamplingParams
 
 MAX_TOP_LOGPROBS = 20  # OpenAI's bound
+MAX_N = 64  # completions of one prompt in one call (each its own recorded rollout)
 
 
 class RequestError(Exception):
@@ -53,6 +54,7 @@ class Call:
     endpoint: str  # "chat" | "completions"
     model: str
     params: SamplingParams
+    n: int = 1  # completions of the prompt; n > 1 serves each as its own rollout (group.py)
     stream: bool = False
     include_usage: bool = False
     logprobs: bool = False
@@ -105,9 +107,6 @@ def _kind_name(kind: type | tuple[type, ...]) -> str:
 
 def sampling_params(body: dict[str, Any], *, default_max_tokens: int, max_tokens_limit: int) -> SamplingParams:
     """The engine's sampling parameters from OpenAI fields (plus vLLM's `top_k` / `ignore_eos` extras)."""
-    n = _get(body, "n", int, 1)
-    if n != 1:
-        raise RequestError(f"'n' must be 1 (one completion per call is served), got {n}", param="n")
     param = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
     max_tokens = _get(body, param, int, default_max_tokens)
     if not 1 <= max_tokens <= max_tokens_limit:
@@ -158,10 +157,14 @@ def _common(body: dict[str, Any], endpoint: str, **limits: int) -> Call:
     if options and not stream:
         raise RequestError("'stream_options' is only allowed with 'stream': true", param="stream_options")
     session = _get(body, "session_id", str, "")
+    n = _get(body, "n", int, 1)
+    if not 1 <= n <= MAX_N:
+        raise RequestError(f"'n' must be in [1, {MAX_N}], got {n}", param="n")
     call = Call(
         endpoint=endpoint,
         model=model,
         params=sampling_params(body, **limits),
+        n=n,
         stream=stream,
         include_usage=bool(options.get("include_usage", False)),
         return_token_ids=bool(_get(body, "return_token_ids", bool, False)),

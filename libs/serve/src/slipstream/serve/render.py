@@ -20,8 +20,9 @@ from slipstream.serve.protocol import Call
 from slipstream.serve.top_logprobs import Alternatives
 
 
-def _usage(record: CallRecord) -> dict[str, int]:
-    p, c = len(record.prompt_ids), len(record.completion_ids)
+def _usage(records: list[CallRecord]) -> dict[str, int]:
+    """One call's usage: the prompt once, the completions of all its choices."""
+    p, c = len(records[0].prompt_ids), sum(len(r.completion_ids) for r in records)
     return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}
 
 
@@ -32,6 +33,16 @@ def _extras(record: CallRecord) -> dict[str, Any]:
         "policy_segments": [list(s) for s in record.segments],
         "template_hash": record.template_hash,
     }
+
+
+def _group_extras(records: list[CallRecord]) -> dict[str, Any]:
+    """The body's `slipstream`: choice 0's extras, and with n > 1 every member's call and session."""
+    out = _extras(records[0])
+    if len(records) > 1:
+        out["call_ids"] = [r.call_id for r in records]
+        out["session_ids"] = [r.session_id for r in records]
+        out["group_key"] = records[0].group_key
+    return out
 
 
 def completion_text(record: CallRecord, fmt: ChatFormat) -> str:
@@ -72,48 +83,69 @@ def _message(reply: Reply) -> dict[str, Any]:
 
 
 def render_chat(
-    model: str, record: CallRecord, reply: Reply, call: Call, fmt: ChatFormat, tops: Alternatives | None = None
+    model: str,
+    records: list[CallRecord],
+    replies: list[Reply],
+    call: Call,
+    fmt: ChatFormat,
+    tops: list[Alternatives | None] | None = None,
 ) -> dict[str, Any]:
-    choice: dict[str, Any] = {
-        "index": 0,
-        "message": _message(reply),
-        "finish_reason": reply.finish_reason,
-        "logprobs": {"content": _token_logprobs(record, fmt, tops=tops), "refusal": None} if call.logprobs else None,
-    }
+    """A chat completion of one call's records, one choice each (n > 1: in member order); each
+    choice carries its own record's `slipstream` extras."""
+    tops = tops or [None] * len(records)
+    choices = []
+    for i, (record, reply, top) in enumerate(zip(records, replies, tops, strict=True)):
+        choice: dict[str, Any] = {
+            "index": i,
+            "message": _message(reply),
+            "finish_reason": reply.finish_reason,
+            "logprobs": {"content": _token_logprobs(record, fmt, tops=top), "refusal": None} if call.logprobs else None,
+            "slipstream": _extras(record),
+        }
+        if call.return_token_ids:
+            choice["token_ids"] = record.completion_ids
+        choices.append(choice)
+    first = records[0]
     out: dict[str, Any] = {
-        "id": f"chatcmpl-{record.call_id}",
+        "id": f"chatcmpl-{first.call_id}",
         "object": "chat.completion",
-        "created": int(record.created),
+        "created": int(first.created),
         "model": model,
-        "choices": [choice],
-        "usage": _usage(record),
-        "slipstream": _extras(record),
+        "choices": choices,
+        "usage": _usage(records),
+        "slipstream": _group_extras(records),
     }
     if call.return_token_ids:
-        out["prompt_token_ids"] = record.prompt_ids
-        choice["token_ids"] = record.completion_ids
+        out["prompt_token_ids"] = first.prompt_ids
     return out
 
 
-def render_completion(model: str, record: CallRecord, call: Call, fmt: ChatFormat) -> dict[str, Any]:
-    choice: dict[str, Any] = {
-        "index": 0,
-        "text": completion_text(record, fmt),
-        "finish_reason": record.finish_reason,
-        "logprobs": _legacy_logprobs(record, fmt) if call.logprobs else None,
-    }
+def render_completion(model: str, records: list[CallRecord], call: Call, fmt: ChatFormat) -> dict[str, Any]:
+    """A text completion of one call's records, one choice each (n > 1: in member order)."""
+    choices = []
+    for i, record in enumerate(records):
+        choice: dict[str, Any] = {
+            "index": i,
+            "text": completion_text(record, fmt),
+            "finish_reason": record.finish_reason,
+            "logprobs": _legacy_logprobs(record, fmt) if call.logprobs else None,
+            "slipstream": _extras(record),
+        }
+        if call.return_token_ids:
+            choice["token_ids"] = record.completion_ids
+        choices.append(choice)
+    first = records[0]
     out: dict[str, Any] = {
-        "id": f"cmpl-{record.call_id}",
+        "id": f"cmpl-{first.call_id}",
         "object": "text_completion",
-        "created": int(record.created),
+        "created": int(first.created),
         "model": model,
-        "choices": [choice],
-        "usage": _usage(record),
-        "slipstream": _extras(record),
+        "choices": choices,
+        "usage": _usage(records),
+        "slipstream": _group_extras(records),
     }
     if call.return_token_ids:
-        out["prompt_token_ids"] = record.prompt_ids
-        choice["token_ids"] = record.completion_ids
+        out["prompt_token_ids"] = first.prompt_ids
     return out
 
 
@@ -159,22 +191,44 @@ async def _send(resp: web.StreamResponse, obj: dict[str, Any] | str) -> None:
 async def sse_chat(
     request: web.Request,
     model: str,
+    records: list[CallRecord],
+    replies: list[Reply],
+    call: Call,
+    fmt: ChatFormat,
+    headers: dict[str, str],
+    tops: list[Alternatives | None] | None = None,
+) -> web.StreamResponse:
+    """The replayed stream of one call's records: each choice's chunks in turn (n > 1: member
+    order, each chunk naming its choice's `index`), its last chunk with its record's extras."""
+    resp = await _open_sse(request, headers)
+    first = records[0]
+    base = {"id": f"chatcmpl-{first.call_id}", "object": "chat.completion.chunk", "created": int(first.created)}
+    base["model"] = model
+    tops = tops or [None] * len(records)
+    for index, (record, reply, top) in enumerate(zip(records, replies, tops, strict=True)):
+        await _sse_chat_choice(resp, base, index, record, reply, call, fmt, top)
+    if call.include_usage:
+        await _send(resp, {**base, "choices": [], "usage": _usage(records)})
+    await _send(resp, "[DONE]")
+    await resp.write_eof()
+    return resp
+
+
+async def _sse_chat_choice(
+    resp: web.StreamResponse,
+    base: dict[str, Any],
+    index: int,
     record: CallRecord,
     reply: Reply,
     call: Call,
     fmt: ChatFormat,
-    headers: dict[str, str],
-    tops: Alternatives | None = None,
-) -> web.StreamResponse:
-    resp = await _open_sse(request, headers)
-    base = {"id": f"chatcmpl-{record.call_id}", "object": "chat.completion.chunk", "created": int(record.created)}
-    base["model"] = model
-
+    tops: Alternatives | None,
+) -> None:
     def chunk(delta: dict[str, Any], finish: str | None = None, logprobs: Any = None) -> dict[str, Any]:
-        return {**base, "choices": [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": logprobs}]}
+        return {**base, "choices": [{"index": index, "delta": delta, "finish_reason": finish, "logprobs": logprobs}]}
 
     first: dict[str, Any] = chunk({"role": "assistant", "content": ""})
-    if call.return_token_ids:
+    if call.return_token_ids and index == 0:
         first["prompt_token_ids"] = record.prompt_ids
     await _send(resp, first)
     if reply.tool_calls:
@@ -203,30 +257,28 @@ async def sse_chat(
     last = chunk({}, finish=reply.finish_reason)
     last["slipstream"] = _extras(record)
     await _send(resp, last)
-    if call.include_usage:
-        await _send(resp, {**base, "choices": [], "usage": _usage(record)})
-    await _send(resp, "[DONE]")
-    await resp.write_eof()
-    return resp
 
 
 async def sse_completion(
-    request: web.Request, model: str, record: CallRecord, call: Call, fmt: ChatFormat, headers: dict[str, str]
+    request: web.Request, model: str, records: list[CallRecord], call: Call, fmt: ChatFormat, headers: dict[str, str]
 ) -> web.StreamResponse:
+    """The replayed stream of one call's records, each choice's chunks in turn (`index` names it)."""
     resp = await _open_sse(request, headers)
-    base = {"id": f"cmpl-{record.call_id}", "object": "text_completion", "created": int(record.created), "model": model}
+    first = records[0]
+    base = {"id": f"cmpl-{first.call_id}", "object": "text_completion", "created": int(first.created), "model": model}
+    for index, record in enumerate(records):
 
-    def chunk(text: str, finish: str | None = None) -> dict[str, Any]:
-        return {**base, "choices": [{"index": 0, "text": text, "finish_reason": finish, "logprobs": None}]}
+        def chunk(text: str, finish: str | None = None, index: int = index) -> dict[str, Any]:
+            return {**base, "choices": [{"index": index, "text": text, "finish_reason": finish, "logprobs": None}]}
 
-    for _, text in text_deltas(record, fmt, completion_text(record, fmt)):
-        if text:
-            await _send(resp, chunk(text))
-    last = chunk("", finish=record.finish_reason)
-    last["slipstream"] = _extras(record)
-    await _send(resp, last)
+        for _, text in text_deltas(record, fmt, completion_text(record, fmt)):
+            if text:
+                await _send(resp, chunk(text))
+        last = chunk("", finish=record.finish_reason)
+        last["slipstream"] = _extras(record)
+        await _send(resp, last)
     if call.include_usage:
-        await _send(resp, {**base, "choices": [], "usage": _usage(record)})
+        await _send(resp, {**base, "choices": [], "usage": _usage(records)})
     await _send(resp, "[DONE]")
     await resp.write_eof()
     return resp

@@ -49,6 +49,7 @@ from slipstream.engine.frozen import FrozenEngine
 from slipstream.engine.interface import Engine
 from slipstream.engine.source import load_model, load_tokenizer_only, resolve_device, torch_dtype
 from slipstream.engine.tokenizer import Tokenizer
+from slipstream.envs.registry import close_envs
 from slipstream.rollout_worker.config import RolloutWorkerConfig
 from slipstream.rollout_worker.follower import WeightFollower
 from slipstream.rollout_worker.instruments import sample_gauges
@@ -469,6 +470,8 @@ class RolloutWorkerService(BaseService):
             await asyncio.gather(fetch, follow, gauges, stopped, failed, return_exceptions=True)
 
     async def close(self) -> None:
+        # What environments keep open for the process (the verifiers runner and its tool servers).
+        await close_envs()
         if self.endpoint is not None:
             # Before the engine stops (in-flight calls finish) and the store closes (sessions flush into it).
             await self.endpoint.close()

@@ -16,13 +16,17 @@ the episode records exactly what the harness was served. The wire shape is libs/
 (`slipstream.serve.generate`), the one Slipstream's endpoint serves.
 
 `Runner` keeps the verifiers-side process (`runner.py`, run by verifiers' own interpreter) and
-matches its answers to the episodes that asked.
+matches its answers to the episodes that asked. Closing it ends everything started beneath it
+(reaper.py): its input closes, it cancels its episodes, lets verifiers tear them down and kills
+what is left beneath it (it is their subreaper, so tool servers in sessions of their own too);
+should it not exit within `CLOSE_S`, its whole tree is frozen and killed from here.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import sys
 import uuid
@@ -33,12 +37,18 @@ from typing import Any, ClassVar
 from aiohttp import web
 
 from slipstream.envs.context import EpisodeContext, Thread
+from slipstream.envs.registry import on_close
+from slipstream.envs.verifiers.reaper import kill_tree
 from slipstream.serve.generate import ROUTE, choice_body, parse_generate
 from slipstream.serve.protocol import RequestError
+
+log = logging.getLogger(__name__)
 
 EPISODE_HEADER = "X-Slipstream-Episode"
 RUNNER = Path(__file__).with_name("runner.py")
 STARTUP_S = 300.0  # the runner's limit to import verifiers and say it is ready
+CLOSE_S = 15.0  # the runner's limit to tear its episodes down and exit once its input closes
+ROUTE_SHUTDOWN_S = 2.0  # the route's wait for calls in flight when it closes (aiohttp's default: 60 s)
 
 
 @dataclass
@@ -66,7 +76,8 @@ class GenerateRoute:
         app = web.Application(client_max_size=16 * 1024 * 1024)
         app.router.add_post(ROUTE, self.generate)
         app.router.add_get("/v1/models", self.models)
-        self.runner = web.AppRunner(app, access_log=None)
+        # Closed after the runner: a call still in flight then has no harness left to answer.
+        self.runner = web.AppRunner(app, access_log=None, shutdown_timeout=ROUTE_SHUTDOWN_S)
         await self.runner.setup()
         site = web.TCPSite(self.runner, "127.0.0.1", 0)
         await site.start()
@@ -184,9 +195,16 @@ class Runner:
             assert self.proc.stdin is not None
             self.proc.stdin.close()
             try:
-                await asyncio.wait_for(self.proc.wait(), 10)
+                await asyncio.wait_for(self.proc.wait(), CLOSE_S)
             except TimeoutError:
-                self.proc.kill()
+                # Stopped, the runner still holds what it started (their subreaper): kill all of it.
+                killed = await asyncio.to_thread(kill_tree, self.proc.pid, include_root=True)
+                log.warning(
+                    "verifiers runner %d did not exit in %gs: killed it and %d processes beneath it",
+                    self.proc.pid,
+                    CLOSE_S,
+                    len(killed),
+                )
                 await self.proc.wait()
         if self.reader is not None:
             await asyncio.gather(self.reader, return_exceptions=True)
@@ -215,6 +233,7 @@ class Bridge:
                 runner = Runner(python, pythonpath)
                 await runner.start()
                 bridge = cls._open[key] = Bridge(route, runner)
+                on_close(cls.close_all)  # a worker's shutdown ends the runner and its tree
             return bridge
 
     @classmethod

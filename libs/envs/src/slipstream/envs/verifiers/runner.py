@@ -12,6 +12,12 @@ child process prints (textarena's games call `nltk.download`, which prints) cann
              "sampling": {...}}
     answer: {"id", "ok", "rewards": {name: weighted value}, "metrics", "errors", "reply", "turns"}
 
+Nothing started for an episode outlives the runner (reaper.py): it is the subreaper of every
+process beneath it (verifiers starts each episode's MCP tool server in a session of its own) and
+gets SIGTERM when its parent dies. On end of input or SIGTERM it cancels the episodes in flight
+(their answers have no reader any more), lets verifiers tear them and its environments down for
+at most `TEARDOWN_S` each, then terminates and kills whatever is still running beneath it.
+
 The episode is verifiers' own: `load_environment(EnvConfig)` builds the env (taskset, harness,
 judges), `Env.run_slot` plays the task through its harness, whose training client
 (`TrainClientConfig`: client-side rendering, vLLM's `/inference/v1/generate`) calls `base_url`
@@ -25,16 +31,19 @@ import asyncio
 import contextlib
 import json
 import os
+import signal
 import sys
 import traceback
 from pathlib import Path
 from typing import Any
 
 import verifiers.v1 as vf  # type: ignore[import-not-found]  # lives in verifiers' own venv
+from reaper import hold_descendants, kill_tree, terminate_tree  # type: ignore[import-not-found]  # beside this file
 from renderers.configs import CustomRendererConfig  # type: ignore[import-not-found]
 from verifiers.v1.utils.loaders import load_environment, resolve_env_config  # type: ignore[import-not-found]
 
 TAG_PARSER = "slipstream-tags"
+TEARDOWN_S = 3.0  # each: in-flight episodes' own teardown, then the environments' (bridge.CLOSE_S bounds all)
 # renderer.py beside this file, loaded by `renderers` from its path: the next turn extends the sampled ids.
 EXTENDING_RENDERER = f"{Path(__file__).with_name('renderer.py')}:ExtendingRenderer"
 
@@ -173,6 +182,7 @@ def answer_channel() -> Any:
 
 
 async def main() -> None:
+    hold_descendants()
     out_channel = answer_channel()
     loop = asyncio.get_running_loop()
     reader = asyncio.StreamReader()
@@ -199,17 +209,42 @@ async def main() -> None:
 
     register_tag_parser()
     running: set[asyncio.Task[None]] = set()
-    async with contextlib.AsyncExitStack() as stack:
-        envs = Envs(stack)
-        out_channel.write(json.dumps({"ready": True}) + "\n")
-        out_channel.flush()
-        while line := await reader.readline():
-            if not line.strip():
-                continue
-            job = asyncio.create_task(answer(json.loads(line)))
-            running.add(job)
-            job.add_done_callback(running.discard)
-        await asyncio.gather(*running, return_exceptions=True)
+    stop = asyncio.Event()
+    loop.add_signal_handler(signal.SIGTERM, stop.set)
+    stack = contextlib.AsyncExitStack()
+    envs = Envs(stack)
+    out_channel.write(json.dumps({"ready": True}) + "\n")
+    out_channel.flush()
+    stopping = asyncio.ensure_future(stop.wait())
+    try:
+        while True:
+            read = asyncio.ensure_future(reader.readline())
+            await asyncio.wait({read, stopping}, return_when=asyncio.FIRST_COMPLETED)
+            if not read.done():
+                read.cancel()
+                break
+            line = read.result()
+            if not line:
+                break
+            if line.strip():
+                job = asyncio.create_task(answer(json.loads(line)))
+                running.add(job)
+                job.add_done_callback(running.discard)
+    finally:
+        # The asker is gone (end of input) or stopping us: no one reads answers any more.
+        for job in running:
+            job.cancel()
+        if running:
+            await asyncio.wait(running, timeout=TEARDOWN_S)
+        try:
+            await asyncio.wait_for(stack.aclose(), TEARDOWN_S)
+        except Exception as exc:  # reported; what it left running is killed below
+            print(f"verifiers runner: environments' teardown failed: {exc!r}", file=sys.stderr)
+        stopping.cancel()
+        await asyncio.to_thread(terminate_tree, os.getpid(), 1.0)
+        killed = kill_tree(os.getpid(), include_root=False)
+        if killed:
+            print(f"verifiers runner: killed {len(killed)} processes left beneath it: {killed}", file=sys.stderr)
 
 
 if __name__ == "__main__":
