@@ -59,7 +59,7 @@ class TappedRun:
     trained: list[Outcome]
 
 
-async def train_and_tap(plan: TrainingPlan, run_dir: Path, run: str) -> TappedRun:
+async def train_and_tap(plan: TrainingPlan, run_dir: Path, run: str, *, steps_timeout_s: float = 420.0) -> TappedRun:
     """Run `plan` (its initial model already in `run_dir/model-init`) on the five pipeline processes
     plus the eval-gate, each building the env from its name and options only, while an admin tap
     records every published rollout; wait for the learner's `plan.max_steps` steps and that version
@@ -96,7 +96,7 @@ async def train_and_tap(plan: TrainingPlan, run_dir: Path, run: str) -> TappedRu
         await tap.subscribe("traj.raw.>", cb=on_traj)
         await asyncio.to_thread(stack.wait_ready)  # the worker, reward model and eval-gate built the env by name
         learner = stack.services["learner"]
-        await until(lambda: not learner.alive(), 420, f"the learner's {plan.max_steps} steps")
+        await until(lambda: not learner.alive(), steps_timeout_s, f"the learner's {plan.max_steps} steps")
         assert learner.returncode == 0, stack.tail("learner")
         await until(lambda: store.exists(manifest_key(run, plan.max_steps)), 60, f"version {plan.max_steps} stored")
     finally:
