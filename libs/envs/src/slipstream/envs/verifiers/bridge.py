@@ -188,7 +188,16 @@ class Runner:
         async with self.lock:
             self.proc.stdin.write((json.dumps({**request, "id": ident}) + "\n").encode())
             await self.proc.stdin.drain()
-        return await future
+        try:
+            return await future
+        except asyncio.CancelledError:
+            # The asker gave up (an evaluation failed on another episode, a worker stopping): the
+            # runner cancels the episode, so verifiers tears down its harness and tool servers now
+            # instead of leaving them running until the runner itself closes.
+            self.waiting.pop(ident, None)
+            if self.proc.returncode is None and not self.proc.stdin.is_closing():
+                self.proc.stdin.write((json.dumps({"cancel": ident}) + "\n").encode())
+            raise
 
     async def close(self) -> None:
         if self.proc is not None and self.proc.returncode is None:

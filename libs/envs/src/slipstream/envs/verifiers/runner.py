@@ -11,6 +11,8 @@ child process prints (textarena's games call `nltk.download`, which prints) cann
              "base_url", "headers", "model", "renderer_model", "renderer": <RendererConfig dict>,
              "sampling": {...}}
     answer: {"id", "ok", "rewards": {name: weighted value}, "metrics", "errors", "reply", "turns"}
+    cancel: {"cancel": <id>}: the asker gave up on that episode; it is cancelled (verifiers tears
+            down its harness and tool servers) and not answered.
 
 Nothing started for an episode outlives the runner (reaper.py): it is the subreaper of every
 process beneath it (verifiers starts each episode's MCP tool server in a session of its own) and
@@ -209,6 +211,7 @@ async def main() -> None:
 
     register_tag_parser()
     running: set[asyncio.Task[None]] = set()
+    jobs: dict[str, asyncio.Task[None]] = {}  # by the asker's id, so it can cancel one
     stop = asyncio.Event()
     loop.add_signal_handler(signal.SIGTERM, stop.set)
     stack = contextlib.AsyncExitStack()
@@ -226,10 +229,20 @@ async def main() -> None:
             line = read.result()
             if not line:
                 break
-            if line.strip():
-                job = asyncio.create_task(answer(json.loads(line)))
-                running.add(job)
-                job.add_done_callback(running.discard)
+            if not line.strip():
+                continue
+            ask = json.loads(line)
+            if "cancel" in ask:  # the asker gave up on that episode: no one reads its answer
+                cancelled = jobs.pop(str(ask["cancel"]), None)
+                if cancelled is not None:
+                    cancelled.cancel()
+                continue
+            job = asyncio.create_task(answer(ask))
+            ident = str(ask.get("id"))
+            jobs[ident] = job
+            running.add(job)
+            job.add_done_callback(running.discard)
+            job.add_done_callback(lambda _, ident=ident: jobs.pop(ident, None))
     finally:
         # The asker is gone (end of input) or stopping us: no one reads answers any more.
         for job in running:
