@@ -20,6 +20,7 @@ Every namespace, veth, Ray process and the cluster's session directory are gone 
 from __future__ import annotations
 
 import json
+import os
 import queue
 import signal
 import subprocess
@@ -57,7 +58,7 @@ FAIL_WITHIN_S = 45.0
 class Driver:
     """ray_hosts_driver.py on `host`: its events read as they come, its commands written to its stdin."""
 
-    def __init__(self, host: Host, address: str, out: Path) -> None:
+    def __init__(self, host: Host, address: str, env: dict[str, str], out: Path) -> None:
         argv = [sys.executable, str(DRIVER), "--address", address, "--resource", RANK_RESOURCE]
         argv += ["--out", str(out), "--steps", str(STEPS)]
         self.stderr = (out / "driver.stderr").open("wb")
@@ -68,6 +69,7 @@ class Driver:
             stderr=self.stderr,
             start_new_session=True,
             text=True,
+            env={**os.environ, **env},
         )
         self.out = out
         self.events: queue.Queue[dict[str, Any]] = queue.Queue()
@@ -133,7 +135,7 @@ def test_two_ranks_on_two_hosts_and_the_worker_host_lost(tmp_path: Path) -> None
             cluster = start_ray_cluster(hosts, 2, tmp_path / "logs")
             started_s = time.monotonic() - t0
             seen += cluster.pids(0) + cluster.pids(1)
-            driver = Driver(head, cluster.address, tmp_path)
+            driver = Driver(head, cluster.address, cluster.client_env, tmp_path)
 
             # 1. placement and two steps
             ev = driver.expect("placed")

@@ -175,6 +175,7 @@ class HostsStack(Stack):
         env = super().service_env(name, port)
         env.update({k: v for k, v in CLUSTER_BUS_ENV.items() if k not in self.spec.env})
         if self.ray is not None and kind_of(name) == "learner":
+            env.update(self.ray.client_env)
             env["SLIPSTREAM_LEARNER__RAY_ADDRESS"] = self.ray.address
             env["SLIPSTREAM_LEARNER__RANK_RESOURCE"] = RANK_RESOURCE
             # A node lost takes its rank with it: the restarted learner waits this long for the node's return.

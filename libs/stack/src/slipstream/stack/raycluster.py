@@ -16,6 +16,12 @@ on the same host and ports. `stop()` stops every node; `Hosts.close()` removes w
 the namespaces anyway. The session files (sockets, logs) live in a temp dir of this cluster's own,
 removed by `stop()`, never in the machine's shared /tmp/ray.
 
+The cluster authenticates with a token of its own (`client_env`: RAY_AUTH_MODE=token and the
+token, for every node and for the driver): Ray turns token auth on for any new head once a token
+file exists in ~/.ray (a local `ray.init` writes one), and a worker node joining such a head
+without the token is refused ("InvalidAuthToken"); a fixed mode and token keep the cluster
+independent of what else ran on the machine.
+
 The driver (the learner) must run on a host with a Ray node (Ray drivers attach to their own
 node's raylet): on the head's host, as `multihost.placement` puts it.
 """
@@ -24,6 +30,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import shutil
 import signal
 import sys
@@ -92,6 +99,12 @@ class RayCluster:
     procs: dict[int, ManagedProcess] = field(default_factory=dict)
     sessions: dict[int, int] = field(default_factory=dict)
     """Node index -> the session id of its `ray start` (what `kill` kills), kept after `kill` for `pids`."""
+    token: str = field(default_factory=lambda: secrets.token_hex(32), repr=False)
+
+    @property
+    def client_env(self) -> dict[str, str]:
+        """What every process joining this cluster (its nodes, the learner as driver) needs in its environment."""
+        return {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": self.token}
 
     @property
     def address(self) -> str:
@@ -119,7 +132,7 @@ class RayCluster:
         else:
             argv += ["--address", self.address]
         # Ray nices its workers to 15 by default: on 2 shared cores a rank then gets a few % of a core.
-        env = {**os.environ, "RAY_worker_niceness": "0"}
+        env = {**os.environ, "RAY_worker_niceness": "0", **self.client_env}
         name = "ray-head" if i == 0 else f"ray-worker-{i}"
         proc = self.hosts.start(host, name, argv, self.log_dir / f"{name}.log", env=env)
         self.procs[i] = proc
