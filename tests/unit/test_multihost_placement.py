@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from slipstream.chaos.hosts_faults import HOST_FAULTS
+from slipstream.chaos.hosts_faults import HOST_FAULTS, RAY_FAULTS
 from slipstream.chaos.suite import parse_faults
 from slipstream.stack.multihost import placement
 
@@ -41,3 +41,9 @@ def test_the_hosts_schedule_knows_only_the_hosts_faults() -> None:
     assert parse_faults("kill:nats-leader, roll:nats", HOST_FAULTS) == ["kill:nats-leader", "roll:nats"]
     with pytest.raises(ValueError, match=r"unknown fault\(s\) restart:nats; known: kill:nats-leader"):
         parse_faults("restart:nats", HOST_FAULTS)
+
+
+def test_the_ray_worker_kill_is_known_only_with_ranks_on_a_ray_cluster() -> None:
+    assert parse_faults("roll:nats,kill:ray-worker", HOST_FAULTS + RAY_FAULTS) == ["roll:nats", "kill:ray-worker"]
+    with pytest.raises(ValueError, match=r"unknown fault\(s\) kill:ray-worker"):
+        parse_faults("kill:ray-worker", HOST_FAULTS)

@@ -13,7 +13,8 @@ route of the machine uses yet.
         hosts.heal(hosts[1])
 
 Processes started on a host (`ip netns exec`, which execs the command itself, so the PID is the
-server's) are stopped by PID on close, before the namespaces, veths and bridge are deleted;
+server's) are stopped by PID on close, and any process still in a namespace then (one a server
+forked into a process group of its own) is SIGKILLed, before the namespaces, veths and bridge are deleted;
 close runs on any exit of the `with` block, and a half-made set of hosts is removed as well.
 `unavailable()` says why namespaces cannot be made here (not root, no `ip`, no permission), for
 a test to skip with that reason.
@@ -25,6 +26,7 @@ import ipaddress
 import os
 import secrets
 import shutil
+import signal
 import subprocess
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -107,6 +109,25 @@ def free_subnet() -> ipaddress.IPv4Network:
     raise HostsError("no free /24 left in 10.200.0.0/13 for the hosts' subnet")
 
 
+def netns_pids(netns: str) -> list[int]:
+    """The PIDs of every process in namespace `netns` now (`ip netns pids`)."""
+    return [int(p) for p in _ip("netns", "pids", netns, check=False).stdout.split() if p.isdigit()]
+
+
+def kill_remaining(netns: str) -> list[int]:
+    """SIGKILL every process still in namespace `netns` (by the PIDs `ip netns pids` lists); returns them.
+
+    What a started process spawned in a new process group of its own (Ray's workers) outlives the
+    stop of its group; a namespace host that goes away takes all its processes with it."""
+    pids = netns_pids(netns)
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    return pids
+
+
 class Hosts:
     """`n` namespaces on one bridge; see the module docstring. Use as a context manager."""
 
@@ -163,11 +184,13 @@ class Hosts:
             self.hosts.append(Host(i, netns, address, link))
 
     def close(self) -> None:
-        """Stop every process started here (by PID), then delete the namespaces, their links and the bridge."""
+        """Stop every process started here (by PID), SIGKILL any other left in the namespaces, then delete
+        the namespaces, their links and the bridge."""
         for proc in reversed(self.procs):
             proc.stop(5.0)
         self.procs.clear()
         for netns in reversed(self._netns):
+            kill_remaining(netns)
             # The veth pair first (both ends go): a deleted namespace frees its links only later.
             _ip("link", "del", f"ss{self.tag}v{netns.rsplit('h', 1)[1]}", check=False)
             _ip("netns", "del", netns, check=False)

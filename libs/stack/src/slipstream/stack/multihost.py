@@ -10,6 +10,10 @@ address) instead of this machine's loopback:
 - Redis with a replica and three Sentinels on hosts 0-2 (`cluster.start_redis_failover`); the
   services' `redis_url` is the `redis+sentinel://` URL, so after a failover they find the
   promoted replica;
+- with `[learner] ranks = N > 1` (`spec.learner_ranks`), a Ray cluster (`raycluster`): the head
+  on host 0, a worker node on each of hosts 1..N-1, node r offering `slipstream-rank-<r>`; the
+  learner (the Ray driver, on the head's host) joins it (`ray_address`) and places rank r on node r
+  (`rank_resource`), so its ranks train on different hosts, FSDP2 over gloo across the bridge;
 - the services spread by `placement`: the learner and its weight-publisher(s) on host 0, the
   reward-model, task-source and the rest on host 1, rollout workers (and sub-agent pools) on the
   last host(s), each `ip netns exec`-ed on its host with its HTTP port on the host's address.
@@ -36,6 +40,7 @@ from slipstream.stack.cluster import NatsCluster, RedisFailover, start_nats_clus
 from slipstream.stack.handles import ServerHandle
 from slipstream.stack.hosts import Host, Hosts, HostsError, unavailable
 from slipstream.stack.local import Stack, StackError
+from slipstream.stack.raycluster import RANK_RESOURCE, RayCluster, RayClusterError, ray_unavailable, start_ray_cluster
 from slipstream.stack.spec import SUBAGENT_POOL, StackSpec, kind_of
 
 MIN_HOSTS = 3
@@ -87,10 +92,15 @@ class HostsStack(Stack):
         why = unavailable()
         if why:
             raise StackError(f"--hosts {spec.hosts} needs network namespaces, unavailable here: {why}")
+        if spec.learner_ranks > spec.hosts:
+            raise StackError(f"{spec.learner_ranks} learner ranks need a host each, got --hosts {spec.hosts}")
+        if spec.learner_ranks > 1 and (why := ray_unavailable()):
+            raise StackError(f"{spec.learner_ranks} learner ranks on --hosts need a Ray cluster: {why}")
         super().__init__(dataclasses.replace(spec, secure=False), **kw)
         self.hosts: Hosts | None = None
         self.nats: NatsCluster | None = None
         self.redis: RedisFailover | None = None
+        self.ray: RayCluster | None = None
         self.placed = placement(self._all_names(), self.spec.hosts)
         self.on_services_stopped: list[Callable[[HostsStack], None]] = []
 
@@ -120,6 +130,15 @@ class HostsStack(Stack):
             raise StackError(str(exc)) from exc
         self.servers["redis"] = ServerHandle("redis", self.redis.url, None)
         self._log(f"started Redis (primary on host 0, replica on host 1) and 3 Sentinels: {self.redis.url}")
+        if spec.learner_ranks > 1:
+            try:
+                self.ray = start_ray_cluster(self.hosts, spec.learner_ranks, spec.log_dir)
+            except RayClusterError as exc:
+                raise StackError(str(exc)) from exc
+            self._log(
+                f"started a Ray cluster at {self.ray.address}: head on host 0, workers on hosts "
+                f"1-{spec.learner_ranks - 1}, rank r on node r ({RANK_RESOURCE})"
+            )
 
     def _provision_cluster(self) -> None:
         """Create every stream with 3 replicas, retried while the cluster forms."""
@@ -155,6 +174,12 @@ class HostsStack(Stack):
     def service_env(self, name: str, port: int) -> dict[str, str]:
         env = super().service_env(name, port)
         env.update({k: v for k, v in CLUSTER_BUS_ENV.items() if k not in self.spec.env})
+        if self.ray is not None and kind_of(name) == "learner":
+            env.update(self.ray.client_env)
+            env["SLIPSTREAM_LEARNER__RAY_ADDRESS"] = self.ray.address
+            env["SLIPSTREAM_LEARNER__RANK_RESOURCE"] = RANK_RESOURCE
+            # A node lost takes its rank with it: the restarted learner waits this long for the node's return.
+            env.setdefault("SLIPSTREAM_LEARNER__RANK_START_TIMEOUT_S", "300")
         return env
 
     def admin_bus(self, **kw: Any) -> BusConfig:
@@ -177,6 +202,9 @@ class HostsStack(Stack):
                 name = f"nats-{key}" if isinstance(key, int) else str(key)
                 host = self._host_by_netns(proc.argv[3] if len(proc.argv) > 3 else "")
                 rows.append(self._row(name, host, proc.pid))
+        if self.ray is not None:
+            for i, proc in self.ray.procs.items():
+                rows.append(self._row("ray-head" if i == 0 else f"ray-worker-{i}", self.ray.nodes[i], proc.pid))
         for name, svc in self.services.items():
             rows.append(self._row(name, self.host_of(name), svc.pid, svc.port))
         return rows
@@ -206,6 +234,9 @@ class HostsStack(Stack):
                 fn(self)
             except Exception as exc:  # the hosts must go whatever a reader did
                 self._log(f"after the services stopped: {fn!r} failed: {exc!r}")
+        if self.ray is not None:
+            self.ray.stop()
+            self._log("stopped the Ray cluster")
         if self.hosts is not None:
             self.hosts.close()
             self._log("removed the hosts (namespaces, links, bridge)")

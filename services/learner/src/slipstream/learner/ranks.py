@@ -62,6 +62,9 @@ from slipstream.learner.trainer import (
 from slipstream.rl import LossConfig, TrainItem
 from slipstream.rl.schedule import weights_at
 from slipstream.schemas import ScoredEpisode
+from slipstream.telemetry.logs import get_logger
+
+log = get_logger(__name__)
 
 RankResult = tuple[dict[str, float], dict[int, tuple[float, int]], float, int]
 """A rank's step: its loss sums, per-turn sums, the global gradient norm, the substeps applied (`Trainer.train`)."""
@@ -114,6 +117,13 @@ class RankWorker:
 
         os.environ.update(MASTER_ADDR=addr, MASTER_PORT=str(port), RANK=str(self.rank), WORLD_SIZE=str(self.world))
         backend = "nccl" if torch.cuda.is_available() else "gloo"
+        if backend == "gloo" and "GLOO_SOCKET_IFNAME" not in os.environ:
+            # Gloo advertises the address its host name resolves to, often 127.0.x.1: ranks on other
+            # hosts then connect to their own loopback ("Connection refused"). The interface that holds
+            # this node's Ray address is the one the other nodes reach.
+            ifname = interface_of(self.node_ip())
+            if ifname:
+                os.environ["GLOO_SOCKET_IFNAME"] = ifname
         # The timeout bounds every collective: a rank whose peer hangs fails instead of waiting for ever.
         timeout = timedelta(seconds=self.section.rank_timeout_s)
         dist.init_process_group(backend, rank=self.rank, world_size=self.world, timeout=timeout)
@@ -139,6 +149,30 @@ class RankWorker:
     def pid(self) -> int:
         """This rank's process id (for operators and the fault-injection tests)."""
         return os.getpid()
+
+    def node_ip(self) -> str:
+        """The address of the Ray node this rank runs on (which host holds it)."""
+        import ray
+
+        return str(ray.util.get_node_ip_address())
+
+    def state_digest(self) -> str:
+        """sha256 of the whole policy as this rank gathers it (names, dtypes, shapes, bytes); a collective.
+
+        Every rank gathers every parameter from the shards, so equal digests say the ranks hold one policy."""
+        import hashlib
+
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        state = get_model_state_dict(self._trainer().model, options=StateDictOptions(full_state_dict=True))
+        h = hashlib.sha256()
+        for name in sorted(state):
+            value = state[name]
+            if isinstance(value, torch.Tensor):
+                t = value.detach().to("cpu").contiguous()
+                h.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
+                h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
+        return h.hexdigest()
 
     def full_state(self) -> dict[str, torch.Tensor] | None:
         """The whole policy's state dict on rank 0 (None elsewhere); a collective."""
@@ -206,6 +240,23 @@ class RankWorker:
 
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+def interface_of(address: str) -> str:
+    """The name of the network interface that holds IPv4 `address` ("" if none here does; Linux only)."""
+    import fcntl
+    import struct
+
+    siocgifaddr = 0x8915
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        for _, name in socket.if_nameindex():
+            try:
+                got = fcntl.ioctl(s.fileno(), siocgifaddr, struct.pack("256s", name.encode()[:15]))
+            except OSError:
+                continue  # no IPv4 address on it
+            if socket.inet_ntoa(got[20:24]) == address:
+                return name
+    return ""
 
 
 def rank_bundles(world: int, rank_resource: str = "") -> list[dict[str, float]]:
@@ -287,6 +338,8 @@ class RankGroup:
             addr, port = self._get([self.actors[0].address.remote()], "report rank 0's address", limit)[0]
             self.n_params = self._get([a.setup.remote(addr, port) for a in self.actors], "set up", limit)[0]
             self.rank_pids: list[int] = self.pids()
+            self.rank_nodes: list[str] = self._get([a.node_ip.remote() for a in self.actors], "report its node", 30.0)
+            log.info("rank actors placed", ranks=self.world, nodes=self.rank_nodes, pids=self.rank_pids)
         except BaseException:
             self.close()  # no actors (nor a local Ray) left behind
             raise
@@ -347,9 +400,15 @@ class RankGroup:
         """Every rank actor's process id, in rank order (asked of the actors)."""
         return [int(p) for p in self._get([a.pid.remote() for a in self.actors], "report its pid", 30.0)]
 
+    def state_digests(self) -> list[str]:
+        """Each rank's `RankWorker.state_digest`, in rank order: all equal while the ranks hold one policy."""
+        return [str(d) for d in self._get([a.state_digest.remote() for a in self.actors], "digest the weights")]
+
     def _name(self, rank: int) -> str:
         pids = getattr(self, "rank_pids", None)
-        return f"rank {rank} (pid {pids[rank]})" if pids else f"rank {rank}"
+        nodes = getattr(self, "rank_nodes", None)
+        where = f" on node {nodes[rank]}" if nodes else ""
+        return f"rank {rank} (pid {pids[rank]}{where})" if pids else f"rank {rank}"
 
     def step(self, groups: Sequence[Sequence[ScoredEpisode]], version: int, *, step: int = 0) -> StepStats:
         """One optimizer step over `groups` across the ranks at learner `step` (see the module docstring)."""

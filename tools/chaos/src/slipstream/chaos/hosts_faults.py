@@ -14,7 +14,13 @@ applies:
 - `kill:redis-primary`: SIGKILL the Redis primary; Sentinel promotes the replica, the old primary
   returns as its replica, and the learner steps on holding its lease (its restarts are counted);
 - `roll:nats`: stop each node cleanly and start it again, one by one, each caught up before the
-  next (a rolling upgrade), while training goes on.
+  next (a rolling upgrade), while training goes on;
+- `kill:ray-worker` (only with learner ranks > 1, so the stack runs a Ray cluster across hosts):
+  SIGKILL every process of the last Ray worker node (its raylet, agents and the rank actor on it).
+  The learner's step fails with a `RankError` and the learner exits 1 (no in-process recovery);
+  the supervisor restarts it; the node is started again on its host RAY_NODE_DOWN_S later (a
+  replacement host), the restarted learner places its ranks on both hosts again, resumes from its
+  last checkpoint and steps; recovered at that step. Not in the default schedule: that runs 1 rank.
 
 Each record's detail has the times to recover. The audit needs the streams while the cluster
 still runs: `on_services_stopped` reads them once the services have stopped (`streams`).
@@ -31,6 +37,11 @@ from slipstream.chaos.audit import read_streams
 from slipstream.chaos.faults import Chaos, FaultFailed, FaultRecord
 
 HOST_FAULTS: tuple[str, ...] = ("kill:nats-leader", "cut:worker-host", "kill:redis-primary", "roll:nats")
+"""The default schedule of `chaos --hosts` (the learner on one rank)."""
+RAY_FAULTS: tuple[str, ...] = ("kill:ray-worker",)
+"""Faults that need the learner's ranks on a Ray cluster across the hosts."""
+RAY_NODE_DOWN_S = 5.0
+"""How long a killed Ray worker node stays down before it is started again on its host."""
 TRAJ_STREAMS = ("TRAJ_RAW", "TRAJ_SCORED")
 ALL_STREAMS = ("TASKS", "TRAJ_RAW", "TRAJ_SCORED", "WEIGHTS", "DLQ")
 CUT_S = 10.0
@@ -123,7 +134,9 @@ class HostsChaos(Chaos):
             return await self._kill_redis(rec)
         if rec.name == "roll:nats":
             return await self._roll(rec)
-        raise FaultFailed(f"{rec.name} is not a hosts fault; known: {', '.join(HOST_FAULTS)}")
+        if rec.name == "kill:ray-worker":
+            return await self._kill_ray_worker(rec)
+        raise FaultFailed(f"{rec.name} is not a hosts fault; known: {', '.join(HOST_FAULTS + RAY_FAULTS)}")
 
     async def _kill_leader(self, rec: FaultRecord) -> str:
         cluster = self.stack.nats
@@ -250,6 +263,44 @@ class HostsChaos(Chaos):
         rec.detail = {"per_node_back_and_current_s": per_node, "rolled_s": round(rolled, 2)}
         rec.detail["two_learner_steps_after_s"] = round(stepped, 2)
         return f"rolled {len(per_node)} nodes in {rolled:.1f} s ({per_node}); two learner steps {stepped:.1f} s later"
+
+    async def _kill_ray_worker(self, rec: FaultRecord) -> str:
+        cluster = self.stack.ray
+        if cluster is None or len(cluster.nodes) < 2:
+            raise FaultFailed("kill:ray-worker needs the learner on 2 or more ranks (a Ray cluster across the hosts)")
+        i = len(cluster.nodes) - 1
+        host = cluster.nodes[i]
+        restarts = self.stack.supervisor.restarts("learner")
+        steps = self.steps
+        t0 = time.monotonic()
+        killed = await asyncio.to_thread(cluster.kill, i)
+
+        async def learner_restarted() -> bool:
+            return self.stack.supervisor.restarts("learner") > restarts
+
+        exited = await _until_async(learner_restarted, 120, "the learner to exit and be restarted after losing a rank")
+        steps_after_kill = self.steps - steps
+        await asyncio.sleep(max(0.0, RAY_NODE_DOWN_S - (time.monotonic() - t0)))
+        t1 = time.monotonic()
+        await asyncio.to_thread(cluster.start, i)
+        node_back = time.monotonic() - t1
+        await self._steps_after(1)
+        rec.detail = {
+            "node": i,
+            "host": host.index,
+            "address": host.address,
+            "pids_killed": len(killed),
+            "learner_restarted_after_s": round(exited, 2),
+            "learner_steps_between_kill_and_exit": steps_after_kill,
+            "node_restarted_s": round(node_back, 2),
+            "next_learner_step_after_kill_s": round(time.monotonic() - t0, 2),
+            "learner_restarts_during_fault": self.stack.supervisor.restarts("learner") - restarts,
+        }
+        return (
+            f"SIGKILL Ray worker node {i} on host {host.index} ({len(killed)} processes); the learner exited and "
+            f"was restarted {exited:.1f} s after, the node was back {RAY_NODE_DOWN_S:.0f} s after the kill, and "
+            f"the learner stepped again {rec.detail['next_learner_step_after_kill_s']:.1f} s after the kill"
+        )
 
     async def close(self) -> None:
         if self._bus is not None:

@@ -35,6 +35,9 @@ healed), `kill:redis-primary` (Sentinel promotes the replica; the old primary re
 replica) and `roll:nats` (each node stopped and started again, one by one); each fault's times to
 recover are in the JSON's `hosts.recovery`. Default 40 steps, gap 2: at 24 the run ended during
 the roll; at 40 the four faults had settled by step ~25 (tools/chaos/README.md has the run).
+`--ranks 2` trains on 2 learner ranks placed on a Ray cluster across the hosts (head on host 0,
+a worker node on host 1) and adds `kill:ray-worker` (SIGKILL the worker node: the learner exits,
+is restarted, and resumes on both hosts once the node is back) to the schedule.
 
 Each fault is logged with its step, time and outcome (slipstream.chaos.faults applies them). After the
 run the suite reads the run's own records back (slipstream.chaos.audit and .accounting): the
@@ -54,7 +57,7 @@ from pathlib import Path
 from typing import Any
 
 from slipstream.chaos.faults import FAULTS
-from slipstream.chaos.hosts_faults import HOST_FAULTS
+from slipstream.chaos.hosts_faults import HOST_FAULTS, RAY_FAULTS
 
 HOSTS_SCHEDULE = (40, 2)
 """Default (--steps, --gap) with --hosts: four faults, each settled within two steps, two apart."""
@@ -109,6 +112,13 @@ def register(sub: Any) -> None:
         help="run on this many network-namespace hosts (3 or more; root only) with a JetStream cluster and "
         "Redis with Sentinel, under the hosts' faults",
     )
+    p.add_argument(
+        "--ranks",
+        type=int,
+        default=1,
+        help="learner ranks (with --hosts: 2 or more put them on a Ray cluster across the hosts and add "
+        f"{','.join(RAY_FAULTS)} to the schedule)",
+    )
     p.set_defaults(func=run, parser=p)
 
 
@@ -124,7 +134,10 @@ def run(args: argparse.Namespace) -> int:
             args.parser.error(f"--hosts must be at least {MIN_HOSTS} (a 3-node JetStream cluster), got {args.hosts}")
         if why := unavailable():
             args.parser.error(f"--hosts needs network namespaces, unavailable here: {why}")
-    known = HOST_FAULTS if args.hosts else FAULTS
+    if args.ranks < 1 or (args.ranks > 1 and args.hosts and args.ranks > args.hosts):
+        args.parser.error(f"--ranks must be >= 1 and, with --hosts, at most the hosts; got {args.ranks}")
+    ray_faults = RAY_FAULTS if args.hosts and args.ranks > 1 else ()
+    known = HOST_FAULTS + ray_faults if args.hosts else FAULTS
     try:
         faults = parse_faults(args.faults or ",".join(known), known)
     except ValueError as exc:
@@ -136,6 +149,7 @@ def run(args: argparse.Namespace) -> int:
     if steps < 1 or gap < 1 or args.first_at < 1:
         args.parser.error("--steps, --gap and --first-at must be >= 1")
     plan = chaos_plan(args.env, steps, args.seed, args.tool_services)
+    plan.learner_ranks = args.ranks
     if args.groups_per_step:
         plan.groups_per_step = args.groups_per_step
     run_dir = args.run_dir or default_run_dir()
