@@ -74,8 +74,10 @@ $(VLLM_VENV)/.installed: tools/requirements-vllm.txt
 	touch $@
 
 # The vllm tier (tests/vllm_tier): the contract suite and weight updates against a real vLLM server started
-# from .venv-vllm, one server at a time. Without .venv-vllm its tests skip, saying so.
-test-vllm: install  ## the vllm tier (needs `make vllm-venv`)
+# from $(VLLM_VENV) (or SLIPSTREAM_ENGINE__VLLM_PYTHON when set), one server at a time. Without the venv
+# its tests skip, saying so. `make test-vllm VLLM_VENV=/shared/venv` uses a venv built elsewhere.
+test-vllm: install  ## the vllm tier (needs `make vllm-venv`; VLLM_VENV=DIR for one built elsewhere)
+	SLIPSTREAM_ENGINE__VLLM_PYTHON="$${SLIPSTREAM_ENGINE__VLLM_PYTHON:-$(abspath $(VLLM_VENV))/bin/python}" \
 	$(PY) -m pytest -m vllm -n 0 -s tests/vllm_tier $(PYTEST_ARGS)
 
 lint: install  ## ruff + mypy

@@ -45,6 +45,12 @@ def test_chat_and_distinct_rows_report_tokens_prefill_and_verdicts(
     verdicts = result["target"]["engine_met_by_workload"]
     assert set(verdicts) == {"chat", "distinct"}
     assert "engine target >= 1.5x at batch >= 16: chat " in capsys.readouterr().out
+    # vLLM is opt-in (--vllm): not asked for, the JSON says so and no row has a vLLM column.
+    assert result["vllm"]["ran"] is False and result["vllm"]["skipped_because"].startswith("not asked for")
+    assert all("vllm_tok_s" not in r and "vllm_tok_s" not in r["repeats"][0] for r in result["generation"])
+    (startup,) = result["startup"]
+    assert startup["dtype"] == "float32" and startup["engine_load_s"] > 0 and startup["hf_load_s"] > 0
+    assert startup["bench_process_peak_rss_mb"] > 500  # SmolLM2 in fp32 twice, ~540 MB each
 
 
 def test_speculation_section_reports_acceptance_and_both_speeds(tmp_path: Path) -> None:

@@ -1,5 +1,6 @@
 """A run file's `[engine]` reaches the rollout workers' `EngineBackend` (type "vllm" and its settings),
-and an unknown engine type is refused, naming its line, when the file loads."""
+and an unknown engine type, or a task screen on an engine out of process, is refused, naming its line,
+when the file loads."""
 
 from __future__ import annotations
 
@@ -36,6 +37,19 @@ def test_an_unknown_engine_type_is_refused_when_the_run_file_loads(tmp_path: Pat
     path.write_text('[engine]\ntype = "sglang"\n')
     with pytest.raises(RunFileError, match=r"bad\.toml:2: engine\.type: Invalid enum value 'sglang'"):
         load(path)
+
+
+@pytest.mark.parametrize("engine", ["vllm", "http"])
+def test_a_task_screen_needs_the_torch_engine_and_is_refused_at_load(tmp_path: Path, engine: str) -> None:
+    url = 'url = "http://127.0.0.1:1"\n' if engine == "http" else ""
+    path = tmp_path / "screen.toml"
+    path.write_text(f'[rollout]\nscreen_target = 0.8\n\n[engine]\ntype = "{engine}"\n{url}')
+    with pytest.raises(RunFileError, match=rf"screen\.toml:2: \[rollout\] screen_target = 0\.8 needs .*'{engine}'"):
+        load(path)
+    path.write_text(f'[rollout]\nscreen_target = 0\n\n[engine]\ntype = "{engine}"\n{url}')
+    assert load(path).plan().screen_target == 0
+    path.write_text('[rollout]\nscreen_target = 0.8\n\n[engine]\ntype = "torch"\n')
+    assert load(path).plan().screen_target == 0.8
 
 
 def _paths() -> tuple[Path, Path, Path]:

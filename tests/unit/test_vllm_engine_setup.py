@@ -13,7 +13,7 @@ import torch
 from slipstream.engine import build_tiny, save_pretrained
 from slipstream.engine.backend import EngineBackend
 from slipstream.engine.source import ModelSource
-from slipstream.engine.vllm_engine import EXTENSION_DIR, VllmEngine, VllmEngineError
+from slipstream.engine.vllm_engine import CLIENT_KEEPALIVE_S, EXTENSION_DIR, VllmEngine, VllmEngineError
 from slipstream.engine.vllm_setup import checkpoint_specs, model_dir_for
 
 pytestmark = pytest.mark.unit
@@ -47,6 +47,8 @@ def test_the_command_loads_the_extension_and_reports_processed_logprobs(tmp_path
     env = engine.environment()
     assert env["VLLM_SERVER_DEV_MODE"] == "1" and env["VLLM_CPU_KVCACHE_SPACE"] == "2"
     assert env["PYTHONPATH"] == str(EXTENSION_DIR)
+    # The server keeps idle connections longer than the client reuses them: no request on a closed one.
+    assert int(env["VLLM_HTTP_TIMEOUT_KEEP_ALIVE"]) > CLIENT_KEEPALIVE_S
     assert env["VLLM_CPU_OMP_THREADS_BIND"].startswith("0-")  # threads = 0: one bound to every core
     assert (EXTENSION_DIR / "slipstream_vllm_ext.py").is_file()
     one = VllmEngine(tmp_path, threads=1).environment()

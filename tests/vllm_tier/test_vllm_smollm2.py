@@ -24,27 +24,12 @@ from conftest import THREADS, VLLM_PYTHON
 from slipstream.engine import GenerationRequest, SamplingParams, load_pretrained, read_state_dict
 from slipstream.engine.catalog import ensure_model
 from slipstream.engine.vllm_engine import VllmEngine
+from slipstream.engine.vllm_setup import group_rss_mb
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.asyncio(loop_scope="module"), pytest.mark.timeout(1200)]
 
 FIGURES: dict[str, object] = {}
 PROMPT = "<|im_start|>user\nWrite a short story about a robot who learns to paint.<|im_end|>\n<|im_start|>assistant\n"
-
-
-def group_rss_mb(pgid: int) -> float:
-    """RSS of every process in group `pgid`, in MB (from /proc)."""
-    total = 0
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-            if int(fields[2]) != pgid:  # fields after the name: state, ppid, pgrp, ...
-                continue
-            total += int(fields[21]) * os.sysconf("SC_PAGE_SIZE")  # rss in pages
-        except (OSError, IndexError, ValueError):
-            continue
-    return total / 1e6
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")

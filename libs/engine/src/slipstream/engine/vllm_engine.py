@@ -61,6 +61,12 @@ log = logging.getLogger(__name__)
 EXTENSION_DIR = Path(__file__).resolve().parent / "vllm_ext"
 EXTENSION_CLS = "slipstream_vllm_ext.WeightLoader"
 SERVED_NAME = "slipstream"
+# Idle keep-alive connections: this client drops its own before the server would close them (uvicorn's
+# default, VLLM_HTTP_TIMEOUT_KEEP_ALIVE, is 5 s, aiohttp's 15 s). The other way round, a request sent on a
+# connection the server had just closed failed with "Server disconnected" (seen after a weight update,
+# while requests waited: a default-demo run's worker died of it).
+CLIENT_KEEPALIVE_S = 30.0
+SERVER_KEEPALIVE_S = 120
 
 
 class VllmEngineError(EngineError):
@@ -206,6 +212,7 @@ class VllmEngine:
                 "VLLM_CPU_NUM_OF_RESERVED_CPU": "0",
                 "HF_HUB_OFFLINE": "1",
                 "VLLM_NO_USAGE_STATS": "1",
+                "VLLM_HTTP_TIMEOUT_KEEP_ALIVE": str(SERVER_KEEPALIVE_S),
                 "PYTHONPATH": str(EXTENSION_DIR),
             }
         )
@@ -243,7 +250,8 @@ class VllmEngine:
             start_new_session=True,  # its own process group: stop() ends the API server, engine core and workers
         )
         log.info("starting vLLM (pid %d) on %s, log %s", self.proc.pid, self.url, self.log_path)
-        self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
+        connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=CLIENT_KEEPALIVE_S)
+        self._session = aiohttp.ClientSession(connector=connector)
         try:
             await self._wait_healthy(t0)
         except BaseException:

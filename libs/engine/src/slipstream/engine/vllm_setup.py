@@ -1,6 +1,6 @@
 """What `VllmEngine` (vllm_engine.py) needs around its vLLM server: the checkpoint's parameter list,
-the HF directory a `[model]` is served from, where the vLLM venv's Python is, a free port, and
-ending the server's process group."""
+the HF directory a `[model]` is served from, where the vLLM venv's Python is, a free port, the
+memory of the server's process group, and ending that group."""
 
 from __future__ import annotations
 
@@ -92,6 +92,24 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def group_rss_mb(pgid: int) -> float:
+    """Resident memory of every process in group `pgid` (a vLLM server's API server, engine core and
+    workers), in MB, read from /proc; 0.0 when the group is gone."""
+    total = 0
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            if int(fields[2]) != pgid:  # fields after the name: state, ppid, pgrp, ...
+                continue
+            # statm's resident pages (stat's rss field lags: the kernel batches its counters per CPU)
+            total += int((entry / "statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+        except (OSError, IndexError, ValueError):
+            continue
+    return total / 1e6
 
 
 def terminate_group(proc: subprocess.Popen[bytes], grace_s: float = 20.0) -> None:

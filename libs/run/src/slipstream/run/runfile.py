@@ -27,7 +27,8 @@ Sections (every key optional; what is left out keeps `TrainingPlan`'s default):
                  fine-tuning instead of the env's references or expert)
     [eval]       heldout_tasks, heldout_samples, eval_every, train_eval_tasks (train accuracy beside held-out)
     [rollout]    max_batch, tasks_in_flight, max_seq_len (the workers' engines), screen_target (> 0: skip
-                 most tasks whose group is predicted uniform before sampling it; services/rollout-worker)
+                 most tasks whose group is predicted uniform before sampling it; services/rollout-worker;
+                 the torch engine only: with another [engine] type it is refused when the file loads)
     [rollout.summary]  context restarts (libs/harness summary.py): enabled, mode ("summary": the
                  policy summarises itself; "truncate": the baseline, the context's last tokens),
                  min_tokens / max_tokens (the per-group threshold range), summary_tokens (the budget
@@ -315,6 +316,15 @@ def load(path: str | Path) -> RunFile:
     except ValueError as exc:
         key = "name" if run.model.name is not None else "path"
         raise RunFileError(f"{path}:{_line_of(text, 'model', key)}: [model] {exc}") from None
+    # The task screen reads the policy's log-probs in the rollout worker's own process, which only the
+    # torch engine has there; otherwise the worker would fail in setup, after starting its server.
+    engine_type = run.engine.type if run.engine and run.engine.type else "torch"
+    if engine_type != "torch" and (run.rollout.screen_target or 0) > 0:
+        raise RunFileError(
+            f"{path}:{_line_of(text, 'rollout', 'screen_target')}: [rollout] screen_target = "
+            f"{run.rollout.screen_target} needs [engine] type = 'torch' (the screen reads the model's log-probs "
+            f"in the worker's process); [engine] type is {engine_type!r}: set screen_target = 0"
+        )
     # The environment, its options and the eval suites exist: what every service will ask.
     env = run.env.name or TrainingPlan().env
     for table, key, check in (

@@ -27,6 +27,12 @@ Tokens/s counts generated tokens over the wall time of the whole call (prefill i
 repeat runs both systems back to back, alternating which goes first, and the figure is the
 median over repeats of each pair's ratio; the machine's load average is recorded with it.
 
+vLLM (`--vllm`, opt-in; vllm_server.py): a vLLM server from the vLLM venv is a third system in
+every repeat, on the same prompts through the same Engine calls (the order rotates over the
+three), with `engine_vs_vllm` and `vllm_vs_hf` ratios beside `ratio`; the JSON's `vllm` section
+has its start time and memory per dtype, or why it was skipped. `startup` has the seconds each
+in-process model took to load and the bench process's peak RSS (the Slipstream engine and HF).
+
 Learner: one optimizer step of the learner's `Trainer` (GRPO loss, fp32 master weights, bf16
 autocast as the real-model demo trains, or fp32 on a CPU without a fast bf16 GEMM, as the learner
 itself falls back) on a batch of sequences, against a plain HF forward + cross-entropy + backward
@@ -54,6 +60,16 @@ from pathlib import Path
 from typing import Any
 
 from slipstream.bench.moe import add_moe_arguments, moe_section
+from slipstream.bench.vllm_server import (
+    VllmPlan,
+    add_vllm_arguments,
+    process_peak_rss_mb,
+    server_rss_mb,
+    start_vllm,
+    timed_load,
+    vllm_plan,
+    vllm_section,
+)
 
 GROUP = 8
 TARGET_ENGINE = 1.5
@@ -102,6 +118,7 @@ def register(bench_subparsers: Any) -> None:
         help="engine uses F.linear in fp32 instead of MKL's packed GEMM (see engine kernels.py)",
     )
     add_moe_arguments(p)  # the MoE router-replay section (moe.py)
+    add_vllm_arguments(p)  # vLLM as a third backend (vllm_server.py)
     p.add_argument("--no-speculative", action="store_true", help="skip the speculative decoding section")
     p.add_argument(
         "--spec-model",
@@ -209,91 +226,155 @@ def _hf_call(hf: Any, prompts: list[list[int]], new: int, device: str, *, eos: i
     return sum(row.index(eos) + 1 if eos in row else len(row) for row in made)
 
 
+async def _call(
+    system: str, backend: Any, prompts: list[list[int]], new: int, tag: str, device: str, eos: int | None
+) -> int:
+    """One call of a system: `hf` is `generate` on the HF model; `engine` and `vllm` are Engines (the
+    Slipstream engine, VllmEngine). With `eos` the rows stop there, otherwise each makes `new` tokens."""
+    if system == "hf":
+        return _hf_call(backend, prompts, new, device, eos=eos)
+    return await _engine_call(backend, prompts, new, tag, stop_at_eos=eos is not None)
+
+
 def _load_avg() -> float:
     return os.getloadavg()[0]
 
 
-async def _generation(args: argparse.Namespace, model_dir: Path) -> list[dict[str, Any]]:
+async def _generation(
+    args: argparse.Namespace, model_dir: Path, plan: VllmPlan, servers: list[dict], startup: list[dict]
+) -> list[dict[str, Any]]:
+    """The engine rows; vLLM's server figures go to `servers`, load times and memory to `startup`."""
+    rows: list[dict[str, Any]] = []
+    max_len = max(args.prompt_len, CHAT_PROMPT_ROOM) + args.new + 8
+    for dtype_name in args.dtypes:
+        vllm = None
+        if plan.runs:  # started first, alone: its start time is its own
+            vllm, figures = await start_vllm(plan, model_dir, dtype_name, max_len)
+            servers.append(figures)
+        try:
+            rows += await _dtype_rows(args, model_dir, dtype_name, vllm, startup)
+        finally:
+            if vllm is not None:
+                figures["rss_mb_end"] = server_rss_mb(vllm)
+                await vllm.stop()
+    return rows
+
+
+async def _dtype_rows(
+    args: argparse.Namespace, model_dir: Path, dtype_name: str, vllm: Any, startup: list[dict]
+) -> list[dict[str, Any]]:
+    """One dtype's rows: each batch and workload, the systems back to back in every repeat."""
     import torch
     from transformers import AutoModelForCausalLM
 
-    from slipstream.engine.engine import TorchEngine
     from slipstream.engine.loading import load_pretrained
 
+    dtype = getattr(torch, dtype_name)
+    (model, tok), engine_load_s = timed_load(load_pretrained, model_dir, dtype=dtype, device=args.device)
+    hf, hf_load_s = timed_load(lambda: AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).to(args.device))
+    hf.eval()
+    systems = ("engine", "hf", "vllm") if vllm is not None else ("engine", "hf")
     rows: list[dict[str, Any]] = []
-    for dtype_name in args.dtypes:
-        dtype = getattr(torch, dtype_name)
-        model, tok = load_pretrained(model_dir, dtype=dtype, device=args.device)
-        hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).to(args.device).eval()
-        for batch in args.batches:
-            engine = TorchEngine(
-                model,
-                tok,
-                max_batch=batch,
-                max_seq_len=max(args.prompt_len, CHAT_PROMPT_ROOM) + args.new + 8,
-                device=args.device,
-                dtype=dtype,
-                bf16_upcast=False if args.native_bf16 else None,
-                mkl_pack=False if args.no_mkl_pack else None,
+    for batch in args.batches:
+        rows += await _batch_rows(args, model, tok, hf, vllm, systems, dtype_name, batch)
+    startup.append(
+        {
+            "dtype": dtype_name,
+            "engine_load_s": engine_load_s,
+            "hf_load_s": hf_load_s,
+            "bench_process_peak_rss_mb": process_peak_rss_mb(),
+        }
+    )
+    return rows
+
+
+async def _batch_rows(
+    args: argparse.Namespace,
+    model: Any,
+    tok: Any,
+    hf: Any,
+    vllm: Any,
+    systems: tuple[str, ...],
+    dtype_name: str,
+    batch: int,
+) -> list[dict[str, Any]]:
+    import torch
+
+    from slipstream.engine.engine import TorchEngine
+
+    rows: list[dict[str, Any]] = []
+    engine = TorchEngine(
+        model,
+        tok,
+        max_batch=batch,
+        max_seq_len=max(args.prompt_len, CHAT_PROMPT_ROOM) + args.new + 8,
+        device=args.device,
+        dtype=getattr(torch, dtype_name),
+        bf16_upcast=False if args.native_bf16 else None,
+        mkl_pack=False if args.no_mkl_pack else None,
+    )
+    await engine.start()
+    backends = {"engine": engine, "hf": hf, "vllm": vllm}
+    try:
+        for workload in args.workloads:
+            if workload == "group" and batch < GROUP:
+                continue  # a group needs GROUP rows; batch 1 runs as `distinct`
+            chat = workload == "chat"
+            if chat:
+                prompts = _chat_prompts(tok, batch=batch)
+            else:
+                prompts = _prompts(tok, batch=batch, length=args.prompt_len, workload=workload)
+            eos = tok.eos_id if chat else None
+            # Warm-up: first calls pay one-off allocation and kernel selection costs.
+            for system in systems:
+                await _call(system, backends[system], prompts[:2], 4, f"warm/{workload}/{system}", args.device, eos)
+            pairs: list[dict[str, float]] = []
+            before = engine.stats()
+            for rep in range(args.repeats):
+                timing: dict[str, float] = {"load_avg": _load_avg()}
+                first = rep % len(systems)  # the order rotates: each system goes first in turn
+                for system in systems[first:] + systems[:first]:
+                    t0 = time.perf_counter()
+                    tag = f"{workload}/{rep}/{system}"
+                    made = await _call(system, backends[system], prompts, args.new, tag, args.device, eos)
+                    timing[f"{system}_tokens"] = made
+                    timing[f"{system}_tok_s"] = made / (time.perf_counter() - t0)
+                timing["ratio"] = timing["engine_tok_s"] / timing["hf_tok_s"]
+                if vllm is not None:
+                    timing["engine_vs_vllm"] = timing["engine_tok_s"] / timing["vllm_tok_s"]
+                    timing["vllm_vs_hf"] = timing["vllm_tok_s"] / timing["hf_tok_s"]
+                pairs.append(timing)
+            row: dict[str, Any] = {
+                "dtype": dtype_name,
+                "batch": batch,
+                "workload": workload,
+                "engine_bf16_upcast": engine.bf16_upcast,
+                "engine_mkl_pack": engine.mkl_pack,
+                "engine_tok_s": statistics.median(p["engine_tok_s"] for p in pairs),
+                "hf_tok_s": statistics.median(p["hf_tok_s"] for p in pairs),
+                "ratio": statistics.median(p["ratio"] for p in pairs),
+                "load_avg": statistics.median(p["load_avg"] for p in pairs),
+                "repeats": pairs,
+            }
+            line = ""
+            if vllm is not None:
+                for key in ("vllm_tok_s", "engine_vs_vllm", "vllm_vs_hf"):
+                    row[key] = statistics.median(p[key] for p in pairs)
+                line = f", vLLM {row['vllm_tok_s']:7.1f} tok/s (engine / vLLM {row['engine_vs_vllm']:.2f}x)"
+            # What the engine's prefill computed and what it copied (a group's prompt, a
+            # chat prompt's common opening), over the repeats.
+            after = engine.stats()
+            for key in ("prefill_tokens", "prompt_shared_tokens"):
+                row[f"engine_{key}"] = int(after[key] - before[key])
+            rows.append(row)
+            print(
+                f"{dtype_name:8} batch {batch:3} {workload:8}: engine {row['engine_tok_s']:7.1f} tok/s, "
+                f"HF generate {row['hf_tok_s']:7.1f} tok/s, ratio {row['ratio']:.2f}x{line} "
+                f"(load {row['load_avg']:.1f})",
+                flush=True,
             )
-            await engine.start()
-            try:
-                for workload in args.workloads:
-                    if workload == "group" and batch < GROUP:
-                        continue  # a group needs GROUP rows; batch 1 runs as `distinct`
-                    chat = workload == "chat"
-                    if chat:
-                        prompts = _chat_prompts(tok, batch=batch)
-                    else:
-                        prompts = _prompts(tok, batch=batch, length=args.prompt_len, workload=workload)
-                    eos = tok.eos_id if chat else None
-                    # Warm-up: first calls pay one-off allocation and kernel selection costs.
-                    await _engine_call(engine, prompts[: min(batch, 2)], 4, f"warm/{workload}")
-                    _hf_call(hf, prompts[: min(batch, 2)], 4, args.device, eos=eos)
-                    pairs: list[dict[str, float]] = []
-                    before = engine.stats()
-                    for rep in range(args.repeats):
-                        timing: dict[str, float] = {"load_avg": _load_avg()}
-                        order = ("engine", "hf") if rep % 2 == 0 else ("hf", "engine")
-                        for system in order:
-                            t0 = time.perf_counter()
-                            if system == "engine":
-                                made = await _engine_call(
-                                    engine, prompts, args.new, f"{workload}/{rep}", stop_at_eos=chat
-                                )
-                            else:
-                                made = _hf_call(hf, prompts, args.new, args.device, eos=eos)
-                            timing[f"{system}_tokens"] = made
-                            timing[f"{system}_tok_s"] = made / (time.perf_counter() - t0)
-                        timing["ratio"] = timing["engine_tok_s"] / timing["hf_tok_s"]
-                        pairs.append(timing)
-                    row = {
-                        "dtype": dtype_name,
-                        "batch": batch,
-                        "workload": workload,
-                        "engine_bf16_upcast": engine.bf16_upcast,
-                        "engine_mkl_pack": engine.mkl_pack,
-                        "engine_tok_s": statistics.median(p["engine_tok_s"] for p in pairs),
-                        "hf_tok_s": statistics.median(p["hf_tok_s"] for p in pairs),
-                        "ratio": statistics.median(p["ratio"] for p in pairs),
-                        "load_avg": statistics.median(p["load_avg"] for p in pairs),
-                        "repeats": pairs,
-                    }
-                    # What the engine's prefill computed and what it copied (a group's prompt, a
-                    # chat prompt's common opening), over the repeats.
-                    after = engine.stats()
-                    for key in ("prefill_tokens", "prompt_shared_tokens"):
-                        row[f"engine_{key}"] = int(after[key] - before[key])
-                    rows.append(row)
-                    print(
-                        f"{dtype_name:8} batch {batch:3} {workload:8}: engine {row['engine_tok_s']:7.1f} tok/s, "
-                        f"HF generate {row['hf_tok_s']:7.1f} tok/s, ratio {row['ratio']:.2f}x "
-                        f"(load {row['load_avg']:.1f})",
-                        flush=True,
-                    )
-            finally:
-                await engine.stop()
-        del model, hf
+    finally:
+        await engine.stop()
     return rows
 
 
@@ -451,8 +532,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
     local = Path(args.model)
     model_dir = local if local.is_dir() or args.model in PRESETS else ensure_model(args.model)
+    plan = vllm_plan(args)
+    if args.vllm and not plan.runs:
+        print(f"vLLM skipped: {plan.skipped}", flush=True)
+    servers: list[dict] = []
+    startup: list[dict] = []
     t0 = time.monotonic()
-    generation = [] if args.no_generation else asyncio.run(_generation(args, model_dir))
+    load_start = _load_avg()
+    generation = [] if args.no_generation else asyncio.run(_generation(args, model_dir, plan, servers, startup))
     learner = None if args.no_learner else _learner_figures(args, model_dir)
     speculation = None if args.no_speculative else _speculation(args)
     judged = [r for r in generation if r["batch"] >= 16]
@@ -480,6 +567,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         },
         "moe_replay": moe_section(args),
         "seconds": round(time.monotonic() - t0, 1),
+        "startup": startup,
+        "vllm": vllm_section(plan, servers),
+        "load_avg_start_end": [load_start, _load_avg()],
     }
     if by_workload:
         verdicts = ", ".join(f"{w} {'met' if ok else 'NOT met'}" for w, ok in by_workload.items())
