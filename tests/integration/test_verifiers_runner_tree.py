@@ -49,7 +49,7 @@ if not PYTHON.exists():
     )
 
 
-def lookup_env() -> Any:
+def lookup_env(**options: Any) -> Any:
     return get_env(
         "verifiers",
         python=str(PYTHON),
@@ -57,6 +57,7 @@ def lookup_env() -> Any:
         env={"taskset": {"id": "vf_lookup"}, "agent": {"harness": {"id": "null"}, "runtime": {"type": "subprocess"}}},
         tasks=16,
         renderer={"tool_parser": "slipstream-tags"},
+        **options,
     )
 
 
@@ -229,3 +230,29 @@ async def test_an_episode_its_asker_gave_up_on_leaves_no_process_while_the_runne
         await Bridge.close_all()
         await engine.stop()
     assert marked(mark) == {}
+
+
+async def test_at_most_max_concurrent_episodes_run_in_the_runner_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`max_concurrent` episodes are in the runner at once (their chat programs and tool servers
+    up); the others wait outside it and run as those finish."""
+    mark = uuid.uuid4().hex
+    monkeypatch.setenv(MARK, mark)
+    engine = Held(ScriptedEngine(TOK, answer))
+    await engine.start()
+    env = lookup_env(max_concurrent=2)
+    task = env.generate("train", 1, seed=0)[0]
+    try:
+        playing = asyncio.ensure_future(
+            rollout_episodes(engine, TOK, env, task, group_size=EPISODES, params=SamplingParams(max_tokens=96))
+        )
+        await wait_for("two episodes asking for their first sample", lambda: engine.waiting >= 2, 600)
+        await wait_for("their tool servers up", lambda: len(tool_servers(marked(mark))) >= 2, 60)
+        await asyncio.sleep(5)  # room for a third to start, were it allowed to
+        assert engine.waiting == 2 and len(tool_servers(marked(mark))) == 2
+        engine.gate.set()
+        episodes = await asyncio.wait_for(playing, 600)
+        assert len(episodes) == EPISODES  # the third ran once a slot was free
+    finally:
+        engine.gate.set()
+        await Bridge.close_all()
+        await engine.stop()

@@ -225,12 +225,18 @@ class Bridge:
     _open: ClassVar[dict[tuple[int, str, tuple[str, ...]], Bridge]] = {}
     _locks: ClassVar[dict[int, asyncio.Lock]] = {}  # one per event loop: a lock binds to the loop that awaits it
 
-    def __init__(self, route: GenerateRoute, runner: Runner) -> None:
+    def __init__(self, route: GenerateRoute, runner: Runner, max_concurrent: int = 8) -> None:
         self.route = route
         self.runner = runner
+        # Episodes in the runner at once: an eval-gate asking for 64 held-out episodes together
+        # started 64 chat programs and 64 MCP servers (~13 GB, load ~70 on 2 cores).
+        self.slots = asyncio.Semaphore(max_concurrent)
 
     @classmethod
-    async def get(cls, python: str, pythonpath: list[str], model: str, max_tokens_limit: int) -> Bridge:
+    async def get(
+        cls, python: str, pythonpath: list[str], model: str, max_tokens_limit: int, max_concurrent: int = 8
+    ) -> Bridge:
+        """The process's bridge for this interpreter and path; the first caller's `max_concurrent` holds."""
         loop = asyncio.get_running_loop()
         lock = cls._locks.setdefault(id(loop), asyncio.Lock())
         key = (id(loop), python, tuple(pythonpath))
@@ -241,7 +247,7 @@ class Bridge:
                 await route.start()
                 runner = Runner(python, pythonpath)
                 await runner.start()
-                bridge = cls._open[key] = Bridge(route, runner)
+                bridge = cls._open[key] = Bridge(route, runner, max_concurrent)
                 on_close(cls.close_all)  # a worker's shutdown ends the runner and its tree
             return bridge
 

@@ -82,6 +82,13 @@ class VerifiersOptions(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown
     sampling: Annotated[dict[str, Any], Doc(description="verifiers Sampling fields (max_tokens, ...).")] = {}
     max_tokens_limit: Annotated[int, Doc(description="Largest max_tokens one generate call may ask.")] = 512
     correct_at: Annotated[float, Doc(description="A summed reward at least this counts as correct.")] = 1.0
+    max_concurrent: Annotated[
+        int,
+        Doc(
+            description="Episodes one process plays at once through its runner (each starts the harness's chat "
+            "program and its tool servers: ~200 MB and a core's start-up each); the rest wait their turn."
+        ),
+    ] = 8
 
     def __post_init__(self) -> None:
         taskset = self.env.get("taskset")
@@ -101,6 +108,8 @@ class VerifiersOptions(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown
             raise ValueError(f"options.pythonpath has no directory {missing}")
         if self.tasks < 1 or self.max_tokens_limit < 1:
             raise ValueError(f"need tasks >= 1 and max_tokens_limit >= 1, got {self.tasks}, {self.max_tokens_limit}")
+        if self.max_concurrent < 1:
+            raise ValueError(f"options.max_concurrent must be >= 1, got {self.max_concurrent}")
 
 
 def byte_renderer_dir(template: str) -> str:
@@ -172,13 +181,16 @@ class Verifiers(Environment[VerifiersOptions]):
         from slipstream.envs.verifiers.bridge import Link
 
         opts = self.options
-        bridge = await Bridge.get(opts.python, list(opts.pythonpath), opts.model, opts.max_tokens_limit)
+        bridge = await Bridge.get(
+            opts.python, list(opts.pythonpath), opts.model, opts.max_tokens_limit, opts.max_concurrent
+        )
         key = f"{ctx.task.task_id}-{random.getrandbits(48):012x}"
-        link = bridge.route.links[key] = Link(ctx)
-        try:
-            answer = await bridge.runner.ask(self.ask(ctx.task, key, bridge.route.base_url))
-        finally:
-            del bridge.route.links[key]
+        async with bridge.slots:
+            link = bridge.route.links[key] = Link(ctx)
+            try:
+                answer = await bridge.runner.ask(self.ask(ctx.task, key, bridge.route.base_url))
+            finally:
+                del bridge.route.links[key]
         if link.calls == 0:
             raise RuntimeError(f"the verifiers episode of {ctx.task.task_id!r} never sampled: {answer.get('errors')}")
         for name, value in sorted(answer.get("rewards", {}).items()):

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import os
 import signal
@@ -183,6 +184,10 @@ def answer_channel() -> Any:
     return os.fdopen(fd, "w", buffering=1)
 
 
+def forget(jobs: dict[str, asyncio.Task[None]], ident: str, _: object) -> None:
+    jobs.pop(ident, None)
+
+
 async def main() -> None:
     hold_descendants()
     out_channel = answer_channel()
@@ -242,7 +247,7 @@ async def main() -> None:
             jobs[ident] = job
             running.add(job)
             job.add_done_callback(running.discard)
-            job.add_done_callback(lambda _, ident=ident: jobs.pop(ident, None))
+            job.add_done_callback(functools.partial(forget, jobs, ident))
     finally:
         # The asker is gone (end of input) or stopping us: no one reads answers any more.
         for job in running:
