@@ -42,8 +42,6 @@ from slipstream.schemas import ScoredEpisode, scored_episode_from_v1
 from slipstream.schemas.subjects import traj_scored_subject
 from slipstream.stack import pid_alive
 from slipstream.stack.cluster import (
-    SENTINEL_PORT,
-    SERVICE,
     NatsCluster,
     RedisFailover,
     start_nats_cluster,
@@ -310,23 +308,9 @@ async def _all_current(bus: Bus) -> bool:
     return len(replicas) == 2 and all(r["current"] and not r["offline"] for r in replicas.values())
 
 
-async def sentinel_primary(rf: RedisFailover) -> str:
-    """The primary's address as the first Sentinel that answers reports it."""
-    for i in rf.sentinel_hosts:
-        s = aioredis.Redis(host=rf.hosts[i].address, port=SENTINEL_PORT, socket_timeout=1.0, decode_responses=True)
-        try:
-            addr = await s.execute_command("SENTINEL", "GET-MASTER-ADDR-BY-NAME", SERVICE)
-            return str(addr[0])
-        except (OSError, aioredis.RedisError):
-            continue
-        finally:
-            await s.aclose()
-    return ""
-
-
 async def test_a_redis_failover_grants_no_lease_twice_and_the_fence_proves_it(hosts: Hosts, tmp_path: Path) -> None:
     rf = start_redis_failover(hosts, tmp_path / "data", tmp_path / "logs")
-    assert await sentinel_primary(rf) == hosts[0].address
+    assert await rf.sentinel_primary() == hosts[0].address
     client_a, client_b = ControlClient(rf.url, timeout_s=2.0), ControlClient(rf.url, timeout_s=2.0)
     try:
         await until(lambda: _replica_online(rf), 20, "the replica in sync")
@@ -381,12 +365,12 @@ async def _retrying(op: Callable[[], Awaitable[T]], timeout_s: float = 20.0) -> 
 
 
 async def _primary_is(rf: RedisFailover, address: str) -> bool:
-    return await sentinel_primary(rf) == address
+    return await rf.sentinel_primary() == address
 
 
 async def _replica_online(rf: RedisFailover) -> bool:
     """The current primary reports a replica connected and in sync."""
-    host = await sentinel_primary(rf)
+    host = await rf.sentinel_primary()
     r = aioredis.Redis(host=host, port=rf.address(0)[1], socket_timeout=1.0, decode_responses=True)
     try:
         info = await r.info("replication")

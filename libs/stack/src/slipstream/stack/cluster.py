@@ -177,6 +177,23 @@ class RedisFailover:
         """SIGKILL one of this set's processes (`redis-0`, `sentinel-2`) by PID."""
         self.procs.pop(name).stop(5.0, sig=signal.SIGKILL)
 
+    async def sentinel_primary(self) -> str:
+        """The primary's address as the first Sentinel that answers reports it ("" if none does)."""
+        import redis.asyncio as aioredis
+
+        for i in self.sentinel_hosts:
+            s = aioredis.Redis(
+                host=self.hosts[i].address, port=SENTINEL_PORT, socket_timeout=1.0, decode_responses=True
+            )
+            try:
+                addr = await s.execute_command("SENTINEL", "GET-MASTER-ADDR-BY-NAME", SERVICE)
+                return str(addr[0])
+            except (OSError, aioredis.RedisError):
+                continue
+            finally:
+                await s.aclose()
+        return ""
+
 
 def start_redis_failover(hosts: Hosts, data_dir: Path, log_dir: Path, *, down_after_ms: int = 1000) -> RedisFailover:
     """Primary on host 0, replica on host 1, Sentinels on hosts 0-2 (see the module docstring)."""

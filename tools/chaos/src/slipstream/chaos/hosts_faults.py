@@ -215,7 +215,7 @@ class HostsChaos(Chaos):
     async def _kill_redis(self, rec: FaultRecord) -> str:
         rf = self.stack.redis
         hosts = self.stack.hosts
-        old_addr = await sentinel_primary(rf)
+        old_addr = await rf.sentinel_primary()
         old = next((h.index for h in hosts.hosts if h.address == old_addr), None)
         if old is None or f"redis-{old}" not in rf.procs:
             raise FaultFailed(f"Sentinel names {old_addr!r} as the primary, not a Redis of this stack")
@@ -226,7 +226,7 @@ class HostsChaos(Chaos):
 
         async def promoted() -> bool:
             nonlocal new_addr
-            new_addr = await sentinel_primary(rf)
+            new_addr = await rf.sentinel_primary()
             return bool(new_addr) and new_addr != old_addr
 
         took = await _until_async(promoted, 60, "Sentinel to promote the replica")
@@ -306,24 +306,6 @@ class HostsChaos(Chaos):
         if self._bus is not None:
             await self._bus.close()
             self._bus = None
-
-
-async def sentinel_primary(rf: Any) -> str:
-    """The primary's address as the first Sentinel that answers reports it ("" if none does)."""
-    import redis.asyncio as aioredis
-
-    from slipstream.stack.cluster import SENTINEL_PORT, SERVICE
-
-    for i in rf.sentinel_hosts:
-        s = aioredis.Redis(host=rf.hosts[i].address, port=SENTINEL_PORT, socket_timeout=1.0, decode_responses=True)
-        try:
-            addr = await s.execute_command("SENTINEL", "GET-MASTER-ADDR-BY-NAME", SERVICE)
-            return str(addr[0])
-        except (OSError, aioredis.RedisError):
-            continue
-        finally:
-            await s.aclose()
-    return ""
 
 
 async def replica_online(rf: Any, primary: str) -> bool:
