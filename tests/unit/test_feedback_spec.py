@@ -164,7 +164,9 @@ def _body(store: LocalObjectStore, eid: str) -> str:
 
 async def test_the_releaser_publishes_groups_with_their_signals(tmp_path: Path) -> None:
     store = LocalObjectStore(tmp_path)
-    bus = await connect_bus(BusConfig(type="memory"), name="test")
+    # A broker of its own (memory brokers are per URL and process-wide): under xdist the serve
+    # feedback test, run earlier in the same worker, left its released episode on the default one.
+    bus = await connect_bus(BusConfig(type="memory", url="memory://feedback-spec-releaser"), name="test")
     await bus.ensure_streams()
     consumer = await bus.consumer("reward-model", Episode)
     now = [100.0]
