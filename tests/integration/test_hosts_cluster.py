@@ -32,7 +32,6 @@ from pathlib import Path
 from typing import TypeVar
 
 import pytest
-import redis.asyncio as aioredis
 from scored_trajectories import trajectory
 
 from slipstream.bus import Bus, BusConfig, BusError, PublishError, connect_bus
@@ -370,16 +369,7 @@ async def _primary_is(rf: RedisFailover, address: str) -> bool:
 
 async def _replica_online(rf: RedisFailover) -> bool:
     """The current primary reports a replica connected and in sync."""
-    host = await rf.sentinel_primary()
-    r = aioredis.Redis(host=host, port=rf.address(0)[1], socket_timeout=1.0, decode_responses=True)
-    try:
-        info = await r.info("replication")
-    except (OSError, aioredis.RedisError):
-        return False
-    finally:
-        await r.aclose()
-    replica = info.get("slave0")
-    return int(info.get("connected_slaves", 0)) >= 1 and isinstance(replica, dict) and replica.get("state") == "online"
+    return await rf.replica_online(await rf.sentinel_primary())
 
 
 def test_bench_bus_hosts_measures_one_node_against_three_replicas() -> None:

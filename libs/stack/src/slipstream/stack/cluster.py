@@ -194,6 +194,22 @@ class RedisFailover:
                 await s.aclose()
         return ""
 
+    async def replica_online(self, primary: str) -> bool:
+        """The primary at address `primary` reports a replica connected and in sync."""
+        import redis.asyncio as aioredis
+
+        r = aioredis.Redis(host=primary, port=REDIS_PORT, socket_timeout=1.0, decode_responses=True)
+        try:
+            info = await r.info("replication")
+        except (OSError, aioredis.RedisError):
+            return False
+        finally:
+            await r.aclose()
+        replica = info.get("slave0")
+        return (
+            int(info.get("connected_slaves", 0)) >= 1 and isinstance(replica, dict) and replica.get("state") == "online"
+        )
+
 
 def start_redis_failover(hosts: Hosts, data_dir: Path, log_dir: Path, *, down_after_ms: int = 1000) -> RedisFailover:
     """Primary on host 0, replica on host 1, Sentinels on hosts 0-2 (see the module docstring)."""

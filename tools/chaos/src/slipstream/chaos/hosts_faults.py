@@ -232,7 +232,7 @@ class HostsChaos(Chaos):
         took = await _until_async(promoted, 60, "Sentinel to promote the replica")
         new = next(h.index for h in hosts.hosts if h.address == new_addr)
         rf.start_redis(old, replica_of=new)  # the old primary returns as the new one's replica
-        synced = await _until_async(lambda: replica_online(rf, new_addr), 60, "the returned node in sync")
+        synced = await _until_async(lambda: rf.replica_online(new_addr), 60, "the returned node in sync")
         await self._steps_after(2)
         rec.detail = {
             "killed": f"redis-{old}",
@@ -306,18 +306,3 @@ class HostsChaos(Chaos):
         if self._bus is not None:
             await self._bus.close()
             self._bus = None
-
-
-async def replica_online(rf: Any, primary: str) -> bool:
-    """The primary at `primary` reports a replica connected and in sync."""
-    import redis.asyncio as aioredis
-
-    r = aioredis.Redis(host=primary, port=rf.address(0)[1], socket_timeout=1.0, decode_responses=True)
-    try:
-        info = await r.info("replication")
-    except (OSError, aioredis.RedisError):
-        return False
-    finally:
-        await r.aclose()
-    replica = info.get("slave0")
-    return int(info.get("connected_slaves", 0)) >= 1 and isinstance(replica, dict) and replica.get("state") == "online"
