@@ -383,3 +383,10 @@ def test_bench_bus_hosts_measures_one_node_against_three_replicas() -> None:
     assert all(rates[side][p] > 0 for side in rates for p in ("publish", "consume"))
     assert res["ratio"]["publish"] == rates["replicated"]["publish"] / rates["single"]["publish"]
     assert "replicated (3 copies)" in table(res)
+    # CPU per trajectory (client and servers) for each side and phase; 60 messages may cost under one
+    # clock tick, so only that it was read, not how much.
+    cpu = res["cpu"]
+    assert all(
+        cpu[side][p][who]["us_per_trajectory"] >= 0 for side in cpu for p in cpu[side] for who in ("client", "servers")
+    )
+    assert "CPU per trajectory" in table(res)

@@ -143,9 +143,11 @@ async def test_a_killed_replica_ends_its_episodes_as_infra_errors_and_leaves_not
                     return
                 await asyncio.sleep(0.01)
 
-        tasks = get_env("code").generate("train", 8, seed=6)
+        # 12 episodes over the queue group (a gets fewer than 2 with p = 13/4096) and 3 s of work in
+        # each, so a holds two at once even when sandboxes are made slowly on a loaded machine.
+        tasks = get_env("code").generate("train", 12, seed=6)
         t0 = time.monotonic()
-        episodes = await play(nats_server.url, tasks, pause_s=1.5, during=kill_a_while_it_holds_sandboxes)
+        episodes = await play(nats_server.url, tasks, pause_s=3.0, during=kill_a_while_it_holds_sandboxes)
         wall = time.monotonic() - t0
         dead_dirs = [p.name for p in (tmp_path / "sandboxes").iterdir()]
         sb = b.status()["sandboxes"]
