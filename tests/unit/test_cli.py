@@ -178,6 +178,30 @@ def test_a_run_dir_that_holds_an_earlier_run_is_refused_before_anything_starts(t
     assert earlier_run(fresh) == "summary.json"
 
 
+def test_the_task_screen_on_another_engine_is_refused_before_anything_starts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # `SLIPSTREAM_ENGINE__TYPE=vllm slipstream demo`: the demo's plan keeps its screen, which only the
+    # torch engine can run; the workers used to fail in setup, after the warm-start and their engines.
+    from slipstream.run.plan import TrainingPlan, engine_conflict
+    from slipstream.run.training import run_training
+
+    screened = TrainingPlan(screen_target=0.8)
+    monkeypatch.setenv("SLIPSTREAM_ENGINE__TYPE", "vllm")
+    summary = run_training(screened, tmp_path / "run")
+    assert not summary.ok and summary.error.startswith("the task screen (screen_target = 0.8) needs the torch engine")
+    assert "SLIPSTREAM_ENGINE__TYPE is 'vllm'" in summary.error and "--screen 0" in summary.error
+    assert not (tmp_path / "run").exists()  # no warm-start, no stack
+    # The plan's own [engine] type wins over the inherited variable, and is named as the source.
+    assert "[engine] type is 'http'" in engine_conflict(TrainingPlan(screen_target=0.5, engine={"type": "http"}), {})
+    assert (
+        engine_conflict(TrainingPlan(screen_target=0.8, engine={"type": "torch"}), {"SLIPSTREAM_ENGINE__TYPE": "vllm"})
+        == ""
+    )
+    assert engine_conflict(TrainingPlan(screen_target=0.0), {"SLIPSTREAM_ENGINE__TYPE": "vllm"}) == ""
+    assert engine_conflict(screened, {}) == ""
+
+
 def test_spec_normalized_fills_store_run_id_and_trace_files(tmp_path: Path) -> None:
     spec = StackSpec(run_dir=tmp_path / "r7", traces=tmp_path / "t" / "traces.jsonl").normalized()
     assert spec.run_id == "r7"

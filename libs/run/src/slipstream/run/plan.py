@@ -10,6 +10,7 @@ overlay configure services from one place. Pure data: nothing here starts a proc
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -370,6 +371,25 @@ def summary_env(summary: dict[str, Any]) -> dict[str, str]:
 def endpoint_env(endpoint: dict[str, Any]) -> dict[str, str]:
     """The rollout workers' `[endpoint]` (their OpenAI-compatible endpoint) as SLIPSTREAM_ENDPOINT__<FIELD>."""
     return section_env("endpoint", endpoint)
+
+
+def engine_conflict(plan: TrainingPlan, environ: Mapping[str, str]) -> str:
+    """Why the workers could not start with the engine they will build, or "" when they can.
+
+    The engine type is the plan's `[engine] type`, else what the services inherit
+    (`SLIPSTREAM_ENGINE__TYPE` in `environ`, e.g. `SLIPSTREAM_ENGINE__TYPE=vllm slipstream demo`),
+    else "torch". The task screen reads the policy's log-probs in the worker's own process, which
+    only the torch engine has: otherwise every worker would fail in setup, after its engine started.
+    """
+    engine = str(plan.engine.get("type") or environ.get("SLIPSTREAM_ENGINE__TYPE") or "torch")
+    if engine != "torch" and plan.screen_target > 0:
+        source = "[engine] type" if plan.engine.get("type") else "SLIPSTREAM_ENGINE__TYPE"
+        return (
+            f"the task screen (screen_target = {plan.screen_target:g}) needs the torch engine, which reads the "
+            f"model's log-probs in the worker's process; {source} is {engine!r}: turn the screen off "
+            "(--screen 0, or [rollout] screen_target = 0 in a run file)"
+        )
+    return ""
 
 
 def section_env(section: str, fields: dict[str, Any]) -> dict[str, str]:

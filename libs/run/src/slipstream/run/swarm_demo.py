@@ -272,6 +272,7 @@ def run(plan: Any, args: argparse.Namespace) -> int:
     """The swarm demo: each arm's run (with the live view) and evaluation, then the table and the plots."""
     import msgspec
     from rich.console import Console
+    from rich.markup import escape
 
     from slipstream.run.progress import ProgressView, summary_table
     from slipstream.run.training import run_training
@@ -418,7 +419,7 @@ def run(plan: Any, args: argparse.Namespace) -> int:
         whole = {"arms": {k: msgspec.to_builtins(v) for k, v in summaries.items()}, "swarm": report}
         args.summary_json.write_bytes(msgspec.json.format(msgspec.json.encode(whole)))
     if failed:
-        console.print(f"[red]slipstream demo --env swarm failed:[/red] {failed}")
+        console.print(f"[red]slipstream demo --env swarm failed:[/red] {escape(str(failed))}")
         return 1
     console.print(f"done in {report['wall_s']:.0f} s; swarm.json in {run_dir}")
     return 0

@@ -12,6 +12,7 @@ trajectory that was published.
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -20,7 +21,7 @@ from typing import Any
 import msgspec
 
 from slipstream.run.heldout import held_out
-from slipstream.run.plan import RunSummary, TrainingPlan, service_env, service_overrides
+from slipstream.run.plan import RunSummary, TrainingPlan, engine_conflict, service_env, service_overrides
 from slipstream.run.summary_plan import summary_config
 from slipstream.runtime.lifecycle import EXIT_DRAIN_TIMEOUT
 from slipstream.stack.spec import StackSpec, StoreSpec
@@ -166,6 +167,9 @@ def run_training(
         # Its store and checkpoints would be resumed under a fresh warm-start: the learner starts at
         # the old run's last step and, past max_steps, the task source stops before it is ready.
         summary.error = f"run dir {run_dir} already holds a run ({used}): pick another --run-dir or remove it"
+        return summary
+    if conflict := engine_conflict(plan, {**os.environ, **(stack_env or {})}):
+        summary.error = conflict  # before anything starts: no warm-start, no stack
         return summary
     run_dir.mkdir(parents=True, exist_ok=True)
     staging_dir = run_dir / "staging"

@@ -286,8 +286,10 @@ def run_realtime(args: argparse.Namespace) -> int:
         args.summary_json.parent.mkdir(parents=True, exist_ok=True)
         args.summary_json.write_bytes(msgspec.json.format(msgspec.json.encode(summary)))
     if not summary.get("ok"):
-        console.print(f"[red]slipstream demo --realtime failed:[/red] {summary.get('error')}")
-        console.print(f"logs: {summary['run_dir']}/logs/<service>.log")
+        # escape: errors name config sections ("[rollout] screen_target"), which rich would take for markup
+        console.print(f"[red]slipstream demo --realtime failed:[/red] {escape(str(summary.get('error')))}")
+        if (Path(summary["run_dir"]) / "logs").is_dir():
+            console.print(f"logs: {summary['run_dir']}/logs/<service>.log")
         return 1
     console.print(f"done in {time.monotonic() - t0:.0f} s; summary in {summary['run_dir']}/realtime.json")
     return 0
@@ -300,6 +302,7 @@ def execute(plan: Any, args: argparse.Namespace, *, title: str, **stack: Any) ->
     """
     import msgspec
     from rich.console import Console
+    from rich.markup import escape
 
     from slipstream.run.progress import ProgressView, summary_table
     from slipstream.run.training import run_training
@@ -322,8 +325,9 @@ def execute(plan: Any, args: argparse.Namespace, *, title: str, **stack: Any) ->
         args.summary_json.parent.mkdir(parents=True, exist_ok=True)
         args.summary_json.write_bytes(msgspec.json.format(msgspec.json.encode(summary)))
     if not summary.ok:
-        console.print(f"[red]{title} failed:[/red] {summary.error}")
-        console.print(f"logs: {run_dir}/logs/<service>.log")
+        console.print(f"[red]{title} failed:[/red] {escape(summary.error)}")  # "[engine] type" is not markup
+        if (Path(run_dir) / "logs").is_dir():  # a run refused before it started has none
+            console.print(f"logs: {run_dir}/logs/<service>.log")
         return 1
     console.print(f"done in {time.monotonic() - t0:.0f} s; logs and summary.json in {run_dir}")
     return 0

@@ -44,6 +44,7 @@ def run(args: argparse.Namespace) -> int:
     if args.interval <= 0:
         args.parser.error(f"--interval must be > 0, not {args.interval}")
     from rich.console import Console
+    from rich.markup import escape
 
     console = Console(highlight=False, width=args.width)
     if args.width is None and not console.is_terminal:
@@ -53,5 +54,5 @@ def run(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         return 0
     except StackStateError as exc:
-        console.print(f"[red]slipstream top: {exc}[/red]")
+        console.print(f"[red]slipstream top: {escape(str(exc))}[/red]")
         return 1

@@ -35,6 +35,7 @@ from slipstream.stack.spec import (
 
 if TYPE_CHECKING:
     from rich.console import Console
+    from rich.markup import escape
 
     from slipstream.stack.local import Stack
 
@@ -108,6 +109,7 @@ def run(args: argparse.Namespace) -> int:
             args.parser.error(f"--hosts needs network namespaces, unavailable here: {why}")
 
     from rich.console import Console
+    from rich.markup import escape
 
     from slipstream.cli.health_table import health_table
     from slipstream.stack.local import StackError, StackInterrupted
@@ -126,7 +128,7 @@ def run(args: argparse.Namespace) -> int:
                 console.print("interrupted while starting; stopping")
                 return 130
             except StackError as exc:
-                console.print(f"[red]slipstream up: {exc}[/red]")
+                console.print(f"[red]slipstream up: {escape(str(exc))}[/red]")
                 for name, tail in exc.tails.items():
                     console.rule(f"last lines of {name}'s log")
                     console.print(tail or "(empty)", markup=False)
@@ -174,7 +176,7 @@ def _supervise(stack: Stack, console: Console, *, keep_going: bool) -> int:
             if code == 0 and stack.spec.restart.enabled and name in stack.services:
                 console.print(f"{name} finished (exit code 0)")
                 continue
-            console.print(f"[red]{stack.exit_message(name, code)}[/red]")
+            console.print(f"[red]{escape(stack.exit_message(name, code))}[/red]")
             console.rule(f"last lines of {name}'s log")
             console.print(stack.tail(name) or "(empty)", markup=False)
             if not keep_going:
