@@ -13,7 +13,7 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any, cast
+from typing import Any, ClassVar, cast
 
 import pytest
 import torch
@@ -84,7 +84,7 @@ async def test_each_applied_version_leaves_its_apply_and_wait_times_in_the_statu
 
 
 class _Readyz(BaseHTTPRequestHandler):
-    body: dict[str, Any] = {}
+    body: ClassVar[dict[str, Any]] = {}
 
     def do_GET(self) -> None:
         data = json.dumps(self.body).encode()
