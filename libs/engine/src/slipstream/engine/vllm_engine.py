@@ -217,6 +217,11 @@ class VllmEngine:
             "--max-logprobs",
             "1",
             "--disable-uvicorn-access-log",
+            # Whole prompts only: for a prompt prefilled in parts vLLM discards the token sampled at the
+            # partial step and rewinds a seeded request's generator (`gen.set_offset`), which torch's CPU
+            # generator does not have ("CPU Generator does not use offset": the engine core died, seen in
+            # a SmolLM2 run with 16+ seeded ~95-token prompts at once). Step budget: max(max_model_len, 2048).
+            "--no-enable-chunked-prefill",
         ]
         if self.max_model_len:
             cmd += ["--max-model-len", str(self.max_model_len)]
