@@ -14,6 +14,9 @@ The adapters stay unmerged everywhere, on purpose:
 - a published version is then just the adapter tensors, which the weight codec moves, verifies
   and applies bit-exactly like any other tensors (the worker's digest covers base and adapters).
 The extra cost is two thin matmuls per targeted projection.
+
+The exception is vLLM (`VllmEngine`), which serves full weights only: there `merge_adapters` folds the
+newest adapters into the frozen base in float32 for every version, and the full checkpoint is loaded.
 """
 
 from __future__ import annotations
