@@ -82,6 +82,12 @@ def test_a_preset_is_written_once_as_a_checkpoint_lora_serves_its_base_and_moe_i
         model_dir_for(ModelSource(preset="tiny-moe", cache_dir=str(tmp_path)))
 
 
+def _lora(model: torch.nn.Module, name: str) -> LoraLinear:
+    layer = model.get_submodule(name)
+    assert isinstance(layer, LoraLinear)
+    return layer
+
+
 def test_merge_adapters_equals_each_lora_linear_forward() -> None:
     torch.manual_seed(0)
     model, _ = build_tiny("tiny", seed=2)
@@ -95,7 +101,7 @@ def test_merge_adapters_equals_each_lora_linear_forward() -> None:
     merged = merge_adapters(base, adapter_state(model), scale=8.0 / 4)
     assert sorted(merged) == sorted(n + ".weight" for n in wrapped)
     for name in wrapped:
-        layer = model.get_submodule(name)
+        layer = _lora(model, name)
         x = torch.randn(3, layer.in_features)
         with torch.no_grad():
             want = layer(x)
@@ -130,7 +136,7 @@ async def test_a_lora_version_is_checked_queued_and_merged_into_the_served_check
     assert sorted(engine._adapter_specs) == sorted(f"{n}.{k}" for n in wrapped for k in ("lora_A", "lora_B"))
     with torch.no_grad():
         for name in wrapped:
-            lora_model.get_submodule(name).lora_B.normal_(0.0, 0.05)
+            _lora(lora_model, name).lora_B.normal_(0.0, 0.05)
     adapters = {n: t.detach().to(torch.bfloat16) for n, t in adapter_state(lora_model).items()}  # as published
 
     engine.apply_weights(1, adapters)  # adapters only: no "tensors missing"
@@ -147,15 +153,20 @@ async def test_a_lora_version_is_checked_queued_and_merged_into_the_served_check
     served.load_state_dict(full, strict=False)
     with torch.no_grad():
         for name in wrapped:  # the learner's bf16 adapters, as the worker's TorchEngine would hold them
-            layer = lora_model.get_submodule(name)
+            layer = _lora(lora_model, name)
             layer.lora_A.copy_(adapters[name + ".lora_A"].float())
             layer.lora_B.copy_(adapters[name + ".lora_B"].float())
         ids = torch.tensor([[257, 10, 20, 30, 40, 50]])
-        want, got = lora_model(ids), served(ids)
+        want, got, plain = lora_model.forward(ids), served.forward(ids), model.forward(ids)
     assert torch.allclose(got, want, atol=1e-4, rtol=1e-4)
-    assert not torch.allclose(got, model(ids), atol=1e-3)  # the adapters changed something
-    # A later version with only some adapters merges them onto the newest others (not onto zeros).
+    assert not torch.allclose(got, plain, atol=1e-3)  # the adapters changed something
+    # As _apply does once vLLM has loaded it: state_dict() is then the merged weights, and a later version
+    # with only some adapters merges them onto the newest others (not onto zeros).
+    engine._adapters.update(queued)
+    state = engine.state_dict()
+    assert all(torch.equal(state[n], full[n]) for n in full)
     again = engine.merged_version({}, {wrapped[0] + ".lora_B": torch.zeros_like(adapters[wrapped[0] + ".lora_B"])})
+    assert engine._base is not None
     assert torch.equal(again[wrapped[0] + ".weight"], engine._base[wrapped[0] + ".weight"])
     assert torch.equal(again[wrapped[1] + ".weight"], full[wrapped[1] + ".weight"])
     wrong = VllmEngine(tmp_path, lora_rank=4, lora_targets=("q_proj", "nope_proj"))

@@ -545,7 +545,8 @@ class VllmEngine:
     def merged_version(self, tensors: Mapping[str, Tensor], adapters: Mapping[str, Tensor]) -> dict[str, Tensor]:
         """LoRA: what vLLM loads for a version — every checkpoint tensor (so nothing is left unloaded),
         overlaid with the version's own full tensors, and every adapted module's weight replaced by
-        `W + scale · B A` (float32) from the newest adapters; `self._adapters` takes `adapters` first."""
+        `W + scale · B A` (float32) from `adapters` over the newest ones applied (`self._adapters`, which
+        takes them only once vLLM has loaded the version)."""
         from slipstream.engine.loading import read_state_dict
         from slipstream.engine.lora import merge_adapters
 
@@ -554,9 +555,8 @@ class VllmEngine:
             for alias in self._aliases:
                 base.pop(alias, None)
             self._base = base
-        self._adapters.update(adapters)
         full = {**self._base, **{n: t.detach().to("cpu") for n, t in tensors.items()}}
-        full.update(merge_adapters(self._base, self._adapters, self.lora_scale))
+        full.update(merge_adapters(self._base, {**self._adapters, **adapters}, self.lora_scale))
         return full
 
     async def _apply(self, version: int, tensors: dict[str, Tensor], adapters: dict[str, Tensor] | None = None) -> None:
@@ -567,6 +567,7 @@ class VllmEngine:
         await self._idle.wait()  # every request of this engine finished on the old version
         t1 = time.perf_counter()
         merge_ms = 0.0
+        own = tensors  # what this version sent (kept for state_dict; merged weights are not kept, ~4 bytes a weight)
         if adapters or (self._adapters and tensors):
             tensors = await asyncio.to_thread(self.merged_version, tensors, adapters or {})
             merge_ms = (time.perf_counter() - t1) * 1000.0
@@ -584,7 +585,9 @@ class VllmEngine:
         finally:
             os.unlink(name)
         log.debug("vLLM loaded version %d: %s", version, answer)
-        self._applied.update(tensors)
+        self._applied.update(own)
+        self._adapters.update(adapters or {})
+        del tensors
         self._version = version
         self._stats["weight_updates"] += 1
         self._stats["update_wait_ms"] = (t1 - t0) * 1000.0
@@ -630,4 +633,8 @@ class VllmEngine:
         for alias in self._aliases:
             state.pop(alias, None)
         state.update(self._applied)
+        if self._adapters:  # LoRA: the merged weights vLLM was given, merged again from the newest adapters
+            from slipstream.engine.lora import merge_adapters
+
+            state.update(merge_adapters(self._base or state, self._adapters, self.lora_scale))
         return state
