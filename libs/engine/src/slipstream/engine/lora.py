@@ -14,12 +14,15 @@ The adapters stay unmerged everywhere, on purpose:
 - a published version is then just the adapter tensors, which the weight codec moves, verifies
   and applies bit-exactly like any other tensors (the worker's digest covers base and adapters).
 The extra cost is two thin matmuls per targeted projection.
+
+The exception is vLLM (`VllmEngine`), which serves full weights only: there `merge_adapters` folds the
+newest adapters into the frozen base in float32 for every version, and the full checkpoint is loaded.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import torch
 from torch import Tensor, nn
@@ -102,6 +105,41 @@ def adapter_state(model: nn.Module) -> dict[str, Tensor]:
 
 
 def merged_weight(layer: LoraLinear) -> Tensor:
-    """`W + scale · B A` in float32 (for exports and checks; the engine never merges)."""
+    """`W + scale · B A` in float32 (for exports and checks; TorchEngine never merges, `merge_adapters` is vLLM's)."""
     delta = layer.lora_B.float() @ layer.lora_A.float()
     return layer.weight.float() + layer.scale * delta
+
+
+def merge_adapters(
+    base: Mapping[str, Tensor], adapters: Mapping[str, Tensor], scale: float, dtype: torch.dtype = torch.float32
+) -> dict[str, Tensor]:
+    """`{module.weight: W + scale · B A}` for every module whose `.lora_A` and `.lora_B` are both in `adapters`.
+
+    For an engine that serves full weights only (vLLM): the base `W` comes from `base` (the frozen
+    checkpoint, by HF name), the product is taken in float32 and the result cast to `dtype`. A module
+    with only one of its two adapters, or none of its base weight, or shapes that do not chain
+    (`A` [rank, in], `B` [out, rank], `W` [out, in]), is a ValueError naming it.
+    """
+    modules: dict[str, dict[str, Tensor]] = {}
+    for name, value in adapters.items():
+        prefix, _, kind = name.rpartition(".")
+        if kind not in ("lora_A", "lora_B") or not prefix:
+            raise ValueError(f"merge_adapters: {name!r} is not a LoRA adapter (…lora_A / …lora_B)")
+        modules.setdefault(prefix, {})[kind] = value
+    merged: dict[str, Tensor] = {}
+    for prefix, pair in sorted(modules.items()):
+        if len(pair) != 2:
+            missing = "lora_B" if "lora_A" in pair else "lora_A"
+            raise ValueError(f"merge_adapters: {prefix}.{missing} is missing (both adapters are needed to merge)")
+        weight = base.get(prefix + ".weight")
+        if weight is None:
+            raise ValueError(f"merge_adapters: no base weight {prefix + '.weight'!r} for its adapters")
+        a, b = pair["lora_A"], pair["lora_B"]
+        if a.dim() != 2 or b.dim() != 2 or b.shape[1] != a.shape[0] or (b.shape[0], a.shape[1]) != tuple(weight.shape):
+            raise ValueError(
+                f"merge_adapters: {prefix}: lora_B {tuple(b.shape)} @ lora_A {tuple(a.shape)} does not give the "
+                f"weight's shape {tuple(weight.shape)}"
+            )
+        delta = b.detach().to(torch.float32) @ a.detach().to(torch.float32)
+        merged[prefix + ".weight"] = (weight.detach().to(torch.float32) + scale * delta).to(dtype)
+    return merged

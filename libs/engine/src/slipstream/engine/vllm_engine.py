@@ -29,6 +29,13 @@ a Llama checkpoint with a byte-level tokenizer.json). Everything else goes over 
 
 Deltas are decoded by the caller (the weight follower verifies the signed manifest and decodes a
 delta onto its exact base), so every version arrives here as tensors and is loaded as such.
+
+LoRA (`lora_rank` > 0, a run whose `[model]` trains adapters): a version is the adapters only
+(`…q_proj.lora_A` [rank, in], `…lora_B` [out, rank]), which vLLM's full-weight path cannot take. This
+engine keeps the checkpoint's base weights and the newest adapters, merges `W + (alpha / rank) · B A`
+in float32 for every adapted module (`lora.merge_adapters`), and loads the checkpoint with those merged
+weights in place through the same full update as any version (vLLM's own LoRA serving needs
+`--enable-lora`, adapter directories and a request-side adapter name: not used).
 """
 
 from __future__ import annotations
@@ -92,6 +99,9 @@ class VllmEngine:
         weights_timeout_s: float = 300.0,
         log_path: str | Path | None = None,
         allow_partial_updates: bool = False,
+        lora_rank: int = 0,
+        lora_alpha: float = 16.0,
+        lora_targets: Sequence[str] = (),
     ) -> None:
         self.model_dir = Path(model_dir)
         self.python = find_python(Path(python))
@@ -106,6 +116,12 @@ class VllmEngine:
         self.weights_timeout_s = weights_timeout_s
         self.log_path = Path(log_path) if log_path else None
         self.partial = allow_partial_updates
+        self.lora_rank = lora_rank
+        self.lora_scale = lora_alpha / lora_rank if lora_rank else 0.0
+        self.lora_targets = tuple(lora_targets)
+        self._adapter_specs: dict[str, ParamSpec] = {}  # LoRA: adapter name -> shape (any float dtype)
+        self._adapters: dict[str, Tensor] = {}  # LoRA: the newest adapters received
+        self._base: dict[str, Tensor] | None = None  # LoRA: the checkpoint's tensors, read at the first version
         self.url = ""
         self.proc: subprocess.Popen[bytes] | None = None
         self._log_file: Any = None
@@ -117,7 +133,7 @@ class VllmEngine:
         self._open = asyncio.Event()  # cleared while an update waits for, or runs after, the in-flight requests
         self._idle = asyncio.Event()  # set while nothing of this engine is in flight
         self._streams: dict[str, asyncio.Task[None]] = {}
-        self._updates: asyncio.Queue[tuple[int, dict[str, Tensor]]] | None = None
+        self._updates: asyncio.Queue[tuple[int, dict[str, Tensor], dict[str, Tensor]]] | None = None
         self._updater: asyncio.Task[None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread: int | None = None
@@ -130,12 +146,23 @@ class VllmEngine:
             "weight_update_failures": 0.0,
             "last_weight_apply_ms": 0.0,
             "update_wait_ms": 0.0,
+            "last_lora_merge_ms": 0.0,
             "start_s": 0.0,
         }
         self.last_update_error = ""
 
     @classmethod
-    def from_config(cls, cfg: EngineBackend, model_dir: str | Path, *, dtype: str = "float32") -> VllmEngine:
+    def from_config(
+        cls,
+        cfg: EngineBackend,
+        model_dir: str | Path,
+        *,
+        dtype: str = "float32",
+        lora_rank: int = 0,
+        lora_alpha: float = 16.0,
+        lora_targets: Sequence[str] = (),
+    ) -> VllmEngine:
+        """`lora_*`: `[model]`'s LoRA settings (versions are then adapters, merged here; see the module doc)."""
         if cfg.type != "vllm":
             raise ValueError(f"VllmEngine needs [engine] type = 'vllm', got {cfg.type!r}")
         return cls(
@@ -150,6 +177,9 @@ class VllmEngine:
             start_timeout_s=cfg.vllm_start_timeout_s,
             request_timeout_s=cfg.request_timeout_s,
             weights_timeout_s=cfg.weights_timeout_s,
+            lora_rank=lora_rank,
+            lora_alpha=lora_alpha,
+            lora_targets=lora_targets,
         )
 
     # ----------------------------------------------------------------- protocol: state
@@ -187,6 +217,11 @@ class VllmEngine:
             "--max-logprobs",
             "1",
             "--disable-uvicorn-access-log",
+            # Whole prompts only: for a prompt prefilled in parts vLLM discards the token sampled at the
+            # partial step and rewinds a seeded request's generator (`gen.set_offset`), which torch's CPU
+            # generator does not have ("CPU Generator does not use offset": the engine core died, seen in
+            # a SmolLM2 run with 16+ seeded ~95-token prompts at once). Step budget: max(max_model_len, 2048).
+            "--no-enable-chunked-prefill",
         ]
         if self.max_model_len:
             cmd += ["--max-model-len", str(self.max_model_len)]
@@ -233,6 +268,7 @@ class VllmEngine:
                 "or set [engine] vllm_python)"
             )
         self._specs, self._aliases = await asyncio.to_thread(checkpoint_specs, self.model_dir)
+        self._adapter_specs = self.adapter_specs()
         self._loop = asyncio.get_running_loop()
         self._loop_thread = threading.get_ident()
         port = free_port()
@@ -426,15 +462,68 @@ class VllmEngine:
         """Nothing to drop: vLLM keeps no sessions (its prefix cache is shared and evicts by itself)."""
 
     # ----------------------------------------------------------------- weights
+    def adapter_specs(self) -> dict[str, ParamSpec]:
+        """LoRA: `…lora_A` [rank, in] and `…lora_B` [out, rank] of every 2-D checkpoint weight whose module
+        name ends in a target (the modules `attach_lora` wraps); {} without LoRA. ValueError if a target
+        matches nothing, as `attach_lora` says."""
+        if not self.lora_rank:
+            return {}
+        specs: dict[str, ParamSpec] = {}
+        found = dict.fromkeys(self.lora_targets, 0)
+        for name, spec in self._specs.items():
+            module, _, leaf = name.rpartition(".")
+            target = module.rpartition(".")[2]
+            if leaf != "weight" or target not in found or len(spec.shape) != 2:
+                continue
+            out_features, in_features = spec.shape
+            specs[module + ".lora_A"] = ParamSpec((self.lora_rank, in_features), "float32")
+            specs[module + ".lora_B"] = ParamSpec((out_features, self.lora_rank), "float32")
+            found[target] += 1
+        unmatched = [t for t, n in found.items() if n == 0]
+        if unmatched:
+            raise ValueError(f"LoRA targets {unmatched} match no linear weight of {self.model_dir}")
+        return specs
+
+    def _split_adapters(self, tensors: Mapping[str, Tensor]) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
+        """(the checkpoint's tensors, the LoRA adapters) of an update; adapters checked by shape (any
+        floating dtype: they are merged in float32)."""
+        from torch import Tensor
+
+        if not self._adapter_specs:
+            return dict(tensors), {}
+        rest: dict[str, Tensor] = {}
+        adapters: dict[str, Tensor] = {}
+        for name, value in tensors.items():
+            spec = self._adapter_specs.get(name)
+            if spec is None:
+                rest[name] = value
+                continue
+            if not isinstance(value, Tensor) or not value.is_floating_point():
+                raise ValueError(f"apply_weights: adapter {name!r} must be a floating-point torch.Tensor")
+            if tuple(value.shape) != spec.shape:
+                raise ValueError(
+                    f"apply_weights: adapter {name!r} has shape {tuple(value.shape)}, the model expects {spec.shape}"
+                )
+            adapters[name] = value
+        return rest, adapters
+
     def apply_weights(self, version: int, tensors: Mapping[str, Tensor]) -> None:
         """Check the update against the checkpoint's tensors (ValueError naming the tensor; nothing
-        queued then), then queue it. The caller must not modify `tensors` meanwhile."""
-        from slipstream.engine.weight_update import validate_against
+        queued then), then queue it. The caller must not modify `tensors` meanwhile. With LoRA a
+        version may be adapters only (merged when it is applied)."""
+        from slipstream.engine.weight_update import WeightUpdate, validate_against
 
         if self._updates is None or self._loop is None:
             raise RuntimeError("VllmEngine is not running: await engine.start() first")
-        update = validate_against(self._specs, self._aliases, version, tensors, partial=self.partial)
-        item = (update.version, update.tensors)
+        rest, adapters = self._split_adapters(tensors)
+        if adapters and not rest:
+            if isinstance(version, bool) or not isinstance(version, int):
+                raise ValueError(f"apply_weights: version must be an int, got {version!r}")
+            update = WeightUpdate(version=version, tensors={})
+        else:
+            partial = self.partial or bool(self.lora_rank)  # a LoRA run's base is frozen: adapters are its versions
+            update = validate_against(self._specs, self._aliases, version, rest, partial=partial)
+        item = (update.version, update.tensors, adapters)
         if threading.get_ident() == self._loop_thread:
             self._updates.put_nowait(item)
         else:
@@ -443,9 +532,9 @@ class VllmEngine:
     async def _update_loop(self) -> None:
         assert self._updates is not None
         while True:
-            version, tensors = await self._updates.get()
+            version, tensors, adapters = await self._updates.get()
             try:
-                await self._apply(version, tensors)
+                await self._apply(version, tensors, adapters)
             except Exception as exc:  # counted, logged and kept: the version never appears
                 self._stats["weight_update_failures"] += 1
                 self.last_update_error = repr(exc)
@@ -453,13 +542,35 @@ class VllmEngine:
             finally:
                 self._open.set()
 
-    async def _apply(self, version: int, tensors: dict[str, Tensor]) -> None:
+    def merged_version(self, tensors: Mapping[str, Tensor], adapters: Mapping[str, Tensor]) -> dict[str, Tensor]:
+        """LoRA: what vLLM loads for a version — every checkpoint tensor (so nothing is left unloaded),
+        overlaid with the version's own full tensors, and every adapted module's weight replaced by
+        `W + scale · B A` (float32) from `adapters` over the newest ones applied (`self._adapters`, which
+        takes them only once vLLM has loaded the version)."""
+        from slipstream.engine.loading import read_state_dict
+        from slipstream.engine.lora import merge_adapters
+
+        if self._base is None:
+            base = read_state_dict(self.model_dir)
+            for alias in self._aliases:
+                base.pop(alias, None)
+            self._base = base
+        full = {**self._base, **{n: t.detach().to("cpu") for n, t in tensors.items()}}
+        full.update(merge_adapters(self._base, {**self._adapters, **adapters}, self.lora_scale))
+        return full
+
+    async def _apply(self, version: int, tensors: dict[str, Tensor], adapters: dict[str, Tensor] | None = None) -> None:
         from safetensors.torch import save_file
 
         self._open.clear()  # requests sent from now on wait for this version
         t0 = time.perf_counter()
         await self._idle.wait()  # every request of this engine finished on the old version
         t1 = time.perf_counter()
+        merge_ms = 0.0
+        own = tensors  # what this version sent (kept for state_dict; merged weights are not kept, ~4 bytes a weight)
+        if adapters or (self._adapters and tensors):
+            tensors = await asyncio.to_thread(self.merged_version, tensors, adapters or {})
+            merge_ms = (time.perf_counter() - t1) * 1000.0
         fd, name = tempfile.mkstemp(prefix="slipstream-weights-", suffix=".safetensors")
         os.close(fd)
         try:
@@ -474,10 +585,13 @@ class VllmEngine:
         finally:
             os.unlink(name)
         log.debug("vLLM loaded version %d: %s", version, answer)
-        self._applied.update(tensors)
+        self._applied.update(own)
+        self._adapters.update(adapters or {})
+        del tensors
         self._version = version
         self._stats["weight_updates"] += 1
         self._stats["update_wait_ms"] = (t1 - t0) * 1000.0
+        self._stats["last_lora_merge_ms"] = merge_ms
         self._stats["last_weight_apply_ms"] = (time.perf_counter() - t1) * 1000.0
 
     async def _post(self, path: str, body: Any = None) -> Any:
@@ -519,4 +633,8 @@ class VllmEngine:
         for alias in self._aliases:
             state.pop(alias, None)
         state.update(self._applied)
+        if self._adapters:  # LoRA: the merged weights vLLM was given, merged again from the newest adapters
+            from slipstream.engine.lora import merge_adapters
+
+            state.update(merge_adapters(self._base or state, self._adapters, self.lora_scale))
         return state

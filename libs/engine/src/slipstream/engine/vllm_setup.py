@@ -50,11 +50,10 @@ def _dtype_name(safetensors_dtype: str) -> str:
 
 def model_dir_for(source: ModelSource) -> Path:
     """The HF directory vLLM serves for `[model]`: its `path` or named model's directory, or the preset
-    (built from its seed) saved once as a Llama checkpoint under `cache_dir` (~/.cache/slipstream/vllm)."""
+    (built from its seed) saved once as a Llama checkpoint under `cache_dir` (~/.cache/slipstream/vllm).
+    With LoRA this is the frozen base; `VllmEngine` merges each version's adapters into it."""
     from slipstream.engine.source import model_path
 
-    if source.lora_rank:
-        raise ValueError("[engine] type = 'vllm' serves full weights only: LoRA ([model] lora_rank > 0) is not wired")
     path = model_path(source)
     if path:
         return Path(path)

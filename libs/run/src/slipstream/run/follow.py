@@ -166,6 +166,9 @@ async def _follow(
         while summary.final_version < last_version and time.monotonic() < deadline:
             await asyncio.sleep(0.1)
         screen = await asyncio.to_thread(screen_totals, stack)
+        summary.weight_applies = await asyncio.to_thread(weight_applies, stack)
+        for worker, rows in summary.weight_applies.items():
+            emit("log", {"message": f"{worker} applied {len(rows)} versions: {applies_line(rows)}"})
         for kind in STOP_ORDER:
             # Every process of the kind: with learner ranks, a weight-publisher per rank.
             for name, svc in list(stack.services.items()):
@@ -230,6 +233,30 @@ def screen_totals(stack: Stack) -> dict[str, Any] | None:
             totals[key] = totals.get(key, 0) + int(found.get(key) or 0)
         totals["target"] = found.get("target")
     return totals or None
+
+
+def weight_applies(stack: Stack) -> dict[str, list[dict[str, Any]]]:
+    """Each live rollout worker's per-version apply timings (its /readyz `weight_applies`), by service name."""
+    from slipstream.stack.probe import get_json
+
+    out: dict[str, list[dict[str, Any]]] = {}
+    for name, svc in list(stack.services.items()):
+        if kind_of(name) != "rollout-worker" or not svc.alive():
+            continue
+        body = get_json(svc.port, "/readyz", host=svc.host, timeout_s=10.0)  # None if it does not answer
+        found = _find_key(body, "weight_applies")
+        if isinstance(found, list):
+            out[name] = [row for row in found if isinstance(row, dict)]
+    return out
+
+
+def applies_line(rows: list[dict[str, Any]]) -> str:
+    """`v1 2310 ms (wait 450), v2 ...`: each version's apply time, and its wait when the engine waits."""
+    parts = []
+    for row in rows:
+        wait = row.get("wait_ms")
+        parts.append(f"v{row.get('version')} {row.get('apply_ms')} ms" + ("" if wait is None else f" (wait {wait})"))
+    return ", ".join(parts) or "none"
 
 
 def _find_key(body: Any, key: str) -> Any:

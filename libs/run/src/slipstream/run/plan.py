@@ -179,6 +179,10 @@ class RunSummary(msgspec.Struct, kw_only=True):
     spanning_versions: int = 0
     """Trajectories whose tokens were sampled under two or more policy versions (mid-rollout refresh)."""
     weights: dict[str, Any] = {}
+    weight_applies: dict[str, list[dict[str, Any]]] = {}
+    """Per rollout worker (read from its /readyz before it is stopped), one row per version it applied:
+    version, apply_ms (the engine loading it), wait_ms (vLLM: waiting for the requests in flight; None
+    for an engine that does not wait), switch_ms (apply call to the engine on it), merge_ms (vLLM + LoRA)."""
     eval_curve: list[dict[str, float]] = []
     steps_log: list[dict[str, Any]] = []
     wall_time_s: float = 0.0

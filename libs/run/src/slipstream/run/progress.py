@@ -272,6 +272,20 @@ def screen_line(screen: dict[str, Any]) -> str:
     return f"{screen.get('screened', 0)} of {judged}{share}, target {screen.get('target')}"
 
 
+def applies_summary(applies: dict[str, list[dict[str, Any]]]) -> str:
+    """Per worker: versions applied, median / max apply ms, and median / max wait ms where the engine waits
+    (vLLM); every row is in the summary JSON's `weight_applies`."""
+    out = []
+    for worker, rows in sorted(applies.items()):
+        line = f"{worker}: {len(rows)} versions"
+        for key, what in (("apply_ms", "apply"), ("wait_ms", "wait")):
+            values = sorted(float(r[key]) for r in rows if r.get(key) is not None)
+            if values:
+                line += f", {what} median {values[len(values) // 2]:.0f} / max {values[-1]:.0f} ms"
+        out.append(line)
+    return "; ".join(out)
+
+
 def summary_table(summary: Any) -> Group:
     """The closing summary: the accuracy table, then what the run did."""
     t = Table(title="slipstream demo — summary", show_header=False)
@@ -303,6 +317,11 @@ def summary_table(summary: Any) -> Group:
         ("  all accounted for", str(bool(tr.get("accounted_raw")) and bool(tr.get("accounted_scored")))),
         ("service restarts", restarts_line(summary.restarts)),
         ("rollouts spanning a weight update", str(summary.spanning_versions)),
+        *(
+            [("weight versions applied (per worker)", applies_summary(summary.weight_applies))]
+            if getattr(summary, "weight_applies", None)
+            else []
+        ),
         ("weights stored vs full snapshots", weights_line(summary.weights)),
         ("training time", f"{summary.train_time_s:.0f} s"),
         ("wall time", f"{summary.wall_time_s:.0f} s"),

@@ -40,6 +40,13 @@ A pinned follower (`pinned=True`, the sub-agent pool) loads exactly one version 
 (`load_pinned`) and then only reads: every announce is noted (`announced`, counted as
 `pinned_ignored`) and never becomes the version to apply, so the engine and its bytes stay put.
 
+Every applied version leaves a row in `status()["weight_applies"]` (the worker's /readyz; a training
+run copies them into its summary): the version, `apply_ms` (the engine's own time to load it:
+TorchEngine's copy between two decode steps, VllmEngine's write + load + cache reset, LoRA merge
+included), `wait_ms` (VllmEngine only: how long the update waited for the requests in flight; None
+for an engine that does not wait) and `switch_ms` (from `apply_weights` until the engine reported the
+version, as this follower saw it).
+
 Time-to-policy is the optimizer step's end (`step_finished_at`, from the announcement) to the
 first token sampled under the version: the moment the engine switched if a rollout was running
 then, else the start of the first rollout after it. Rollouts report back through `note_rollout`.
@@ -85,6 +92,7 @@ _APPLY_POLL_S = 0.005
 # Versions applied but not yet seen in a rollout are forgotten once this many newer ones exist.
 _PENDING_KEEP = 8
 _HISTORY = 32  # applied versions listed in status(), newest last
+_APPLIES_KEEP = 512  # per-version apply timings listed in status() (`weight_applies`), newest last
 FollowMode = Literal["latest", "promoted"]
 
 
@@ -143,6 +151,7 @@ class WeightFollower:
         self.applied = 0
         self.failures = 0
         self.last_pause_ms = 0.0
+        self.applies: deque[dict[str, Any]] = deque(maxlen=_APPLIES_KEEP)
         self.last_time_to_policy_s: float | None = None
         # The exact decoded tensors of the version last applied: deltas decode onto them (a copy,
         # in the published dtype, since the engine's own may be cast to another dtype or device).
@@ -366,6 +375,7 @@ class WeightFollower:
             if self._newest is announce:
                 self._newest = None  # whatever comes next is taken, even a version below this one
             return False
+        asked = time.monotonic()
         try:
             self.engine.apply_weights(version, tensors)
         except ValueError as exc:
@@ -375,6 +385,7 @@ class WeightFollower:
             if time.monotonic() >= deadline:
                 return self._fail(version, "timeout", f"engine did not switch within {self.apply_timeout_s}s")
             await asyncio.sleep(_APPLY_POLL_S)
+        switch_s = time.monotonic() - asked
         applied_at = time.time()
         # The engine copied this version in, and nothing older is pending in it any more.
         self._spare, self._retired = self._retired, None
@@ -382,14 +393,30 @@ class WeightFollower:
         if self.digest_enabled:
             self.weights_digest = await asyncio.to_thread(engine_digest, self.engine)
         self.history.append(version)
-        self.last_pause_ms = float(self.engine.stats().get("last_weight_apply_ms", 0.0))
+        row = self.note_applied(version, self.engine.stats(), switch_s)
         PAUSE_MS.observe(self.last_pause_ms)
         APPLIED_VERSION.set(float(version))
         self._first_token[version] = (applied_at, announce.step_finished_at)
         for old in [v for v in self._first_token if v <= version - _PENDING_KEEP]:
             del self._first_token[old]
-        log.info("applied weights", policy_version=version, pause_ms=round(self.last_pause_ms, 2))
+        extra = {k: v for k, v in row.items() if k not in ("version", "apply_ms")}
+        log.info("applied weights", policy_version=version, pause_ms=round(self.last_pause_ms, 2), **extra)
         return True
+
+    def note_applied(self, version: int, stats: Mapping[str, float], switch_s: float) -> dict[str, Any]:
+        """Record one applied version's timings from the engine's `stats()` (see the module doc); the row."""
+        self.last_pause_ms = float(stats.get("last_weight_apply_ms", 0.0))
+        wait = stats.get("update_wait_ms")
+        row: dict[str, Any] = {
+            "version": version,
+            "apply_ms": round(self.last_pause_ms, 1),
+            "wait_ms": None if wait is None else round(float(wait), 1),
+            "switch_ms": round(switch_s * 1000.0, 1),
+        }
+        if stats.get("last_lora_merge_ms"):
+            row["merge_ms"] = round(float(stats["last_lora_merge_ms"]), 1)
+        self.applies.append(row)
+        return row
 
     async def _fetch(self, announce: WeightAnnounce) -> dict[str, torch.Tensor] | None:
         version = announce.policy_version
@@ -508,5 +535,6 @@ class WeightFollower:
             "pinned_ignored": self.pinned_ignored,
             "announces": self.verifier.status() if self.verifier is not None else {"signatures": "unchecked"},
             "last_pause_ms": round(self.last_pause_ms, 3),
+            "weight_applies": list(self.applies),
             "last_time_to_policy_s": self.last_time_to_policy_s,
         }

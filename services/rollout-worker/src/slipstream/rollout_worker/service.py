@@ -190,7 +190,15 @@ class RolloutWorkerService(BaseService):
         if cfg.subagents.transport == "local" and not self.pooled:
             # The server's weights follow every announcement: frozen sub-agents get [model]'s own copy.
             self._model, _ = await asyncio.to_thread(load_model, cfg.model)
-        engine = VllmEngine.from_config(cfg.engine, directory, dtype=cfg.model.dtype)
+        m = cfg.model
+        engine = VllmEngine.from_config(
+            cfg.engine,
+            directory,
+            dtype=m.dtype,
+            lora_rank=m.lora_rank,
+            lora_alpha=m.lora_alpha,
+            lora_targets=m.lora_targets,
+        )
         await engine.start()
         log.info("started vLLM", url=engine.url, start_s=round(engine.stats()["start_s"], 1), log=str(engine.log_path))
         return engine, tokenizer
