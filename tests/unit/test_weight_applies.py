@@ -120,3 +120,17 @@ def test_a_run_reads_every_workers_rows_into_its_summary_and_prints_them() -> No
     assert applies_line([{"version": 4, "apply_ms": 2.5, "wait_ms": None}]) == "v4 2.5 ms"
     line = applies_summary(found)
     assert line == "rollout-worker: 3 versions, apply median 2500 / max 3100 ms, wait median 450 / max 1900 ms"
+
+
+def test_the_workers_follower_takes_the_configured_apply_timeout(tmp_path: Path) -> None:
+    # `[worker] weight_apply_timeout_s`: how long a version may take to switch before it is counted
+    # skipped; vLLM waits for every request in flight first, so a loaded run needs more than 60 s.
+    from slipstream.rollout_worker.config import RolloutWorkerConfig, WorkerSection
+    from slipstream.rollout_worker.service import RolloutWorkerService
+    from slipstream.trust import Keyring
+
+    assert RolloutWorkerConfig().worker.weight_apply_timeout_s == 60.0
+    cfg = RolloutWorkerConfig(worker=WorkerSection(weight_apply_timeout_s=300.0))
+    service = RolloutWorkerService(cfg)
+    service.bus, service.store, service.engine = cast(Any, object()), LocalObjectStore(str(tmp_path)), WaitingEngine()
+    assert service._follower(Keyring.parse(cfg.trust.trusted_keys), mode="latest").apply_timeout_s == 300.0

@@ -96,6 +96,14 @@ class WorkerSection(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     weight_fetch_backoff_s: Annotated[
         float, Doc(description="First pause between weight fetch retries (doubles each retry).", ge=0)
     ] = 0.5
+    weight_apply_timeout_s: Annotated[
+        float,
+        Doc(
+            description="Longest wait for the engine to switch to a fetched version before it is counted skipped "
+            "(vLLM first waits for the requests in flight; raise it for vLLM on a loaded machine).",
+            gt=0,
+        ),
+    ] = 60.0
     version_wait_timeout_s: Annotated[
         float, Doc(description="Longest wait for the engine to reach a task's min_policy_version before a nak.", gt=0)
     ] = 120.0

@@ -358,6 +358,7 @@ class RolloutWorkerService(BaseService):
             run_id=run_id,
             retries=w.weight_fetch_retries,
             backoff_s=w.weight_fetch_backoff_s,
+            apply_timeout_s=w.weight_apply_timeout_s,
             digest=w.weights_digest,
             worker_id=self.worker_id,
             verifier=self.verifier,
