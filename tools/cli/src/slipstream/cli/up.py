@@ -35,7 +35,6 @@ from slipstream.stack.spec import (
 
 if TYPE_CHECKING:
     from rich.console import Console
-    from rich.markup import escape
 
     from slipstream.stack.local import Stack
 
@@ -171,6 +170,8 @@ def _supervise(stack: Stack, console: Console, *, keep_going: bool) -> int:
     With restarts on, a service that ends with exit 0 has finished its work (the learner at
     max_steps) and the rest keep running; a crash is restarted inside `poll_exits`.
     """
+    from rich.markup import escape
+
     while not stack.interrupt.sleep(SUPERVISE_INTERVAL_S):
         for name, code in stack.poll_exits():
             if code == 0 and stack.spec.restart.enabled and name in stack.services:
