@@ -196,33 +196,14 @@ class VllmEngine:
 
     # ----------------------------------------------------------------- lifecycle
     def command(self, port: int) -> list[str]:
-        cmd = [
-            str(self.python),
-            "-m",
-            "vllm.entrypoints.openai.api_server",
-            "--model",
-            str(self.model_dir),
-            "--served-model-name",
-            SERVED_NAME,
-            "--dtype",
-            self.dtype,
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--worker-extension-cls",
-            EXTENSION_CLS,
-            "--logprobs-mode",
-            "processed_logprobs",
-            "--max-logprobs",
-            "1",
-            "--disable-uvicorn-access-log",
-            # Whole prompts only: for a prompt prefilled in parts vLLM discards the token sampled at the
-            # partial step and rewinds a seeded request's generator (`gen.set_offset`), which torch's CPU
-            # generator does not have ("CPU Generator does not use offset": the engine core died, seen in
-            # a SmolLM2 run with 16+ seeded ~95-token prompts at once). Step budget: max(max_model_len, 2048).
-            "--no-enable-chunked-prefill",
-        ]
+        cmd = [str(self.python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(self.model_dir)]
+        cmd += ["--served-model-name", SERVED_NAME, "--dtype", self.dtype, "--host", "127.0.0.1", "--port", str(port)]
+        cmd += ["--worker-extension-cls", EXTENSION_CLS, "--logprobs-mode", "processed_logprobs", "--max-logprobs", "1"]
+        # Whole prompts only (--no-enable-chunked-prefill): for a prompt prefilled in parts vLLM discards the
+        # token sampled at the partial step and rewinds a seeded request's generator (`gen.set_offset`), which
+        # torch's CPU generator does not have ("CPU Generator does not use offset": the engine core died, seen
+        # in a SmolLM2 run with 16+ seeded ~95-token prompts at once). Step budget: max(max_model_len, 2048).
+        cmd += ["--disable-uvicorn-access-log", "--no-enable-chunked-prefill"]
         if self.max_model_len:
             cmd += ["--max-model-len", str(self.max_model_len)]
         if self.enforce_eager:
@@ -463,49 +444,10 @@ class VllmEngine:
 
     # ----------------------------------------------------------------- weights
     def adapter_specs(self) -> dict[str, ParamSpec]:
-        """LoRA: `…lora_A` [rank, in] and `…lora_B` [out, rank] of every 2-D checkpoint weight whose module
-        name ends in a target (the modules `attach_lora` wraps); {} without LoRA. ValueError if a target
-        matches nothing, as `attach_lora` says."""
-        if not self.lora_rank:
-            return {}
-        specs: dict[str, ParamSpec] = {}
-        found = dict.fromkeys(self.lora_targets, 0)
-        for name, spec in self._specs.items():
-            module, _, leaf = name.rpartition(".")
-            target = module.rpartition(".")[2]
-            if leaf != "weight" or target not in found or len(spec.shape) != 2:
-                continue
-            out_features, in_features = spec.shape
-            specs[module + ".lora_A"] = ParamSpec((self.lora_rank, in_features), "float32")
-            specs[module + ".lora_B"] = ParamSpec((out_features, self.lora_rank), "float32")
-            found[target] += 1
-        unmatched = [t for t, n in found.items() if n == 0]
-        if unmatched:
-            raise ValueError(f"LoRA targets {unmatched} match no linear weight of {self.model_dir}")
-        return specs
+        """LoRA: the adapters a version may carry (`vllm_lora.adapter_specs`); {} without LoRA."""
+        from slipstream.engine.vllm_lora import adapter_specs
 
-    def _split_adapters(self, tensors: Mapping[str, Tensor]) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
-        """(the checkpoint's tensors, the LoRA adapters) of an update; adapters checked by shape (any
-        floating dtype: they are merged in float32)."""
-        from torch import Tensor
-
-        if not self._adapter_specs:
-            return dict(tensors), {}
-        rest: dict[str, Tensor] = {}
-        adapters: dict[str, Tensor] = {}
-        for name, value in tensors.items():
-            spec = self._adapter_specs.get(name)
-            if spec is None:
-                rest[name] = value
-                continue
-            if not isinstance(value, Tensor) or not value.is_floating_point():
-                raise ValueError(f"apply_weights: adapter {name!r} must be a floating-point torch.Tensor")
-            if tuple(value.shape) != spec.shape:
-                raise ValueError(
-                    f"apply_weights: adapter {name!r} has shape {tuple(value.shape)}, the model expects {spec.shape}"
-                )
-            adapters[name] = value
-        return rest, adapters
+        return adapter_specs(self._specs, self.lora_targets, self.lora_rank, self.model_dir)
 
     def apply_weights(self, version: int, tensors: Mapping[str, Tensor]) -> None:
         """Check the update against the checkpoint's tensors (ValueError naming the tensor; nothing
@@ -515,7 +457,9 @@ class VllmEngine:
 
         if self._updates is None or self._loop is None:
             raise RuntimeError("VllmEngine is not running: await engine.start() first")
-        rest, adapters = self._split_adapters(tensors)
+        from slipstream.engine.vllm_lora import split_adapters
+
+        rest, adapters = split_adapters(self._adapter_specs, tensors)
         if adapters and not rest:
             if isinstance(version, bool) or not isinstance(version, int):
                 raise ValueError(f"apply_weights: version must be an int, got {version!r}")
@@ -547,14 +491,10 @@ class VllmEngine:
         overlaid with the version's own full tensors, and every adapted module's weight replaced by
         `W + scale · B A` (float32) from `adapters` over the newest ones applied (`self._adapters`, which
         takes them only once vLLM has loaded the version)."""
-        from slipstream.engine.loading import read_state_dict
         from slipstream.engine.lora import merge_adapters
 
         if self._base is None:
-            base = read_state_dict(self.model_dir)
-            for alias in self._aliases:
-                base.pop(alias, None)
-            self._base = base
+            self._base = self._checkpoint()
         full = {**self._base, **{n: t.detach().to("cpu") for n, t in tensors.items()}}
         full.update(merge_adapters(self._base, {**self._adapters, **adapters}, self.lora_scale))
         return full
@@ -626,12 +566,17 @@ class VllmEngine:
             params[alias] = params[target]
         return params
 
-    def _weights(self) -> dict[str, Tensor]:
+    def _checkpoint(self) -> dict[str, Tensor]:
+        """The checkpoint's tensors as read from `model_dir`, tied aliases left out."""
         from slipstream.engine.loading import read_state_dict
 
         state = read_state_dict(self.model_dir)
         for alias in self._aliases:
             state.pop(alias, None)
+        return state
+
+    def _weights(self) -> dict[str, Tensor]:
+        state = self._checkpoint()
         state.update(self._applied)
         if self._adapters:  # LoRA: the merged weights vLLM was given, merged again from the newest adapters
             from slipstream.engine.lora import merge_adapters
