@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from slipstream.rollout_worker.follower import WeightFollower
-from slipstream.run.follow import applies_line, weight_applies
+from slipstream.run.follow import applies_line, weight_applies, worker_statuses
 from slipstream.run.progress import applies_summary
 from slipstream.schemas import WeightAnnounce
 from slipstream.store import LocalObjectStore
@@ -111,7 +111,7 @@ def test_a_run_reads_every_workers_rows_into_its_summary_and_prints_them() -> No
         live = SimpleNamespace(port=port, host="127.0.0.1", alive=lambda: True)
         dead = SimpleNamespace(port=port, host="127.0.0.1", alive=lambda: False)
         stack = SimpleNamespace(services={"rollout-worker": live, "learner": live, "rollout-worker-gone": dead})
-        found = weight_applies(cast(Any, stack))
+        found = weight_applies(worker_statuses(cast(Any, stack)))
     finally:
         server.shutdown()
         server.server_close()

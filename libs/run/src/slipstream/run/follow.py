@@ -165,8 +165,9 @@ async def _follow(
         last_version = summary.steps_log[-1]["version"] if summary.steps_log else 0
         while summary.final_version < last_version and time.monotonic() < deadline:
             await asyncio.sleep(0.1)
-        screen = await asyncio.to_thread(screen_totals, stack)
-        summary.weight_applies = await asyncio.to_thread(weight_applies, stack)
+        statuses = await asyncio.to_thread(worker_statuses, stack)  # one /readyz read per worker
+        screen = screen_totals(statuses)
+        summary.weight_applies = weight_applies(statuses)
         for worker, rows in summary.weight_applies.items():
             emit("log", {"message": f"{worker} applied {len(rows)} versions: {applies_line(rows)}"})
         for kind in STOP_ORDER:
@@ -217,15 +218,22 @@ def record_after(summary: RunSummary, after: HeldOutScore, emit: Emit, *, new: b
     emit("eval", row)
 
 
-def screen_totals(stack: Stack) -> dict[str, Any] | None:
-    """The rollout workers' task screens (`[worker] screen_target`), summed from their /readyz, or None if off."""
+def worker_statuses(stack: Stack) -> dict[str, Any]:
+    """Each live rollout worker's /readyz body (None where it does not answer), by service name."""
     from slipstream.stack.probe import get_json
 
+    return {
+        name: get_json(svc.port, "/readyz", host=svc.host, timeout_s=10.0)
+        for name, svc in list(stack.services.items())
+        if kind_of(name) == "rollout-worker" and svc.alive()
+    }
+
+
+def screen_totals(statuses: dict[str, Any]) -> dict[str, Any] | None:
+    """The rollout workers' task screens (`[worker] screen_target`), summed from their /readyz bodies
+    (`worker_statuses`), or None if off."""
     totals: dict[str, Any] = {}
-    for name, svc in list(stack.services.items()):
-        if kind_of(name) != "rollout-worker" or not svc.alive():
-            continue
-        body = get_json(svc.port, "/readyz", host=svc.host)
+    for body in statuses.values():
         found = _find_key(body, "screen")
         if not isinstance(found, dict):
             continue
@@ -235,15 +243,10 @@ def screen_totals(stack: Stack) -> dict[str, Any] | None:
     return totals or None
 
 
-def weight_applies(stack: Stack) -> dict[str, list[dict[str, Any]]]:
-    """Each live rollout worker's per-version apply timings (its /readyz `weight_applies`), by service name."""
-    from slipstream.stack.probe import get_json
-
+def weight_applies(statuses: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
+    """Each rollout worker's per-version apply timings (its /readyz `weight_applies`), by service name."""
     out: dict[str, list[dict[str, Any]]] = {}
-    for name, svc in list(stack.services.items()):
-        if kind_of(name) != "rollout-worker" or not svc.alive():
-            continue
-        body = get_json(svc.port, "/readyz", host=svc.host, timeout_s=10.0)  # None if it does not answer
+    for name, body in statuses.items():
         found = _find_key(body, "weight_applies")
         if isinstance(found, list):
             out[name] = [row for row in found if isinstance(row, dict)]
