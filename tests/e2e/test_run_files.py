@@ -67,6 +67,10 @@ RUN_ELSEWHERE = {
     # Both play against something the run file cannot start: an OpenEnv server (the e2e test starts the
     # guess server on a free port and trains 3 steps on it), and verifiers' own venv (make verifiers-venv;
     # its e2e test trains 3 steps on vf_sum, skipped without the venv).
+    # examples/recall.toml's path (run here) with the harness's policy summaries switched on: the
+    # workers read them from [summary] (tests/unit/test_policy_summaries.py plays them through the
+    # worker's sampler), and `slipstream bench summary --plan examples/recall_learned.toml` trains it.
+    "recall_learned": "recall.toml's path with policy summaries; the sampler and the bench cover the rest",
     "openenv": "the guess server's env, run end to end by tests/e2e/test_openenv_training.py",
     "verifiers": "vf_sum through verifiers' harness, run end to end by tests/e2e/test_verifiers_training.py",
 }

@@ -34,3 +34,41 @@ def test_a_seed_where_truncation_wins_or_an_arm_failed_is_not_hidden() -> None:
     v = verdict(rows)
     assert not v["runs_ok"] and not v["summary_beats_truncate_every_seed"]
     assert [p["seed"] for p in v["per_seed"]] == [0]  # a seed missing an arm is not compared
+
+
+def test_the_first_arm_is_compared_with_every_other_arm() -> None:
+    rows = []
+    for seed, (p, m, t) in enumerate(((0.9, 0.5, 0.0), (0.8, 0.6, 0.0), (0.85, 0.4, 0.0))):
+        rows += [_row(seed, "policy", 0.2, p), _row(seed, "masked", 0.2, m), _row(seed, "truncate", 0.0, t)]
+    v = verdict(rows, ("policy", "masked", "truncate"))
+    assert set(v["comparisons"]) == {"masked", "truncate"} and v["lead"] == "policy"
+    masked = v["comparisons"]["masked"]
+    assert [p["difference"] for p in masked["per_seed"]] == pytest.approx([0.4, 0.2, 0.45])
+    assert masked["beats_every_seed"] and masked["min_difference"] == pytest.approx(0.2)
+    assert masked["per_seed"][0]["policy_rl_change"] == pytest.approx(0.7)
+    assert v["policy_beats_masked_every_seed"] and v["t_across_seeds"] == masked["t_across_seeds"]
+
+
+def test_timing_averages_when_the_first_summary_opened_over_seeds() -> None:
+    from slipstream.bench.summary import timing
+
+    def metrics(turns: dict[int, float], mean: float, threshold: float | None = None) -> dict:
+        out = {f"summary_at_turn_{k}": v for k, v in turns.items()}
+        out.update(summarised=sum(turns.values()), summary_turn=mean, kept_asked=0.5)
+        if threshold is not None:
+            out["threshold_turn"] = threshold
+        return out
+
+    rows = []
+    for seed, late in enumerate((0.6, 0.4)):
+        row = _row(seed, "policy", 0.2, 0.8)
+        row["heldout_metrics_before"] = metrics({0: 0.5, 5: 0.5}, 2.5)
+        row["heldout_metrics_after"] = metrics({0: 1 - late, 5: late}, 5 * late)
+        rows.append(row)
+        trunc = _row(seed, "truncate", 0.0, 0.0)
+        trunc["heldout_metrics_before"] = trunc["heldout_metrics_after"] = {"threshold_turn": 6.0 + seed}
+        rows.append(trunc)
+    t = timing(rows)
+    assert set(t) == {"policy", "fixed_threshold_turn"}  # the truncate arm never summarised
+    assert t["policy"]["after"]["turns"] == [0, 5] and t["policy"]["after"]["share"] == pytest.approx([0.5, 0.5])
+    assert t["policy"]["before"]["summary_turn"] == 2.5 and t["fixed_threshold_turn"] == pytest.approx(6.5)

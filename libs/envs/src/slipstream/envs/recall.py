@@ -29,6 +29,17 @@ it can see into a summary, and answers from what it can see ("?" when the fact i
 its warm-start examples never teach a random guess). `expert_drop_rate` makes it imperfect: on
 that fraction of tasks its summaries leave out the first fact they could carry (so it cannot
 answer a question about it); RL has to unlearn that.
+
+**Learned timing and content (issue 33, `examples/recall_learned.toml`).** With `cue` the prompt
+names the fact that will be asked (`recall b`), and with the harness's `policy` summaries
+(libs/harness summary.py) the policy may open `<summary>` itself at any turn, while a context
+that reaches the threshold unsummarised is truncated. So *when* to summarise (after the asked
+fact arrived, before the cut) and *what* to keep (the asked fact, not the others) both decide the
+outcome, and neither is the teacher's: `expert_self_summary` makes the teacher summarise once at
+a turn drawn uniformly per task, and `expert_keep = "one"` keeps one fact in view drawn per task,
+whichever was asked. `eval_metrics` reports when summaries opened (`summary_at_turn_<k>`, the
+share of episodes whose first one opened at turn k), how often (`summarised`), and what they kept
+(`kept_asked`).
 """
 
 from __future__ import annotations
@@ -37,13 +48,16 @@ import hashlib
 import random
 import re
 import string
-from typing import Annotated, ClassVar
+from typing import TYPE_CHECKING, Annotated, ClassVar, Literal
 
 import msgspec
 
 from slipstream.envs.base import Environment, Problem, Score, TaskSpec, fixed_draw
 from slipstream.envs.context import EpisodeContext, Outcome
 from slipstream.envs.registry import register
+
+if TYPE_CHECKING:
+    from slipstream.schemas import Episode
 
 Doc = msgspec.Meta
 
@@ -59,6 +73,7 @@ FILLER_LETTERS = "pqrstuvwxyz"
 VALUE_CHARS = string.ascii_uppercase + string.digits
 _FACT = re.compile(r"(?<![a-z])([a-h])=([A-Z0-9]+)")
 _QUESTION = re.compile(r"(?:^|\n)([a-h])\?\n$")
+_SUMMARY = re.compile(re.escape(SUMMARY_REQUEST) + r"(.*?)" + re.escape(SUMMARY_END), re.S)
 _KEY = re.compile(r"^((?:[a-h][A-Z0-9]{1,3}\.)*[a-h][A-Z0-9]{1,3})\|((?:\d+\.)*\d+)\|([a-h])\|\d{4}$")
 
 
@@ -78,6 +93,20 @@ class RecallOptions(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fi
     early: Annotated[
         int, Doc(description="Facts arrive within the first `early` turns (0: anywhere before the question).")
     ] = 0
+    cue: Annotated[
+        bool, Doc(description="The prompt names the fact that will be asked ('recall b'), so what to keep is knowable.")
+    ] = False
+    expert_self_summary: Annotated[
+        bool,
+        Doc(
+            description="The teacher opens a summary itself (the harness's policy summaries) once, at a turn drawn "
+            "uniformly per task, rather than only when the harness asks."
+        ),
+    ] = False
+    expert_keep: Annotated[
+        Literal["all", "one"],
+        Doc(description="What the teacher's summaries keep: every fact in view, or one drawn per task (any fact)."),
+    ] = "all"
     expert_drop_rate: Annotated[
         float,
         Doc(description="Fraction of tasks on which the expert's summaries leave out the first fact they could carry."),
@@ -104,6 +133,8 @@ class RecallOptions(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fi
             raise ValueError(f"filler_len must be in 1..64, got {self.filler_len}")
         if self.early and not self.facts <= self.early <= self.turns:
             raise ValueError(f"early must be 0 or in facts..turns ({self.facts}..{self.turns}), got {self.early}")
+        if self.expert_keep not in ("all", "one"):
+            raise ValueError(f"expert_keep must be 'all' or 'one', got {self.expert_keep!r}")
         if not 0.0 <= self.expert_drop_rate <= 1.0:
             raise ValueError(f"expert_drop_rate must be in [0, 1], got {self.expert_drop_rate}")
 
@@ -155,7 +186,13 @@ class Recall(Environment[RecallOptions]):
         question = rng.choice(keys)
         key = ".".join(k + v for k, v in zip(keys, values, strict=True)) + "|" + ".".join(map(str, at)) + "|" + question
         key += f"|{rng.randrange(10000):04d}"  # a nonce: its filler lines (a hash of the key) are its own
-        return Problem(key=key, prompt=PROMPT, reference=dict(zip(keys, values, strict=True))[question])
+        return Problem(
+            key=key, prompt=self.prompt_for(question), reference=dict(zip(keys, values, strict=True))[question]
+        )
+
+    def prompt_for(self, question: str) -> str:
+        """The task prompt: `recall`, with the asked key when `cue` is on."""
+        return f"recall {question}\n" if self.options.cue else PROMPT
 
     def script(self, task: TaskSpec) -> Script:
         key = task.metadata.get("key", "")
@@ -185,22 +222,54 @@ class Recall(Environment[RecallOptions]):
         return fixed_draw(f"recall:{what}:{task.metadata.get('key')}")
 
     def expert(self, task: TaskSpec, context: str) -> str:
-        """Acknowledge; summarise every fact in view; answer from the facts in view ("?" when gone)."""
-        seen: dict[str, str] = {}
-        for k, v in _FACT.findall(context):
-            seen.setdefault(k, v)
+        """Acknowledge; summarise the facts in view (all, or one per `expert_keep`) when asked or at its
+        own drawn turn (`expert_self_summary`); answer from the facts in view ("?" when gone)."""
+        # A turn the engine cut (a summary opened within a few tokens) continues where it stopped.
+        head, _, tail = context.rpartition("\n")
+        if tail and not tail.startswith(SUMMARY_REQUEST) and SUMMARY_REQUEST.startswith(tail):
+            return self._summary(task, head)[len(tail) :]
+        if tail.startswith(SUMMARY_REQUEST) and not tail.endswith(SUMMARY_END):
+            return self._summary(task, head)[len(tail) :]
         if context.endswith(SUMMARY_REQUEST):
-            carried = list(seen.items())
-            if carried and self._draw(task, "drop") < self.options.expert_drop_rate:
-                carried = carried[1:]
-            return " ".join(f"{k}={v}" for k, v in carried) + SUMMARY_END
+            return self._summary(task, context)[len(SUMMARY_REQUEST) :]
         question = _QUESTION.search(context)
         if question:
             k = question.group(1)
-            if k in seen:
-                return seen[k] + self.terminator
-            return UNKNOWN + self.terminator
+            seen = self._seen(context)
+            return seen.get(k, UNKNOWN) + self.terminator
+        if (
+            self.options.expert_self_summary
+            and SUMMARY_END not in context
+            and self._turn(task, context) == self._when(task)
+        ):
+            return self._summary(task, context)
         return ACK + self.terminator
+
+    @staticmethod
+    def _seen(context: str) -> dict[str, str]:
+        seen: dict[str, str] = {}
+        for k, v in _FACT.findall(context):
+            seen.setdefault(k, v)
+        return seen
+
+    def _summary(self, task: TaskSpec, context: str) -> str:
+        """The teacher's whole summary of what `context` shows: "<summary>c=Q a=X</summary>"."""
+        carried = list(self._seen(context).items())
+        if carried and self._draw(task, "drop") < self.options.expert_drop_rate:
+            carried = carried[1:]
+        if carried and self.options.expert_keep == "one":
+            carried = [carried[int(self._draw(task, "keep") * len(carried))]]
+        return SUMMARY_REQUEST + " ".join(f"{k}={v}" for k, v in carried) + SUMMARY_END
+
+    def _when(self, task: TaskSpec) -> int:
+        """The turn at which the teacher opens its own summary: uniform over the task's turns."""
+        return int(self._draw(task, "when") * self.options.turns)
+
+    def _turn(self, task: TaskSpec, context: str) -> int:
+        """Which observation line the context ends with (-1 when it ends with none)."""
+        last = context.rpartition("\n")[0].rpartition("\n")[2] + "\n"
+        lines = self.lines(task)
+        return lines.index(last) if last in lines else -1
 
     # -- the episode ------------------------------------------------------------------------------
 
@@ -215,6 +284,49 @@ class Recall(Environment[RecallOptions]):
         return Outcome(final_text=gen.text, finish_reason=gen.finish_reason)
 
     # -- scoring ------------------------------------------------------------------------------------
+
+    def eval_metrics(self, tasks: list[TaskSpec], episodes: list[Episode]) -> dict[str, float]:
+        """When, how often and what the policy summarised of its own accord (the harness's `policy`
+        summaries; nothing when it never did): `summarised` (share of episodes), `policy_summaries`
+        (per episode), `summary_turn` (mean turn of an episode's first one), `summary_at_turn_<k>`
+        (share of episodes whose first one opened at turn k), `kept_asked` (share of summarised
+        episodes whose summaries kept the asked fact); and for the fixed rule, `threshold_restarts`
+        per episode and `threshold_turn` (mean turn of an episode's first)."""
+        n = len(episodes) or 1
+        forced = [
+            min(int(k.rpartition("_")[2]) for k in e.counts if k.startswith("threshold_at_turn_"))
+            for e in episodes
+            if any(k.startswith("threshold_at_turn_") for k in e.counts)
+        ]
+        out: dict[str, float] = {}
+        if forced:  # when the fixed rule first restarted the context (summary request or truncation)
+            out["threshold_restarts"] = round(
+                sum(v for e in episodes for k, v in e.counts.items() if k.startswith("threshold_at_turn_")) / n, 4
+            )
+            out["threshold_turn"] = round(sum(forced) / len(forced), 3)
+        if not any(e.counts.get("policy_summaries") for e in episodes):
+            return out
+        first: list[int] = []
+        kept = 0
+        for task, e in zip(tasks, episodes, strict=True):
+            turns = sorted(int(k.rpartition("_")[2]) for k in e.counts if k.startswith("summary_at_turn_"))
+            if not turns:
+                continue
+            first.append(turns[0])
+            script = self.script(task)
+            asked = f"{script.question}={script.answer}"
+            written = " ".join(
+                m for s in e.samples for m in _SUMMARY.findall("".join(t.text for t in s.turns if t.role == "policy"))
+            )
+            kept += asked in written.split()
+        out["summarised"] = round(len(first) / n, 4)
+        out["policy_summaries"] = round(sum(e.counts.get("policy_summaries", 0) for e in episodes) / n, 4)
+        if first:
+            out["summary_turn"] = round(sum(first) / len(first), 3)
+            out["kept_asked"] = round(kept / len(first), 4)
+        for k in range(self.options.turns + 1):
+            out[f"summary_at_turn_{k}"] = round(first.count(k) / n, 4)
+        return out
 
     def grade(self, task: TaskSpec, completion: str) -> Score:
         line = completion.partition(self.terminator)[0]

@@ -119,7 +119,7 @@ async def evaluate(
     if concurrency < 1:
         raise ValueError(f"concurrency must be >= 1, got {concurrency}")
     sampling = params if params is not None else greedy_params(env)
-    if summary is not None and summary.enabled and summary.mode == "summary":
+    if summary is not None and summary.enabled and (summary.mode == "summary" or summary.policy):
         # A turn's max_tokens is capped by the params': leave a summary its whole budget.
         sampling = msgspec.structs.replace(sampling, max_tokens=max(sampling.max_tokens, summary.summary_tokens))
     specs = [as_spec(t) for t in tasks]

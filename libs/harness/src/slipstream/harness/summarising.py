@@ -26,6 +26,9 @@ class Chain:
         self.current = root
         self.task_len = len(root.prompt)  # [bos] + the task prompt, kept verbatim in every restart
         self.summaries = 0
+        self.turns = 0  # the environment's generate calls so far (a summary's own calls not counted)
+        self.summary: str | None = None  # the latest summary, which a truncation keeps (policy summaries)
+        self.body_start = self.task_len  # where the current link's conversation starts, after its header
 
 
 class ChainThread:
@@ -105,29 +108,75 @@ class SummarisingContext:
     async def generate(
         self, thread: Any, *, max_tokens: int | None = None, stop: list[str] | None = None
     ) -> Generation:
-        if isinstance(thread, ChainThread):
-            chain = thread.chain
-            if len(chain.current) >= self.threshold and chain.summaries < self.config.max_summaries:
-                await self._summarise(chain)
-        return await self.inner.generate(self._unwrap(thread), max_tokens=max_tokens, stop=stop)
+        if not isinstance(thread, ChainThread):
+            return await self.inner.generate(thread, max_tokens=max_tokens, stop=stop)
+        chain = thread.chain
+        if len(chain.current) >= self.threshold and chain.summaries < self.config.max_summaries:
+            self.inner.count(f"threshold_at_turn_{chain.turns}")
+            await self._summarise(chain)
+        link = chain.current
+        pending = self._pending(link)
+        opened_at = len(link)
+        gen = await self.inner.generate(link, max_tokens=max_tokens, stop=stop)
+        if not (self.config.policy and chain.summaries < self.config.max_summaries and self._opens(gen)):
+            chain.turns += 1
+            return gen
+        # The policy chose to summarise now: let it finish, restart from its summary, and ask the
+        # environment's turn again in the new link (the pending line follows the summary there).
+        text = gen.text
+        if not any(text.endswith(end) for end in self.config.stop):
+            more = await self.inner.generate(link, max_tokens=self.config.summary_tokens, stop=list(self.config.stop))
+            text += more.text
+        body = text[len(self.config.open) :] if text.startswith(self.config.open) else ""
+        self._unlearn(link, opened_at)
+        self.inner.count("policy_summaries")
+        self.inner.count(f"summary_at_turn_{chain.turns}")
+        self.inner.count("summary_context_tokens", opened_at)
+        self._restart(chain, self._cut(body), pending)
+        return await self.generate(thread, max_tokens=max_tokens, stop=stop)
+
+    def _opens(self, gen: Generation) -> bool:
+        """The turn opens a summary: it begins with `open`, or stopped for length inside it."""
+        opener = self.config.open
+        return gen.text.startswith(opener) or (
+            gen.finish_reason == "length" and bool(gen.text) and opener.startswith(gen.text)
+        )
+
+    def _cut(self, summary: str) -> str:
+        """The summary without what ends it: up to the first stop string (the engine keeps the one it stopped at)."""
+        ends = [summary.find(end) for end in self.config.stop if end in summary]
+        return summary[: min(ends)] if ends else summary
+
+    @staticmethod
+    def _pending(link: Any) -> Span:
+        """What arrived since the policy last spoke (a tool result, a question): still waiting for an answer."""
+        policy_ends = [t.end for t in link.turns if t.role == "policy"]
+        return Span(policy_ends[-1] if policy_ends else len(link.prompt), len(link))
+
+    def _unlearn(self, link: Any, start: int) -> None:
+        """The control `train_summaries=False`: the summary's tokens (from `start` on) get loss mask 0 in training."""
+        if self.config.train_summaries or self.inner.purpose != "train":
+            return
+        offset = len(link.prompt)
+        for i in range(max(0, start - offset), len(link.mask)):
+            link.mask[i] = 0
 
     async def _summarise(self, chain: Chain) -> None:
         link = chain.current
-        # What arrived since the policy last spoke (a tool result, a question) is still waiting for
-        # an answer: it goes into the restart verbatim, after the summary.
-        policy_ends = [t.end for t in link.turns if t.role == "policy"]
-        pending = Span(policy_ends[-1] if policy_ends else len(link.prompt), len(link))
+        pending = self._pending(link)
         if self.config.mode == "truncate":
             self._truncate(chain, pending)
             return
         self.inner.observe(link, self.config.request, role="summary_request")
+        opened_at = len(link)
         written = await self.inner.generate(link, max_tokens=self.config.summary_tokens, stop=list(self.config.stop))
+        self._unlearn(link, opened_at)
+        self._restart(chain, self._cut(written.text), pending)
+
+    def _restart(self, chain: Chain, summary: str, pending: Span) -> None:
+        """Continue the chain in a new link: the task prompt, the summary with the state, the pending line."""
+        link = chain.current
         chain.summaries += 1
-        summary = written.text
-        for end in self.config.stop:  # the engine keeps the stop string it stopped at
-            if summary.endswith(end):
-                summary = summary[: -len(end)]
-                break
         restart: list[Span | str] = [
             Span(0, chain.task_len),
             restart_text(summary, chain.summaries, self.config.restart_template),
@@ -135,19 +184,29 @@ class SummarisingContext:
         if pending.end > pending.start:
             restart.append(pending)
         chain.current = self.inner.branch(link, restart, edit="summary", finish_reason="summary")
+        chain.summary = summary
+        chain.body_start = len(chain.current) - (pending.end - pending.start)
         self.inner.count("summaries")
         self.inner.count("summary_tokens_before", len(link))
         self.inner.count("summary_tokens_after", len(chain.current))
 
     def _truncate(self, chain: Chain, pending: Span) -> None:
-        """The baseline: keep the task prompt and the conversation's last tokens, drop the rest unread."""
+        """The baseline: keep the task prompt and the conversation's last tokens, drop the rest unread.
+
+        A summary the policy wrote earlier in the chain is kept too (it is the context the policy
+        chose to carry), so a policy summary is lost only to a later one."""
         link = chain.current
-        start = max(chain.task_len, min(pending.start, len(link) - self.config.summary_tokens))
+        start = max(chain.body_start, min(pending.start, len(link) - self.config.summary_tokens))
         chain.summaries += 1  # restarts so far (the chain's state), whichever mode made them
-        restart: list[Span | str] = [Span(0, chain.task_len), TRUNCATED]
-        if len(link) > start:
+        restart: list[Span | str] = [Span(0, chain.task_len)]
+        if chain.summary is not None:
+            restart.append(restart_text(chain.summary, chain.summaries, self.config.restart_template))
+        restart.append(TRUNCATED)
+        kept = max(0, len(link) - start)
+        if kept:
             restart.append(Span(start, len(link)))
         chain.current = self.inner.branch(link, restart, edit="truncate", finish_reason="truncate")
+        chain.body_start = len(chain.current) - kept
         self.inner.count("truncations")
         self.inner.count("summary_tokens_before", len(link))
         self.inner.count("summary_tokens_after", len(chain.current))

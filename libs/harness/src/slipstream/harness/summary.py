@@ -24,6 +24,19 @@ context restarts from the task prompt, a marker and the last `summary_tokens` to
 conversation (at least everything since the policy last spoke), verbatim, with no summary
 written. Both modes carry the same budget across a restart; only what fills it differs.
 
+`policy=True` lets the policy choose *when* to summarise (Composer 2's learned timing): at any turn
+it may open a summary with `open` ("<summary>") instead of answering; the harness lets it finish
+(up to `summary_tokens`, stopped at `stop`), restarts the context from it exactly as above, and
+asks the environment's turn again in the new link. The threshold still applies to a policy that
+never summarises: past it `mode` decides (a summary it is asked for, or truncation, which makes a
+late or missing summary costly). The turn at which each summary opened is counted
+(`summary_at_turn_<k>`, `policy_summaries`, `summary_context_tokens`), and so is each restart the
+threshold forced (`threshold_at_turn_<k>`): the distribution of *when* against the fixed rule.
+
+`train_summaries=False` is the control that isolates what RL teaches through the summaries: the
+summary tokens (the policy's own and the requested ones) get loss mask 0 in training rollouts, so
+the outcome reward trains everything but them (evaluations keep the mask as sampled).
+
 This module holds the configuration and the pure rules (the threshold, the restart text); the
 context that runs a chain over an episode's recorder is summarising.py.
 """
@@ -67,6 +80,21 @@ class SummaryConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fi
         DEFAULT_REQUEST
     )
     stop: Annotated[tuple[str, ...], Doc(description="Stop strings that end a summary.")] = ("</summary>",)
+    policy: Annotated[
+        bool,
+        Doc(
+            description="The policy may open a summary itself (its turn begins with `open`) at any turn, before "
+            "the threshold; the threshold then applies `mode` to a context that reaches it unsummarised."
+        ),
+    ] = False
+    open: Annotated[str, Doc(description="How the policy opens a summary of its own (policy=True).")] = "<summary>"
+    train_summaries: Annotated[
+        bool,
+        Doc(
+            description="Train on summary tokens (the default). False: loss mask 0 on them in training rollouts "
+            "(the control that isolates what RL teaches through the summaries)."
+        ),
+    ] = True
     restart_template: Annotated[
         str,
         Doc(
@@ -84,6 +112,8 @@ class SummaryConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fi
             )
         if self.mode not in MODES:
             raise ValueError(f"mode must be one of {', '.join(MODES)}, got {self.mode!r}")
+        if self.policy and not self.open.strip():
+            raise ValueError("open must not be empty when policy=True: it is how the policy starts a summary")
         if not self.request.strip():
             raise ValueError("request must not be empty: the policy has to be asked for its summary")
         if "{summary}" not in self.restart_template or "{n}" not in self.restart_template:

@@ -43,19 +43,34 @@ def demo_plan(env: str | None = None) -> TrainingPlan:
     return plan
 
 
+CONTEXTS = ("summary", "truncate", "full", "policy", "masked")
+"""How a plan's long contexts may be handled (`with_context`)."""
+
+
 def with_context(plan: Any, context: str | None) -> Any:
     """`plan` with its long contexts handled as `context` says (None: as planned).
 
-    "summary" and "truncate" keep the plan's threshold range and budget (the env's, else the
-    harness defaults) and change only the mode; "full" turns restarts off."""
+    Every mode keeps the plan's threshold range and budget (the env's, else the harness defaults):
+    "summary": past the threshold the harness asks for a summary; "truncate": the context restarts
+    from its last tokens, no summary; "policy": the policy may summarise itself at any turn and a
+    context that reaches the threshold unsummarised is truncated; "masked": "policy" with the
+    summary tokens masked from the loss (the control for what RL teaches through them); "full":
+    restarts off."""
     if context is None:
         return plan
+    if context not in CONTEXTS:
+        raise ValueError(f"context must be one of {', '.join(CONTEXTS)}, got {context!r}")
     if context == "full":
         plan.summary = {}
         return plan
-    if context not in ("summary", "truncate"):
-        raise ValueError(f"context must be summary, truncate or full, got {context!r}")
-    plan.summary = {**(plan.summary or {"enabled": True}), "enabled": True, "mode": context}
+    policy = context in ("policy", "masked")
+    plan.summary = {
+        **(plan.summary or {"enabled": True}),
+        "enabled": True,
+        "mode": "truncate" if policy else context,
+        "policy": policy,
+        "train_summaries": context != "masked",
+    }
     return plan
 
 

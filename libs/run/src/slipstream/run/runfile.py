@@ -33,7 +33,9 @@ Sections (every key optional; what is left out keeps `TrainingPlan`'s default):
                  policy summarises itself; "truncate": the baseline, the context's last tokens),
                  min_tokens / max_tokens (the per-group threshold range), summary_tokens (the budget
                  one summary may use, and what truncation keeps), max_summaries, request, stop,
-                 restart_template, and loss_weighting ("token" | "episode": the learner's weight of
+                 restart_template, policy (the policy may open a summary itself, with `open`, at
+                 any turn), train_summaries (false: summary tokens masked from the loss, a control),
+                 and loss_weighting ("token" | "episode": the learner's weight of
                  a chain's links). Read by the rollout workers as [summary], the learner's
                  sample_weighting, and the local run's held-out evals and warm-start.
     [learner]    ranks (> 1: the learner trains on that many Ray rank actors, FSDP2, and the local stack
@@ -161,6 +163,9 @@ class SummarySection(_Section):
     request: str | None = None
     stop: list[str] | None = None
     restart_template: str | None = None
+    policy: bool | None = None
+    open: str | None = None
+    train_summaries: bool | None = None
     loss_weighting: Literal["token", "episode"] | None = None
 
 

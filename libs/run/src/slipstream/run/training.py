@@ -52,6 +52,13 @@ def initial_model(
     return model_dir, warm_start(plan, model_dir, on_check=on_check)
 
 
+def _teach_summaries(config: Any) -> Any:
+    """`config` with its summary tokens trained (None stays None)."""
+    if config is None or getattr(config, "train_summaries", True):
+        return config
+    return msgspec.structs.replace(config, train_summaries=True)
+
+
 def warm_start(
     plan: TrainingPlan,
     model_dir: Path,
@@ -77,6 +84,10 @@ def warm_start(
     torch.set_num_threads(1)
     model, tokenizer = build_tiny(plan.preset, seed=plan.seed)
     rows = sft_from_rows(plan)
+    modes = summary_modes if summary_modes is not None else summary_config(plan)
+    # The summary-masking control (train_summaries=False) is an RL ablation: the teacher's summaries
+    # are still learned in the warm-start, which every arm shares.
+    modes = [_teach_summaries(m) for m in modes] if isinstance(modes, list) else _teach_summaries(modes)
     figures = sft_warmstart(
         model,
         tokenizer,
@@ -93,7 +104,7 @@ def warm_start(
         copy_rows=plan.sft_copy_rows,
         pool_tasks=plan.sft_pool_tasks,
         temperature=plan.temperature,
-        summary=summary_modes if summary_modes is not None else summary_config(plan),
+        summary=modes,
         on_check=on_check,
         rows=rows,
     )

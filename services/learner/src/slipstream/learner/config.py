@@ -23,8 +23,18 @@ from slipstream.runtime.base import ServiceConfig
 from slipstream.trust.config import ProvenanceConfig
 
 Doc = msgspec.Meta
-DEFAULT_STEP_MEANS = ("critical_steps", "total_steps", "subagents", "subagents_finished")
-"""Episode counts averaged per step into `LearnerStep.episode_means` (the swarm env's, issue 15)."""
+DEFAULT_STEP_MEANS = (
+    "critical_steps",
+    "total_steps",
+    "subagents",
+    "subagents_finished",
+    "summaries",
+    "policy_summaries",
+    "truncations",
+    "summary_context_tokens",
+)
+"""Episode counts averaged per step into `LearnerStep.episode_means`: the swarm env's (issue 15) and the
+context restarts' (issue 33: how often the policy summarised of its own accord, and at what context size)."""
 WeightsDtype = Literal["", "float32", "bfloat16", "float16"]
 AutocastDtype = Literal["", "bfloat16"]
 

@@ -133,7 +133,7 @@ def check_summary(summary: SummaryConfig, max_seq_len: int, max_tokens: int) -> 
     """A `[summary]` that cannot work with `[worker]` fails at start: its largest threshold plus a
     summary must fit `max_seq_len`, and a summary's budget must fit one turn's `max_tokens` (a
     turn is capped by it)."""
-    if summary.enabled and summary.mode == "summary" and summary.summary_tokens > max_tokens:
+    if summary.enabled and (summary.mode == "summary" or summary.policy) and summary.summary_tokens > max_tokens:
         raise ValueError(
             f"summary.summary_tokens {summary.summary_tokens} is more than worker.max_tokens {max_tokens}, "
             "which caps every turn, a summary included"

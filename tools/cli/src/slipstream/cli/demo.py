@@ -108,10 +108,12 @@ def register(sub: Any) -> None:
     p.add_argument("--seed", type=int, default=None, help="run seed (task order, held-out set, learner RNG)")
     p.add_argument(
         "--context",
-        choices=("summary", "truncate", "full"),
+        choices=("summary", "truncate", "full", "policy", "masked"),
         default=None,
-        help="long contexts: the policy summarises itself, or truncation at the same budget (the baseline), or "
-        "none (full); default: the env's plan (recall: summary)",
+        help="long contexts: the harness asks for a summary at the threshold (summary), truncation at the same "
+        "budget (the baseline), none (full), the policy summarises when it chooses and an unsummarised context is "
+        "truncated (policy), or policy with the summary tokens masked from the loss (masked); default: the env's "
+        "plan (recall: summary)",
     )
     p.add_argument("--lora-rank", type=int, default=None, help="train LoRA adapters of this rank only (0: full)")
     p.add_argument(
