@@ -285,3 +285,30 @@ async def test_the_rollout_workers_sampler_plays_policy_summaries_from_its_summa
         mask = unpack_mask(summarised.loss_mask)
         opened = next(t for t in summarised.turns if t.text == "<sum")
         assert not any(mask[opened.start - summarised.prompt_len :])  # masked in training: the control
+
+
+async def test_a_triggered_teacher_summarises_at_a_cue_it_can_see_and_keeps_the_latest_fact() -> None:
+    teacher = get_env("recall", **OPTIONS, expert_self_summary=True, expert_trigger="pqr", expert_keep="last")
+    tasks = teacher.generate("heldout", 60, 13)
+    episodes = await asyncio.to_thread(lambda: asyncio.run(expert_episodes(teacher, TOK, tasks, summary=_config())))
+    for task, episode in zip(tasks, episodes, strict=True):
+        lines = teacher.lines(task)
+        cues = [t for t, line in enumerate(lines) if line[0] == "~" and line[1] in "pqr"]
+        turns = [int(k.rpartition("_")[2]) for k in episode.counts if k.startswith("summary_at_turn_")]
+        if not cues:  # no cue line (nor any truncation before one): the teacher never summarises
+            assert turns == []
+            continue
+        assert turns == [cues[0]] or "truncations" in episode.counts
+        first = next(s for s in episode.samples if any(t.text == "<sum" for t in s.turns))
+        context = TOK.decode(unpack_ids(first.token_ids))
+        shown = re.findall(r"(?<![a-z])([a-c])=(\d)", context[: context.index("<sum")])
+        written = re.search(r"<summary>(.*?)</summary>", "".join(t.text for t in first.turns if t.role == "policy"))
+        assert written is not None
+        assert written.group(1) == (f"{shown[-1][0]}={shown[-1][1]}" if shown else "")
+    # The same rule, played twice, gives the same episodes (a model can replay it greedily).
+    again = await asyncio.to_thread(lambda: asyncio.run(expert_episodes(teacher, TOK, tasks, summary=_config())))
+    assert [unpack_ids(e.samples[-1].token_ids) for e in again] == [
+        unpack_ids(e.samples[-1].token_ids) for e in episodes
+    ]
+    rate = _success(teacher, tasks, episodes)
+    assert 0.08 < rate < 0.4, rate  # the teacher rarely keeps the asked fact at the right time

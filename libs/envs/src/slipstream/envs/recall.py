@@ -35,11 +35,12 @@ names the fact that will be asked (`recall b`), and with the harness's `policy` 
 (libs/harness summary.py) the policy may open `<summary>` itself at any turn, while a context
 that reaches the threshold unsummarised is truncated. So *when* to summarise (after the asked
 fact arrived, before the cut) and *what* to keep (the asked fact, not the others) both decide the
-outcome, and neither is the teacher's: `expert_self_summary` makes the teacher summarise once at
-a turn drawn uniformly per task, and `expert_keep = "one"` keeps one fact in view drawn per task,
-whichever was asked. `eval_metrics` reports when summaries opened (`summary_at_turn_<k>`, the
-share of episodes whose first one opened at turn k), how often (`summarised`), and what they kept
-(`kept_asked`).
+outcome, and neither is the teacher's: `expert_self_summary` makes the teacher summarise once, at
+a turn drawn per task or (`expert_trigger`) at the first filler line that begins with one of some
+letters, a cue it can see that has nothing to do with the outcome; `expert_keep` = "one" keeps one
+fact in view drawn per task, "last" the latest fact in view, whichever was asked.
+`eval_metrics` reports when summaries opened (`summary_at_turn_<k>`, the share of episodes whose
+first one opened at turn k), how often (`summarised`), and what they kept (`kept_asked`).
 """
 
 from __future__ import annotations
@@ -103,9 +104,20 @@ class RecallOptions(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fi
             "uniformly per task, rather than only when the harness asks."
         ),
     ] = False
+    expert_trigger: Annotated[
+        str,
+        Doc(
+            description="With expert_self_summary: the teacher summarises at the first filler line that begins "
+            "with one of these letters (a cue in its context, unrelated to the outcome, so a model can replay it); "
+            "empty: at a turn drawn per task, which its context does not show."
+        ),
+    ] = ""
     expert_keep: Annotated[
-        Literal["all", "one"],
-        Doc(description="What the teacher's summaries keep: every fact in view, or one drawn per task (any fact)."),
+        Literal["all", "one", "last"],
+        Doc(
+            description="What the teacher's summaries keep: every fact in view, one drawn per task, or the latest "
+            "fact in view (any fact: not the asked one by design)."
+        ),
     ] = "all"
     expert_drop_rate: Annotated[
         float,
@@ -133,8 +145,10 @@ class RecallOptions(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fi
             raise ValueError(f"filler_len must be in 1..64, got {self.filler_len}")
         if self.early and not self.facts <= self.early <= self.turns:
             raise ValueError(f"early must be 0 or in facts..turns ({self.facts}..{self.turns}), got {self.early}")
-        if self.expert_keep not in ("all", "one"):
-            raise ValueError(f"expert_keep must be 'all' or 'one', got {self.expert_keep!r}")
+        if self.expert_keep not in ("all", "one", "last"):
+            raise ValueError(f"expert_keep must be 'all', 'one' or 'last', got {self.expert_keep!r}")
+        if not set(self.expert_trigger) <= set(FILLER_LETTERS):
+            raise ValueError(f"expert_trigger must be letters of {FILLER_LETTERS!r}, got {self.expert_trigger!r}")
         if not 0.0 <= self.expert_drop_rate <= 1.0:
             raise ValueError(f"expert_drop_rate must be in [0, 1], got {self.expert_drop_rate}")
 
@@ -237,11 +251,7 @@ class Recall(Environment[RecallOptions]):
             k = question.group(1)
             seen = self._seen(context)
             return seen.get(k, UNKNOWN) + self.terminator
-        if (
-            self.options.expert_self_summary
-            and SUMMARY_END not in context
-            and self._turn(task, context) == self._when(task)
-        ):
+        if self.options.expert_self_summary and SUMMARY_END not in context and self._due(task, context):
             return self._summary(task, context)
         return ACK + self.terminator
 
@@ -259,7 +269,17 @@ class Recall(Environment[RecallOptions]):
             carried = carried[1:]
         if carried and self.options.expert_keep == "one":
             carried = [carried[int(self._draw(task, "keep") * len(carried))]]
+        if carried and self.options.expert_keep == "last":
+            carried = carried[-1:]
         return SUMMARY_REQUEST + " ".join(f"{k}={v}" for k, v in carried) + SUMMARY_END
+
+    def _due(self, task: TaskSpec, context: str) -> bool:
+        """The teacher opens its own summary now: at its trigger line, or at its drawn turn."""
+        trigger = self.options.expert_trigger
+        if trigger:
+            last = context.rpartition("\n")[0].rpartition("\n")[2]
+            return last.startswith("~") and last[1:2] in set(trigger)
+        return self._turn(task, context) == self._when(task)
 
     def _when(self, task: TaskSpec) -> int:
         """The turn at which the teacher opens its own summary: uniform over the task's turns."""
