@@ -72,3 +72,24 @@ def test_timing_averages_when_the_first_summary_opened_over_seeds() -> None:
     assert set(t) == {"policy", "fixed_threshold_turn"}  # the truncate arm never summarised
     assert t["policy"]["after"]["turns"] == [0, 5] and t["policy"]["after"]["share"] == pytest.approx([0.5, 0.5])
     assert t["policy"]["before"]["summary_turn"] == 2.5 and t["fixed_threshold_turn"] == pytest.approx(6.5)
+
+
+def test_the_training_curve_is_the_context_size_where_summaries_opened_and_the_plot_draws(tmp_path) -> None:
+    from slipstream.bench.summary import curves, plot_timing, step_point, timing
+
+    point = step_point(
+        {"step": 3, "accuracy": 0.2, "episode_means": {"policy_summaries": 0.5, "summary_context_tokens": 20.0}}
+    )
+    assert point["context_at_summary"] == 40.0  # a per-episode sum over half the episodes: 40 tokens a summary
+    assert step_point({"step": 4})["context_at_summary"] == 0.0  # no summary in the batch: not a size of 0
+    rows = []
+    for seed, size in enumerate((40.0, 30.0)):
+        row = _row(seed, "policy", 0.1, 0.3)
+        row["curve"] = [{"step": 1.0, "policy_summaries": 1.0, "context_at_summary": size, "accuracy": 0.1}]
+        row["curve"].append({"step": 2.0, "policy_summaries": 0.0, "context_at_summary": 0.0, "accuracy": 0.1})
+        row["heldout_metrics_before"] = {"summary_at_turn_2": 1.0, "summarised": 1.0, "summary_turn": 2.0}
+        row["heldout_metrics_after"] = {"summary_at_turn_1": 1.0, "summarised": 1.0, "summary_turn": 1.0}
+        rows.append(row)
+    assert curves(rows) == {"policy": [(1.0, 35.0)]}
+    png = plot_timing(timing(rows), tmp_path / "t.png", "test", curves(rows))
+    assert png is not None and png.stat().st_size > 1000

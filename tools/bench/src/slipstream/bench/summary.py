@@ -115,6 +115,8 @@ def row_of(seed: int, arm: str, summary: Any) -> dict[str, Any]:
         out[f"{key}_before"] = value
     for key, value in summary.context_after.items():
         out[f"{key}_after"] = value
+    # The learner's batches, step by step: how often and at what context size the policy summarised.
+    out["curve"] = [step_point(r) for r in summary.steps_log]
     out["heldout_metrics_before"] = dict(summary.heldout_metrics_before)
     out["heldout_metrics_after"] = dict(summary.heldout_metrics_after)
     out["train_metrics_before"] = dict(summary.train_metrics_before)
@@ -125,6 +127,20 @@ def row_of(seed: int, arm: str, summary: Any) -> dict[str, Any]:
     out["train_time_s"] = round(summary.train_time_s, 1)
     out["run_dir"] = summary.run_dir
     return out
+
+
+def step_point(row: dict[str, Any]) -> dict[str, float]:
+    """One learner step's batch figures (a `steps_log` row or a learner `step` log line)."""
+    means = row.get("episode_means") or {}
+    opened = means.get("policy_summaries", 0.0)
+    return {
+        "step": float(row["step"]),
+        "accuracy": float(row.get("accuracy", 0.0)),
+        "policy_summaries": float(opened),
+        # summary_context_tokens is summed per episode: per summary, it is the context size where one opened.
+        "context_at_summary": round(means.get("summary_context_tokens", 0.0) / opened, 2) if opened else 0.0,
+        "truncations": float(means.get("truncations", 0.0)),
+    }
 
 
 def verdict(rows: list[dict[str, Any]], arms: tuple[str, ...] = ("summary", "truncate")) -> dict[str, Any]:
@@ -220,9 +236,28 @@ def _mean(values: list[float]) -> float | None:
     return round(statistics.fmean(values), 3) if values else None
 
 
-def plot_timing(figures: dict[str, Any], path: Path, title: str) -> Path | None:
+def curves(rows: list[dict[str, Any]]) -> dict[str, list[tuple[float, float]]]:
+    """Per arm, the mean over seeds of the context size at which the policy opened a summary, by learner step."""
+    out: dict[str, list[tuple[float, float]]] = {}
+    for arm in sorted({r["arm"] for r in rows}):
+        by_step: dict[float, list[float]] = {}
+        for r in rows:
+            if r["arm"] == arm and r["ok"]:
+                for point in r.get("curve") or []:
+                    if point["policy_summaries"]:
+                        by_step.setdefault(point["step"], []).append(point["context_at_summary"])
+        if by_step:
+            out[arm] = [(step, statistics.fmean(v)) for step, v in sorted(by_step.items())]
+    return out
+
+
+def plot_timing(
+    figures: dict[str, Any], path: Path, title: str, steps: dict[str, list[tuple[float, float]]] | None = None
+) -> Path | None:
     """When the policy opened its first summary (share of held-out episodes by turn), before and after RL,
-    one panel per arm, with the fixed threshold's mean first-restart turn; None without matplotlib or data."""
+    one panel per arm, with the fixed threshold's mean first-restart turn; below, when `steps` has them,
+    the context size at which summaries opened in the learner's batches, step by step. None without
+    matplotlib or data."""
     arms = [a for a in figures if a != "fixed_threshold_turn"]
     if not arms:
         return None
@@ -233,7 +268,8 @@ def plot_timing(figures: dict[str, Any], path: Path, title: str) -> Path | None:
         import matplotlib.pyplot as plt
     except ImportError:
         return None
-    fig, axes = plt.subplots(1, len(arms), figsize=(5.5 * len(arms), 3.8), squeeze=False)
+    rows = 2 if steps else 1
+    fig, axes = plt.subplots(rows, len(arms), figsize=(5.5 * len(arms), 3.8 * rows), squeeze=False)
     for ax, arm in zip(axes[0], arms, strict=True):
         for when, colour in (("before", "tab:gray"), ("after", "tab:blue")):
             f = figures[arm].get(when)
@@ -245,12 +281,20 @@ def plot_timing(figures: dict[str, Any], path: Path, title: str) -> Path | None:
         line = figures.get("fixed_threshold_turn")
         if line is not None:
             ax.axvline(
-                line, color="tab:red", linestyle="--", label=f"fixed threshold (mean first restart, turn {line:.1f})"
+                line, color="tab:red", linestyle="--", label=f"fixed threshold: mean first restart, turn {line:.1f}"
             )
         ax.set_xlabel("turn at which the policy opened its first summary")
         ax.set_ylabel("share of held-out episodes")
         ax.set_title(f"arm: {arm}")
         ax.legend(fontsize=7)
+    if steps:
+        for ax, arm in zip(axes[1], arms, strict=True):
+            points = steps.get(arm) or []
+            if points:
+                ax.plot([p[0] for p in points], [p[1] for p in points], color="tab:blue")
+            ax.set_xlabel("learner step")
+            ax.set_ylabel("context tokens where a summary opened")
+            ax.set_title(f"arm: {arm}, training batches (mean over seeds)")
     fig.suptitle(title, fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -387,6 +431,7 @@ def run(args: argparse.Namespace, arms: list[str]) -> dict[str, Any]:
             when,
             Path(args.json).with_name(Path(args.json).stem + "-timing.png"),
             f"When the policy summarised ({plans[lead].env}, {len(args.seeds)} seeds, held-out)",
+            curves(rows),
         )
     # The first arm's plan as run, the command line's overrides included (seed: the last one's).
     plan = plans[lead]
