@@ -48,8 +48,13 @@ from slipstream.weights import manifest_key, read_manifest
 from slipstream.weights.chain import latest_version
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
-STEPS = 24
-INJECT_AT = 8
+# 10 steps after the injection (was 16 of 24, injected at 8): the task source's window is 3 steps
+# of groups (4 groups x (staleness 2 + 1)), so at most the first 3 steps after it can train tasks
+# published before it; the other 7 need tasks published after it, which is where a forged version
+# taken as latest stalled the run (min_policy_version above every real version: a gap of minutes).
+# One real version (fence token > 0) is all the forgeries copy; 4 steps give a few before.
+STEPS = 14
+INJECT_AT = 4
 AHEAD = 1000
 WORKER_REASONS = {"unknown_key": 1, "unsigned": 1, "bad_signature": 1, "missing_manifest": 1, "fence": 1}
 

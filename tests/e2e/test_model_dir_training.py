@@ -1,14 +1,14 @@
 """A Qwen3-architecture model from a local directory trains end to end through `[model] path`.
 
-The tiny demo's sizes, but built as a Qwen3 config (per-head q/k RMSNorm, an explicit head_dim
-that is not hidden/heads, tied embeddings), warm-started on `reverse` exactly as the demo's tiny
-model is (so groups' rewards differ and the learner has steps to take) and saved as an ordinary
-Hugging Face directory. A run file names that directory with a relative `[model] path`; the plan
-it loads to runs on the whole stack as separate processes (the worker's cached engine forward,
-the learner's full forward, the publisher's versions, the held-out evals). Asserted: the run
-finished its steps, every step published a version, trajectories were trained, and the last
-version is a Qwen3 state whose q/k norms moved (so the learner trained them and the worker loaded
-and applied them).
+The tiny demo's sizes, but built as a Qwen3 config (per-head q/k RMSNorm, an explicit head_dim that
+is not hidden/heads, tied embeddings), warm-started briefly on `reverse` (SFT_STEPS supervised
+steps at the demo's batch, learning rate and seed, so groups' rewards differ and the learner has
+steps to take) and saved as an ordinary Hugging Face directory. A run file names that directory
+with a relative `[model] path`; the plan it loads to runs on the whole stack as separate processes
+(the worker's cached engine forward, the learner's full forward, the publisher's versions, the
+held-out evals). Asserted: the run finished its steps, every step published a version, trajectories
+were trained, and the last version is a Qwen3 state whose q/k norms moved (so the learner trained
+them and the worker loaded and applied them).
 """
 
 from __future__ import annotations
@@ -31,6 +31,13 @@ from slipstream.weights.chain import load_version
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 STEPS = 2
+# A fixed 20-step warm-start, not the demo's "until 20% greedy" target: that took 236 steps, 118
+# probe checks and ~30 s of the test's ~43 s on a quiet machine. Nothing here measures learning:
+# the run only needs groups whose rewards differ so the learner takes its STEPS steps and moves
+# the q/k norms (asserted below). After 20 steps the answers are well-formed only sometimes, so the
+# 0.1 format reward splits most groups (measured: 64 trained, 56 dropped uniform); at 60-100 steps
+# nearly every answer is well-formed and wrong, and 92-97% of the groups were uniform.
+SFT_STEPS = 20
 BYTES = ByteTokenizer()
 QWEN3_TINY = ModelConfig(
     model_type="qwen3",
@@ -51,7 +58,7 @@ QWEN3_TINY = ModelConfig(
 
 
 def _warm_started(directory: Path) -> Path:
-    """The Qwen3 model, warm-started on reverse with the demo's own warm-start settings, saved."""
+    """The Qwen3 model, warm-started on reverse (SFT_STEPS steps, the demo's batch, lr and seed), saved."""
     from slipstream.run.presets import demo_plan
 
     demo = demo_plan()
@@ -60,14 +67,10 @@ def _warm_started(directory: Path) -> Path:
         model,
         tokenizer,
         get_env(demo.env),
-        steps=demo.sft_steps,
+        steps=SFT_STEPS,
         batch_size=demo.sft_batch,
         lr=demo.sft_lr,
         seed=demo.seed,
-        target_accuracy=demo.sft_target_accuracy,
-        check_every=demo.sft_check_every,
-        settle_steps=demo.sft_settle_steps,
-        sampled_target=demo.sft_target_sampled,
         temperature=demo.temperature,
     )
     return save_pretrained(model, tokenizer, directory)

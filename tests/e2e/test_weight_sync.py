@@ -34,7 +34,12 @@ from slipstream.weights.tensors import digest
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 RUN = "sync-e2e"
-STEPS = 30  # steps 5 -> 30 leave the late worker time to generate even on a quiet machine (12 ended in ~1 s)
+# Steps 5 -> 20 leave the late worker time to generate even on a quiet machine: with 12 the run
+# ended ~1 s after it was ready, i.e. 7 steps took about its start-up; 15 steps are twice that,
+# so it has about as long again as its start-up to generate (30 gave more than needed and cost 10
+# more steps of every version's delta, apply and digest). Versions 0..20 still hold 5 keyframes,
+# and the first worker must still generate across STEPS // 2 = 10 versions.
+STEPS = 20
 JOIN_AFTER = 5
 KEYFRAME_EVERY = 4
 
