@@ -287,8 +287,9 @@ async def test_the_rollout_workers_sampler_plays_policy_summaries_from_its_summa
         assert not any(mask[opened.start - summarised.prompt_len :])  # masked in training: the control
 
 
-async def test_a_triggered_teacher_summarises_at_a_cue_it_can_see_and_keeps_the_latest_fact() -> None:
-    teacher = get_env("recall", **OPTIONS, expert_self_summary=True, expert_trigger="pqr", expert_keep="last")
+@pytest.mark.parametrize("keep", ["first", "last"])
+async def test_a_triggered_teacher_summarises_at_a_cue_it_can_see_and_keeps_the_first_or_last_fact(keep: str) -> None:
+    teacher = get_env("recall", **OPTIONS, expert_self_summary=True, expert_trigger="pqr", expert_keep=keep)
     tasks = teacher.generate("heldout", 60, 13)
     episodes = await asyncio.to_thread(lambda: asyncio.run(expert_episodes(teacher, TOK, tasks, summary=_config())))
     for task, episode in zip(tasks, episodes, strict=True):
@@ -304,7 +305,8 @@ async def test_a_triggered_teacher_summarises_at_a_cue_it_can_see_and_keeps_the_
         shown = re.findall(r"(?<![a-z])([a-c])=(\d)", context[: context.index("<sum")])
         written = re.search(r"<summary>(.*?)</summary>", "".join(t.text for t in first.turns if t.role == "policy"))
         assert written is not None
-        assert written.group(1) == (f"{shown[-1][0]}={shown[-1][1]}" if shown else "")
+        kept = (shown[0] if keep == "first" else shown[-1]) if shown else None
+        assert written.group(1) == (f"{kept[0]}={kept[1]}" if kept else "")
     # The same rule, played twice, gives the same episodes (a model can replay it greedily).
     again = await asyncio.to_thread(lambda: asyncio.run(expert_episodes(teacher, TOK, tasks, summary=_config())))
     assert [unpack_ids(e.samples[-1].token_ids) for e in again] == [

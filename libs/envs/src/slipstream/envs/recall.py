@@ -38,7 +38,7 @@ fact arrived, before the cut) and *what* to keep (the asked fact, not the others
 outcome, and neither is the teacher's: `expert_self_summary` makes the teacher summarise once, at
 a turn drawn per task or (`expert_trigger`) at the first filler line that begins with one of some
 letters, a cue it can see that has nothing to do with the outcome; `expert_keep` = "one" keeps one
-fact in view drawn per task, "last" the latest fact in view, whichever was asked.
+fact in view drawn per task, "first" / "last" the earliest / latest fact in view, whichever was asked.
 `eval_metrics` reports when summaries opened (`summary_at_turn_<k>`, the share of episodes whose
 first one opened at turn k), how often (`summarised`), and what they kept (`kept_asked`).
 """
@@ -113,10 +113,10 @@ class RecallOptions(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fi
         ),
     ] = ""
     expert_keep: Annotated[
-        Literal["all", "one", "last"],
+        Literal["all", "one", "first", "last"],
         Doc(
-            description="What the teacher's summaries keep: every fact in view, one drawn per task, or the latest "
-            "fact in view (any fact: not the asked one by design)."
+            description="What the teacher's summaries keep: every fact in view, one drawn per task, or the earliest "
+            "or the latest fact in view (any fact: not the asked one by design)."
         ),
     ] = "all"
     expert_drop_rate: Annotated[
@@ -145,8 +145,8 @@ class RecallOptions(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fi
             raise ValueError(f"filler_len must be in 1..64, got {self.filler_len}")
         if self.early and not self.facts <= self.early <= self.turns:
             raise ValueError(f"early must be 0 or in facts..turns ({self.facts}..{self.turns}), got {self.early}")
-        if self.expert_keep not in ("all", "one", "last"):
-            raise ValueError(f"expert_keep must be 'all', 'one' or 'last', got {self.expert_keep!r}")
+        if self.expert_keep not in ("all", "one", "first", "last"):
+            raise ValueError(f"expert_keep must be 'all', 'one', 'first' or 'last', got {self.expert_keep!r}")
         if not set(self.expert_trigger) <= set(FILLER_LETTERS):
             raise ValueError(f"expert_trigger must be letters of {FILLER_LETTERS!r}, got {self.expert_trigger!r}")
         if not 0.0 <= self.expert_drop_rate <= 1.0:
@@ -269,8 +269,8 @@ class Recall(Environment[RecallOptions]):
             carried = carried[1:]
         if carried and self.options.expert_keep == "one":
             carried = [carried[int(self._draw(task, "keep") * len(carried))]]
-        if carried and self.options.expert_keep == "last":
-            carried = carried[-1:]
+        if carried and self.options.expert_keep in ("first", "last"):
+            carried = carried[:1] if self.options.expert_keep == "first" else carried[-1:]
         return SUMMARY_REQUEST + " ".join(f"{k}={v}" for k, v in carried) + SUMMARY_END
 
     def _due(self, task: TaskSpec, context: str) -> bool:
