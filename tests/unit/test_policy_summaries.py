@@ -314,3 +314,21 @@ async def test_a_triggered_teacher_summarises_at_a_cue_it_can_see_and_keeps_the_
     ]
     rate = _success(teacher, tasks, episodes)
     assert 0.08 < rate < 0.4, rate  # the teacher rarely keeps the asked fact at the right time
+
+
+async def test_a_strict_ack_ends_the_episode_when_the_policy_writes_anything_but_ok() -> None:
+    # The hack RL found on the first seeds of this plan: echo the remembered value in every
+    # acknowledgement, so that truncation keeps it, and answer from there (no summary needed).
+    for strict, want in ((False, True), (True, False)):
+        env = get_env("recall", **OPTIONS, strict_ack=strict)
+        task = env.generate("heldout", 1, 5)[0]
+
+        def make(t: object, env: Recall = env) -> Callable[..., str]:
+            def reply(_: GenerationRequest, context: str) -> str:
+                return env.script(t).answer + "\n"  # type: ignore[arg-type]  (every ack and the answer: the value)
+
+            return reply
+
+        episode = (await _play(env, [task], make, _config(policy=False)))[0]
+        assert env.score(task, episode).correct is want
+        assert ("bad_ack" in episode.counts) is strict

@@ -74,7 +74,8 @@ FILLER_LETTERS = "pqrstuvwxyz"
 VALUE_CHARS = string.ascii_uppercase + string.digits
 _FACT = re.compile(r"(?<![a-z])([a-h])=([A-Z0-9]+)")
 _QUESTION = re.compile(r"(?:^|\n)([a-h])\?\n$")
-_SUMMARY = re.compile(re.escape(SUMMARY_REQUEST) + r"(.*?)" + re.escape(SUMMARY_END), re.S)
+# A summary as the harness used it: up to its end tag, or to the end of the link when the budget cut it.
+_SUMMARY = re.compile(re.escape(SUMMARY_REQUEST) + r"(.*?)(?:" + re.escape(SUMMARY_END) + r"|\Z)", re.S)
 _KEY = re.compile(r"^((?:[a-h][A-Z0-9]{1,3}\.)*[a-h][A-Z0-9]{1,3})\|((?:\d+\.)*\d+)\|([a-h])\|\d{4}$")
 
 
@@ -119,6 +120,13 @@ class RecallOptions(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fi
             "or the latest fact in view (any fact: not the asked one by design)."
         ),
     ] = "all"
+    strict_ack: Annotated[
+        bool,
+        Doc(
+            description="A line must be acknowledged with 'ok': any other reply ends the episode unanswered (so "
+            "the policy cannot carry a fact in its own acknowledgements past a cut, only in a summary)."
+        ),
+    ] = False
     expert_drop_rate: Annotated[
         float,
         Doc(description="Fraction of tasks on which the expert's summaries leave out the first fact they could carry."),
@@ -298,7 +306,10 @@ class Recall(Environment[RecallOptions]):
         thread = ctx.open(ctx.task.prompt)
         for line in self.lines(ctx.task):
             ctx.observe(thread, line)
-            await ctx.generate(thread, max_tokens=4, stop=[self.terminator])
+            ack = await ctx.generate(thread, max_tokens=4, stop=[self.terminator])
+            if self.options.strict_ack and ack.text.removesuffix(self.terminator) != ACK:
+                ctx.count("bad_ack")
+                return Outcome(final_text="", finish_reason="bad_ack")
         ctx.observe(thread, f"{script.question}?\n")
         gen = await ctx.generate(thread, max_tokens=self.max_completion_chars, stop=[self.terminator])
         return Outcome(final_text=gen.text, finish_reason=gen.finish_reason)
