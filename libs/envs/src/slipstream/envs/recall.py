@@ -185,6 +185,16 @@ def parse_key(key: str) -> Script:
     return Script(facts=facts, at=at, question=m.group(3))
 
 
+def _last_line(context: str) -> str:
+    """The last whole line of `context` (the observation the policy is answering), without its newline."""
+    return context.rpartition("\n")[0].rpartition("\n")[2]
+
+
+def _turns(counts: dict[str, int], prefix: str) -> dict[int, int]:
+    """{turn: count} of the episode counts named `<prefix><turn>` (libs/harness summarising.py)."""
+    return {int(k[len(prefix) :]): v for k, v in counts.items() if k.startswith(prefix)}
+
+
 @register("recall")
 class Recall(Environment[RecallOptions]):
     """Multi-turn memory: acknowledge each line, then answer a question about an early fact."""
@@ -248,9 +258,8 @@ class Recall(Environment[RecallOptions]):
         own drawn turn (`expert_self_summary`); answer from the facts in view ("?" when gone)."""
         # A turn the engine cut (a summary opened within a few tokens) continues where it stopped.
         head, _, tail = context.rpartition("\n")
-        if tail and not tail.startswith(SUMMARY_REQUEST) and SUMMARY_REQUEST.startswith(tail):
-            return self._summary(task, head)[len(tail) :]
-        if tail.startswith(SUMMARY_REQUEST) and not tail.endswith(SUMMARY_END):
+        opened = tail.startswith(SUMMARY_REQUEST) or (bool(tail) and SUMMARY_REQUEST.startswith(tail))
+        if opened and not tail.endswith(SUMMARY_END):
             return self._summary(task, head)[len(tail) :]
         if context.endswith(SUMMARY_REQUEST):
             return self._summary(task, context)[len(SUMMARY_REQUEST) :]
@@ -285,7 +294,7 @@ class Recall(Environment[RecallOptions]):
         """The teacher opens its own summary now: at its trigger line, or at its drawn turn."""
         trigger = self.options.expert_trigger
         if trigger:
-            last = context.rpartition("\n")[0].rpartition("\n")[2]
+            last = _last_line(context)
             return last.startswith("~") and last[1:2] in set(trigger)
         return self._turn(task, context) == self._when(task)
 
@@ -295,7 +304,7 @@ class Recall(Environment[RecallOptions]):
 
     def _turn(self, task: TaskSpec, context: str) -> int:
         """Which observation line the context ends with (-1 when it ends with none)."""
-        last = context.rpartition("\n")[0].rpartition("\n")[2] + "\n"
+        last = _last_line(context) + "\n"
         lines = self.lines(task)
         return lines.index(last) if last in lines else -1
 
@@ -324,26 +333,21 @@ class Recall(Environment[RecallOptions]):
         episodes whose summaries kept the asked fact); and for the fixed rule, `threshold_restarts`
         per episode and `threshold_turn` (mean turn of an episode's first)."""
         n = len(episodes) or 1
-        forced = [
-            min(int(k.rpartition("_")[2]) for k in e.counts if k.startswith("threshold_at_turn_"))
-            for e in episodes
-            if any(k.startswith("threshold_at_turn_") for k in e.counts)
-        ]
+        forced = [_turns(e.counts, "threshold_at_turn_") for e in episodes]
         out: dict[str, float] = {}
-        if forced:  # when the fixed rule first restarted the context (summary request or truncation)
-            out["threshold_restarts"] = round(
-                sum(v for e in episodes for k, v in e.counts.items() if k.startswith("threshold_at_turn_")) / n, 4
-            )
-            out["threshold_turn"] = round(sum(forced) / len(forced), 3)
+        if any(forced):  # when the fixed rule first restarted the context (summary request or truncation)
+            out["threshold_restarts"] = round(sum(sum(f.values()) for f in forced) / n, 4)
+            firsts = [min(f) for f in forced if f]
+            out["threshold_turn"] = round(sum(firsts) / len(firsts), 3)
         if not any(e.counts.get("policy_summaries") for e in episodes):
             return out
         first: list[int] = []
         kept = 0
         for task, e in zip(tasks, episodes, strict=True):
-            turns = sorted(int(k.rpartition("_")[2]) for k in e.counts if k.startswith("summary_at_turn_"))
+            turns = _turns(e.counts, "summary_at_turn_")
             if not turns:
                 continue
-            first.append(turns[0])
+            first.append(min(turns))
             script = self.script(task)
             asked = f"{script.question}={script.answer}"
             written = " ".join(

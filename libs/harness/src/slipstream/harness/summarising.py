@@ -115,10 +115,13 @@ class SummarisingContext:
             self.inner.count(f"threshold_at_turn_{chain.turns}")
             await self._summarise(chain)
         link = chain.current
+        if not self.config.policy:
+            chain.turns += 1
+            return await self.inner.generate(link, max_tokens=max_tokens, stop=stop)
         pending = self._pending(link)
         opened_at = len(link)
         gen = await self.inner.generate(link, max_tokens=max_tokens, stop=stop)
-        if not (self.config.policy and chain.summaries < self.config.max_summaries and self._opens(gen)):
+        if not (chain.summaries < self.config.max_summaries and self._opens(gen)):
             chain.turns += 1
             return gen
         # The policy chose to summarise now: let it finish, restart from its summary, and ask the

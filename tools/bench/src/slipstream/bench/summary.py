@@ -224,9 +224,8 @@ def timing(rows: list[dict[str, Any]], split: str = "heldout") -> dict[str, Any]
             }
         if figures:
             out[arm] = figures
-    threshold = [
-        m["threshold_turn"] for r in rows for m in (r.get(f"{split}_metrics_after") or {},) if "threshold_turn" in m
-    ]
+    after = [r.get(f"{split}_metrics_after") or {} for r in rows]
+    threshold = [m["threshold_turn"] for m in after if "threshold_turn" in m]
     if threshold:
         out["fixed_threshold_turn"] = _mean(threshold)
     return out
