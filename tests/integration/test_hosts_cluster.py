@@ -253,6 +253,9 @@ async def test_killing_the_stream_leader_and_cutting_a_host_loses_nothing_and_co
         hosts.heal(host)
         await until(lambda: _all_current(admin), 60, "the healed replica to catch up")
         await until(flow.drained, 60, "every published id consumed")
+        # Just after a heal the consumer's own group may still be electing its leader, and the
+        # consumer list leaves it out until then: wait for it to be listed (it must show 0 pending).
+        await until(lambda: _consumer_listed(admin, "learner"), 30, "the learner's consumer listed again")
     finally:
         stop.set()
         await asyncio.wait_for(consuming, 30)
@@ -296,6 +299,14 @@ async def _new_leader(bus: Bus, old: str) -> bool:
     except Exception:  # the meta leader is being elected: ask again
         return False
     return bool(now) and now != old
+
+
+async def _consumer_listed(bus: Bus, durable: str) -> bool:
+    try:
+        info = await bus.stream_info(STREAM)
+    except Exception:
+        return False
+    return durable in info["consumers"]
 
 
 async def _all_current(bus: Bus) -> bool:

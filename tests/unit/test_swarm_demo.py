@@ -85,3 +85,22 @@ def test_the_plot_and_the_table_show_swarm_beside_single(tmp_path: Path) -> None
     single = next(x for x in text.splitlines() if "after" in x and "heldout" in x and "single" in x)
     assert "0.500" in swarm and "4.200" in swarm and "0.000" in single
     assert next(x for x in text.splitlines() if "before" in x).count("-") >= len(swarm_demo.FIGURES)
+
+
+def _demo_args(tmp_path: Path, **kw: object) -> object:
+    import argparse
+
+    base = {"swarm_arm": "both", "swarm_lambda": None, "swarm_items": None, "swarm_budget_model": None}
+    return argparse.Namespace(run_dir=tmp_path / "run", **{**base, **kw})
+
+
+def test_init_model_starts_one_arm_only_and_must_be_a_saved_model(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    plan = demo_plan("swarm")
+    # Each arm has its own warm-start: one given model for both arms is refused before anything starts.
+    assert swarm_demo.run(plan, _demo_args(tmp_path, init_model=tmp_path)) == 2
+    assert "--swarm-arm swarm or single" in capsys.readouterr().out
+    assert swarm_demo.run(plan, _demo_args(tmp_path, init_model=tmp_path / "nowhere", swarm_arm="swarm")) == 2
+    assert "is not a saved model" in capsys.readouterr().out
+    assert not (tmp_path / "run").exists()

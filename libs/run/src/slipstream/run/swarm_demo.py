@@ -217,13 +217,22 @@ def table(report: dict[str, Any]) -> Any:
     return t
 
 
-def warm_started(plan: Any, model_dir: Path) -> dict[str, Any]:
-    """The arm's warm-start, cached by the content hash of its plan and code (warmstart.py)."""
+def warm_started(plan: Any, model_dir: Path, say: Any = None) -> dict[str, Any]:
+    """The arm's warm-start, cached by the content hash of its plan and code (warmstart.py);
+    `say(line)` hears each probe check (a cold warm-start runs for tens of minutes)."""
     from slipstream.run.training import warm_start
     from slipstream.run.warmstart import cached_warm_start
 
     t0 = time.monotonic()
-    figures = cached_warm_start(plan, model_dir, lambda: warm_start(plan, model_dir))
+
+    def checked(step: int, greedy: float, sampled: float) -> None:
+        if say is not None:
+            say(
+                f"  warm-start step {step}: probe greedy {greedy:.3f} (target {plan.sft_target_accuracy:g}), "
+                f"sampled {sampled:.3f} (target {plan.sft_target_sampled:g}), {time.monotonic() - t0:.0f} s"
+            )
+
+    figures = cached_warm_start(plan, model_dir, lambda: warm_start(plan, model_dir, on_check=checked))
     return {**figures, "init_model": str(model_dir), "warmstart_wall_s": round(time.monotonic() - t0, 1)}
 
 
@@ -295,6 +304,15 @@ def run(plan: Any, args: argparse.Namespace) -> int:
     lam = getattr(args, "swarm_lambda", None)
     chosen = getattr(args, "swarm_arm", "both")
     arms = ["single", "swarm"] if chosen == "both" else [chosen]
+    given = getattr(args, "init_model", None)
+    if given is not None:
+        # Each arm has its own warm-start (its own prompt and teacher): one given model starts one arm.
+        if len(arms) != 1:
+            console.print("slipstream demo --env swarm: --init-model starts one arm: add --swarm-arm swarm or single")
+            return 2
+        if not (Path(given) / "config.json").is_file():
+            console.print(f"slipstream demo --env swarm: --init-model {given} is not a saved model (no config.json)")
+            return 2
     run_dir = (args.run_dir or default_run_dir()).resolve()
     o = plan.env_options
     console.print(
@@ -321,8 +339,13 @@ def run(plan: Any, args: argparse.Namespace) -> int:
         arm_dir = run_dir / name
         arm_dir.mkdir(parents=True, exist_ok=True)
         a0 = time.monotonic()
-        console.print(f"[bold]{name}[/bold]: warm-start (cached by content hash) in {arm_dir / 'model-init'}")
-        init = warm_started(p, arm_dir / "model-init")
+        init_dir = Path(given).resolve() if given is not None else arm_dir / "model-init"
+        if given is not None:
+            console.print(f"[bold]{name}[/bold]: RL from the given model {given} (no warm-start)")
+            init = {"init_model": str(init_dir), "given": True, "warmstart_wall_s": 0.0}
+        else:
+            console.print(f"[bold]{name}[/bold]: warm-start (cached by content hash) in {arm_dir / 'model-init'}")
+            init = warm_started(p, init_dir, say=console.print)
         console.print(
             f"  warm-start: {init.get('steps', '?')} steps, {init['warmstart_wall_s']:.0f} s"
             + (" (cached)" if init.get("cached") else "")
@@ -335,7 +358,7 @@ def run(plan: Any, args: argparse.Namespace) -> int:
                 on_event=view.on_event,
                 traces=args.traces,
                 restart=restart_policy(args),
-                init_model=(arm_dir / "model-init", init),
+                init_model=(init_dir, init),
             )
         summaries[name] = summary
         console.print(summary_table(summary))
@@ -349,7 +372,7 @@ def run(plan: Any, args: argparse.Namespace) -> int:
         model = ArmModel(
             mode=arm,
             env_options=p.env_options,
-            model_dir=arm_dir / "model-init",
+            model_dir=init_dir,
             store_root=arm_dir / "data" / "store",
             run_id=arm_dir.name,
         )
