@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -86,6 +87,42 @@ async def test_the_per_item_teacher_works_serially_with_one_sub_agent_per_item()
     n = part.counts["subagents"]
     assert part.finish_reason == "stop" and 1 <= n < 4 and part.counts["critical_steps"] <= 7
     assert tight.score(t, part).components["perf"] == n / 4
+
+
+@pytest.mark.parametrize("order", ["listed", "last_first"])
+async def test_the_serial_teachers_first_brief_sits_one_distance_before_its_copy_for_every_n_when_last_first(
+    order: str,
+) -> None:
+    # With the plan's budget of 4 a serial episode is one turn assigning one item. Which item, and
+    # so how far its brief sits before the copy the orchestrator writes, is the teacher's choice:
+    # the prompt's last line is one distance away for every item count, the first line's grows with N.
+    distances = {}
+    for n in (2, 4, 8):
+        e = env(
+            {"expert_grep": True, "fixed_offsets": True, "varied_nouns": True},
+            layout="fixed",
+            item_counts=[n],
+            max_critical_steps=4,
+            max_subagents=8,
+            max_assign_per_turn=8,
+            turn_tokens=2048,
+            expert_subagents="per_item",
+            expert_parallel_rate=0.0,
+            expert_serial_order=order,
+        )
+        t = e.generate("train", 1, seed=0)[0]
+        ep = await play(e, t, None)
+        assert len([ev for ev in ep.tool_log if ev.name == SWARM]) == 1
+        text = bytes(i for i in ep.samples[0].ids() if i < 256).decode()
+        (brief,) = re.findall(r'"name": "assign_task", "args": \{"agent": "a", "prompt": "([^"]+)"', text)
+        items = tk.items_of(t.metadata)
+        assert brief == (items[-1] if order == "last_first" else items[0]).question
+        source = text.index(brief)
+        distances[n] = text.index(brief, source + 1) - source
+    if order == "last_first":
+        assert len(set(distances.values())) == 1, distances
+    else:
+        assert distances[2] < distances[4] < distances[8], distances
 
 
 async def test_the_per_item_teacher_is_parallel_on_its_share_and_the_rate_is_measured() -> None:

@@ -137,6 +137,7 @@ def _per_item(options: SwarmOptions, task: TaskSpec, items: list[Item], context:
     used, budget = (int(steps[-1][0]), int(steps[-1][1])) if steps else (0, options.max_critical_steps)
     cost = -(-used // done) if done else 2 + options.wide_hops  # the turn's 1 + the sub-agent's hops + its answer
     if done < len(items) and used + cost + 1 <= budget:
-        name, item = AGENT_NAMES[done], items[done]
+        order = items[::-1] if options.expert_serial_order == "last_first" else items
+        name, item = AGENT_NAMES[done], order[done]
         return call(CREATE, name=name, system_prompt=system) + call(ASSIGN, agent=name, prompt=item.question) + "\n"
     return answer(returned, gap)

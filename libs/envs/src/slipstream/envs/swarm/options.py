@@ -16,6 +16,7 @@ Doc = msgspec.Meta
 Mode = Literal["swarm", "single"]
 HeldoutItems = Literal["combinations", "unseen"]
 ExpertSubagents = Literal["shared", "per_item"]
+SerialOrder = Literal["listed", "last_first"]
 
 
 class SwarmOptions(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
@@ -74,6 +75,14 @@ class SwarmOptions(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fie
             "serially; issue 32). Single mode is always direct."
         ),
     ] = "shared"
+    expert_serial_order: Annotated[
+        SerialOrder,
+        Doc(
+            description="Which item the per-item teacher's serial turns take first: 'listed' (the prompt's first) or "
+            "'last_first' (the prompt's last line, then upwards). In the fixed layout the last line's brief sits one "
+            "distance before the first assignment for every item count, the first line's a distance that grows with N."
+        ),
+    ] = "listed"
     heldout_one_in: Annotated[int, Doc(description="One task key in this many is held out.")] = 8
     warmstart_subagent_rows: Annotated[
         int,
