@@ -17,10 +17,12 @@ Episodes run through the real harness with the scripted engine (test_swarm_env's
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import re
 from pathlib import Path
 
+import msgspec
 import pytest
 from test_swarm_env import env, play
 
@@ -317,3 +319,26 @@ def test_the_report_takes_latency_and_the_parallel_rate_from_the_stack(tmp_path:
     assert figures["heldout_before"] == {"accuracy": 0.0, "parallel_rate": 0.125, "latency_s": 2.5}
     assert figures["heldout_after"]["latency_s"] == 1.75 and figures["steps"] == 3
     assert figures["warmstart"] == {"steps": 250, "cached": "abc"}  # scalars only
+
+
+def test_the_warm_start_probe_replays_the_serial_teachers_partial_answers() -> None:
+    # At the demo's budget of 4 a serial teacher answers one item of N (never `correct`): a probe of
+    # correct episodes only held the rare parallel ones, the behaviour the warm-start must not hold,
+    # so it could never stop a warm-start early (session 25: 8,000 steps, probe 0.000).
+    from slipstream.engine.tokenizer import ByteTokenizer
+    from slipstream.run.presets import demo_plan
+    from slipstream.supervised.warmstart import probe_items
+
+    e = get_env("swarm", **{**demo_plan("swarm").env_options, "item_counts": [2, 4], "expert_parallel_rate": 0.0})
+    tasks = e.generate("train", 6, seed=0)
+    items = probe_items(e, ByteTokenizer(), tasks)
+    assert len(items) == 6  # every serial episode: one item answered right, every call well formed
+    tok = ByteTokenizer()
+    answer = tok.decode(items[0][0][0])
+    assert "<docs>" in answer and "assign_task" in answer
+    # a wrong id in the answer, or an unfinished assignment, is not a clean episode
+    (t,) = e.generate("train", 1, seed=1)
+    ep = asyncio.run(play(e, t, None))
+    assert e.probe_episode(t, ep)
+    assert not e.probe_episode(t, msgspec.structs.replace(ep, final_text="<docs>999</docs>"))
+    assert not e.probe_episode(t, msgspec.structs.replace(ep, counts={**ep.counts, "subagents_finished": 0}))

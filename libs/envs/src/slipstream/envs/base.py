@@ -250,6 +250,13 @@ class Environment(abc.ABC, Generic[OptionsT]):
         it an option, so the orchestrator's own rows are not outnumbered by its sub-agents'."""
         return None
 
+    def probe_episode(self, task: TaskSpec, episode: Episode) -> bool:
+        """Whether the warm-start's probe (greedy replay, libs/supervised `probe_items`) may measure
+        this expert episode: one the teacher played cleanly, so replaying it token for token is the
+        skill wanted. The default: solved, with no invalid call (an imperfect expert's guesses and
+        slips are not). `swarm` also takes a serial teacher's partial answer, all it can do in budget."""
+        return self.score(task, episode).correct and not episode.counts.get("invalid_tool_call", 0)
+
     def curate_expert_episodes(self, tasks: list[TaskSpec], episodes: list[Episode]) -> list[bool]:
         """Which of the expert's episodes (one per task, in order) warm-start the model.
 

@@ -438,9 +438,9 @@ def probe_items(
 
     A single-turn env: its reference completion. An env with `warmstart_from_expert`: the
     expert's episode (its trainable samples; every sampled turn trained, the observations not),
-    for the tasks the expert solves cleanly (right answer, no invalid call), so an imperfect
-    expert's guesses and slips (noise no policy should copy token for token) do not cap what the
-    probe can reach. Raises ValueError when no task is left.
+    for the tasks the expert plays cleanly (`env.probe_episode`: by default a right answer and no
+    invalid call), so an imperfect expert's guesses and slips (noise no policy should copy token for
+    token) do not cap what the probe can reach. Raises ValueError when no task is left.
     """
     if not env.warmstart_from_expert:
         return [[ex] for ex in _examples(env, tokenizer, tasks)]
@@ -448,7 +448,7 @@ def probe_items(
     items = [
         episode_examples(e, frozen=None if env.warmstart_frozen_samples else 0)
         for t, e in zip(tasks, episodes, strict=True)
-        if env.score(t, e).correct and not e.counts.get("invalid_tool_call", 0)
+        if env.probe_episode(t, e)
     ]
     if not items:
         raise ValueError(f"the {env.name!r} expert solved none of the {len(tasks)} probe tasks cleanly")

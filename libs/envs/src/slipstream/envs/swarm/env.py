@@ -264,6 +264,20 @@ class Swarm(Environment[SwarmOptions]):
             reason += " (over the budget)"
         return Score.of(components, correct=perf == 1.0, parse_ok=parsed, reason=reason)
 
+    def probe_episode(self, task: TaskSpec, episode: Episode) -> bool:
+        """A serial teacher answers with the items it reached in budget (one of N at the demo's budget
+        of 4): never `correct`, so the default probe would measure only the rare parallel episodes,
+        the behaviour a warm-start without it must not hold (issue 32), and never stop. Clean here:
+        no invalid or malformed call, every assignment finished, and every answered id required."""
+        c = episode.counts
+        if c.get("invalid_tool_call", 0) or c.get("malformed_calls", 0):
+            return False
+        if c.get("subagents_finished", 0) < c.get("subagents", 0):
+            return False
+        need = task.reference.split()
+        output = parse_output(episode.final_text, max(1, len(need) + self.options.extra_docs))
+        return bool(output) and set(output) <= set(need)
+
     def grade(self, task: TaskSpec, completion: str) -> Score:
         perf, parsed, reason = self._perf(task, completion)
         return Score.of(
