@@ -276,7 +276,7 @@ class Swarm(Environment[SwarmOptions]):
             return False
         need = task.reference.split()
         output = parse_output(episode.final_text, max(1, len(need) + self.options.extra_docs))
-        return bool(output) and set(output) <= set(need)
+        return output is not None and len(output) > 0 and set(output) <= set(need)
 
     def grade(self, task: TaskSpec, completion: str) -> Score:
         perf, parsed, reason = self._perf(task, completion)
