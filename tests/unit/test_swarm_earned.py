@@ -100,18 +100,8 @@ async def test_the_serial_teachers_first_brief_sits_one_distance_before_its_copy
     # the prompt's last line is one distance away for every item count, the first line's grows with N.
     distances = {}
     for n in (2, 4, 8):
-        e = env(
-            {"expert_grep": True, "fixed_offsets": True, "varied_nouns": True},
-            layout="fixed",
-            item_counts=[n],
-            max_critical_steps=4,
-            max_subagents=8,
-            max_assign_per_turn=8,
-            turn_tokens=2048,
-            expert_subagents="per_item",
-            expert_parallel_rate=0.0,
-            expert_serial_order=order,
-        )
+        plan = {**demo_plan("swarm").env_options, "item_counts": [n], "expert_parallel_rate": 0.0}
+        e = get_env("swarm", **plan, expert_serial_order=order)
         t = e.generate("train", 1, seed=0)[0]
         ep = await play(e, t, None)
         assert len([ev for ev in ep.tool_log if ev.name == SWARM]) == 1
@@ -326,7 +316,6 @@ def test_the_warm_start_probe_replays_the_serial_teachers_partial_answers() -> N
     # correct episodes only held the rare parallel ones, the behaviour the warm-start must not hold,
     # so it could never stop a warm-start early (session 25: 8,000 steps, probe 0.000).
     from slipstream.engine.tokenizer import ByteTokenizer
-    from slipstream.run.presets import demo_plan
     from slipstream.supervised.warmstart import probe_items
 
     e = get_env("swarm", **{**demo_plan("swarm").env_options, "item_counts": [2, 4], "expert_parallel_rate": 0.0})
