@@ -61,6 +61,8 @@ class ProgressView:
             self._line(f"[bold]{self.phase}[/bold]: {self.detail}")
         elif kind == "warmstart" and "model" in data:
             self._line(f"model: {data['model']} from {data.get('path')} ({data.get('resolve_s', 0):.1f} s)")
+        elif kind == "warmstart" and "steps" not in data:
+            pass  # a given initial model (--init-model): the phase line named it
         elif kind == "warmstart":
             if "copy" in data:
                 c = data["copy"]

@@ -193,6 +193,8 @@ def run_training(
         start += f" (<= {plan.sft_steps}" + (f" + {plan.sft_settle_steps} settle)" if plan.sft_settle_steps else ")")
     if not plan.model and plan.sft_copy_steps > 0:
         start = f"the copy curriculum (<= {plan.sft_copy_steps} steps), then " + start
+    if init_model is not None:
+        start = f"none: RL starts from the given model {init_model[0]}"
     emit("phase", {"phase": "warm-start", "detail": start})
 
     def probe_checked(step: int, greedy: float, sampled: float) -> None:
