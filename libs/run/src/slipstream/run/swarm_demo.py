@@ -346,7 +346,6 @@ def run(plan: Any, args: argparse.Namespace) -> int:
         else:
             console.print(f"[bold]{name}[/bold]: warm-start (cached by content hash) in {arm_dir / 'model-init'}")
             init = warm_started(p, init_dir, say=console.print)
-        if given is None:
             console.print(
                 f"  warm-start: {init.get('steps', '?')} steps, {init['warmstart_wall_s']:.0f} s"
                 + (" (cached)" if init.get("cached") else "")
