@@ -24,7 +24,7 @@ from pathlib import Path
 
 import msgspec
 import pytest
-from test_swarm_env import env, play
+from test_swarm_env import call, env, play
 
 from slipstream.envs import get_env
 from slipstream.envs.swarm import tasks as tk
@@ -100,7 +100,9 @@ async def test_the_serial_teachers_first_brief_sits_one_distance_before_its_copy
     # the prompt's last line is one distance away for every item count, the first line's grows with N.
     distances = {}
     for n in (2, 4, 8):
+        # the copying plan (before references): the assignment holds the brief itself
         plan = {**demo_plan("swarm").env_options, "item_counts": [n], "expert_parallel_rate": 0.0}
+        plan["by_reference"] = False
         e = get_env("swarm", **plan, expert_serial_order=order)
         t = e.generate("train", 1, seed=0)[0]
         ep = await play(e, t, None)
@@ -331,3 +333,65 @@ def test_the_warm_start_probe_replays_the_serial_teachers_partial_answers() -> N
     assert e.probe_episode(t, ep)
     assert not e.probe_episode(t, msgspec.structs.replace(ep, final_text="<docs>999</docs>"))
     assert not e.probe_episode(t, msgspec.structs.replace(ep, counts={**ep.counts, "subagents_finished": 0}))
+
+
+@pytest.mark.parametrize("rate", [1.0, 0.0])
+async def test_by_reference_the_teacher_names_items_and_sub_agents_and_copies_no_brief(rate: float) -> None:
+    # The demo plan's orchestrator refers to an item by its number and to a sub-agent's result by
+    # the sub-agent's name, so none of its bytes copies a brief or an id (README, "swarm").
+    plan = {**demo_plan("swarm").env_options, "item_counts": [4], "expert_parallel_rate": rate}
+    assert plan["by_reference"] is True
+    e = get_env("swarm", **plan)
+    t = e.generate("heldout", 1, seed=0)[0]
+    ep = await play(e, t, None)
+    orchestrator = next(s for s in ep.samples if s.role == "policy")
+    text = bytes(i for i in orchestrator.ids() if i < 256).decode()
+    items = tk.items_of(t.metadata)
+    assert all(text.count(it.question) == 1 for it in items)  # each brief once: in the prompt
+    numbers = re.findall(r'"name": "assign_task", "args": \{"agent": "\w", "prompt": "(\d+)"', text)
+    n = 4 if rate else 1  # parallel: every item in one turn; serial: the budget of 4 leaves one turn
+    assert numbers == [str(i + 1) for i in range(n)]
+    subs = [s for s in ep.samples if s.role == "subagent"]
+    asked = [bytes(i for i in s.ids() if i < 256).decode() for s in subs]
+    assert all(any(it.question in a for a in asked) for it in items[:n])  # each sub-agent got its brief
+    raw = text.rsplit("\n", 2)[-2] if text.endswith("\n") else text.rsplit("\n", 1)[-1]
+    assert raw == "<docs>" + " ".join("abcd"[:n]) + "</docs>"  # the answer as the model wrote it
+    assert ep.final_text.strip() == "<docs>" + " ".join(it.targets[0] for it in items[:n]) + "</docs>"
+    s = e.score(t, ep)
+    assert s.components["perf"] == n / 4 and s.correct == (n == 4)
+    assert e.probe_episode(t, ep)
+
+
+async def test_by_reference_an_out_of_range_item_is_refused_and_a_name_stands_only_for_what_it_returned() -> None:
+    e = env({"expert_grep": True}, item_counts=[2], max_critical_steps=10, by_reference=True)
+    t = e.generate("train", 1, seed=0)[0]
+    first, second = tk.items_of(t.metadata)
+
+    def sub(context: str) -> str:  # a sub-agent answers its item's document at once
+        item = next(it for it in (first, second) if it.question in context)
+        return f"<docs>{item.targets[0]}</docs>\n"
+
+    lines = [
+        call("create_subagent", name="a", system_prompt="go")
+        + call("create_subagent", name="b", system_prompt="go")
+        + call("assign_task", agent="a", prompt="3")
+        + call("assign_task", agent="a", prompt="2")
+        + "\n",
+        "<docs>a b 999</docs>\n",
+    ]
+    ep = await play(e, t, lines, sub)
+    assert [ev.status for ev in ep.tool_log if ev.name == SWARM] == ["invalid_tool_call", "ok"]
+    assert "no item 3" in next(ev.result + ev.error for ev in ep.tool_log if ev.status == "invalid_tool_call")
+    # a names item 2's document; b was never assigned (stands for nothing); 999 stays an id
+    assert ep.final_text.strip() == f"<docs>{second.targets[0]} 999</docs>"
+    assert e.score(t, ep).components["perf"] == 0.5
+    # without by_reference a number is words: the sub-agent is asked about "2"
+    plain = env({"expert_grep": True}, item_counts=[2], max_critical_steps=10)
+    asked: list[str] = []
+
+    def record(context: str) -> str:
+        asked.append(context)
+        return "<docs>x</docs>\n"
+
+    ep = await play(plain, t, [lines[0].replace('"3"', '"2"'), "<docs>a</docs>\n"], record)
+    assert asked and all("answer: 2\n" in c for c in asked) and ep.final_text.strip() == "<docs>a</docs>"

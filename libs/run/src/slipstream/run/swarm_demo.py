@@ -6,7 +6,8 @@ Each arm is a run of the demo's own (warm-start, the five-process stack, RL) wit
   grep finds an item's document, so a sub-agent takes 2 steps) in the fixed layout, N in {2, 4,
   8} items a task, held-out tasks of unseen items (`heldout_items = "unseen"`), a critical-step
   budget of 4; the teacher knows the swarm tools but works serially with one sub-agent per item
-  on ~92% of the tasks (`expert_subagents = "per_item"`, `expert_parallel_rate` 0.08); the micro
+  on ~95% of the tasks (`expert_subagents = "per_item"`, `expert_parallel_rate` 0.05; the orchestrator
+  refers to items by number and to results by sub-agent name, `by_reference`); the micro
   preset and the search demo's warm-start style; the learner's schedule
   `[learner.reward_schedule.parallel]` / `.finish` (λ 0.1 -> 0 over the run's steps); the
   workers' sub-agents on a frozen copy of the warm-start (`[subagents] pin_version = -1`);

@@ -18,6 +18,13 @@ the orchestrator sees only each sub-agent's final message, as that call's result
 sub-agent's system prompt (create_subagent) reaches chat models through `chat_messages`; a
 byte-level model without a chat template sees the task prompt only.
 
+References (`by_reference`, swarm mode): an assign_task prompt that is an item's number (`"3"`,
+the prompt's question lines counted from 1) gives the sub-agent that item's question (a number
+out of range is refused), and a sub-agent's name in the final `<docs>` list stands for the ids it
+returned (the answer is graded as so expanded; `Outcome.final_text` holds the expansion). The
+orchestrator then copies no text from its prompt or its observations; what is left for it to learn is
+how many sub-agents, which item each gets and in how many turns.
+
 Each turn's observation is the calls' results, in call order (creates run first, so one turn may
 create and assign), then the step line `[Steps: X/B]` (critical steps used / the budget).
 
@@ -57,6 +64,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import random
+import re
 import time
 from typing import Any, ClassVar
 
@@ -78,6 +86,7 @@ from slipstream.schemas import Episode
 from slipstream.toolcalls import LocalTransport, MalformedCall, ToolCall, ToolResult, execute, renderer_for, tool_event
 
 COMPONENTS: tuple[str, ...] = ("perf", "parallel", "finish")
+_DOCS_BODY = re.compile(r"<docs>(.*?)</docs>", re.DOTALL)
 
 
 @functools.lru_cache(maxsize=8)
@@ -322,6 +331,7 @@ class _Episode:
         self.ledger = Ledger()
         self.created: dict[str, str] = {}  # name -> system prompt
         self.finished_by: dict[str, int] = {}  # name -> tasks it finished
+        self.returned_by: dict[str, list[str]] = {}  # name -> the ids its finished tasks returned
         self.spawned = 0
         self.finished = 0
         self.own_steps = 0
@@ -414,6 +424,7 @@ class _Episode:
         else:
             self.created[name] = str(call.arguments["system_prompt"])
             self.finished_by[name] = 0
+            self.returned_by[name] = []
             text, ok = f"created {name}", True
         return ToolResult(call_id=call.id, name=CREATE, outcome="ok" if ok else "invalid_tool_call", text=text)
 
@@ -423,13 +434,36 @@ class _Episode:
             return f"error: no sub-agent named {agent}; create it first with {CREATE}"
         if queued >= self.o.max_assign_per_turn:
             return f"error: at most {self.o.max_assign_per_turn} {ASSIGN} calls per turn"
+        number = self.item_number(call)
+        if number is not None and not 1 <= number <= len(self.items):
+            return f"error: no item {number}; the task lists items 1 to {len(self.items)}"
         return ""
+
+    def item_number(self, call: ToolCall) -> int | None:
+        """The item an assignment names by its number (`by_reference`), else None (a prompt in words)."""
+        text = str(call.arguments["prompt"]).strip()
+        return int(text) if self.o.by_reference and self.o.mode == "swarm" and text.isdigit() else None
+
+    def expand_answer(self, final: str) -> str:
+        """`by_reference`: each sub-agent named in the answer's `<docs>` list stands for the ids it returned."""
+        if not self.o.by_reference or not self.returned_by:
+            return final
+
+        def ids(m: re.Match[str]) -> str:
+            words = re.split(r"[\s,]+", m.group(1).strip())
+            out = [i for w in words if w for i in (self.returned_by.get(w, [w]))]
+            return f"<docs>{' '.join(out)}</docs>"
+
+        return _DOCS_BODY.sub(ids, final, count=1)
 
     async def assign(self, call: ToolCall) -> tuple[ToolResult, int]:
         """One sub-agent episode on the assigned prompt; its final message is the result."""
         ctx, search = self.ctx, self.env.search
         agent = str(call.arguments["agent"])
         question = str(call.arguments["prompt"])
+        number = self.item_number(call)
+        if number is not None:  # checked in range by `refusal`
+            question = self.items[number - 1].question
         k = self.spawned
         self.spawned += 1
         parent = ctx.task
@@ -456,6 +490,7 @@ class _Episode:
         if finished:
             self.finished += 1
             self.finished_by[agent] += 1
+            self.returned_by[agent] += parse_output(final, search.options.max_output_docs) or []
         text = final or f"error: {agent} ended without a final message ({outcome.finish_reason or 'unknown'})"
         # A child that does not count its steps (Outcome.steps 0) is charged one: it ran at least a turn.
         return ToolResult(call_id=call.id, name=ASSIGN, outcome="ok", text=text), max(1, outcome.steps)
@@ -476,4 +511,4 @@ class _Episode:
         # Wall-clock latency of the whole episode (the orchestrator's turns and its sub-agents,
         # wherever they ran: this engine, a frozen one or the pool), in milliseconds.
         ctx.count("wall_ms", round(1000 * (time.monotonic() - self.started)))
-        return Outcome(final_text=final, finish_reason=reason, steps=self.own_steps)
+        return Outcome(final_text=self.expand_answer(final), finish_reason=reason, steps=self.own_steps)

@@ -22,6 +22,7 @@ per item creating its agent and assigning it that item alone, answering with the
 far when one more such turn (its cost estimated from the turns so far, else 1 + the sub-agent's
 hops + 1) would leave no step for the answer. With `expert_parallel_rate` <= 0.1 the warm-start
 then shows almost only serial work with the swarm tools: parallel assignment is left for RL.
+With `by_reference` it assigns an item by its number and answers with its sub-agents' names.
 """
 
 from __future__ import annotations
@@ -126,12 +127,18 @@ def _per_item(options: SwarmOptions, task: TaskSpec, items: list[Item], context:
     system = _subagent_prompt(options)
     done = context.count(f'"name": "{ASSIGN}"')
     returned = [d for body in _RETURNED.findall(context) for d in body.split()]
+    if options.by_reference:  # the answer names the sub-agents; an assignment, the item's number
+        returned, gap = list(AGENT_NAMES[:done]), " "
+
+    def task_of(item: Item) -> str:
+        return str(items.index(item) + 1) if options.by_reference else item.question
+
     if parallel(options, task):
         if done:
             return answer(returned, gap)
         names = AGENT_NAMES[: len(items)]
         line = "".join(call(CREATE, name=n, system_prompt=system) for n in names)
-        line += "".join(call(ASSIGN, agent=n, prompt=it.question) for n, it in zip(names, items, strict=True))
+        line += "".join(call(ASSIGN, agent=n, prompt=task_of(it)) for n, it in zip(names, items, strict=True))
         return line + "\n"
     steps = _STEPS.findall(context)
     used, budget = (int(steps[-1][0]), int(steps[-1][1])) if steps else (0, options.max_critical_steps)
@@ -139,5 +146,5 @@ def _per_item(options: SwarmOptions, task: TaskSpec, items: list[Item], context:
     if done < len(items) and used + cost + 1 <= budget:
         order = items[::-1] if options.expert_serial_order == "last_first" else items
         name, item = AGENT_NAMES[done], order[done]
-        return call(CREATE, name=name, system_prompt=system) + call(ASSIGN, agent=name, prompt=item.question) + "\n"
+        return call(CREATE, name=name, system_prompt=system) + call(ASSIGN, agent=name, prompt=task_of(item)) + "\n"
     return answer(returned, gap)
