@@ -56,7 +56,12 @@ def _summary(tmp_path: Path) -> RunSummary:
         {
             "step": s,
             "version": s,
-            "episode_means": {"subagents": 1.0 + s, "critical_steps": 4.5 - 0.1 * s, "component.perf": 0.5},
+            "episode_means": {
+                "subagents": 1.0 + s,
+                "parallel_turns": 0.1 * s,
+                "critical_steps": 4.5 - 0.1 * s,
+                "component.perf": 0.5,
+            },
             "reward_weights": {"parallel": 0.1 * (1 - s / 5)},
         }
         for s in range(1, 6)
@@ -68,6 +73,9 @@ def test_the_parallelism_curve_comes_from_the_learner_steps(tmp_path: Path) -> N
     curve = swarm_demo.parallelism_curve(_summary(tmp_path))
     assert [c["step"] for c in curve] == [1, 2, 3, 4, 5]  # a row without means is not a point
     assert [c["subagents"] for c in curve] == [2.0, 3.0, 4.0, 5.0, 6.0]
+    assert [c["parallel_turns"] for c in curve] == pytest.approx([0.1, 0.2, 0.3, 0.4, 0.5])
+    # the learner averages the swarm's parallel counts per step unless a plan says otherwise
+    assert {"parallel_turns", "parallel_agents", "subagents"} <= set(LearnerConfig().learner.step_means)
     assert curve[-1]["lambda_parallel"] == pytest.approx(0.0)
 
 

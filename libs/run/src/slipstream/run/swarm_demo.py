@@ -139,7 +139,8 @@ def _ints(text: str, flag: str) -> list[int]:
 
 
 def parallelism_curve(summary: Any) -> list[dict[str, float]]:
-    """Per learner step: sub-agents, critical steps and λ_parallel (where the learner reports them)."""
+    """Per learner step: sub-agents, parallel turns (turns that ran 2+ sub-agents at once) and critical
+    steps per episode, perf and λ_parallel (where the learner reports them)."""
     rows = []
     for r in summary.steps_log:
         means = r.get("episode_means") or {}
@@ -149,6 +150,7 @@ def parallelism_curve(summary: Any) -> list[dict[str, float]]:
             {
                 "step": float(r["step"]),
                 "subagents": float(means.get("subagents", 0.0)),
+                "parallel_turns": float(means.get("parallel_turns", 0.0)),
                 "critical_steps": float(means.get("critical_steps", 0.0)),
                 "perf": float(means.get("component.perf", 0.0)),
                 "lambda_parallel": float((r.get("reward_weights") or {}).get("parallel", 1.0)),
@@ -158,7 +160,8 @@ def parallelism_curve(summary: Any) -> list[dict[str, float]]:
 
 
 def plot(report: dict[str, Any], path: Path) -> Path:
-    """The swarm arm's parallelism curve (sub-agents per episode by learner step) and critical steps, as a PNG."""
+    """The swarm arm's parallelism curve by learner step (sub-agents and parallel turns per episode) and
+    its critical steps, as a PNG."""
     import matplotlib
 
     matplotlib.use("Agg")  # no display: files only
@@ -166,15 +169,22 @@ def plot(report: dict[str, Any], path: Path) -> Path:
 
     curve = report.get("curve") or []
     steps = report.get("steps", 0)
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
-    for ax, key, label in ((ax1, "subagents", "sub-agents per episode"), (ax2, "critical_steps", "critical steps")):
-        if curve:
+    fig, (ax1, ax3, ax2) = plt.subplots(1, 3, figsize=(14, 4))
+    # (axis, the batches' key, the evaluations' key, label); a turn running 2+ sub-agents at once is
+    # a parallel turn: the batches report them per episode, the evaluations the share of episodes with one
+    panels = (
+        (ax1, "subagents", "subagents", "sub-agents per episode"),
+        (ax3, "parallel_turns", "parallel_rate", "parallel turns per episode / parallel rate (evals)"),
+        (ax2, "critical_steps", "critical_steps", "critical steps per episode"),
+    )
+    for ax, key, eval_key, label in panels:
+        if curve and all(key in c for c in curve):
             ax.plot([c["step"] for c in curve], [c[key] for c in curve], marker=".", label="train batches")
         for stage, x in (("before", 0), ("after", steps)):
             for split, marker in (("train", "o"), ("heldout", "s")):
                 row = report.get(f"{stage}/swarm/{split}")
-                if row and key in row:
-                    ax.scatter([x], [row[key]], marker=marker, label=f"{split} eval ({stage})")
+                if row and eval_key in row:
+                    ax.scatter([x], [row[eval_key]], marker=marker, label=f"{split} eval ({stage})")
         ax.set_xlabel("learner step")
         ax.set_ylabel(label)
         ax.grid(alpha=0.3)

@@ -28,6 +28,8 @@ DEFAULT_STEP_MEANS = (
     "total_steps",
     "subagents",
     "subagents_finished",
+    "parallel_turns",
+    "parallel_agents",
     "summaries",
     "policy_summaries",
     "truncations",
