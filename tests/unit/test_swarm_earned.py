@@ -102,7 +102,7 @@ async def test_the_serial_teachers_first_brief_sits_one_distance_before_its_copy
     for n in (2, 4, 8):
         # the copying plan (before references): the assignment holds the brief itself
         plan = {**demo_plan("swarm").env_options, "item_counts": [n], "expert_parallel_rate": 0.0}
-        plan["by_reference"] = False
+        plan.update(by_reference=False, layout="fixed", train_budgets=[])
         e = get_env("swarm", **plan, expert_serial_order=order)
         t = e.generate("train", 1, seed=0)[0]
         ep = await play(e, t, None)

@@ -128,7 +128,8 @@ def line(row: dict[str, Any]) -> str:
 def _env(arm: ArmModel, **override: Any) -> Any:
     from slipstream.envs import get_env
 
-    return get_env("swarm", **{**arm.env_options, "mode": arm.mode, **override})
+    # every evaluated task at the plan's budget (max_critical_steps), train tasks too
+    return get_env("swarm", **{**arm.env_options, "mode": arm.mode, "train_budgets": [], **override})
 
 
 async def _evaluate_arm(arm: ArmModel, plan: Any, tasks_n: int, samples: int, seed: int, emit: Emit) -> dict[str, Any]:

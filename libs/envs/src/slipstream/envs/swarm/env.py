@@ -212,6 +212,10 @@ class Swarm(Environment[SwarmOptions]):
             meta = tk.metadata_of(kind, items)
             if self.split_of(meta["key"]) != split:
                 continue
+            if split == "train" and self.options.train_budgets:
+                # its own stream, so the items drawn are those of a plan without train_budgets
+                pick = random.Random(f"{self.name}|budget|{seed}|{len(out)}")
+                meta["budget"] = str(pick.choice(self.options.train_budgets))
             out.append(
                 TaskSpec(
                     task_id=f"{self.name}-{split}-{seed}-{len(out)}",
@@ -339,6 +343,7 @@ class _Episode:
         self.items = tk.items_of(ctx.task.metadata) if "items" in ctx.task.metadata else []
         self.parallel_turns = 0  # turns whose cohort ran 2+ sub-agents at once
         self.started = time.monotonic()
+        self.budget = env.options.budget(ctx.task.metadata)
 
     async def play(self) -> Outcome:
         ctx, o, env = self.ctx, self.o, self.env
@@ -355,7 +360,7 @@ class _Episode:
             if not parsed.items:
                 self.ledger.add(0)
                 self.own_steps += 1
-                if self.ledger.critical > o.max_critical_steps:
+                if self.ledger.critical > self.budget:
                     return self.end("", "critical_steps")
                 return self.end(gen.text, gen.finish_reason)
             self.own_steps += len(parsed.items)
@@ -365,10 +370,10 @@ class _Episode:
             self.parallel_turns += len(subs) >= 2
             text = env.renderer.render(env.renderer.result_messages(results))
             try:
-                ctx.observe(thread, text + f"[Steps: {self.ledger.critical}/{o.max_critical_steps}]\n")
+                ctx.observe(thread, text + f"[Steps: {self.ledger.critical}/{self.budget}]\n")
             except ContextFull:
                 return self.end("", "length")
-            if self.ledger.critical + 1 > o.max_critical_steps:
+            if self.ledger.critical + 1 > self.budget:
                 return self.end("", "critical_steps")  # no step left for the answer
         return self.end("", "max_turns")
 

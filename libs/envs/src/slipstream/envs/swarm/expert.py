@@ -101,14 +101,14 @@ def next_turn(options: SwarmOptions, search: Search, task: TaskSpec, context: st
         return _per_item(options, task, items, context, gap)
     if parallel(options, task):
         if f'"name": "{ASSIGN}"' not in context:
-            system = SUBAGENT_PROMPT_FIXED if options.layout == "fixed" else SUBAGENT_PROMPT
+            system = _subagent_prompt(options)
             line = call(CREATE, name=SUBAGENT_NAME, system_prompt=system)
             line += "".join(call(ASSIGN, agent=SUBAGENT_NAME, prompt=it.question) for it in items)
             return line + "\n"
         returned = [d for body in _RETURNED.findall(context) for d in body.split()]
         return answer(returned, FIXED_GAP if options.layout == "fixed" else " ")
     steps = _STEPS.findall(context)
-    used, budget = (int(steps[-1][0]), int(steps[-1][1])) if steps else (0, options.max_critical_steps)
+    used, budget = (int(steps[-1][0]), int(steps[-1][1])) if steps else (0, options.budget(task.metadata))
     if used + 2 <= budget:
         for item in items:
             line = search.expert(item_task(task, item), context)
@@ -119,7 +119,7 @@ def next_turn(options: SwarmOptions, search: Search, task: TaskSpec, context: st
 
 
 def _subagent_prompt(options: SwarmOptions) -> str:
-    return SUBAGENT_PROMPT_FIXED if options.layout == "fixed" else SUBAGENT_PROMPT
+    return SUBAGENT_PROMPT if options.layout == "lines" else SUBAGENT_PROMPT_FIXED
 
 
 def _per_item(options: SwarmOptions, task: TaskSpec, items: list[Item], context: str, gap: str) -> str:
@@ -137,11 +137,20 @@ def _per_item(options: SwarmOptions, task: TaskSpec, items: list[Item], context:
         if done:
             return answer(returned, gap)
         names = AGENT_NAMES[: len(items)]
+        if options.by_reference:  # each sub-agent's pair, as a serial turn writes it, N in one turn
+            pairs = zip(names, items, strict=True)
+            return (
+                "".join(
+                    call(CREATE, name=n, system_prompt=system) + call(ASSIGN, agent=n, prompt=task_of(it))
+                    for n, it in pairs
+                )
+                + "\n"
+            )
         line = "".join(call(CREATE, name=n, system_prompt=system) for n in names)
         line += "".join(call(ASSIGN, agent=n, prompt=task_of(it)) for n, it in zip(names, items, strict=True))
         return line + "\n"
     steps = _STEPS.findall(context)
-    used, budget = (int(steps[-1][0]), int(steps[-1][1])) if steps else (0, options.max_critical_steps)
+    used, budget = (int(steps[-1][0]), int(steps[-1][1])) if steps else (0, options.budget(task.metadata))
     cost = -(-used // done) if done else 2 + options.wide_hops  # the turn's 1 + the sub-agent's hops + its answer
     if done < len(items) and used + cost + 1 <= budget:
         order = items[::-1] if options.expert_serial_order == "last_first" else items

@@ -33,7 +33,8 @@ class SwarmOptions(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fie
         tk.Layout,
         Doc(
             description="'lines': the questions as worded, one a line; 'fixed': one-hop questions in brief form, "
-            "each prompt line as wide as the assign_task call carrying it (tasks.py)."
+            "each prompt line as wide as the assign_task call carrying it; 'brief': the brief forms, unpadded "
+            "(tasks.py)."
         ),
     ] = "lines"
     item_counts: Annotated[
@@ -93,6 +94,14 @@ class SwarmOptions(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fie
             "turns (issue 32: the micro model forms no positional copy of a brief; README, 'swarm')."
         ),
     ] = False
+    train_budgets: Annotated[
+        list[int],
+        Doc(
+            description="Critical-step budgets a train task draws from (one per task, uniformly; repeat a value to "
+            "weight it), kept in its metadata ('budget'); []: every task has max_critical_steps. Held-out tasks "
+            "always have max_critical_steps. Lets the serial teacher's episodes run several turns (issue 32)."
+        ),
+    ] = []
     heldout_one_in: Annotated[int, Doc(description="One task key in this many is held out.")] = 8
     warmstart_subagent_rows: Annotated[
         int,
@@ -119,6 +128,9 @@ class SwarmOptions(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fie
         ):
             if not 1 <= value <= 1024:
                 raise ValueError(f"{name} must be in 1..1024, got {value}")
+        for b in self.train_budgets:
+            if not 1 <= b <= 1024:
+                raise ValueError(f"train_budgets must each be in 1..1024, got {self.train_budgets}")
         for n in self.item_counts:
             if not 1 <= n <= 32:
                 raise ValueError(f"item_counts must each be in 1..32, got {self.item_counts}")
@@ -137,16 +149,20 @@ class SwarmOptions(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fie
             )
         if not 0 <= self.extra_docs <= 100 or not 2 <= self.heldout_one_in <= 1000:
             raise ValueError("need 0 <= extra_docs <= 100 and 2 <= heldout_one_in <= 1000")
-        if self.layout == "fixed" and (self.deep_rate > 0 or self.wide_hops != 1):
+        if self.layout != "lines" and (self.deep_rate > 0 or self.wide_hops != 1):
             raise ValueError(
-                f"layout 'fixed' briefs one-hop questions: needs deep_rate 0 and wide_hops 1, "
+                f"layout {self.layout!r} briefs one-hop questions: needs deep_rate 0 and wide_hops 1, "
                 f"got deep_rate {self.deep_rate}, wide_hops {self.wide_hops}"
             )
-        if self.layout == "fixed" and not self.search.get("fixed_offsets"):
+        if self.layout != "lines" and not self.search.get("fixed_offsets"):
             raise ValueError(
-                "layout 'fixed' briefs questions that name the decade last: needs search.fixed_offsets = true"
+                f"layout {self.layout!r} briefs questions that name the decade last: needs search.fixed_offsets = true"
             )
         parse_options("search", self.search)  # names the bad search option, if any
+
+    def budget(self, metadata: dict[str, str]) -> int:
+        """A task's critical-step budget: its own (a train task under `train_budgets`), else max_critical_steps."""
+        return int(metadata.get("budget") or self.max_critical_steps)
 
     @property
     def counts(self) -> list[int]:

@@ -30,6 +30,9 @@ agent's prompt is its own.
 Two layouts (`SwarmOptions.layout`):
 
 - `lines`: each question as the search corpus words it, one per line;
+- `brief`: each one-hop question in its brief form (below), unpadded, one per line: for an
+  orchestrator that copies nothing (`by_reference`), the shortest prompt whose items a
+  sub-agent can search (the decade last, as its grep copies it);
 - `fixed`: each one-hop question in its brief form (`brief`: `brewery: a region by the sea,
   1730s`, what names its document), right-justified to `BRIEF_WIDTH`, and every prompt line as
   wide as the assign_task call that carries that brief. With a fixed number of items, each byte
@@ -61,7 +64,7 @@ SINGLE_TAG = "[single]\n"
 """The first line of a single-mode prompt: the mode token a byte-level model can see."""
 AGENT_NAMES = string.ascii_lowercase
 """The scripted orchestrator's per-item sub-agent names: one byte each, as wide as `LAYOUT_AGENT`."""
-Layout = Literal["lines", "fixed"]
+Layout = Literal["lines", "fixed", "brief"]
 BRIEF_WIDTH = 48
 # The agent name the fixed layout's line width is measured with (the scripted orchestrator's).
 LAYOUT_AGENT = "s"
@@ -101,7 +104,10 @@ class Item(msgspec.Struct, frozen=True, kw_only=True):
 
     @classmethod
     def of(cls, t: SearchTask, layout: Layout = "lines") -> Item:
-        question = brief(t.question) if layout == "fixed" else t.question
+        if layout == "lines":
+            question = t.question
+        else:
+            question = brief(t.question) if layout == "fixed" else brief(t.question).strip()
         return cls(key=t.key, question=question, targets=list(t.targets), queries=list(t.queries))
 
 
