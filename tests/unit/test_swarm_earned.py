@@ -395,3 +395,49 @@ async def test_by_reference_an_out_of_range_item_is_refused_and_a_name_stands_on
 
     ep = await play(plain, t, [lines[0].replace('"3"', '"2"'), "<docs>a</docs>\n"], record)
     assert asked and all("answer: 2\n" in c for c in asked) and ep.final_text.strip() == "<docs>a</docs>"
+
+
+async def test_train_budgets_let_the_serial_teacher_delegate_over_several_turns_and_held_out_keeps_the_plans() -> None:
+    plan = {**demo_plan("swarm").env_options, "item_counts": [4], "expert_parallel_rate": 0.0}
+    e = get_env("swarm", **plan)
+    without = get_env("swarm", **{**plan, "train_budgets": []})
+    train = e.generate("train", 40, seed=3)
+    assert {t.metadata["budget"] for t in train} == {str(b) for b in set(plan["train_budgets"])}
+    assert [t.metadata["items"] for t in train] == [t.metadata["items"] for t in without.generate("train", 40, seed=3)]
+    assert all("budget" not in t.metadata for t in e.generate("heldout", 10, seed=3))
+    # at budget 13 the serial teacher runs four turns, one sub-agent a turn, each named and numbered
+    # in order, and answers with the four names: what a parallel turn recombines
+    t = next(t for t in train if t.metadata["budget"] == "13")
+    ep = await play(e, t, None)
+    text = bytes(i for i in next(s for s in ep.samples if s.role == "policy").ids() if i < 256).decode()
+    assert re.findall(r'"agent": "(\w)", "prompt": "(\d)"', text) == [("a", "1"), ("b", "2"), ("c", "3"), ("d", "4")]
+    assert "[Steps: 12/13]" in text and text.rstrip().endswith("<docs>a b c d</docs>")
+    assert ep.counts["parallel_turns"] == 0 and e.score(t, ep).correct
+    # the parallel teacher's one turn is those four pairs on one line
+    par = get_env("swarm", **{**plan, "expert_parallel_rate": 1.0})
+    ep = await play(par, t, None)
+    text = bytes(i for i in next(s for s in ep.samples if s.role == "policy").ids() if i < 256).decode()
+    (turn,) = [line for line in text.splitlines() if "assign_task" in line]
+    assert re.findall(r'"name": "(\w+)", "args": \{"(?:name|agent)": "(\w)"', turn) == [
+        (tool, name) for name in "abcd" for tool in ("create_subagent", "assign_task")
+    ]
+    assert ep.counts["parallel_turns"] == 1 and par.score(t, ep).correct
+
+
+def test_the_brief_layout_lists_unpadded_briefs_and_needs_the_decade_last() -> None:
+    plan = {**demo_plan("swarm").env_options, "item_counts": [2]}
+    assert plan["layout"] == "brief"
+    t = get_env("swarm", **plan).generate("heldout", 1, seed=0)[0]
+    lines = t.prompt.splitlines()[1:]
+    assert [it.question for it in tk.items_of(t.metadata)] == lines
+    assert all(line == line.strip() and re.fullmatch(r"\w+: .+, \d+s", line) for line in lines)
+    with pytest.raises(ValueError, match="layout 'brief' briefs questions that name the decade last"):
+        get_env("swarm", **{**plan, "search": {**plan["search"], "fixed_offsets": False}})
+
+
+def test_evaluations_hold_train_tasks_to_the_plans_budget_too() -> None:
+    # train tasks draw budgets for the teacher and RL; the before/after rows compare train with held-out at one budget
+    arm = swarm_eval.ArmModel(mode="swarm", env_options=demo_plan("swarm").env_options, model_dir=Path("/none"))
+    env = swarm_eval._env(arm)
+    assert env.options.train_budgets == [] and env.options.max_critical_steps == 4
+    assert all("budget" not in t.metadata for t in env.generate("train", 20, seed=0))
