@@ -3,9 +3,10 @@
 Each arm is a run of the demo's own (warm-start, the five-process stack, RL) with one plan:
 
 - the plan (examples/swarm.toml): the `swarm` env on the first search demo's corpus (one-hop: one
-  grep finds an item's document, so a sub-agent takes 2 steps) in the fixed layout, N in {2, 4,
+  grep finds an item's document, so a sub-agent takes 2 steps) in the brief layout, N in {2, 4,
   8} items a task, held-out tasks of unseen items (`heldout_items = "unseen"`), a critical-step
-  budget of 4; the teacher knows the swarm tools but works serially with one sub-agent per item
+  budget of 4 (train tasks draw theirs from `train_budgets`, so serial teacher episodes run several
+  turns; every evaluation is at 4); the teacher knows the swarm tools but works serially with one sub-agent per item
   on ~95% of the tasks (`expert_subagents = "per_item"`, `expert_parallel_rate` 0.05; the orchestrator
   refers to items by number and to results by sub-agent name, `by_reference`); the micro
   preset and the search demo's warm-start style; the learner's schedule
