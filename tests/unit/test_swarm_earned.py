@@ -339,7 +339,7 @@ def test_the_warm_start_probe_replays_the_serial_teachers_partial_answers() -> N
 async def test_by_reference_the_teacher_names_items_and_sub_agents_and_copies_no_brief(rate: float) -> None:
     # The demo plan's orchestrator refers to an item by its number and to a sub-agent's result by
     # the sub-agent's name, so none of its bytes copies a brief or an id (README, "swarm").
-    plan = {**demo_plan("swarm").env_options, "item_counts": [4], "expert_parallel_rate": rate}
+    plan = {**demo_plan("swarm").env_options, "item_counts": [4], "expert_parallel_rate": rate, "cite": "names"}
     assert plan["by_reference"] is True
     e = get_env("swarm", **plan)
     t = e.generate("heldout", 1, seed=0)[0]
@@ -385,6 +385,10 @@ async def test_by_reference_an_out_of_range_item_is_refused_and_a_name_stands_on
     # a names item 2's document; b was never assigned (stands for nothing); 999 stays an id
     assert ep.final_text.strip() == f"<docs>{second.targets[0]} 999</docs>"
     assert e.score(t, ep).components["perf"] == 0.5
+    # `*` stands for every id any sub-agent returned
+    ep = await play(e, t, [lines[0].replace('"3"', '"1"'), "<docs>*</docs>\n"], sub)
+    assert set(ep.final_text.strip()[6:-7].split()) == {first.targets[0], second.targets[0]}
+    assert e.score(t, ep).correct
     # without by_reference a number is words: the sub-agent is asked about "2"
     plain = env({"expert_grep": True}, item_counts=[2], max_critical_steps=10)
     asked: list[str] = []
@@ -406,12 +410,12 @@ async def test_train_budgets_let_the_serial_teacher_delegate_over_several_turns_
     assert [t.metadata["items"] for t in train] == [t.metadata["items"] for t in without.generate("train", 40, seed=3)]
     assert all("budget" not in t.metadata for t in e.generate("heldout", 10, seed=3))
     # at budget 13 the serial teacher runs four turns, one sub-agent a turn, each named and numbered
-    # in order, and answers with the four names: what a parallel turn recombines
+    # in order, and answers citing every result: what a parallel turn recombines
     t = next(t for t in train if t.metadata["budget"] == "13")
     ep = await play(e, t, None)
     text = bytes(i for i in next(s for s in ep.samples if s.role == "policy").ids() if i < 256).decode()
     assert re.findall(r'"agent": "(\w)", "prompt": "(\d)"', text) == [("a", "1"), ("b", "2"), ("c", "3"), ("d", "4")]
-    assert "[Steps: 12/13]" in text and text.rstrip().endswith("<docs>a b c d</docs>")
+    assert "[Steps: 12/13]" in text and text.rstrip().endswith("<docs>*</docs>")  # the plan's cite = "all"
     assert ep.counts["parallel_turns"] == 0 and e.score(t, ep).correct
     # the parallel teacher's one turn is those four pairs on one line
     par = get_env("swarm", **{**plan, "expert_parallel_rate": 1.0})

@@ -21,7 +21,8 @@ byte-level model without a chat template sees the task prompt only.
 References (`by_reference`, swarm mode): an assign_task prompt that is an item's number (`"3"`,
 the prompt's question lines counted from 1) gives the sub-agent that item's question (a number
 out of range is refused), and a sub-agent's name in the final `<docs>` list stands for the ids it
-returned (the answer is graded as so expanded; `Outcome.final_text` holds the expansion). The
+returned and `*` for every id any sub-agent returned (the answer is graded as so expanded;
+`Outcome.final_text` holds the expansion). The
 orchestrator then copies no text from its prompt or its observations; what is left for it to learn is
 how many sub-agents, which item each gets and in how many turns.
 
@@ -456,7 +457,8 @@ class _Episode:
 
         def ids(m: re.Match[str]) -> str:
             words = re.split(r"[\s,]+", m.group(1).strip())
-            out = [i for w in words if w for i in (self.returned_by.get(w, [w]))]
+            every = [i for ids in self.returned_by.values() for i in ids]
+            out = [i for w in words if w for i in (every if w == "*" else self.returned_by.get(w, [w]))]
             return f"<docs>{' '.join(out)}</docs>"
 
         return _DOCS_BODY.sub(ids, final, count=1)

@@ -128,7 +128,7 @@ def _per_item(options: SwarmOptions, task: TaskSpec, items: list[Item], context:
     done = context.count(f'"name": "{ASSIGN}"')
     returned = [d for body in _RETURNED.findall(context) for d in body.split()]
     if options.by_reference:  # the answer names the sub-agents; an assignment, the item's number
-        returned, gap = list(AGENT_NAMES[:done]), " "
+        returned, gap = (["*"] if options.cite == "all" else list(AGENT_NAMES[:done])), " "
 
     def task_of(item: Item) -> str:
         return str(items.index(item) + 1) if options.by_reference else item.question

@@ -17,6 +17,7 @@ Mode = Literal["swarm", "single"]
 HeldoutItems = Literal["combinations", "unseen"]
 ExpertSubagents = Literal["shared", "per_item"]
 SerialOrder = Literal["listed", "last_first"]
+Cite = Literal["names", "all"]
 
 
 class SwarmOptions(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
@@ -94,6 +95,14 @@ class SwarmOptions(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fie
             "turns (issue 32: the micro model forms no positional copy of a brief; README, 'swarm')."
         ),
     ] = False
+    cite: Annotated[
+        Cite,
+        Doc(
+            description="With by_reference, how the scripted orchestrator's answer cites its sub-agents' results: "
+            "'names' (`<docs>a b</docs>`) or 'all' (`<docs>*</docs>`: every result returned; the env accepts "
+            "both forms either way)."
+        ),
+    ] = "names"
     train_budgets: Annotated[
         list[int],
         Doc(
