@@ -42,7 +42,8 @@ NOT_YET_TRAINABLE = {
     # children) runs in tests/integration/test_subagent_pool.py, the swarm env itself through the
     # harness in tests/unit/test_swarm_env.py, the schedule in
     # tests/integration/test_learner_schedule_resume.py.
-    "swarm": "its warm-start (2,750-6,500 steps, up to 8,000) takes 26-60 minutes on 2 cores; the demo runs it",
+    "swarm": "its warm-start (2,250-4,000 steps to the probe's stop, up to 8,000) takes 16-40 minutes on 2 cores; "
+    "the demo runs it",
 }
 # Examples whose whole path another e2e test already runs, so a second run here would only spend
 # CI time (minutes each on 2 cores); the run file -> plan step they add is unit-tested.

@@ -191,7 +191,7 @@ def plot(report: dict[str, Any], path: Path) -> Path:
         ax.grid(alpha=0.3)
     budget = report.get("budget")
     if budget:
-        ax2.axhline(budget, color="grey", linestyle="--", label="budget")
+        ax2.axhline(budget, color="grey", linestyle="--", label="evaluations' budget (train tasks may draw more)")
     ax1.legend(fontsize=7)
     ax2.legend(fontsize=7)
     fig.suptitle(f"slipstream demo --env swarm, swarm arm: parallelism during RL (seed {report.get('seed', '?')})")
