@@ -22,7 +22,8 @@ per item creating its agent and assigning it that item alone, answering with the
 far when one more such turn (its cost estimated from the turns so far, else 1 + the sub-agent's
 hops + 1) would leave no step for the answer. With `expert_parallel_rate` <= 0.1 the warm-start
 then shows almost only serial work with the swarm tools: parallel assignment is left for RL.
-With `by_reference` it assigns an item by its number and answers with its sub-agents' names.
+With `by_reference` it assigns an item by its number and answers citing its sub-agents' results
+(`cite`: their names, or `*` for all of them), and its parallel turn is the serial turns' pairs.
 """
 
 from __future__ import annotations
@@ -137,18 +138,11 @@ def _per_item(options: SwarmOptions, task: TaskSpec, items: list[Item], context:
         if done:
             return answer(returned, gap)
         names = AGENT_NAMES[: len(items)]
+        creates = [call(CREATE, name=n, system_prompt=system) for n in names]
+        assigns = [call(ASSIGN, agent=n, prompt=task_of(it)) for n, it in zip(names, items, strict=True)]
         if options.by_reference:  # each sub-agent's pair, as a serial turn writes it, N in one turn
-            pairs = zip(names, items, strict=True)
-            return (
-                "".join(
-                    call(CREATE, name=n, system_prompt=system) + call(ASSIGN, agent=n, prompt=task_of(it))
-                    for n, it in pairs
-                )
-                + "\n"
-            )
-        line = "".join(call(CREATE, name=n, system_prompt=system) for n in names)
-        line += "".join(call(ASSIGN, agent=n, prompt=task_of(it)) for n, it in zip(names, items, strict=True))
-        return line + "\n"
+            return "".join(c + a for c, a in zip(creates, assigns, strict=True)) + "\n"
+        return "".join(creates + assigns) + "\n"
     steps = _STEPS.findall(context)
     used, budget = (int(steps[-1][0]), int(steps[-1][1])) if steps else (0, options.budget(task.metadata))
     cost = -(-used // done) if done else 2 + options.wide_hops  # the turn's 1 + the sub-agent's hops + its answer

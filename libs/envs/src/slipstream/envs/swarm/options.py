@@ -90,9 +90,9 @@ class SwarmOptions(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fie
         Doc(
             description="Swarm mode: an assign_task prompt that is an item's number ('1' .. 'N', the prompt's "
             "question lines counted from 1) gives the sub-agent that item's question, and a final answer may name "
-            "sub-agents (`<docs>a b</docs>`), each standing for the ids that sub-agent returned. The orchestrator "
-            "then copies no text: what it decides is how many sub-agents, which item each gets and in how many "
-            "turns (issue 32: the micro model forms no positional copy of a brief; README, 'swarm')."
+            "sub-agents (`<docs>a b</docs>`), each standing for the ids that sub-agent returned, or `*` for all. "
+            "The orchestrator then copies no text: what it decides is how many sub-agents, which item each gets "
+            "and in how many turns (issue 32: the micro model forms no positional copy of a brief; README, 'swarm')."
         ),
     ] = False
     cite: Annotated[

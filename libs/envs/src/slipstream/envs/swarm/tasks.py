@@ -104,10 +104,9 @@ class Item(msgspec.Struct, frozen=True, kw_only=True):
 
     @classmethod
     def of(cls, t: SearchTask, layout: Layout = "lines") -> Item:
-        if layout == "lines":
-            question = t.question
-        else:
-            question = brief(t.question) if layout == "fixed" else brief(t.question).strip()
+        question = t.question if layout == "lines" else brief(t.question)
+        if layout == "brief":
+            question = question.strip()
         return cls(key=t.key, question=question, targets=list(t.targets), queries=list(t.queries))
 
 
