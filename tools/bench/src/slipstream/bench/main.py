@@ -34,6 +34,7 @@ BENCHES: dict[str, str] = {
     "moe": "moe",
     "search-budget": "search_budget",
     "envs": "envs",
+    "swarm-seeds": "swarm_seeds",
 }
 
 

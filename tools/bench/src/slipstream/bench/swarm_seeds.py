@@ -1,0 +1,309 @@
+"""`slipstream bench swarm-seeds RUN ...`: the swarm demo's runs of several seeds and arms, side by side.
+
+`slipstream demo --env swarm` is one seed of one or two arms (an hour or more on 2 cores); issue
+32 asks whether the parallel share and held-out accuracy rise *by a margin justified from the
+seed spread*, with the λ = 0 ablation and the single agent beside it. This reads the runs'
+`swarm.json` files (a run directory, or the file itself) and prints, per arm (`swarm`,
+`swarm-lambda0`, `single`):
+
+- per seed: held-out and train accuracy, perf, parallel rate and sub-agents per episode before ->
+  after RL (the run's own evaluation: its warm-start against its last version, same items), and
+  the RL batches' parallel turns per episode, mean of the first `--window` steps -> mean of the
+  last `--window`;
+- across seeds: each change's mean, standard deviation, standard error of the mean (sd / sqrt n)
+  and the mean in standard errors, and whether it rose on every seed; with one seed the spread is
+  unknown and says so;
+- paired, on the seeds both arms ran: λ annealed minus λ = 0 (the rise the auxiliary reward
+  adds), and swarm minus single after RL (accuracy, perf, latency per episode);
+- the accuracy-vs-budget curves, averaged over seeds per arm, N and B.
+
+`--out DIR` writes `swarm-seeds.json` and `swarm-seeds.png` (the batches' parallel turns by
+learner step, one line per seed and arm; held-out parallel rate and accuracy before and after per
+seed; the mean budget curves). Nothing is run: the runs are the measurement.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+from pathlib import Path
+from typing import Any
+
+# The figures compared before -> after, per split (the evaluation's keys, swarm_eval.FIGURES).
+CHANGES = ("accuracy", "perf", "parallel_rate", "subagents", "latency_s")
+SPLITS = ("heldout", "train")
+
+
+def register(bench_subparsers: Any) -> None:
+    p = bench_subparsers.add_parser(
+        "swarm-seeds",
+        help="the swarm demo's runs (seeds x arms) side by side: changes, their seed spread, λ = 0 and single paired",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "runs", nargs="+", type=Path, help="run directories of `slipstream demo --env swarm`, or swarm.json files"
+    )
+    p.add_argument(
+        "--window", type=int, default=10, help="learner steps averaged at the start and the end of RL (default 10)"
+    )
+    p.add_argument("--out", type=Path, default=None, help="write swarm-seeds.json and swarm-seeds.png here")
+    p.set_defaults(func=_command)
+
+
+def load(path: Path) -> dict[str, Any]:
+    """One run's swarm.json (`path`: the file or the run directory holding it)."""
+    f = path / "swarm.json" if path.is_dir() else path
+    if not f.is_file():
+        raise FileNotFoundError(f"bench swarm-seeds: no swarm.json at {path} (a `slipstream demo --env swarm` run dir)")
+    report = json.loads(f.read_text())
+    if "arms" not in report or "seed" not in report:
+        raise ValueError(f"bench swarm-seeds: {f} is not a swarm demo report (no 'arms' or 'seed')")
+    report["_path"] = str(f)
+    return report
+
+
+def window_means(curve: list[dict[str, Any]], key: str, window: int) -> tuple[float, float] | None:
+    """Mean of `key` over the first and the last `window` learner steps of the batches' curve."""
+    values = [float(r[key]) for r in sorted(curve, key=lambda r: r["step"]) if key in r]
+    if not values:
+        return None
+    w = max(1, min(window, len(values)))
+    return statistics.fmean(values[:w]), statistics.fmean(values[-w:])
+
+
+def per_run(report: dict[str, Any], window: int) -> dict[str, dict[str, Any]]:
+    """{arm: that arm's figures in this run}: before/after per split and figure, the batches' rise."""
+    out: dict[str, dict[str, Any]] = {}
+    for arm in report["arms"]:
+        row: dict[str, Any] = {"seed": int(report["seed"]), "path": report["_path"]}
+        for split in SPLITS:
+            before = report.get(f"before/{arm}/{split}") or {}
+            after = report.get(f"after/{arm}/{split}") or {}
+            for k in CHANGES:
+                if k in before and k in after:
+                    row[f"{split}/{k}"] = (float(before[k]), float(after[k]))
+        # the curve is the swarm arm's (a run holds at most one swarm arm: swarm or swarm-lambda0)
+        if arm.startswith("swarm") and report.get("curve"):
+            rise = window_means(report["curve"], "parallel_turns", window)
+            if rise is not None:
+                row["batches/parallel_turns"] = rise
+            row["curve"] = [(float(r["step"]), float(r.get("parallel_turns", 0.0))) for r in report["curve"]]
+        budget = (report.get("budget_curves") or {}).get(arm)
+        if budget:
+            row["budget"] = {
+                n: {int(p["budget"]): float(p["accuracy"]) for p in points} for n, points in budget["curves"].items()
+            }
+        out[arm] = row
+    return out
+
+
+def spread(deltas: list[float]) -> dict[str, Any]:
+    """Mean, sd, standard error and the mean in standard errors of per-seed changes."""
+    n = len(deltas)
+    mean = statistics.fmean(deltas) if deltas else math.nan
+    sd = statistics.stdev(deltas) if n >= 2 else None
+    se = sd / math.sqrt(n) if sd is not None else None
+    t = mean / se if se else None
+    return {
+        "n": n,
+        "deltas": [round(d, 4) for d in deltas],
+        "mean": round(mean, 4),
+        "sd": None if sd is None else round(sd, 4),
+        "se": None if se is None else round(se, 4),
+        "mean_in_se": None if t is None else round(t, 2),
+        "rose_every_seed": n > 0 and all(d > 0 for d in deltas),
+    }
+
+
+def aggregate(reports: list[dict[str, Any]], window: int = 10) -> dict[str, Any]:
+    """Every arm's per-seed figures, each change's spread across seeds, the paired comparisons and
+    the seed-mean budget curves."""
+    arms: dict[str, dict[int, dict[str, Any]]] = {}
+    for report in reports:
+        for arm, row in per_run(report, window).items():
+            seed = row["seed"]
+            if seed in arms.setdefault(arm, {}):
+                raise ValueError(
+                    f"bench swarm-seeds: arm {arm} seed {seed} twice ({arms[arm][seed]['path']} and {row['path']})"
+                )
+            arms[arm][seed] = row
+    result: dict[str, Any] = {"window": window, "arms": {}, "paired": {}}
+    for arm, seeds in sorted(arms.items()):
+        keys = sorted({k for row in seeds.values() for k in row if "/" in k and k != "path"})
+        changes = {}
+        for k in keys:
+            pairs = {s: row[k] for s, row in sorted(seeds.items()) if k in row}
+            changes[k] = {
+                "per_seed": {str(s): [round(a, 4), round(b, 4)] for s, (a, b) in pairs.items()},
+                **spread([b - a for a, b in pairs.values()]),
+            }
+        result["arms"][arm] = {
+            "seeds": sorted(seeds),
+            "changes": changes,
+            "budget_mean": _budget_mean([row["budget"] for row in seeds.values() if "budget" in row]),
+        }
+
+    def paired(a: str, b: str, keys: tuple[str, ...], after_only: bool) -> dict[str, Any]:
+        common = sorted(set(arms.get(a, {})) & set(arms.get(b, {})))
+        out: dict[str, Any] = {}
+        for k in keys:
+            diffs = []
+            for s in common:
+                ra, rb = arms[a][s].get(k), arms[b][s].get(k)
+                if ra is None or rb is None:
+                    continue
+                # after RL (swarm vs single), or the change during RL (λ annealed vs λ = 0)
+                diffs.append(ra[1] - rb[1] if after_only else (ra[1] - ra[0]) - (rb[1] - rb[0]))
+            if diffs:
+                out[k] = spread(diffs)
+        return {"seeds": common, **out} if common else {}
+
+    lam = paired(
+        "swarm", "swarm-lambda0", ("batches/parallel_turns", "heldout/parallel_rate", "heldout/accuracy"), False
+    )
+    if lam:
+        result["paired"]["swarm - swarm-lambda0 (change during RL)"] = lam
+    single = paired("swarm", "single", ("heldout/accuracy", "heldout/perf", "heldout/latency_s"), True)
+    if single:
+        result["paired"]["swarm - single (after RL)"] = single
+    result["curves"] = {arm: {str(s): row.get("curve", []) for s, row in seeds.items()} for arm, seeds in arms.items()}
+    return result
+
+
+def _budget_mean(curves: list[dict[str, dict[int, float]]]) -> dict[str, dict[str, Any]]:
+    out: dict[str, dict[str, Any]] = {}
+    for n in sorted({n for c in curves for n in c}, key=int):
+        budgets = sorted({b for c in curves if n in c for b in c[n]})
+        out[n] = {
+            str(b): {
+                "mean": round(statistics.fmean(vals), 4),
+                "per_seed": [round(v, 4) for v in vals],
+            }
+            for b in budgets
+            if (vals := [c[n][b] for c in curves if n in c and b in c[n]])
+        }
+    return out
+
+
+def _fmt(s: dict[str, Any]) -> str:
+    if s["sd"] is None:
+        return f"{s['mean']:+.3f} (one seed: spread unknown)"
+    every = "every seed rose" if s["rose_every_seed"] else "not every seed rose"
+    return f"{s['mean']:+.3f} (sd {s['sd']:.3f}, se {s['se']:.3f}, {s['mean_in_se']} se; {every})"
+
+
+def tables(result: dict[str, Any]) -> list[Any]:
+    """Rich tables: one per arm (seed rows, change columns), one for the paired comparisons."""
+    from rich.table import Table
+
+    shown = ("heldout/parallel_rate", "batches/parallel_turns", "heldout/accuracy", "heldout/perf", "heldout/subagents")
+    out = []
+    for arm, a in result["arms"].items():
+        t = Table(title=f"{arm}: before -> after RL, per seed", title_justify="left")
+        t.add_column("seed")
+        cols = [k for k in shown if k in a["changes"]]
+        for k in cols:
+            t.add_column(k)
+        for s in a["seeds"]:
+            cells = []
+            for k in cols:
+                v = a["changes"][k]["per_seed"].get(str(s))
+                cells.append(f"{v[0]:.3f} -> {v[1]:.3f}" if v else "-")
+            t.add_row(str(s), *cells)
+        t.add_row("change", *(_fmt(a["changes"][k]) for k in cols))
+        out.append(t)
+    if result["paired"]:
+        t = Table(title="paired on the seeds both arms ran", title_justify="left")
+        for col in ("comparison", "seeds", "figure", "difference"):
+            t.add_column(col)
+        for name, p in result["paired"].items():
+            for k, s in p.items():
+                if k != "seeds":
+                    t.add_row(name, ",".join(map(str, p["seeds"])), k, _fmt(s))
+        out.append(t)
+    return out
+
+
+def plot(result: dict[str, Any], path: Path) -> Path:
+    """Batches' parallel turns by learner step (a line per seed and arm); held-out parallel rate and
+    accuracy before and after (a segment per seed and arm); the seed-mean budget curves."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # no display: files only
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 4, figsize=(20, 4.2))
+    colours = {"swarm": "tab:blue", "swarm-lambda0": "tab:orange", "single": "tab:green"}
+    ax = axes[0]
+    for arm, per_seed in result["curves"].items():
+        for i, (_seed, curve) in enumerate(sorted(per_seed.items())):
+            if curve:
+                ax.plot(
+                    [c[0] for c in curve],
+                    [c[1] for c in curve],
+                    color=colours.get(arm),
+                    alpha=0.7,
+                    lw=1,
+                    label=arm if i == 0 else None,
+                )
+    ax.set_title("RL batches: parallel turns per episode\n(one line per seed)")
+    ax.set_xlabel("learner step")
+    for ax, key, title in (
+        (axes[1], "heldout/parallel_rate", "held-out parallel rate\n(share of episodes with a parallel turn)"),
+        (axes[2], "heldout/accuracy", "held-out accuracy at the budget\n(every document found)"),
+    ):
+        for j, (arm, a) in enumerate(result["arms"].items()):
+            ch = a["changes"].get(key)
+            if not ch:
+                continue
+            for i, (_, (b, af)) in enumerate(sorted(ch["per_seed"].items())):
+                x = j * 0.1
+                ax.plot(
+                    [x, 1 + x], [b, af], marker="o", color=colours.get(arm), alpha=0.7, label=arm if i == 0 else None
+                )
+        ax.set_xticks([0, 1], ["before RL", "after RL"])
+        ax.set_title(title)
+    ax = axes[3]
+    for arm, a in result["arms"].items():
+        for n, points in a["budget_mean"].items():
+            bs = sorted(points, key=int)
+            ax.plot(
+                [int(b) for b in bs],
+                [points[b]["mean"] for b in bs],
+                marker="o" if n == "4" else "s",
+                color=colours.get(arm),
+                label=f"{arm} N={n} (mean of {len(points[bs[0]]['per_seed'])} seeds)",
+            )
+    ax.set_title("held-out accuracy vs critical-step budget B\n(after RL, seed mean)")
+    ax.set_xlabel("B")
+    for ax in axes:
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.suptitle("slipstream demo --env swarm over seeds (bench swarm-seeds)")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def _command(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    console = Console()
+    try:
+        reports = [load(p) for p in args.runs]
+        result = aggregate(reports, args.window)
+    except (FileNotFoundError, ValueError) as exc:
+        console.print(f"[red]{exc}[/red]")
+        return 2
+    for t in tables(result):
+        console.print(t)
+    if args.out is not None:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "swarm-seeds.json").write_text(json.dumps(result, indent=1))
+        console.print(f"wrote {args.out / 'swarm-seeds.json'} and {plot(result, args.out / 'swarm-seeds.png')}")
+    return 0
