@@ -33,6 +33,7 @@ def _report(
         }
         r[f"{stage}/{arm}/train"] = {"parallel_rate": par[i], "accuracy": acc[i]}
     if arm.startswith("swarm"):
+        r[f"ceiling/{arm}/heldout"] = {"accuracy": 0.5 + seed / 10, "perf": 0.8}
         r["curve"] = [{"step": s + 1, "parallel_turns": t} for s, t in enumerate(turns)]
     r["budget_curves"] = {
         arm: {"curves": {"4": [{"budget": 3, "accuracy": acc[1] / 2}, {"budget": 4, "accuracy": acc[1]}]}}
@@ -79,6 +80,10 @@ def test_changes_their_seed_spread_and_the_paired_arms(tmp_path: Path) -> None:
     assert single["heldout/accuracy"]["sd"] is None  # one seed: no spread, and the table says so
     # the single arm has no batches' curve (it has no parallel turns to count)
     assert "batches/parallel_turns" not in result["arms"]["single"]["changes"]
+    # the ceiling: the teacher's parallel orchestrator over each run's sub-agents, per seed and mean
+    top = result["arms"]["swarm"]["ceiling_heldout"]
+    assert top["per_seed"]["2"]["accuracy"] == pytest.approx(0.7) and top["accuracy_mean"] == pytest.approx(0.6)
+    assert result["arms"]["single"]["ceiling_heldout"]["accuracy_mean"] is None
     # budget curves: the mean over seeds per N and B
     assert result["arms"]["swarm"]["budget_mean"]["4"]["4"]["mean"] == pytest.approx((0.1 + 0.0 + 0.2) / 3)
 
@@ -92,6 +97,7 @@ def test_the_command_prints_writes_json_and_a_png_and_names_a_bad_input(
     assert main(["swarm-seeds", str(a), str(b / "swarm.json"), "--out", str(out), "--window", "1"]) == 0
     text = capsys.readouterr().out
     assert "swarm: before -> after RL" in text and "0.000 -> 0.300" in text
+    assert "held-out accuracy: seed 0 0.500, seed 1 0.600" in text
     written = json.loads((out / "swarm-seeds.json").read_text())
     assert written["arms"]["swarm"]["changes"]["heldout/parallel_rate"]["mean"] == pytest.approx(0.2)
     assert (out / "swarm-seeds.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

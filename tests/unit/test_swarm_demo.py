@@ -84,6 +84,7 @@ def test_the_plot_and_the_table_show_swarm_beside_single(tmp_path: Path) -> None
     report = {"seed": 0, "steps": 5, "budget": 4, "curve": swarm_demo.parallelism_curve(_summary(tmp_path))}
     report["after/swarm/heldout"] = row
     report["after/single/heldout"] = {**row, "accuracy": 0.0, "subagents": 0.0}
+    report["ceiling/swarm/heldout"] = {**row, "accuracy": 0.875}
     png = swarm_demo.plot(report, tmp_path / "swarm.png")
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     console = Console(record=True, width=200)
@@ -92,6 +93,10 @@ def test_the_plot_and_the_table_show_swarm_beside_single(tmp_path: Path) -> None
     swarm = next(x for x in text.splitlines() if "after" in x and "heldout" in x and "swarm" in x)
     single = next(x for x in text.splitlines() if "after" in x and "heldout" in x and "single" in x)
     assert "0.500" in swarm and "4.200" in swarm and "0.000" in single
+    # the swarm's ceiling (the teacher in parallel over its sub-agents) has a row; the single arm has none
+    assert [x for x in text.splitlines() if x.lstrip("│ ").startswith("ceiling")] == [
+        next(x for x in text.splitlines() if "ceiling" in x and "0.875" in x)
+    ]
     assert next(x for x in text.splitlines() if "before" in x).count("-") >= len(swarm_demo.FIGURES)
 
 

@@ -22,6 +22,10 @@ Each arm is a run of the demo's own (warm-start, the five-process stack, RL) wit
   accuracy, critical steps, sub-agents and parallel rate per episode (the warm-start's
   held-out parallel rate is the one measured before RL), wall-clock latency per episode; plus the
   stack's own held-out evaluation's latency (the eval-gate path, sub-agents pinned);
+- the swarm arm's ceiling (swarm_eval `ceiling`): the teacher's orchestrator, parallel on every
+  task, over the arm's frozen sub-agents on the same items: the accuracy RL on the orchestrator
+  could reach at most, since the sub-agents it trains with are not trained (rows `ceiling/...`;
+  with `--swarm-budget-model`, swarm-ceiling.json);
 - the accuracy-vs-budget curve (B = 2 .. N + 2 at N = 4 and 8) of each arm's last version:
   `swarm-budget.json` and `swarm-budget.png`; `--swarm-budget-model DIR` draws it for any saved
   model alone;
@@ -39,7 +43,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from slipstream.run.swarm_eval import FIGURES, ArmModel, budget_curve, evaluate_arm, plot_budget
+from slipstream.run.swarm_eval import FIGURES, ArmModel, budget_curve, ceiling, evaluate_arm, plot_budget
 
 # Each arm's evaluation: tasks per split and sampled episodes per task (the same items for every arm).
 COMPARE_TASKS = 24
@@ -125,7 +129,7 @@ def add_arguments(p: Any) -> None:
         default=None,
         metavar="DIR",
         help="only the accuracy-vs-budget curve of this saved model (mode: --swarm-arm, swarm unless single), "
-        "written to --run-dir as swarm-budget.json/png",
+        "written to --run-dir as swarm-budget.json/png (and, for the swarm, its ceiling: swarm-ceiling.json)",
     )
 
 
@@ -221,10 +225,13 @@ def table(report: dict[str, Any]) -> Any:
     arms = report.get("arms") or list(ARMS)
     for col in ("model", "split", "arm", *(short.get(k, k) for k in FIGURES)):
         t.add_column(col)
-    for stage in ("before", "after"):
+    for stage in ("before", "after", "ceiling"):
         for split in ("train", "heldout"):
             for arm in arms:
-                row = report.get(f"{stage}/{arm}/{split}") or {}
+                row = report.get(f"{stage}/{arm}/{split}")
+                if row is None and stage == "ceiling":
+                    continue  # the swarm's alone: its sub-agents under the teacher's parallel orchestrator
+                row = row or {}
                 t.add_row(stage, split, arm, *(f"{row[k]:.3f}" if k in row else "-" for k in FIGURES))
     return t
 
@@ -286,6 +293,13 @@ def _budget_only(plan: Any, args: argparse.Namespace, console: Any) -> int:
     (run_dir / "swarm-budget.json").write_text(json.dumps({arm: curve}, indent=1))
     png = plot_budget({arm: curve}, run_dir / "swarm-budget.png")
     console.print(f"accuracy vs budget: {run_dir / 'swarm-budget.json'}, {png}")
+    if arm == "swarm":  # what this model's sub-agents allow, under the teacher's parallel orchestrator
+        top = ceiling(
+            model, p, tasks=args.swarm_compare_tasks, samples=COMPARE_SAMPLES, seed=p.seed + 11, emit=console.print
+        )
+        top["model"] = str(args.swarm_budget_model)
+        (run_dir / "swarm-ceiling.json").write_text(json.dumps(top, indent=1))
+        console.print(f"ceiling: {run_dir / 'swarm-ceiling.json'}")
     return 0
 
 
@@ -402,6 +416,19 @@ def run(plan: Any, args: argparse.Namespace) -> int:
             if "/" in key:
                 stage, split = key.split("/")
                 report[f"{stage}/{name}/{split}"] = row
+        if arm == "swarm":
+            # the teacher's orchestrator in parallel over these frozen sub-agents, on the same tasks:
+            # the accuracy RL on the orchestrator could reach at most
+            top = ceiling(
+                model,
+                p,
+                tasks=args.swarm_compare_tasks,
+                samples=COMPARE_SAMPLES,
+                seed=plan.seed + 11,
+                emit=lambda m: console.print(f"  {m}"),
+            )
+            for split in ("heldout", "train"):
+                report[f"ceiling/{name}/{split}"] = top[split]
         if args.swarm_budget_tasks > 0:
             console.print(f"accuracy vs critical-step budget, {name}")
             curves[name] = budget_curve(

@@ -14,7 +14,12 @@ pinned to in training):
   N, one evaluation per (N, B) with `item_counts = [N]`, `max_critical_steps = B` and at least
   N + 2 orchestrator turns, so a serial agent is stopped by the budget only (the
   policy sees B in its step line, so each budget is its own run, not a cut of one run), written as
-  JSON and plotted by `plot_budget`.
+  JSON and plotted by `plot_budget`;
+- `ceiling` (swarm mode): the teacher's orchestrator made parallel on every task (one turn
+  creating and assigning all N, then the answer) over the arm's frozen sub-agents: the accuracy
+  an orchestrator could reach at the budget with these sub-agents, which RL does not train. A
+  swarm's accuracy is the product of its sub-agents' per-item successes, so this bounds what RL on
+  the orchestrator can earn.
 
 Tasks come from one generator for both modes (the draws do not depend on `mode`), so both arms
 see the same items; only the single agent's prompt carries its mode token.
@@ -101,14 +106,17 @@ class _Engines:
         self.policy.apply_weights(manifest.policy_version, tensors)
         return int(version)
 
-    async def measure(self, env: Any, tasks: list[Any], samples: int, temperature: float) -> dict[str, float]:
+    async def measure(
+        self, env: Any, tasks: list[Any], samples: int, temperature: float, policy: Any = None
+    ) -> dict[str, float]:
+        """`policy` (default: the policy engine) plays the orchestrator, the frozen engine the sub-agents."""
         from slipstream.engine import SamplingParams
         from slipstream.harness.evaluate import evaluate, greedy_params
 
         greedy = greedy_params(env)
         params = SamplingParams(temperature=temperature, max_tokens=greedy.max_tokens, stop=greedy.stop)
         r = await evaluate(
-            self.policy,
+            policy if policy is not None else self.policy,
             self.tokenizer,
             env,
             tasks,
@@ -156,6 +164,37 @@ def evaluate_arm(
 ) -> dict[str, Any]:
     """The arm's warm-start and last version on `tasks` held-out and train tasks (see the module docstring)."""
     return asyncio.run(_evaluate_arm(arm, plan, tasks, samples, seed, emit))
+
+
+async def _ceiling(arm: ArmModel, plan: Any, tasks_n: int, samples: int, seed: int, emit: Emit) -> dict[str, Any]:
+    from slipstream.supervised import ScriptedEngine
+
+    if arm.mode != "swarm":
+        raise ValueError(f"ceiling: the teacher's parallel orchestrator is the swarm's, not mode {arm.mode!r}")
+    env = _env(arm, expert_parallel_rate=1.0)
+    out: dict[str, Any] = {"mode": arm.mode, "tasks": tasks_n, "samples": samples}
+    async with _Engines(arm, plan.max_seq_len) as engines:
+        for split in ("heldout", "train"):
+            tasks = env.generate(split, tasks_n, seed)
+
+            def reply(_request: Any, context: str, tasks: list[Any] = tasks) -> str:
+                # the scripted engine plays only orchestrators (the frozen engine plays sub-agents):
+                # whose is told by the task prompt the context holds
+                task = max((t for t in tasks if t.prompt in context), key=lambda t: len(t.prompt))
+                return str(env.expert(task, context))
+
+            teacher = ScriptedEngine(engines.tokenizer, reply, max_seq_len=plan.max_seq_len or 4096)
+            t0 = time.monotonic()
+            row = await engines.measure(env, tasks, samples, plan.temperature, policy=teacher)
+            out[split] = row
+            emit(f"ceiling {split} (teacher in parallel, its sub-agents): {line(row)} ({time.monotonic() - t0:.0f} s)")
+    return out
+
+
+def ceiling(arm: ArmModel, plan: Any, *, tasks: int, samples: int, seed: int, emit: Emit = print) -> dict[str, Any]:
+    """The teacher's parallel orchestrator over the arm's frozen sub-agents, at the plan's budget, on
+    the same held-out and train tasks as `evaluate_arm` (same `seed`): see the module docstring."""
+    return asyncio.run(_ceiling(arm, plan, tasks, samples, seed, emit))
 
 
 def budget_env(arm: ArmModel, n: int, budget: int) -> Any:

@@ -15,6 +15,8 @@ seed spread*, with the λ = 0 ablation and the single agent beside it. This read
   unknown and says so;
 - paired, on the seeds both arms ran: λ annealed minus λ = 0 (the rise the auxiliary reward
   adds), and swarm minus single after RL (accuracy, perf, latency per episode);
+- the swarm's ceiling where the run measured it: held-out accuracy of the teacher's parallel
+  orchestrator over the run's frozen sub-agents (what RL on the orchestrator could reach);
 - the accuracy-vs-budget curves, averaged over seeds per arm, N and B.
 
 `--out DIR` writes `swarm-seeds.json` and `swarm-seeds.png` (the batches' parallel turns by
@@ -91,6 +93,9 @@ def per_run(report: dict[str, Any], window: int) -> dict[str, dict[str, Any]]:
             if rise is not None:
                 row["batches/parallel_turns"] = rise
             row["curve"] = [(float(r["step"]), float(r.get("parallel_turns", 0.0))) for r in report["curve"]]
+        top = report.get(f"ceiling/{arm}/heldout")
+        if top:  # the teacher's parallel orchestrator over this run's frozen sub-agents
+            row["ceiling"] = {k: float(top[k]) for k in ("accuracy", "perf") if k in top}
         budget = (report.get("budget_curves") or {}).get(arm)
         if budget:
             row["budget"] = {
@@ -140,9 +145,14 @@ def aggregate(reports: list[dict[str, Any]], window: int = 10) -> dict[str, Any]
                 "per_seed": {str(s): [round(a, 4), round(b, 4)] for s, (a, b) in pairs.items()},
                 **spread([b - a for a, b in pairs.values()]),
             }
+        tops = {str(s): row["ceiling"] for s, row in sorted(seeds.items()) if "ceiling" in row}
         result["arms"][arm] = {
             "seeds": sorted(seeds),
             "changes": changes,
+            "ceiling_heldout": {
+                "per_seed": tops,
+                "accuracy_mean": round(statistics.fmean(t["accuracy"] for t in tops.values()), 4) if tops else None,
+            },
             "budget_mean": _budget_mean([row["budget"] for row in seeds.values() if "budget" in row]),
         }
 
@@ -227,6 +237,19 @@ def tables(result: dict[str, Any]) -> list[Any]:
     return out
 
 
+def ceiling_lines(result: dict[str, Any]) -> list[str]:
+    """One line per arm whose runs measured the ceiling: held-out accuracy per seed."""
+    lines = []
+    for arm, a in result["arms"].items():
+        tops = a["ceiling_heldout"]["per_seed"]
+        if tops:
+            acc = ", ".join(f"seed {s} {v.get('accuracy', 0.0):.3f}" for s, v in tops.items())
+            lines.append(
+                f"{arm} ceiling (the teacher in parallel over the run's frozen sub-agents), held-out accuracy: {acc}"
+            )
+    return lines
+
+
 def plot(result: dict[str, Any], path: Path) -> Path:
     """Batches' parallel turns by learner step (a line per seed and arm); held-out parallel rate and
     accuracy before and after (a segment per seed and arm); the seed-mean budget curves."""
@@ -302,6 +325,8 @@ def _command(args: argparse.Namespace) -> int:
         return 2
     for t in tables(result):
         console.print(t)
+    for text in ceiling_lines(result):
+        console.print(text, soft_wrap=True)
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "swarm-seeds.json").write_text(json.dumps(result, indent=1))
