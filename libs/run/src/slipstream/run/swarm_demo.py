@@ -129,7 +129,8 @@ def add_arguments(p: Any) -> None:
         default=None,
         metavar="DIR",
         help="only the accuracy-vs-budget curve of this saved model (mode: --swarm-arm, swarm unless single), "
-        "written to --run-dir as swarm-budget.json/png (and, for the swarm, its ceiling: swarm-ceiling.json)",
+        "written to --run-dir as swarm-budget.json/png (and, for the swarm, its ceiling: swarm-ceiling.json; "
+        "with --swarm-budget-tasks 0 the ceiling alone)",
     )
 
 
@@ -279,20 +280,24 @@ def _budget_only(plan: Any, args: argparse.Namespace, console: Any) -> int:
     p = arm_plan(plan, arm)
     run_dir = args.run_dir or default_run_dir()
     model = ArmModel(mode=arm, env_options=p.env_options, model_dir=args.swarm_budget_model)
-    curve = budget_curve(
-        model,
-        p,
-        ns=_ints(args.swarm_budget_ns, "--swarm-budget-ns"),
-        tasks=args.swarm_budget_tasks,
-        seed=p.seed + 13,
-        last=False,
-        emit=lambda m: console.print(f"  {m}"),
-    )
-    curve["model"] = str(args.swarm_budget_model)
+    if arm == "single" and args.swarm_budget_tasks <= 0:
+        console.print("slipstream demo --env swarm: --swarm-budget-tasks 0 leaves the single arm nothing to measure")
+        return 2
     run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "swarm-budget.json").write_text(json.dumps({arm: curve}, indent=1))
-    png = plot_budget({arm: curve}, run_dir / "swarm-budget.png")
-    console.print(f"accuracy vs budget: {run_dir / 'swarm-budget.json'}, {png}")
+    if args.swarm_budget_tasks > 0:  # 0: the ceiling alone
+        curve = budget_curve(
+            model,
+            p,
+            ns=_ints(args.swarm_budget_ns, "--swarm-budget-ns"),
+            tasks=args.swarm_budget_tasks,
+            seed=p.seed + 13,
+            last=False,
+            emit=lambda m: console.print(f"  {m}"),
+        )
+        curve["model"] = str(args.swarm_budget_model)
+        (run_dir / "swarm-budget.json").write_text(json.dumps({arm: curve}, indent=1))
+        png = plot_budget({arm: curve}, run_dir / "swarm-budget.png")
+        console.print(f"accuracy vs budget: {run_dir / 'swarm-budget.json'}, {png}")
     if arm == "swarm":  # what this model's sub-agents allow, under the teacher's parallel orchestrator
         top = ceiling(
             model, p, tasks=args.swarm_compare_tasks, samples=COMPARE_SAMPLES, seed=p.seed + 11, emit=console.print
