@@ -314,9 +314,12 @@ def plot(result: dict[str, Any], path: Path) -> Path:
 
 
 def _command(args: argparse.Namespace) -> int:
+    import sys
+
     from rich.console import Console
 
-    console = Console()
+    # the per-seed tables are wide: when written to a file or a pipe, do not fold them to 80 columns
+    console = Console(width=None if sys.stdout.isatty() else 200)
     try:
         reports = [load(p) for p in args.runs]
         result = aggregate(reports, args.window)
