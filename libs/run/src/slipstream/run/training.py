@@ -64,8 +64,9 @@ def warm_start(
     model_dir: Path,
     summary_modes: list[Any] | None = None,
     on_check: Callable[[int, float, float], None] | None = None,
+    device: str = "cpu",
 ) -> dict[str, Any]:
-    """Build the tiny model, train it briefly on reference answers, save it as version 0.
+    """Build the tiny model on `device`, train it briefly on reference answers, save it as version 0.
 
     A multi-turn env's expert plays under `summary_modes` (default: the plan's summary config), task
     i under mode i mod n, so one model can be compared under several context modes. `on_check(step,
@@ -83,6 +84,7 @@ def warm_start(
     # 40 supervised steps in 11 s with one thread, 40 s with two).
     torch.set_num_threads(1)
     model, tokenizer = build_tiny(plan.preset, seed=plan.seed)
+    model = model.to(device)
     rows = sft_from_rows(plan)
     modes = summary_modes if summary_modes is not None else summary_config(plan)
     # The summary-masking control (train_summaries=False) is an RL ablation: the teacher's summaries

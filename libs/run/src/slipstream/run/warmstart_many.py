@@ -29,8 +29,6 @@ from typing import Any
 
 def seed_plan(env: str, arm: str, seed: int, sft_steps: int | None) -> Any:
     """The demo's plan for `env` at `seed` (the swarm's arm `arm`), as `slipstream demo` makes it."""
-    import copy
-
     from slipstream.run.presets import demo_plan
 
     plan = demo_plan(env)
@@ -42,31 +40,23 @@ def seed_plan(env: str, arm: str, seed: int, sft_steps: int | None) -> Any:
         from slipstream.run.swarm_demo import arm_plan
 
         plan = arm_plan(plan, arm)
-    return copy.deepcopy(plan)
+    return plan
 
 
 def one(env: str, arm: str, seed: int, device: str, out: Path, sft_steps: int | None) -> dict[str, Any]:
     """Warm-start one seed into out/model; returns (and writes) its figures."""
     from importlib import metadata
 
-    import slipstream.engine as engine
     from slipstream.run.training import warm_start
     from slipstream.run.warmstart import source_digest
 
-    build = engine.build_tiny
-
-    def on_device(*a: Any, **k: Any) -> Any:
-        model, tok = build(*a, **k)
-        return model.to(device), tok
-
-    engine.build_tiny = on_device  # warm_start builds its model through this name
     plan = seed_plan(env, arm, seed, sft_steps)
     t0 = time.monotonic()
 
     def checked(step: int, greedy: float, sampled: float) -> None:
         print(f"step {step}: probe greedy {greedy:.3f} sampled {sampled:.3f} {time.monotonic() - t0:.0f} s", flush=True)
 
-    figures = warm_start(plan, out / "model", on_check=checked)
+    figures = warm_start(plan, out / "model", on_check=checked, device=device)
     figures.update(
         env=env,
         arm=arm,
@@ -117,6 +107,7 @@ def main(argv: list[str] | None = None) -> int:
         one(args.env, args.arm, seed, args.device, args.out, args.sft_steps)
         return 0
     procs = []
+    logs: dict[int, Any] = {}
     for seed in seeds:
         out = args.out / f"{args.arm if args.env == 'swarm' else args.env}-s{seed}"
         if (out / "figures.json").exists():
@@ -127,12 +118,13 @@ def main(argv: list[str] | None = None) -> int:
         cmd += ["--seeds", str(seed), "--device", args.device, "--out", str(out)]
         if args.sft_steps is not None:
             cmd += ["--sft-steps", str(args.sft_steps)]
-        log = (out / "warmstart.log").open("w")
-        procs.append((seed, out, subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=child_env())))
+        logs[seed] = (out / "warmstart.log").open("w")
+        procs.append((seed, out, subprocess.Popen(cmd, stdout=logs[seed], stderr=subprocess.STDOUT, env=child_env())))
         print(f"seed {seed}: warm-starting into {out} (pid {procs[-1][2].pid})", flush=True)
     failed = 0
     for seed, out, proc in procs:
         rc = proc.wait()
+        logs.pop(seed).close()
         if rc:
             failed += 1
             print(f"seed {seed}: failed (exit {rc}); see {out / 'warmstart.log'}", flush=True)
