@@ -94,3 +94,30 @@ def test_the_default_digest_covers_every_package_that_warm_starts() -> None:
         spec = importlib.util.find_spec(module)
         assert spec is not None and spec.origin is not None, module
         assert any(Path(spec.origin).is_relative_to(root) for root in roots), f"{module} is outside {wc.PACKAGES}"
+
+
+@pytest.mark.parametrize(("env", "cached"), [("code", True), ("search", True), ("recall", False)])
+def test_initial_model_caches_the_expensive_demos_only(
+    env: str, cached: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The code and search demos' cold warm-starts cost 30-60 minutes on 2 cores: `initial_model`
+    trains each once per plan and code; a cheap demo's warm-start is trained every time."""
+    from slipstream.run import training
+
+    calls: list[str] = []
+
+    def fake_warm_start(plan: object, model_dir: Path, on_check: object = None) -> dict:
+        calls.append(str(model_dir))
+        model_dir.mkdir(parents=True, exist_ok=True)
+        (model_dir / "model.bin").write_text("w")
+        return {"steps": 3}
+
+    monkeypatch.setattr(training, "warm_start", fake_warm_start)
+    monkeypatch.setenv("SLIPSTREAM_WARMSTART_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(wc, "source_digest", lambda packages=wc.PACKAGES: "s")
+    plan = demo_plan(env)
+    _, first = training.initial_model(plan, tmp_path / "run1")
+    model_dir, second = training.initial_model(plan, tmp_path / "run2")
+    assert (model_dir / "model.bin").read_text() == "w"
+    assert len(calls) == (1 if cached else 2)
+    assert ("cached" in second) is cached and "cached" not in first

@@ -45,9 +45,9 @@ def initial_model(
         path = ensure_model(plan.model) if plan.model in CATALOG else Path(plan.model)
         return path, {"model": plan.model, "path": str(path), "resolve_s": round(time.monotonic() - t0, 2)}
     model_dir = run_dir / "model-init"
-    if plan.env == "code":  # the code demo's warm-start is cached by content hash (warmstart.py)
-        from slipstream.run.warmstart import cached_warm_start
+    from slipstream.run.warmstart import CACHED_ENVS, cached_warm_start
 
+    if plan.env in CACHED_ENVS:  # cached by content hash (warmstart.py)
         return model_dir, cached_warm_start(plan, model_dir, lambda: warm_start(plan, model_dir, on_check=on_check))
     return model_dir, warm_start(plan, model_dir, on_check=on_check)
 

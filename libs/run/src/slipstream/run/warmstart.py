@@ -1,13 +1,14 @@
-"""A content-addressed cache of warm-started models (the `code` demo's version 0, issue 34).
+"""A content-addressed cache of warm-started models (the `code` and `search` demos' version 0, issues 33-34).
 
-The code demo's warm-start (a sandboxed expert's pool, then supervised steps to a probe target)
-dominates its wall time and depends only on the plan's warm-start fields and the code that plays
-and trains. Its result is kept under a digest of both: the plan's `sft_*` fields, env, env
-options, preset, seed, temperature and summary; torch's version; and the bytes of every Python
-file of the packages involved (envs, harness, supervised, engine, tools, sandbox). Any change to either is a
-new digest, so a cached model is never reused for a different warm-start. The cache lives in
-`$SLIPSTREAM_WARMSTART_CACHE` (default `~/.cache/slipstream/warmstart`); a hit copies the model into
-the run and returns the stored figures with `cached` set to the digest.
+Those demos' warm-starts (an expert's pool played in sandboxes or against the search backend, then
+supervised steps to a probe target) dominate their wall time and depend only on the plan's
+warm-start fields and the code that plays and trains. Its result is kept under a digest of both:
+the plan's `sft_*` fields, env, env options, preset, seed, temperature and summary; torch's
+version; and the bytes of every Python file of the packages involved (envs, harness, supervised,
+engine, tools, sandbox, retrieval). Any change to either is a new digest, so a cached model is
+never reused for a different warm-start. The cache lives in `$SLIPSTREAM_WARMSTART_CACHE`
+(default `~/.cache/slipstream/warmstart`); a hit copies the model into the run and returns the
+stored figures with `cached` set to the digest.
 """
 
 from __future__ import annotations
@@ -32,7 +33,10 @@ PACKAGES = (
     "slipstream.engine",
     "slipstream.toolcalls",
     "slipstream.sandbox",
+    "slipstream.retrieval",
 )
+CACHED_ENVS = frozenset({"code", "search"})
+"""The demos whose warm-start `initial_model` caches: a cold one costs 30-60 minutes on 2 cores."""
 PLAN_FIELDS = ("env", "env_options", "preset", "seed", "temperature", "summary", "model")
 REWARD_ONLY_OPTIONS = ("length_penalty", "beta_final", "beta_anneal_versions")
 """Env options that only shape RL's reward: the warm-start (the expert's episodes, supervised steps and
