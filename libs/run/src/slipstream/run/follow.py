@@ -35,7 +35,7 @@ class RunFailed(RuntimeError):
 
 # The services that end on their own when the run reaches max_steps; the rest are stopped after.
 SELF_ENDING = ("learner", "task-source")
-STOP_ORDER = ("task-source", "rollout-worker", "reward-model", "weight-publisher")
+STOP_ORDER = ("task-source", "rollout-worker", "reward-model", "weight-publisher", "learner")
 
 
 async def follow_run(
@@ -149,10 +149,42 @@ async def _follow(
                 emit("eval", row)
                 next_at = v + plan.eval_every
 
+    async def watch_stall() -> None:
+        # A learner that takes no step for stall_timeout_s will not finish: end training there (the
+        # services are stopped below) and evaluate the last version, rather than idle to timeout_s.
+        while True:
+            await asyncio.sleep(min(5.0, plan.stall_timeout_s / 4))
+            last = summary.steps_log[-1]["t"] if summary.steps_log else 0.0
+            idle = time.monotonic() - t_train - last
+            if idle >= plan.stall_timeout_s:
+                step = summary.steps_log[-1]["step"] if summary.steps_log else 0
+                summary.stalled_at_step = step
+                summary.error = (
+                    f"stalled: no learner step for {idle:.0f} s after step {step} of {plan.max_steps} (stall_timeout_s"
+                    f" = {plan.stall_timeout_s:.0f}): every group's rewards were equal, or the learner is stuck "
+                    "(its log says which); the last version is evaluated as the run's after"
+                )
+                emit("log", {"message": summary.error})
+                return
+
+    async def train() -> None:
+        if plan.stall_timeout_s <= 0:
+            await watch_processes()
+            return
+        tasks = [asyncio.create_task(watch_processes()), asyncio.create_task(watch_stall())]
+        try:
+            finished, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+        for task in finished:
+            task.result()  # a failed service's RunFailed
+
     watchers = [asyncio.create_task(c) for c in (watch_steps(), watch_weights(), evals())]
     try:
         try:
-            await asyncio.wait_for(watch_processes(), timeout=plan.timeout_s)
+            await asyncio.wait_for(train(), timeout=plan.timeout_s)
         except TimeoutError:
             raise RunFailed(
                 f"training did not finish within the run's timeout_s = {plan.timeout_s:.0f} s (step "

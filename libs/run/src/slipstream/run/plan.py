@@ -92,6 +92,10 @@ class TrainingPlan(msgspec.Struct, kw_only=True):
     sampled (pass@1 in the summary's `suites_before` / `suites_after`), and judged on every version
     by the eval-gate, reported per env but kept out of its promotion decision ({}: none)."""
     timeout_s: float = 900.0
+    stall_timeout_s: float = 0.0
+    """> 0: a run whose learner takes no step for this long (every group's rewards equal, say: a
+    warm-start too weak or too sure for any reward to differ) ends there, as a failed run that still
+    evaluates its last version, instead of idling to `timeout_s` with no figures (0: off)."""
     model: str = ""
     """A named pretrained model (`smollm2-135m`) or a local Hugging Face model directory (an absolute
     path: `[model] path`, `--model PATH`): trained as is (no warm-start), with the settings below."""
@@ -150,6 +154,8 @@ class RunSummary(msgspec.Struct, kw_only=True):
 
     ok: bool
     error: str = ""
+    stalled_at_step: int = -1
+    """The learner step after which the run stalled (`stall_timeout_s` without a step); -1: it did not."""
     run_dir: str = ""
     plan: TrainingPlan
     heldout_accuracy_before: float = 0.0

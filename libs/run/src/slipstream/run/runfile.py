@@ -8,6 +8,7 @@ Sections (every key optional; what is left out keeps `TrainingPlan`'s default):
 
     name = "arith"         the run id               seed = 0     task order, held-out set, learner RNG
     timeout_s = 900.0      the local run's budget
+    stall_timeout_s = 0.0  > 0: end the run (and evaluate its last version) after this long without a learner step
     [model]      preset ("tiny", "micro", "tiny-moe", "25m"), name (a named pretrained model: "smollm2-135m"),
                  path (a local Hugging Face model directory, relative to the run file; Llama, Qwen2, Qwen3,
                  Mistral), device
@@ -233,6 +234,7 @@ class RunFile(_Section):
     name: str = ""
     seed: int | None = None
     timeout_s: float | None = None
+    stall_timeout_s: float | None = None
     model: ModelSection = msgspec.field(default_factory=ModelSection)
     env: EnvSection = msgspec.field(default_factory=EnvSection)
     algorithm: AlgorithmSection = msgspec.field(default_factory=AlgorithmSection)
@@ -263,7 +265,7 @@ class RunFile(_Section):
             fields["tool_service_replicas"] = self.replicas.tool_service
         if self.replicas.subagent_pool:
             fields["subagent_pool_replicas"] = self.replicas.subagent_pool
-        for top in ("seed", "timeout_s"):
+        for top in ("seed", "timeout_s", "stall_timeout_s"):
             if getattr(self, top) is not None:
                 fields[top] = getattr(self, top)
         for section in ("model", "env", "algorithm", "batch", "warmstart", "eval", "rollout", "learner"):
