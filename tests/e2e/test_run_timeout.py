@@ -51,7 +51,7 @@ def test_a_run_whose_learner_never_steps_ends_at_its_stall_timeout_with_after_fi
     plan.heldout_tasks = 8
     plan.train_eval_tasks = 0
     plan.timeout_s = 240.0
-    plan.stall_timeout_s = 15.0
+    plan.stall_timeout_s = 8.0
     stack_pids: list[int] = []
     summary = run_training(
         plan, tmp_path / "run", on_stack=lambda stack: stack_pids.extend(s.pid for s in stack.services.values())

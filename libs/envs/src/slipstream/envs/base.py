@@ -236,6 +236,13 @@ class Environment(abc.ABC, Generic[OptionsT]):
         """The reference completion for supervised warm-start; the caller appends the tokenizer's eos."""
         return task.reference + self.terminator
 
+    def drill_texts(self, n: int, seed: int) -> list[tuple[str, str]]:
+        """`n` (context, target) texts of a skill the env's episodes need apart from what RL is to
+        learn, drilled beside the teacher's episodes in the warm-start (`sft_drill_rows`; libs/supervised
+        `drill_examples` encodes them, the target alone trained). The same for the same seed.
+        An environment without a drill raises ValueError."""
+        raise ValueError(f"env {self.name!r} has no skill drill: sft_drill_rows needs one (recall has)")
+
     def expert(self, task: TaskSpec, context: str) -> str:
         """A scripted expert's next output, given the decoded context so far (prompt included).
 

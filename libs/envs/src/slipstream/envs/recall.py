@@ -69,6 +69,7 @@ SUMMARY_REQUEST = "<summary>"
 SUMMARY_END = "</summary>"
 # The restart the harness writes after a summary: the summary and the number of summaries so far.
 SUMMARY_RESTART = "<summary>{summary}</summary>[{n}]\n"
+TRUNCATED = "\n[truncated]\n"  # the harness's mark where a restart cut the context (libs/harness summary.py)
 KEY_LETTERS = "abcdefgh"
 FILLER_LETTERS = "pqrstuvwxyz"
 VALUE_CHARS = string.ascii_uppercase + string.digits
@@ -246,6 +247,41 @@ class Recall(Environment[RecallOptions]):
                 digest = hashlib.blake2b(f"recall:{task.metadata.get('key')}:{t}".encode(), digest_size=32).digest()
                 letters = "".join(FILLER_LETTERS[b % len(FILLER_LETTERS)] for b in digest[: self.options.filler_len])
                 out.append(f"~{letters}\n")
+        return out
+
+    # -- the read-back drill (the warm-start's `sft_drill_rows`) ----------------------------------------
+
+    def drill_texts(self, n: int, seed: int) -> list[tuple[str, str]]:
+        """Reading an answer back from a summary, as the context looks after a restart: the prompt,
+        a summary of 0-3 facts, the filler lines since (on half the rows cut by the harness's
+        truncation mark to their last tokens), the question.
+        The target is the asked fact's value when the summary holds its key, "?" otherwise (each on
+        half the rows). It drills the lookup every successful episode ends with, and nothing RL is
+        credited with: the summaries are drawn at random, not when or as the teacher writes them.
+        (The micro model's warm-start on the teacher alone answered "?" to every clean probe
+        episode's question, seed 0 of session 29: 4 in 5 of the teacher's answers are "?".)"""
+        o = self.options
+        rng = random.Random(f"recall-drill/{seed}")
+        out = []
+        for _ in range(n):
+            keys = rng.sample(o.key_letters, min(len(o.key_letters), rng.randint(1, 4)))
+            asked, others = keys[0], keys[1:]
+            held = others[: rng.randint(0, len(others))]
+            if rng.random() < 0.5:
+                held = [*held, asked]
+            rng.shuffle(held)
+            facts = {k: "".join(rng.choice(o.value_chars) for _ in range(o.value_len)) for k in held}
+            summary = " ".join(f"{k}={v}" for k, v in facts.items())
+            filler = "".join(
+                "~" + "".join(rng.choice(FILLER_LETTERS) for _ in range(o.filler_len)) + "\n" + ACK + "\n"
+                for _ in range(3)
+            )
+            # After a later truncation (its mark and the last tokens), or straight after the summary.
+            cut = rng.random() < 0.5
+            tail = TRUNCATED + filler[-rng.randint(2 * (o.filler_len + 5) - 6, len(filler)) :] if cut else filler
+            restart = SUMMARY_RESTART.format(summary=summary, n=rng.randint(1, 8))
+            context = self.prompt_for(asked) + restart + tail + f"{asked}?\n"
+            out.append((context, facts.get(asked, UNKNOWN) + self.terminator))
         return out
 
     # -- the teacher --------------------------------------------------------------------------------

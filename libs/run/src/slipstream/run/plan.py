@@ -52,6 +52,9 @@ class TrainingPlan(msgspec.Struct, kw_only=True):
     induction heads a from-scratch model needs to copy from an arbitrary distance (0: none)."""
     sft_copy_rows: int = 0
     """Copy-curriculum rows added to every warm-start batch, so those heads are kept (0: none)."""
+    sft_drill_rows: int = 0
+    """The env's skill-drill rows added to every warm-start batch (`Environment.drill_texts`; recall:
+    reading a value back from a summary), a skill the teacher's episodes need but rarely show (0: none)."""
     group_size: int = 8
     groups_per_step: int = 8
     task_sampler: str = "off"

@@ -23,7 +23,8 @@ Sections (every key optional; what is left out keeps `TrainingPlan`'s default):
     [warmstart]  sft_steps, sft_batch, sft_lr, sft_target_accuracy, sft_check_every,
                  sft_settle_steps, sft_target_sampled, sft_pool_tasks (epochs over that many tasks'
                  expert episodes), sft_copy_steps, sft_copy_rows (tiny models only; the copy
-                 curriculum that gives a model from scratch its induction heads), sft_from (an SFT
+                 curriculum that gives a model from scratch its induction heads), sft_drill_rows (the
+                 env's skill drill in every batch: recall's read-back), sft_from (an SFT
                  set of an earlier run's RL episodes, or that run's directory: rejection-sampling
                  fine-tuning instead of the env's references or expert)
     [eval]       heldout_tasks, heldout_samples, eval_every, train_eval_tasks (train accuracy beside held-out)
@@ -143,6 +144,7 @@ class WarmstartSection(_Section):
     sft_pool_tasks: int | None = None
     sft_copy_steps: int | None = None
     sft_copy_rows: int | None = None
+    sft_drill_rows: int | None = None
     sft_from: str | None = None
 
 

@@ -104,6 +104,7 @@ def warm_start(
         sampled_target=plan.sft_target_sampled,
         copy_steps=plan.sft_copy_steps,
         copy_rows=plan.sft_copy_rows,
+        drill_rows=plan.sft_drill_rows,
         pool_tasks=plan.sft_pool_tasks,
         temperature=plan.temperature,
         summary=modes,

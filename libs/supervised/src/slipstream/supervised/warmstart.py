@@ -103,6 +103,7 @@ def sft_warmstart(
     summary: Summaries = None,
     copy_steps: int = 0,
     copy_rows: int = 0,
+    drill_rows: int = 0,
     on_check: Callable[[int, float, float], None] | None = None,
     pool_tasks: int = 0,
     rows: list[Example] | None = None,
@@ -147,6 +148,10 @@ def sft_warmstart(
     while the env's examples are learned (the loss is the mean over every trained token of the
     batch).
 
+    `drill_rows` > 0 adds that many of the env's skill-drill examples (`drill_examples`:
+    `Environment.drill_texts`, the target alone trained) to every batch: a skill the teacher's
+    episodes need but rarely show (recall: reading a value back from a summary).
+
     Returns figures: steps (run), examples, tokens (trained), seconds, loss_first / loss_last
     (means over the first / last quarter of the steps, at most 10 each), losses (every step) and,
     with a target, probe_accuracy (the last greedy accuracy measured), reached (bool) and
@@ -189,8 +194,11 @@ def sft_warmstart(
         raise ValueError(f"pool_tasks must be >= 0, got {pool_tasks}")
     if copy_steps < 0 or copy_rows < 0:
         raise ValueError(f"copy_steps and copy_rows must be >= 0, got {copy_steps} and {copy_rows}")
+    if drill_rows < 0:
+        raise ValueError(f"drill_rows must be >= 0, got {drill_rows}")
     copy_figures = copy_pretrain(model, tokenizer, steps=copy_steps, seed=seed) if copy_steps else None
     copy_mix = copy_examples(tokenizer, (steps + settle_steps) * copy_rows, seed + 7) if copy_rows else []
+    drill_mix = drill_examples(env, tokenizer, (steps + settle_steps) * drill_rows, seed + 11) if drill_rows else []
     tasks = [] if rows is not None else env.generate("train", pool_tasks or (steps + settle_steps) * batch_size, seed)
     if rows is not None:
         if not rows:
@@ -252,6 +260,7 @@ def sft_warmstart(
                     "(sft_pool_tasks) for epochs over them"
                 )
             rows = rows + copy_mix[step * copy_rows : (step + 1) * copy_rows]
+            rows = rows + drill_mix[step * drill_rows : (step + 1) * drill_rows]
             loss, trained = _train_step(model, opt, sched, rows, tokenizer.pad_id, grad_clip)
             losses.append(loss)
             tokens += trained
@@ -280,6 +289,17 @@ def sft_warmstart(
     if copy_figures is not None:
         figures["copy"] = copy_figures
     return figures
+
+
+def drill_examples(env: Environment[msgspec.Struct], tokenizer: Tokenizer, n: int, seed: int) -> list[Example]:
+    """`n` of the env's skill-drill examples (`Environment.drill_texts`): [bos] context, then the target,
+    encoded apart so that their ids are those of an episode's, the target alone trained."""
+    bos = [] if tokenizer.bos_id is None else [tokenizer.bos_id]
+    out: list[Example] = []
+    for context, target in env.drill_texts(n, seed):
+        ids, answer = [*bos, *tokenizer.encode(context)], tokenizer.encode(target)
+        out.append(([*ids, *answer], [False] * len(ids) + [True] * len(answer)))
+    return out
 
 
 def copy_pretrain(
