@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import math
 import os
 import statistics
@@ -87,10 +88,25 @@ def register(bench_subparsers: Any) -> None:
         "(default: the first arm's; a teacher that answers '?' after a truncation would teach nothing to copy)",
     )
     p.add_argument("--run-dir", type=Path, default=None, help="where the runs go (default .slipstream/bench/...)")
+    p.add_argument(
+        "--merge",
+        type=Path,
+        nargs="+",
+        default=None,
+        metavar="FILE",
+        help="run nothing: report the seeds of these --json files as one bench (seeds run side by side)",
+    )
     p.set_defaults(func=_command)
 
 
 def _command(args: argparse.Namespace) -> int:
+    if args.merge:
+        missing = [str(p) for p in args.merge if not p.is_file()]
+        if missing:
+            raise SystemExit(f"--merge: no such file: {', '.join(missing)}")
+        merged = merge(args.merge, args.json)
+        write_json(merged, args.json)
+        return 0 if merged["ok"] else 1
     arms = [a for a in args.arms.split(",") if a]
     if not arms or any(a not in ARMS for a in arms) or len(set(arms)) < len(arms):
         raise SystemExit(f"--arms takes distinct arms of {', '.join(ARMS)}, got {args.arms!r}")
@@ -301,9 +317,116 @@ def plot_timing(
     return path
 
 
+def report(
+    console: Any,
+    rows: list[dict[str, Any]],
+    arms: list[str],
+    no_rl: dict[int, dict[str, dict[str, Any]]],
+    env: str,
+    n_seeds: int,
+    json_path: str,
+) -> tuple[dict[str, Any], dict[str, Any], Path | None]:
+    """Print the arms' table, the verdict (the first arm against each other), the controls without RL
+    and the timing figures; with `json_path`, draw the timing plot beside it. Returns (verdict, timing, png)."""
+    from rich.table import Table
+
+    def pair(r: dict[str, Any], field: str, fmt: str = ".3f") -> str:
+        before, after = r.get(f"{field}_before"), r.get(f"{field}_after")
+        if before is None or after is None:
+            return "-"
+        return f"{before:{fmt}} -> {after:{fmt}}"
+
+    t = Table(title=f"slipstream bench summary — {env}, {n_seeds} seeds")
+    cols = ["seed", "arm", "held-out sampled", "held-out greedy", "train sampled", "tokens/ep", "sampled tok/ep"]
+    for col in (*cols, "restarts/ep", "wall s"):
+        t.add_column(col, justify="right")
+    for r in rows:
+        t.add_row(
+            str(r["seed"]) + ("" if r["ok"] else " FAILED"),
+            r["arm"],
+            pair(r, "heldout_accuracy"),
+            pair(r, "heldout_greedy"),
+            pair(r, "train_accuracy"),
+            pair(r, "heldout_tokens_per_episode", ".0f"),
+            pair(r, "heldout_sampled_tokens_per_episode", ".0f"),
+            pair(r, "heldout_restarts_per_episode", ".2f"),
+            f"{r['wall_time_s']:.0f}",
+        )
+    console.print(t)
+    v = verdict(rows, tuple(arms))
+    lead = arms[0]
+    for other, c in v["comparisons"].items():
+        for p in c["per_seed"]:
+            console.print(
+                f"seed {p['seed']}: {lead} {p[f'{lead}_after']:.3f} vs {other} {p[f'{other}_after']:.3f} held-out "
+                f"after RL: difference {p['difference']:+.3f} (standard error {p['se']:.3f}, z {p['z']})"
+            )
+        spread = (
+            f", sd across seeds {c['difference_sd_across_seeds']}, t {c['t_across_seeds']}"
+            if "difference_sd_across_seeds" in c
+            else ""
+        )
+        console.print(
+            f"{lead} beat {other} in every seed: {c['beats_every_seed']}; mean difference {c['mean_difference']}, "
+            f"least {c['min_difference']}{spread}"
+        )
+    for seed, by_mode in no_rl.items():
+        for mode, f in by_mode.items():
+            console.print(f"seed {seed}: the warm-start in mode {mode}, no RL: held-out {f['heldout_accuracy']:.3f}")
+    when = timing(rows)
+    for arm, f in when.items():
+        if arm != "fixed_threshold_turn":
+            for k, x in f.items():
+                console.print(
+                    f"{arm} {k} RL: summarised {x['summarised']:.2f}, first summary at turn {x['summary_turn']} "
+                    f"(shares {x['share']}), kept the asked fact {x['kept_asked']}"
+                )
+    png = None
+    if json_path and when:
+        png = plot_timing(
+            when,
+            Path(json_path).with_name(Path(json_path).stem + "-timing.png"),
+            f"When the policy summarised ({env}, {n_seeds} seeds, held-out)",
+            curves(rows),
+        )
+    return v, when, png
+
+
+def merge(paths: list[Path], json_path: str) -> dict[str, Any]:
+    """The seeds of several `bench summary --json` files (one process per seed, run side by side) as
+    one result: their rows, warm-starts and controls, the verdict and timing across all of them."""
+    from rich.console import Console
+
+    results = [json.loads(p.read_text()) for p in paths]
+    arms = results[0]["arms"]
+    for p, r in zip(paths, results, strict=True):
+        if r["arms"] != arms or r["env"] != results[0]["env"]:
+            raise SystemExit(
+                f"--merge: {p} ran env {r['env']!r} arms {r['arms']}, {paths[0]} {results[0]['env']!r} {arms}"
+            )
+    rows = [row for r in results for row in r["seeds"]]
+    seeds = [row["seed"] for row in rows if row["arm"] == arms[0]]
+    if len(set(seeds)) < len(seeds):
+        raise SystemExit(f"--merge: a seed appears in more than one file ({sorted(seeds)})")
+    no_rl = {int(k): v for r in results for k, v in r["no_rl"].items()}
+    warmstarts = {int(k): v for r in results for k, v in r["warmstarts"].items()}
+    v, when, png = report(Console(highlight=False), rows, arms, no_rl, results[0]["env"], len(set(seeds)), json_path)
+    return {
+        "ok": v["runs_ok"] and all(r["ok"] for r in results),
+        "env": results[0]["env"],
+        "merged": [str(p) for p in paths],
+        "arms": arms,
+        "warmstarts": warmstarts,
+        "no_rl": no_rl,
+        "seeds": rows,
+        "verdict": v,
+        "timing": when,
+        "timing_png": str(png) if png else None,
+    }
+
+
 def run(args: argparse.Namespace, arms: list[str]) -> dict[str, Any]:
     from rich.console import Console
-    from rich.table import Table
 
     from slipstream.run.heldout import held_out
     from slipstream.run.presets import demo_plan, with_context
@@ -377,63 +500,10 @@ def run(args: argparse.Namespace, arms: list[str]) -> dict[str, Any]:
             )
     loads.append(os.getloadavg())
 
-    def pair(r: dict[str, Any], field: str, fmt: str = ".3f") -> str:
-        before, after = r.get(f"{field}_before"), r.get(f"{field}_after")
-        if before is None or after is None:
-            return "-"
-        return f"{before:{fmt}} -> {after:{fmt}}"
-
-    t = Table(title=f"slipstream bench summary — {args.env}, {len(args.seeds)} seeds")
-    cols = ["seed", "arm", "held-out sampled", "held-out greedy", "train sampled", "tokens/ep", "sampled tok/ep"]
-    for col in (*cols, "restarts/ep", "wall s"):
-        t.add_column(col, justify="right")
-    for r in rows:
-        t.add_row(
-            str(r["seed"]) + ("" if r["ok"] else " FAILED"),
-            r["arm"],
-            pair(r, "heldout_accuracy"),
-            pair(r, "heldout_greedy"),
-            pair(r, "train_accuracy"),
-            pair(r, "heldout_tokens_per_episode", ".0f"),
-            pair(r, "heldout_sampled_tokens_per_episode", ".0f"),
-            pair(r, "heldout_restarts_per_episode", ".2f"),
-            f"{r['wall_time_s']:.0f}",
-        )
-    console.print(t)
-    v = verdict(rows, tuple(arms))
-    lead = arms[0]
-    for other, c in v["comparisons"].items():
-        for p in c["per_seed"]:
-            console.print(
-                f"seed {p['seed']}: {lead} {p[f'{lead}_after']:.3f} vs {other} {p[f'{other}_after']:.3f} held-out "
-                f"after RL: difference {p['difference']:+.3f} (standard error {p['se']:.3f}, z {p['z']})"
-            )
-        console.print(
-            f"{lead} beat {other} in every seed: {c['beats_every_seed']}; mean difference {c['mean_difference']}, "
-            f"least {c['min_difference']}"
-        )
-    for seed, by_mode in no_rl.items():
-        for mode, f in by_mode.items():
-            console.print(f"seed {seed}: the warm-start in mode {mode}, no RL: held-out {f['heldout_accuracy']:.3f}")
+    v, when, png = report(console, rows, arms, no_rl, plans[arms[0]].env, len(args.seeds), args.json)
     console.print(f"load average {loads[0][0]:.1f} at start, {loads[-1][0]:.1f} at end, {os.cpu_count()} CPUs")
-    when = timing(rows)
-    for arm, f in when.items():
-        if arm != "fixed_threshold_turn":
-            for k, x in f.items():
-                console.print(
-                    f"{arm} {k} RL: summarised {x['summarised']:.2f}, first summary at turn {x['summary_turn']} "
-                    f"(shares {x['share']}), kept the asked fact {x['kept_asked']}"
-                )
-    png = None
-    if args.json and when:
-        png = plot_timing(
-            when,
-            Path(args.json).with_name(Path(args.json).stem + "-timing.png"),
-            f"When the policy summarised ({plans[lead].env}, {len(args.seeds)} seeds, held-out)",
-            curves(rows),
-        )
     # The first arm's plan as run, the command line's overrides included (seed: the last one's).
-    plan = plans[lead]
+    plan = plans[arms[0]]
     return {
         "ok": v["runs_ok"],
         "env": plan.env,
