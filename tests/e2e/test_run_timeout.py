@@ -12,20 +12,26 @@ from pathlib import Path
 import pytest
 
 from slipstream.run.presets import demo_plan
-from slipstream.run.training import run_training
+from slipstream.run.training import TrainingPlan, run_training
 from slipstream.stack import pid_alive
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 
-@pytest.mark.timeout(300)
-def test_a_run_past_its_timeout_fails_with_a_clear_error_and_stops_its_stack(tmp_path: Path) -> None:
+def _shrunk_plan() -> TrainingPlan:
+    """The default demo's plan, with a 5-step warm-start and an 8-task held-out eval."""
     plan = demo_plan()
     plan.sft_steps = 5
     plan.sft_target_accuracy = 0.0
-    plan.max_steps = 100_000  # never finishes inside the budget
     plan.heldout_tasks = 8
     plan.train_eval_tasks = 0
+    return plan
+
+
+@pytest.mark.timeout(300)
+def test_a_run_past_its_timeout_fails_with_a_clear_error_and_stops_its_stack(tmp_path: Path) -> None:
+    plan = _shrunk_plan()
+    plan.max_steps = 100_000  # never finishes inside the budget
     plan.timeout_s = 5.0
     stack_pids: list[int] = []
     summary = run_training(
@@ -43,13 +49,9 @@ def test_a_run_whose_learner_never_steps_ends_at_its_stall_timeout_with_after_fi
     steps (as every group of a too-sure warm-start did in session 29's recall runs, which then idled
     to their timeout with no final evaluation): the run ends after stall_timeout_s, says so, stops
     its stack, and still scores its last version (v0) on held-out."""
-    plan = demo_plan()
-    plan.sft_steps = 5
-    plan.sft_target_accuracy = 0.0
+    plan = _shrunk_plan()
     plan.group_size = 1
     plan.max_steps = 100
-    plan.heldout_tasks = 8
-    plan.train_eval_tasks = 0
     plan.timeout_s = 240.0
     plan.stall_timeout_s = 8.0
     stack_pids: list[int] = []

@@ -322,12 +322,14 @@ def report(
     rows: list[dict[str, Any]],
     arms: list[str],
     no_rl: dict[int, dict[str, dict[str, Any]]],
+    warmstarts: dict[int, dict[str, Any]],
     env: str,
-    n_seeds: int,
     json_path: str,
-) -> tuple[dict[str, Any], dict[str, Any], Path | None]:
+) -> dict[str, Any]:
     """Print the arms' table, the verdict (the first arm against each other), the controls without RL
-    and the timing figures; with `json_path`, draw the timing plot beside it. Returns (verdict, timing, png)."""
+    and the timing figures; with `json_path`, draw the timing plot beside it. Returns the bench's result
+    (env, arms, warm-starts, controls, rows, verdict, timing and the plot's path)."""
+    n_seeds = len({r["seed"] for r in rows})
     from rich.table import Table
 
     def pair(r: dict[str, Any], field: str, fmt: str = ".3f") -> str:
@@ -389,7 +391,17 @@ def report(
             f"When the policy summarised ({env}, {n_seeds} seeds, held-out)",
             curves(rows),
         )
-    return v, when, png
+    return {
+        "ok": v["runs_ok"],
+        "env": env,
+        "arms": arms,
+        "warmstarts": warmstarts,
+        "no_rl": no_rl,
+        "seeds": rows,
+        "verdict": v,
+        "timing": when,
+        "timing_png": str(png) if png else None,
+    }
 
 
 def merge(paths: list[Path], json_path: str) -> dict[str, Any]:
@@ -410,19 +422,8 @@ def merge(paths: list[Path], json_path: str) -> dict[str, Any]:
         raise SystemExit(f"--merge: a seed appears in more than one file ({sorted(seeds)})")
     no_rl = {int(k): v for r in results for k, v in r["no_rl"].items()}
     warmstarts = {int(k): v for r in results for k, v in r["warmstarts"].items()}
-    v, when, png = report(Console(highlight=False), rows, arms, no_rl, results[0]["env"], len(set(seeds)), json_path)
-    return {
-        "ok": v["runs_ok"] and all(r["ok"] for r in results),
-        "env": results[0]["env"],
-        "merged": [str(p) for p in paths],
-        "arms": arms,
-        "warmstarts": warmstarts,
-        "no_rl": no_rl,
-        "seeds": rows,
-        "verdict": v,
-        "timing": when,
-        "timing_png": str(png) if png else None,
-    }
+    out = report(Console(highlight=False), rows, arms, no_rl, warmstarts, results[0]["env"], json_path)
+    return {**out, "ok": out["ok"] and all(r["ok"] for r in results), "merged": [str(p) for p in paths]}
 
 
 def run(args: argparse.Namespace, arms: list[str]) -> dict[str, Any]:
@@ -500,21 +501,13 @@ def run(args: argparse.Namespace, arms: list[str]) -> dict[str, Any]:
             )
     loads.append(os.getloadavg())
 
-    v, when, png = report(console, rows, arms, no_rl, plans[arms[0]].env, len(args.seeds), args.json)
+    out = report(console, rows, arms, no_rl, warmstarts, plans[arms[0]].env, args.json)
     console.print(f"load average {loads[0][0]:.1f} at start, {loads[-1][0]:.1f} at end, {os.cpu_count()} CPUs")
     # The first arm's plan as run, the command line's overrides included (seed: the last one's).
     plan = plans[arms[0]]
     return {
-        "ok": v["runs_ok"],
-        "env": plan.env,
+        **out,
         "plan": {k: getattr(plan, k) for k in plan.__struct_fields__},
-        "arms": arms,
-        "warmstarts": warmstarts,
-        "no_rl": no_rl,
-        "seeds": rows,
-        "verdict": v,
-        "timing": when,
-        "timing_png": str(png) if png else None,
         "load_average_1m": [round(x[0], 2) for x in loads],
         "cpus": os.cpu_count(),
     }
