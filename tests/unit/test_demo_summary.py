@@ -122,3 +122,21 @@ def test_the_search_demo_shows_contexts_table_train_beside_heldout() -> None:
     assert row(lines, "prune accuracy") == ["prune accuracy", "-", "-", "-", "1.000"]
     assert row(lines, "trajectory recall")[1:] == ["0.500"] * 4
     assert not any(line.strip().startswith("│ episodes") for line in lines)  # a count, not a figure
+
+
+def test_the_search_demo_names_the_prune_share_and_the_median_turns() -> None:
+    """Issue 33 reads the share of episodes that prune (from <= 0.1) and the median turns (> 2)."""
+    before = {"final_answer_found": 0.1, "prune_share": 0.07, "turns_median": 3.0, "turns_per_episode": 3.3}
+    after = {**before, "prune_share": 0.4, "turns_median": 5.0}
+    summary = RunSummary(
+        ok=True,
+        plan=demo_plan("search"),
+        heldout_metrics_before=before,
+        heldout_metrics_after=after,
+        train_metrics_before=before,
+        train_metrics_after=after,
+    )
+    lines = render(summary)
+    assert row(lines, "episodes that prune") == ["episodes that prune", "0.070", "0.400", "0.070", "0.400"]
+    assert row(lines, "turns per episode (median)")[1:] == ["3.000", "5.000", "3.000", "5.000"]
+    assert not any("prune_share" in line or "turns_median" in line for line in lines)  # named, not raw keys

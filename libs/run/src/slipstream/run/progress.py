@@ -342,8 +342,10 @@ METRIC_ROWS = (
     ("precision", "precision"),
     ("f1", "F1"),
     ("prune_accuracy", "prune accuracy"),
+    ("prune_share", "episodes that prune"),
     ("tool_calls_per_turn", "tool calls per turn"),
     ("turns_per_episode", "turns per episode"),
+    ("turns_median", "turns per episode (median)"),
     ("budget_refusals", "budget refusals"),
     ("malformed_output", "malformed output"),
 )
