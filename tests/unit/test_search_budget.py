@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from slipstream.bench.search_budget import measure
+from slipstream.bench.search_budget import measure, warm_start_kept
 from slipstream.envs import get_env
 from slipstream.envs.search.expert import _draw
 from slipstream.run.presets import demo_plan
@@ -40,4 +40,14 @@ def test_the_warm_start_teacher_prunes_on_at_most_a_tenth_of_the_tasks() -> None
     assert 0 < rate <= 0.1
     keys = [t.key for t in env.corpus.tasks]
     share = sum(_draw(k, "prune") < rate for k in keys) / len(keys)
-    assert len(keys) > 800 and 0.04 <= share <= 0.1
+    assert len(keys) > 800 and 0.01 <= share <= 0.1
+
+
+def test_what_the_warm_start_trains_on_prunes_in_at_most_a_tenth_of_its_episodes() -> None:
+    """The SFT filter keeps the episodes that found their targets, mostly the pruning ones: the share
+    among the kept episodes (what the model copies), not the teacher's rate, is what must stay <= 0.1."""
+    kept = warm_start_kept(SEARCH_OPTIONS)
+    assert kept["episodes"] > 600 and 0 < kept["teacher_prune_share"] < kept["kept_prune_share"] <= 0.1
+    assert kept["kept"] > 150
+    at_8 = warm_start_kept({**SEARCH_OPTIONS, "expert_prune_rate": 0.08})  # the plan before session 30
+    assert at_8["teacher_prune_share"] <= 0.1 < at_8["kept_prune_share"]

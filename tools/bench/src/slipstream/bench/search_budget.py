@@ -16,7 +16,9 @@ prune accuracy, the share of episodes that prune, turns per episode (mean and me
 calls per turn, budget refusals, the share of episodes refused at the hard cutoff, the share
 blocked by the budget (refused or no room) and that share among the failed episodes. `checks`
 says whether the plan meets issue 33's sizing (never_prunes fails >= half the tasks, prunes
-succeeds on >= 0.9, turns median > 2, prune accuracy defined) on both splits, and `heldout` what
+succeeds on >= 0.9, turns median > 2, prune accuracy defined) on both splits and whether what the
+warm-start trains on (the teacher over every train task, after the SFT filter: `warm_start_kept`) prunes
+in at most a tenth of its episodes, and `heldout` what
 separates the held-out split from training: its documents (none shared), its entities (none
 shared) and the question words no training question uses (its domain's own nouns).
 """
@@ -65,6 +67,11 @@ def _command(args: argparse.Namespace) -> int:
                 f"refused at the cutoff {m['refused_share']:.3f}, failures blocked by the budget "
                 f"{m['failed_blocked_share']}"
             )
+    kept = result["warm_start_kept"]
+    print(
+        f"warm-start data: the teacher prunes in {kept['teacher_prune_share']:.3f} of {kept['episodes']} train "
+        f"episodes, {kept['kept_prune_share']:.3f} of the {kept['kept']} the SFT filter keeps"
+    )
     print(f"checks: {result['checks']}")
     write_json(result, args.json)
     return 0 if all(result["checks"].values()) else 1
@@ -93,6 +100,7 @@ def measure(options: dict[str, Any], *, tasks: int, seed: int = 0) -> dict[str, 
         for split in SPLITS:
             episodes = asyncio.run(expert_episodes(env, tok, specs[split]))
             out[teacher][split] = _metrics(env, specs[split], episodes)
+    kept = warm_start_kept(options)
     checks = {
         f"{split}_{name}": ok
         for split in SPLITS
@@ -104,14 +112,42 @@ def measure(options: dict[str, Any], *, tasks: int, seed: int = 0) -> dict[str, 
             ("warm_start_prunes_at_most_0.1", out["warm_start"][split]["prune_share"] <= 0.1),
         )
     }
+    checks["warm_start_kept_prunes_at_most_0.1"] = kept["kept_prune_share"] <= 0.1
     return {
         "bench": "search-budget",
         "options": options,
         "tasks_per_split": tasks,
         "seed": seed,
         "teachers": out,
+        "warm_start_kept": kept,
         "checks": checks,
         "heldout": _heldout_difference(env, specs),
+    }
+
+
+def warm_start_kept(options: dict[str, Any]) -> dict[str, Any]:
+    """What the warm-start trains on: the plan's teacher over every train task, then the env's SFT filter.
+
+    The filter keeps the episodes that found their targets, and under this budget those are mostly the
+    ones that pruned, so the kept episodes prune far more often than the teacher does; the share among
+    them (`kept_prune_share`) is what the model copies, and what issue 33's <= 0.1 applies to."""
+    from slipstream.engine import ByteTokenizer
+    from slipstream.envs import get_env
+    from slipstream.envs.search.metrics import episode_metrics
+    from slipstream.supervised.expert import expert_episodes
+
+    env = get_env("search", **options)
+    pool = [t for t in env.corpus.tasks if env.split_of(t.key) == "train"]
+    specs = [env.task_spec(t, split="train", seed=0, index=i) for i, t in enumerate(pool)]
+    episodes = asyncio.run(expert_episodes(env, ByteTokenizer(), specs))
+    keep = env.curate_expert_episodes(specs, episodes)
+    pruned = [episode_metrics(s.metadata, e).pruned > 0 for s, e in zip(specs, episodes, strict=True)]
+    kept = [p for p, k in zip(pruned, keep, strict=True) if k]
+    return {
+        "episodes": len(episodes),
+        "teacher_prune_share": sum(pruned) / len(pruned),
+        "kept": len(kept),
+        "kept_prune_share": sum(kept) / len(kept) if kept else 0.0,
     }
 
 
