@@ -9,8 +9,13 @@ samples per task) and greedy, and the run's wall time; then whether held-out sam
 accuracy rose in every seed; for a tool env (`--env lookup`) also the invalid-call rate before
 -> after, whether it fell in every seed, and the warm-start's steps; then the noise a rise is
 judged against (the largest binomial standard error of one seed's held-out change, counting
-tasks, and the spread of the seeds' starting points). `--json FILE` writes every figure plus the
-machine's load average.
+tasks, and the spread of the seeds' starting points). For an env with figures of its own (search:
+final-answer-found, prune share, ...) each figure's change per seed, train beside held-out, with its
+mean, sd and standard error across seeds and the mean in standard errors (`metric_margins`).
+`--json FILE` writes every figure plus the machine's load average.
+
+`--merge FILE ...` reports runs already made (`slipstream demo --summary-json FILE`, one a seed, e.g.
+run side by side as separate processes) the same way, without running anything.
 Exit status 1 if a run failed.
 """
 
@@ -61,6 +66,14 @@ def register(bench_subparsers: Any) -> None:
     p.add_argument(
         "--screen", type=float, default=None, metavar="TARGET", help="the workers' task screen target (0: off)"
     )
+    p.add_argument(
+        "--merge",
+        nargs="+",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="report these `slipstream demo --summary-json` files (one a seed) instead of running",
+    )
     p.set_defaults(func=_command)
 
 
@@ -75,7 +88,7 @@ def _seeds(text: str) -> list[int]:
 
 
 def _command(args: argparse.Namespace) -> int:
-    result = run(args)
+    result = merge(args.merge) if getattr(args, "merge", None) else run(args)
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(result, indent=2))
@@ -149,6 +162,7 @@ def verdict(rows: list[dict[str, Any]]) -> dict[str, Any]:
         },
         # The env's own figures (search: final_answer_found, output_recall, ...): held-out change per seed.
         "heldout_metric_change": metric_changes(ok),
+        "metric_margins": {split: metric_margins(ok, split) for split in ("heldout", "train")},
         "median_wall_time_s": round(statistics.median(r["wall_time_s"] for r in rows), 1),
         "max_wall_time_s": round(max(r["wall_time_s"] for r in rows), 1),
     }
@@ -168,9 +182,58 @@ def metric_changes(rows: list[dict[str, Any]]) -> dict[str, list[float]]:
     }
 
 
+def metric_margins(rows: list[dict[str, Any]], split: str = "heldout") -> dict[str, dict[str, float]]:
+    """Per env figure every row has before and after on `split`: the changes' mean, sd and standard
+    error across the rows (seeds), and the mean in standard errors (`t`; None with one seed or no
+    spread). A rise is justified by the seeds' spread when `t` is well above 2."""
+    field = f"{split}_metrics"
+    if not rows:
+        return {}
+    names = set.intersection(*(set(r.get(f"{field}_before", {})) & set(r.get(f"{field}_after", {})) for r in rows))
+    out: dict[str, dict[str, float]] = {}
+    for k in sorted(names - {"episodes", "budget_refusals"}):
+        changes = [r[f"{field}_after"][k] - r[f"{field}_before"][k] for r in rows]
+        mean = statistics.fmean(changes)
+        sd = statistics.stdev(changes) if len(changes) > 1 else None
+        se = sd / math.sqrt(len(changes)) if sd is not None else None
+        out[k] = {
+            "before_mean": round(statistics.fmean(r[f"{field}_before"][k] for r in rows), 4),
+            "after_mean": round(statistics.fmean(r[f"{field}_after"][k] for r in rows), 4),
+            "change_mean": round(mean, 4),
+            "change_sd": None if sd is None else round(sd, 4),
+            "change_se": None if se is None else round(se, 4),
+            "t": None if not se else round(mean / se, 2),
+        }
+    return out
+
+
+def merge(paths: list[Path]) -> dict[str, Any]:
+    """The report of `run` for runs already made: `slipstream demo --summary-json` files, one a seed,
+    all of one env (SystemExit naming the file otherwise)."""
+    import msgspec
+
+    from slipstream.run.training import RunSummary
+
+    missing = [str(p) for p in paths if not p.is_file()]
+    if missing:
+        raise SystemExit(f"--merge: no such file: {', '.join(missing)}")
+    summaries = []
+    for p in paths:
+        try:
+            summaries.append(msgspec.json.decode(p.read_bytes(), type=RunSummary))
+        except (msgspec.DecodeError, msgspec.ValidationError) as e:
+            raise SystemExit(f"--merge: {p} is not a `slipstream demo --summary-json` file: {e}") from None
+        if summaries[-1].plan.env != summaries[0].plan.env:
+            raise SystemExit(f"--merge: {p} ran env {summaries[-1].plan.env!r}, {paths[0]} {summaries[0].plan.env!r}")
+    seeds = [s.plan.seed for s in summaries]
+    if len(set(seeds)) != len(seeds):
+        raise SystemExit(f"--merge: a seed appears in more than one file ({sorted(seeds)})")
+    rows = [{**row_of(s.plan.seed, s), "file": str(p)} for s, p in zip(summaries, paths, strict=True)]
+    return {**report(rows, summaries[0].plan, []), "merged": [str(p) for p in paths]}
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     from rich.console import Console
-    from rich.table import Table
 
     from slipstream.run.presets import demo_plan, with_length_penalty
     from slipstream.run.training import run_training
@@ -212,6 +275,22 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         if metrics:
             console.print("  held-out " + ", ".join(metrics))
     loads.append(os.getloadavg())
+    return report(rows, with_length_penalty(demo_plan(args.env), getattr(args, "length_penalty", None)), loads)
+
+
+def _loads(loads: list[tuple[float, float, float]]) -> str:
+    if not loads:
+        return ""
+    return f" (load average {loads[0][0]:.1f} at start, {loads[-1][0]:.1f} at end, {os.cpu_count()} CPUs)"
+
+
+def report(rows: list[dict[str, Any]], plan: Any, loads: list[tuple[float, float, float]]) -> dict[str, Any]:
+    """Print the seeds' table and verdict; the result `--json` writes (`loads`: the load averages at the
+    start and end, none for merged runs)."""
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(highlight=False)
 
     def pair(r: dict[str, Any], field: str) -> str:
         before, after = r[f"{field}_before"], r[f"{field}_after"]
@@ -242,12 +321,26 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         f"{v['heldout_invalid_call_rate_fell_every_seed']}; median change {v['median_change']}; "
         f"least improvement {v['min_change']}; held-out noise: standard error of one seed's change <= "
         f"{v['heldout_change_se_max']}, spread of the starting points {v['heldout_before_spread']}; "
-        f"wall time median {v['median_wall_time_s']:.0f} s, max {v['max_wall_time_s']:.0f} s "
-        f"(load average {loads[0][0]:.1f} at start, {loads[-1][0]:.1f} at end, {os.cpu_count()} CPUs)"
+        f"wall time median {v['median_wall_time_s']:.0f} s, max {v['max_wall_time_s']:.0f} s{_loads(loads)}"
     )
     if v["heldout_metric_change"]:
         console.print(f"held-out env figures, change per seed: {v['heldout_metric_change']}")
-    plan = with_length_penalty(demo_plan(args.env), getattr(args, "length_penalty", None))
+    margins = v["metric_margins"]
+    if margins["heldout"]:
+        t = Table(title=f"{plan.env} figures over {len(rows)} seeds — mean before -> after (change mean +- sd; t)")
+        t.add_column("figure")
+        for split in ("train", "held-out"):
+            t.add_column(split, justify="right")
+
+        def cell(m: dict[str, float] | None) -> str:
+            if m is None:
+                return "-"
+            spread = "" if m["change_sd"] is None else f" +- {m['change_sd']:.3f}"
+            return f"{m['before_mean']:.3f} -> {m['after_mean']:.3f} ({m['change_mean']:+.3f}{spread}; t {m['t']})"
+
+        for k in margins["heldout"]:
+            t.add_row(k, cell(margins["train"].get(k)), cell(margins["heldout"][k]))
+        console.print(t)
     return {
         "ok": v["runs_ok"],
         "env": plan.env,
