@@ -182,7 +182,7 @@ def metric_changes(rows: list[dict[str, Any]]) -> dict[str, list[float]]:
     }
 
 
-def metric_margins(rows: list[dict[str, Any]], split: str = "heldout") -> dict[str, dict[str, float]]:
+def metric_margins(rows: list[dict[str, Any]], split: str = "heldout") -> dict[str, dict[str, float | None]]:
     """Per env figure every row has before and after on `split`: the changes' mean, sd and standard
     error across the rows (seeds), and the mean in standard errors (`t`; None with one seed or no
     spread). A rise is justified by the seeds' spread when `t` is well above 2."""
@@ -190,7 +190,7 @@ def metric_margins(rows: list[dict[str, Any]], split: str = "heldout") -> dict[s
     if not rows:
         return {}
     names = set.intersection(*(set(r.get(f"{field}_before", {})) & set(r.get(f"{field}_after", {})) for r in rows))
-    out: dict[str, dict[str, float]] = {}
+    out: dict[str, dict[str, float | None]] = {}
     for k in sorted(names - {"episodes", "budget_refusals"}):
         changes = [r[f"{field}_after"][k] - r[f"{field}_before"][k] for r in rows]
         mean = statistics.fmean(changes)
@@ -332,7 +332,7 @@ def report(rows: list[dict[str, Any]], plan: Any, loads: list[tuple[float, float
         for split in ("train", "held-out"):
             t.add_column(split, justify="right")
 
-        def cell(m: dict[str, float] | None) -> str:
+        def cell(m: dict[str, Any] | None) -> str:
             if m is None:
                 return "-"
             spread = "" if m["change_sd"] is None else f" +- {m['change_sd']:.3f}"

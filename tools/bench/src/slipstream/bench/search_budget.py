@@ -136,7 +136,7 @@ def warm_start_kept(options: dict[str, Any]) -> dict[str, Any]:
     from slipstream.envs.search.metrics import episode_metrics
     from slipstream.supervised.expert import expert_episodes
 
-    env = get_env("search", **options)
+    env: Any = get_env("search", **options)
     pool = [t for t in env.corpus.tasks if env.split_of(t.key) == "train"]
     specs = [env.task_spec(t, split="train", seed=0, index=i) for i, t in enumerate(pool)]
     episodes = asyncio.run(expert_episodes(env, ByteTokenizer(), specs))
