@@ -379,3 +379,27 @@ def test_splits_are_by_domain_and_the_curriculum_shifts_the_hop_mix() -> None:
     assert mean_hops(1) == pytest.approx(11 / 7, abs=0.12) and mean_hops(2) == pytest.approx(17 / 7, abs=0.12)
     other = env(heldout_domain="web")
     assert {t.metadata["domain"] for t in other.generate("heldout", 50, seed=0)} == {"web"}
+
+
+async def test_a_soft_message_share_shows_it_to_that_share_of_training_tasks_and_never_to_evaluations() -> None:
+    """`soft_message_share` < 1: a model copying its teacher also sees the context evaluations play
+    (the micro model warm-started on messages only answered badly without one: session 30)."""
+    base = dict(budget_tokens=1024, search_tokens=600, reserve_tokens=160, hard_cutoff=1.0)
+    lines = [search("town company patent thread"), search("it is a in the"), "<docs>x</docs>\n"]
+    soft = "[Over half the budget"
+    half = env(**base, soft_message_share=0.5)
+    tasks = half.generate("train", 40, seed=3)
+    shown = [half.training("train", t.task_id) for t in tasks]
+    assert 10 <= sum(shown) <= 30  # a draw per task, about half
+    assert shown == [half.training("train", t.task_id) for t in tasks]  # fixed: a group's samples alike
+    assert not any(half.training("eval", t.task_id) for t in tasks)
+    on = next(t for t, s in zip(tasks, shown, strict=True) if s)
+    off = next(t for t, s in zip(tasks, shown, strict=True) if not s)
+    assert any(soft in o for o in observations(await play(half, on, lines)))
+    played_off = await play(half, off, lines)
+    assert not any(soft in o for o in observations(played_off)) and "soft_messages" not in played_off.counts
+    assert not any(soft in o for o in observations(await play(half, on, lines, purpose="eval")))
+    every = env(**base)  # the default share, 1: every training episode
+    assert all(every.training("train", t.task_id) for t in tasks)
+    with pytest.raises(ValueError, match=r"soft_message_share must be in \[0, 1\], got 1.5"):
+        env(soft_message_share=1.5)

@@ -37,7 +37,7 @@ from typing import Any, ClassVar
 
 import msgspec
 
-from slipstream.envs.base import SPLITS, Environment, Problem, Score, Split, TaskSpec
+from slipstream.envs.base import SPLITS, Environment, Problem, Score, Split, TaskSpec, fixed_draw
 from slipstream.envs.context import EpisodeContext, Outcome, Purpose
 from slipstream.envs.registry import register
 from slipstream.envs.search import expert as expert_policy
@@ -216,12 +216,17 @@ class Search(Environment[SearchOptions]):
 
     # -- the episode ------------------------------------------------------------------------------
 
-    def training(self, purpose: Purpose) -> bool:
+    def training(self, purpose: Purpose, task_id: str = "") -> bool:
         """Whether the soft suggestion is shown to an episode played for `purpose`: by default
         (`soft_message` "train") in training rollouts and teacher episodes, never in evaluations,
-        whichever split the task is from."""
-        o = self.options.soft_message
-        return o == "always" or (o == "train" and purpose == "train")
+        whichever split the task is from; with `soft_message_share` < 1 only in that share of the
+        training episodes, a fixed draw per task (`task_id`), the rest played as evaluations are."""
+        o = self.options
+        if o.soft_message != "train":
+            return o.soft_message == "always"
+        return purpose == "train" and (
+            o.soft_message_share >= 1.0 or fixed_draw(f"{task_id}|soft") < o.soft_message_share
+        )
 
     async def run(self, ctx: EpisodeContext) -> Outcome:
         o = self.options
@@ -233,7 +238,7 @@ class Search(Environment[SearchOptions]):
             # instead of every call coming back as a tool crash.
             self.backend()
         runner = TurnRunner(o, self.renderer, self.count_tokens, ctx, transport)
-        soft = self.training(ctx.purpose)
+        soft = self.training(ctx.purpose, ctx.task.task_id)
         steps = 0  # tool invocations + 1 for the final turn (Outcome.steps: a parent's critical steps)
         for _ in range(o.max_turns):
             room = o.budget_tokens - len(thread)

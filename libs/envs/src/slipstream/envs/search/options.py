@@ -63,6 +63,14 @@ class SearchOptions(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fi
     soft_message: Annotated[
         Literal["train", "always", "never"], Doc(description="When the half-budget suggestion is shown.")
     ] = "train"
+    soft_message_share: Annotated[
+        float,
+        Doc(
+            description="With soft_message 'train': the share of training and teacher episodes shown it, a fixed "
+            "draw per task (all of a group alike); the rest are played as evaluations see them, so a model that "
+            "copies its teacher has seen both contexts (1: every one)."
+        ),
+    ] = 1.0
     max_turns: Annotated[int, Doc(description="Model turns per episode.")] = 16
     tools_line: Annotated[
         bool, Doc(description="The prompt lists the tools (False: the question only, for short CPU episodes).")
@@ -126,6 +134,7 @@ class SearchOptions(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fi
             ("expert_distractor_rate", self.expert_distractor_rate),
             ("expert_slip_rate", self.expert_slip_rate),
             ("expert_prune_rate", self.expert_prune_rate),
+            ("soft_message_share", self.soft_message_share),
         ):
             if not 0.0 <= rate <= 1.0:
                 raise ValueError(f"{name} must be in [0, 1], got {rate}")
