@@ -27,10 +27,10 @@ NOT_YET_TRAINABLE = {
     # warm-start plays 1,024 sandboxed expert episodes and needs 550-3,800 steps to its probe's stop
     # (4-24 minutes on 2 cores); `slipstream demo --env code` runs it.
     "code": "its warm-start (1,024 sandboxed expert episodes, 550-3,800 steps) takes 4-24 minutes on 2 cores",
-    # Session 12: with varied nouns RL raises held-out final-answer-found on seeds 0-2 (libs/envs README,
-    # "search"), but the warm-start reaches its probe at 1,300-2,100 steps, 7-10 minutes on 2 cores, and
-    # a shorter one leaves every group's reward at 0; `slipstream demo --env search` runs it.
-    "search": "its warm-start (1,300-2,100 steps to the probe's stop) takes 7-10 minutes on 2 cores",
+    # Session 30, issue 33's pruning plan (2-3 hops, a budget one search can fill): the cold warm-start
+    # reached its probe at 2,800 steps in ~59 minutes on 2 cores (libs/envs README, "The pruning plan"),
+    # and a shorter one leaves every group's reward at 0; `slipstream demo --env search` runs it.
+    "search": "its warm-start (2,800 steps to the probe's stop on the pruning plan) takes ~59 minutes on 2 cores",
     # Session 11: with the copy curriculum and a 3,000-step cap the warm-start forms the copy on seeds
     # 0-2 and RL learns (libs/harness README, recall table), but the warm-start alone takes 5-11
     # minutes on 2 cores; `slipstream bench summary` runs it.
