@@ -14,7 +14,7 @@ import msgspec
 import pytest
 
 from slipstream.cli.__main__ import build_parser
-from slipstream.run import swarm_demo, warmstart_many
+from slipstream.run import swarm_demo, warmstart, warmstart_many
 
 pytestmark = pytest.mark.unit
 
@@ -68,8 +68,26 @@ def test_one_seed_end_to_end(tmp_path: Path) -> None:
     assert figures["torch"] and len(figures["sources"]) == 32
     assert (out / "model" / "config.json").is_file()
     assert "1 steps in" in done.stdout
-    made = swarm_demo.given_figures(out / "model")
+    made = warmstart.given_figures(out / "model")
     assert made["seed"] == 3 and made["device"] == "cpu" and "made_wall_s" in made and "wall_s" not in made
-    assert swarm_demo.given_figures(tmp_path) == {}
+    assert warmstart.given_figures(tmp_path) == {}
     again = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
     assert again.returncode == 0 and "already holds a warm-start, skipped" in again.stdout
+
+
+def test_demo_init_model_reports_what_made_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`slipstream demo --init-model DIR` hands RL the model and the figures warmstart_many left beside
+    it (marked given), and names a directory that holds no saved model before anything starts."""
+    from slipstream.cli import demo
+
+    model = tmp_path / "search-s1" / "model"
+    model.mkdir(parents=True)
+    args = build_parser().parse_args(["demo", "--env", "search", "--init-model", str(model)])
+    assert demo.run(args) == 2  # no config.json yet
+    (model / "config.json").write_text("{}")
+    (model.parent / "figures.json").write_text(json.dumps({"seed": 1, "steps": 3000, "wall_s": 3600.0}))
+    seen = {}
+    monkeypatch.setattr(demo, "execute", lambda plan, args, **kw: seen.update(kw) or 0)
+    assert demo.run(args) == 0
+    given_dir, given = seen["init_model"]
+    assert given_dir == model and given["given"] is True and given["seed"] == 1 and given["made_wall_s"] == 3600.0

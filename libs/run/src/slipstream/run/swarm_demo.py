@@ -43,6 +43,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from slipstream.run import warmstart
 from slipstream.run.swarm_eval import FIGURES, ArmModel, budget_curve, ceiling, evaluate_arm, plot_budget
 
 # Each arm's evaluation: tasks per split and sampled episodes per task (the same items for every arm).
@@ -256,22 +257,6 @@ def warm_started(plan: Any, model_dir: Path, say: Any = None) -> dict[str, Any]:
     return {**figures, "init_model": str(model_dir), "warmstart_wall_s": round(time.monotonic() - t0, 1)}
 
 
-def given_figures(model_dir: Path) -> dict[str, Any]:
-    """What made a given model, where `python -m slipstream.run.warmstart_many` left it beside the
-    model (figures.json: steps, probe, device, torch, sources); {} for any other model."""
-    path = model_dir.parent / "figures.json"
-    if not path.is_file():
-        return {}
-    try:
-        figures = json.loads(path.read_text())
-    except ValueError:
-        return {}
-    made = {k: v for k, v in figures.items() if isinstance(v, (int, float, str)) and k != "wall_s"}
-    if "wall_s" in figures:
-        made["made_wall_s"] = figures["wall_s"]
-    return made
-
-
 def stack_figures(summary: Any) -> dict[str, Any]:
     """What the running stack measured: its held-out eval before and after (the eval path the
     gate uses, sub-agents pinned), latency per episode included, and the warm-start's figures."""
@@ -389,7 +374,12 @@ def run(plan: Any, args: argparse.Namespace) -> int:
         init_dir = Path(given).resolve() if given is not None else arm_dir / "model-init"
         if given is not None:
             console.print(f"[bold]{name}[/bold]: RL from the given model {given} (no warm-start)")
-            init = {**given_figures(init_dir), "init_model": str(init_dir), "given": True, "warmstart_wall_s": 0.0}
+            init = {
+                **warmstart.given_figures(init_dir),
+                "init_model": str(init_dir),
+                "given": True,
+                "warmstart_wall_s": 0.0,
+            }
         else:
             console.print(f"[bold]{name}[/bold]: warm-start (cached by content hash) in {arm_dir / 'model-init'}")
             init = warm_started(p, init_dir, say=console.print)

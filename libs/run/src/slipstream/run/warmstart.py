@@ -92,3 +92,19 @@ def cached_warm_start(
     except OSError:
         shutil.rmtree(staging, ignore_errors=True)
     return figures
+
+
+def given_figures(model_dir: Path) -> dict[str, Any]:
+    """What made a given model, where `python -m slipstream.run.warmstart_many` left it beside the
+    model (figures.json: steps, probe, device, torch, sources); {} for any other model."""
+    path = model_dir.parent / "figures.json"
+    if not path.is_file():
+        return {}
+    try:
+        figures = json.loads(path.read_text())
+    except ValueError:
+        return {}
+    made = {k: v for k, v in figures.items() if isinstance(v, (int, float, str)) and k != "wall_s"}
+    if "wall_s" in figures:
+        made["made_wall_s"] = figures["wall_s"]
+    return made

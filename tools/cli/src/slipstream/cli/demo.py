@@ -223,7 +223,14 @@ def run(args: argparse.Namespace) -> int:
         return swarm_demo.run(plan, args)
     init = getattr(args, "init_model", None)
     if init is not None:
-        return execute(plan, args, title="slipstream demo", init_model=(init, {"init_model": str(init)}))
+        from slipstream.run.warmstart import given_figures
+
+        if not (init / "config.json").is_file():
+            print(f"slipstream demo: --init-model {init} is not a saved model (no config.json)", file=sys.stderr)
+            return 2
+
+        given = {**given_figures(init), "init_model": str(init), "given": True}
+        return execute(plan, args, title="slipstream demo", init_model=(init, given))
     return execute(plan, args, title="slipstream demo")
 
 
