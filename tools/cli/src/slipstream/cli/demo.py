@@ -47,7 +47,12 @@ def register(sub: Any) -> None:
         "--run-dir", type=Path, default=None, help="where logs, data and summary go (default .slipstream/runs/<ts>)"
     )
     p.add_argument("--summary-json", "--json", type=Path, metavar="FILE", help="also write the run summary here")
-    p.add_argument("--steps", type=int, default=None, help="learner steps (default 60)")
+    p.add_argument(
+        "--steps",
+        type=int,
+        default=None,
+        help="learner steps (default: the env's plan: 60 for reverse, 100 for search)",
+    )
     p.add_argument(
         "--env",
         default=None,
@@ -97,7 +102,12 @@ def register(sub: Any) -> None:
         help="stop the warm-start at this greedy train accuracy (0.2 on reverse, 0.9 on lookup; 0: run --sft-steps)",
     )
     p.add_argument("--temperature", type=float, default=None, help="sampling temperature of the rollouts")
-    p.add_argument("--eval-every", type=int, default=None, help="held-out eval every N versions (default 15)")
+    p.add_argument(
+        "--eval-every",
+        type=int,
+        default=None,
+        help="held-out eval every N versions (default: the env's plan: 15 on reverse; 0 on search: before, after)",
+    )
     p.add_argument(
         "--model",
         default="",
