@@ -65,6 +65,7 @@ def test_one_seed_end_to_end(tmp_path: Path) -> None:
     out = tmp_path / "lookup-s3"
     figures = json.loads((out / "figures.json").read_text())
     assert figures["seed"] == 3 and figures["steps"] == 1 and figures["device"] == "cpu"
+    assert "arm" not in figures  # lookup has no swarm arm
     assert figures["torch"] and len(figures["sources"]) == 32
     assert (out / "model" / "config.json").is_file()
     assert "1 steps in" in done.stdout

@@ -59,7 +59,7 @@ def one(env: str, arm: str, seed: int, device: str, out: Path, sft_steps: int | 
     figures = warm_start(plan, out / "model", on_check=checked, device=device)
     figures.update(
         env=env,
-        arm=arm,
+        **({"arm": arm} if env == "swarm" else {}),  # other envs have no arms
         seed=seed,
         device=device,
         torch=metadata.version("torch"),
