@@ -56,6 +56,8 @@ async def test_budget_refusals_and_malformed_output_are_counted() -> None:
     ep = await play(e, t, [search("town company patent thread it is a"), search("the of"), "no list\n"])
     m = episode_metrics(t.metadata, ep)
     assert m.budget_refusals == 1 and not m.parse_ok and m.output_recall == 0.0
+    agg = aggregate([m, episode_metrics(t.metadata, await play(e, t, ["no list\n"]))])
+    assert agg["search/budget_refusals"] == 1.0 and agg["search/budget_refusals_per_episode"] == 0.5
     agg = aggregate([m])
     assert agg["search/malformed_output"] == 1.0 and "search/prune_accuracy" not in agg
     assert aggregate([]) == {}

@@ -92,3 +92,13 @@ def test_demo_init_model_reports_what_made_it(tmp_path: Path, monkeypatch: pytes
     assert demo.run(args) == 0
     given_dir, given = seen["init_model"]
     assert given_dir == model and given["given"] is True and given["seed"] == 1 and given["made_wall_s"] == 3600.0
+
+
+def test_code_changed_names_both_digests() -> None:
+    """A given model made by other code is named with both digests; the same code, or figures that
+    do not say, are not."""
+    assert warmstart.code_changed({"sources": "abc"}, sources="abc") == ""
+    assert warmstart.code_changed({}, sources="abc") == ""
+    why = warmstart.code_changed({"sources": "abc"}, sources="def")
+    assert "abc" in why and "def" in why
+    assert warmstart.code_changed({"sources": warmstart.source_digest()}) == ""

@@ -346,7 +346,8 @@ METRIC_ROWS = (
     ("tool_calls_per_turn", "tool calls per turn"),
     ("turns_per_episode", "turns per episode"),
     ("turns_median", "turns per episode (median)"),
-    ("budget_refusals", "budget refusals"),
+    ("budget_refusals_per_episode", "budget refusals per episode"),
+    ("budget_refusals", "budget refusals (all episodes)"),
     ("malformed_output", "malformed output"),
 )
 
@@ -369,5 +370,6 @@ def metrics_table(summary: Any) -> Table | None:
     extra = sorted({k for c in columns for k in c} - set(known) - {"episodes"})
     for key, label in [*METRIC_ROWS, *((k, k) for k in extra)]:
         if any(key in c for c in columns):
-            t.add_row(label, *(f"{c[key]:.3f}" if key in c else "-" for c in columns))
+            shown = "{:.0f}" if key == "budget_refusals" else "{:.3f}"  # a count
+            t.add_row(label, *(shown.format(c[key]) if key in c else "-" for c in columns))
     return t

@@ -380,6 +380,8 @@ def run(plan: Any, args: argparse.Namespace) -> int:
                 "given": True,
                 "warmstart_wall_s": 0.0,
             }
+            if why := warmstart.code_changed(init):
+                console.print(f"  note: {why}")
         else:
             console.print(f"[bold]{name}[/bold]: warm-start (cached by content hash) in {arm_dir / 'model-init'}")
             init = warm_started(p, init_dir, say=console.print)

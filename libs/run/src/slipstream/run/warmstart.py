@@ -108,3 +108,19 @@ def given_figures(model_dir: Path) -> dict[str, Any]:
     if "wall_s" in figures:
         made["made_wall_s"] = figures["wall_s"]
     return made
+
+
+def code_changed(figures: dict[str, Any], sources: str | None = None) -> str:
+    """Why a given model may not be the warm-start this checkout would make: its figures name the
+    digest of the code that made it (`sources`, from warmstart_many) and this checkout's differs;
+    "" where they agree or the figures do not say."""
+    made = figures.get("sources")
+    if not isinstance(made, str) or not made:
+        return ""
+    now = sources if sources is not None else source_digest()
+    if made == now:
+        return ""
+    return (
+        f"it was made by code with digest {made} and this checkout's is {now}: the env, harness or engine code "
+        "changed since, so this checkout's warm-start could differ"
+    )

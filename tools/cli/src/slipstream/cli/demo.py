@@ -233,13 +233,15 @@ def run(args: argparse.Namespace) -> int:
         return swarm_demo.run(plan, args)
     init = getattr(args, "init_model", None)
     if init is not None:
-        from slipstream.run.warmstart import given_figures
+        from slipstream.run.warmstart import code_changed, given_figures
 
         if not (init / "config.json").is_file():
             print(f"slipstream demo: --init-model {init} is not a saved model (no config.json)", file=sys.stderr)
             return 2
 
         given = {**given_figures(init), "init_model": str(init), "given": True}
+        if why := code_changed(given):
+            print(f"slipstream demo: note: --init-model {init}: {why}", file=sys.stderr)
         return execute(plan, args, title="slipstream demo", init_model=(init, given))
     return execute(plan, args, title="slipstream demo")
 

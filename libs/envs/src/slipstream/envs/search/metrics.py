@@ -12,7 +12,7 @@ the full, unpruned record):
 - `tool_calls`, `call_turns`, `turns`: calls, turns that made calls, model turns
   (tool calls per turn = calls / call turns, pooled; turns per episode as a mean and a median);
 - the share of episodes that pruned at least one chunk (`prune_share`, pooled);
-- `budget_refusals`: calls refused by the budget rules;
+- `budget_refusals`: calls refused by the budget rules (aggregated: the total, and per episode);
 - `parse_ok`: the final output was a well-formed `<docs>` list.
 
 `aggregate` pools a list of them into named means, `<prefix>/<metric>` (metric names are paths).
@@ -103,6 +103,7 @@ def aggregate(metrics: Sequence[EpisodeMetrics], *, prefix: str = "search") -> d
         "turns_median": float(statistics.median(m.turns for m in metrics)),
         "prune_share": mean([float(m.pruned > 0) for m in metrics]),
         "budget_refusals": float(sum(m.budget_refusals for m in metrics)),
+        "budget_refusals_per_episode": mean([float(m.budget_refusals) for m in metrics]),
         "malformed_output": mean([float(not m.parse_ok) for m in metrics]),
         "episodes": float(n),
     }
