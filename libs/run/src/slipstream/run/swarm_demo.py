@@ -43,7 +43,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-from slipstream.run import warmstart
 from slipstream.run.swarm_eval import FIGURES, ArmModel, budget_curve, ceiling, evaluate_arm, plot_budget
 
 # Each arm's evaluation: tasks per split and sampled episodes per task (the same items for every arm).
@@ -317,6 +316,7 @@ def run(plan: Any, args: argparse.Namespace) -> int:
 
     from slipstream.run.progress import ProgressView, summary_table
     from slipstream.run.training import run_training
+    from slipstream.run.warmstart import code_changed, given_figures
     from slipstream.stack.spec import default_run_dir, restart_policy
 
     console = Console(highlight=False, soft_wrap=True)
@@ -375,12 +375,12 @@ def run(plan: Any, args: argparse.Namespace) -> int:
         if given is not None:
             console.print(f"[bold]{name}[/bold]: RL from the given model {given} (no warm-start)")
             init = {
-                **warmstart.given_figures(init_dir),
+                **given_figures(init_dir),
                 "init_model": str(init_dir),
                 "given": True,
                 "warmstart_wall_s": 0.0,
             }
-            if why := warmstart.code_changed(init):
+            if why := code_changed(init):
                 console.print(f"  note: {why}")
         else:
             console.print(f"[bold]{name}[/bold]: warm-start (cached by content hash) in {arm_dir / 'model-init'}")
