@@ -316,7 +316,7 @@ def run(plan: Any, args: argparse.Namespace) -> int:
 
     from slipstream.run.progress import ProgressView, summary_table
     from slipstream.run.training import run_training
-    from slipstream.run.warmstart import code_changed, given_figures
+    from slipstream.run.warmstart import given_model
     from slipstream.stack.spec import default_run_dir, restart_policy
 
     console = Console(highlight=False, soft_wrap=True)
@@ -374,13 +374,9 @@ def run(plan: Any, args: argparse.Namespace) -> int:
         init_dir = Path(given).resolve() if given is not None else arm_dir / "model-init"
         if given is not None:
             console.print(f"[bold]{name}[/bold]: RL from the given model {given} (no warm-start)")
-            init = {
-                **given_figures(init_dir),
-                "init_model": str(init_dir),
-                "given": True,
-                "warmstart_wall_s": 0.0,
-            }
-            if why := code_changed(init):
+            init, why = given_model(init_dir)
+            init["warmstart_wall_s"] = 0.0
+            if why:
                 console.print(f"  note: {why}")
         else:
             console.print(f"[bold]{name}[/bold]: warm-start (cached by content hash) in {arm_dir / 'model-init'}")

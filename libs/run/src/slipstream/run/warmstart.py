@@ -124,3 +124,10 @@ def code_changed(figures: dict[str, Any], sources: str | None = None) -> str:
         f"it was made by code with digest {made} and this checkout's is {now}: the env, harness or engine code "
         "changed since, so this checkout's warm-start could differ"
     )
+
+
+def given_model(model_dir: Path) -> tuple[dict[str, Any], str]:
+    """A model given with `--init-model`, as RL's initial model: what made it (`given_figures`),
+    marked given, and `code_changed`'s note ("" if none), for both demos."""
+    figures = {**given_figures(model_dir), "init_model": str(model_dir), "given": True}
+    return figures, code_changed(figures)

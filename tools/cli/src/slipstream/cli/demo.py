@@ -233,14 +233,13 @@ def run(args: argparse.Namespace) -> int:
         return swarm_demo.run(plan, args)
     init = getattr(args, "init_model", None)
     if init is not None:
-        from slipstream.run.warmstart import code_changed, given_figures
+        from slipstream.run.warmstart import given_model
 
         if not (init / "config.json").is_file():
             print(f"slipstream demo: --init-model {init} is not a saved model (no config.json)", file=sys.stderr)
             return 2
-
-        given = {**given_figures(init), "init_model": str(init), "given": True}
-        if why := code_changed(given):
+        given, why = given_model(init)
+        if why:
             print(f"slipstream demo: note: --init-model {init}: {why}", file=sys.stderr)
         return execute(plan, args, title="slipstream demo", init_model=(init, given))
     return execute(plan, args, title="slipstream demo")
