@@ -117,3 +117,24 @@ def test_init_model_starts_one_arm_only_and_must_be_a_saved_model(
     assert swarm_demo.run(plan, _demo_args(tmp_path, init_model=tmp_path / "nowhere", swarm_arm="swarm")) == 2
     assert "is not a saved model" in capsys.readouterr().out
     assert not (tmp_path / "run").exists()
+
+
+def test_rl_budgets_change_the_rl_plan_only_and_a_bad_value_is_refused_before_anything_starts(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    plan = swarm_demo.arm_plan(demo_plan("swarm"), "swarm")
+    rl = swarm_demo.rl_plan(plan, [4])
+    # RL's train tasks all at the evaluations' budget; the warm-start's teacher keeps its longer ones
+    assert rl.env_options["train_budgets"] == [4] and plan.env_options["train_budgets"] == [4, 4, 7, 10, 13, 22]
+    assert {k: v for k, v in rl.env_options.items() if k != "train_budgets"} == {
+        k: v for k, v in plan.env_options.items() if k != "train_budgets"
+    }
+    assert swarm_demo.rl_plan(plan, None) is plan
+    environ = service_env(rl, Path("/m"), Path("/s"), Path("/o"))
+    assert json.loads(environ["SLIPSTREAM_WORKER__ENV_OPTIONS"])["swarm"]["train_budgets"] == [4]
+    env = get_env("swarm", **rl.env_options)
+    assert {t.metadata["budget"] for t in env.generate("train", 24, 3)} == {"4"}
+    for bad in ("0", "4,x", "2000"):
+        with pytest.raises(SystemExit, match="--swarm-rl-budgets takes critical-step budgets"):
+            swarm_demo.run(demo_plan("swarm"), _demo_args(tmp_path, swarm_arm="swarm", swarm_rl_budgets=bad))
+    assert not (tmp_path / "run").exists()

@@ -104,6 +104,13 @@ def add_arguments(p: Any) -> None:
         help=f"item counts of the tasks (default {','.join(map(str, ITEM_COUNTS))})",
     )
     g.add_argument(
+        "--swarm-rl-budgets",
+        default=None,
+        metavar="B,B,...",
+        help="critical-step budgets the RL rollouts' train tasks draw from (default: the plan's train_budgets, "
+        "those of the warm-start's teacher, which keeps them either way); e.g. 4: RL at the evaluations' budget",
+    )
+    g.add_argument(
         "--swarm-compare-tasks",
         type=int,
         default=COMPARE_TASKS,
@@ -134,14 +141,25 @@ def add_arguments(p: Any) -> None:
     )
 
 
-def _ints(text: str, flag: str) -> list[int]:
+def _ints(text: str, flag: str, what: str = "item counts", top: int = 26) -> list[int]:
     try:
         values = [int(x) for x in text.split(",") if x.strip()]
     except ValueError:
-        raise SystemExit(f"slipstream demo: {flag} takes item counts like 2,4,8, got {text!r}") from None
-    if not values or any(not 1 <= v <= 26 for v in values):
-        raise SystemExit(f"slipstream demo: {flag} takes item counts in 1..26, got {text!r}")
+        raise SystemExit(f"slipstream demo: {flag} takes {what} like 2,4,8, got {text!r}") from None
+    if not values or any(not 1 <= v <= top for v in values):
+        raise SystemExit(f"slipstream demo: {flag} takes {what} in 1..{top}, got {text!r}")
     return values
+
+
+def rl_plan(plan: Any, budgets: list[int] | None) -> Any:
+    """The plan the arm's RL runs: `plan` with its train tasks' budgets drawn from `budgets` (None: as
+    planned). The warm-start keeps `plan` (its teacher needs the longer budgets to show several
+    sub-agents over several turns) and every evaluation is at max_critical_steps either way."""
+    if budgets is None:
+        return plan
+    plan = copy.deepcopy(plan)
+    plan.env_options = {**plan.env_options, "train_budgets": list(budgets)}
+    return plan
 
 
 def parallelism_curve(summary: Any) -> list[dict[str, float]]:
@@ -329,6 +347,8 @@ def run(plan: Any, args: argparse.Namespace) -> int:
             "max_subagents": max(counts),
             "max_assign_per_turn": max(counts),
         }
+    rl_budgets = getattr(args, "swarm_rl_budgets", None)
+    rl_budgets = _ints(rl_budgets, "--swarm-rl-budgets", "critical-step budgets", 1024) if rl_budgets else None
     if plan.sft_target_accuracy <= 0:
         plan.sft_target_sampled = 0.0  # --sft-target 0: no probe, so no sampled condition of its stop
     if getattr(args, "swarm_budget_model", None) is not None:
@@ -350,8 +370,9 @@ def run(plan: Any, args: argparse.Namespace) -> int:
     console.print(
         f"slipstream demo --env swarm: arms {', '.join(arms)}; {plan.max_steps} RL steps each, "
         f"{plan.groups_per_step} groups x {plan.group_size}, N in {o.get('item_counts')} items a task, "
-        f"critical-step budget {o.get('max_critical_steps')}, λ {lam if lam is not None else LAMBDA} -> 0; "
-        f"run dir {run_dir}"
+        f"critical-step budget {o.get('max_critical_steps')} (RL's train tasks: "
+        f"{rl_budgets or o.get('train_budgets') or o.get('max_critical_steps')}), "
+        f"λ {lam if lam is not None else LAMBDA} -> 0; run dir {run_dir}"
     )
     t0 = time.monotonic()
     report: dict[str, Any] = {
@@ -360,6 +381,7 @@ def run(plan: Any, args: argparse.Namespace) -> int:
         "budget": o.get("max_critical_steps"),
         "item_counts": o.get("item_counts"),
         "expert_parallel_rate": o.get("expert_parallel_rate"),
+        "train_budgets": {"warmstart": o.get("train_budgets"), "rl": rl_budgets or o.get("train_budgets")},
         "arms": [],
     }
     curves: dict[str, dict[str, Any]] = {}
@@ -385,10 +407,11 @@ def run(plan: Any, args: argparse.Namespace) -> int:
                 f"  warm-start: {init.get('steps', '?')} steps, {init['warmstart_wall_s']:.0f} s"
                 + (" (cached)" if init.get("cached") else "")
             )
-        view = ProgressView(console, p, live=not args.no_live)
+        p_rl = rl_plan(p, rl_budgets)
+        view = ProgressView(console, p_rl, live=not args.no_live)
         with view:
             summary = run_training(
-                p,
+                p_rl,
                 arm_dir,
                 on_event=view.on_event,
                 traces=args.traces,
