@@ -445,3 +445,44 @@ def test_evaluations_hold_train_tasks_to_the_plans_budget_too() -> None:
     env = swarm_eval._env(arm)
     assert env.options.train_budgets == [] and env.options.max_critical_steps == 4
     assert all("budget" not in t.metadata for t in env.generate("train", 20, seed=0))
+
+
+@pytest.mark.parametrize("n", [2, 4, 8])
+async def test_the_single_agents_agenda_puts_each_item_where_a_sub_agent_reads_its_own(n: int) -> None:
+    # The demo's single arm (by reference): after the prompt and after each turn the next item,
+    # worded as a sub-agent's prompt, ends the context, so the agent's grep copies the decade from the
+    # line it just read (as a sub-agent does) and never from the item list; `*` cites what it found.
+    opts = {**swarm_demo.arm_plan(demo_plan("swarm"), "single").env_options, "item_counts": [n], "train_budgets": []}
+    e = get_env("swarm", **{**opts, "max_critical_steps": n + 1})
+    assert e.options.agenda and not get_env("swarm", **{**opts, "mode": "swarm"}).options.agenda
+    t = e.generate("heldout", 1, seed=0)[0]
+    items = tk.items_of(t.metadata)
+    assert t.prompt.endswith(tk.HEADER + "".join(f"{it.question}\n" for it in items) + tk.agenda_line(items[0]))
+    assert tk.agenda_line(items[0]) == f"Find the documents that answer: {items[0].question}\n"
+    ep = await play(e, t, None)
+    text = bytes(i for i in ep.samples[0].ids() if i < 256).decode()
+    greps = re.findall(r'<tool>\{"name": "grep_corpus".*?</tool>\n', text)
+    assert len(greps) == n and ep.counts["critical_steps"] == n + 1 and ep.counts["subagents"] == 0
+    for it, line in zip(items, greps, strict=True):
+        # each grep follows its own item's agenda line directly, and holds the decade's digits read there
+        before = text[: text.index(line)]
+        assert before.endswith(tk.agenda_line(it)) and it.question[-5:-2] in line
+    assert text.rstrip().endswith("<docs>*</docs>") and e.score(t, ep).correct
+    assert ep.final_text.strip() == "<docs>" + " ".join(it.targets[0] for it in items) + "</docs>"
+    # the budget cuts a serial agent short: one step fewer and the last item goes unanswered
+    short = get_env("swarm", **{**opts, "max_critical_steps": n})
+    part = await play(short, t, None)
+    assert short.score(t, part).components["perf"] == (n - 1) / n
+
+
+async def test_star_in_a_single_answer_cites_only_what_the_agents_own_calls_returned() -> None:
+    opts = {**swarm_demo.arm_plan(demo_plan("swarm"), "single").env_options, "item_counts": [2], "train_budgets": []}
+    e = get_env("swarm", **opts)
+    t = e.generate("heldout", 1, seed=0)[0]
+    ep = await play(e, t, ["<docs>*</docs>\n"])  # no search first: `*` stands for nothing
+    assert ep.final_text.strip() == "<docs>*</docs>" and e.score(t, ep).components["perf"] == 0.0
+    # without by_reference the single agent has no agenda and `*` is a word like any other
+    plain = get_env("swarm", **{**opts, "by_reference": False})
+    assert not plain.options.agenda and not plain.generate("heldout", 1, seed=0)[0].prompt.endswith(
+        tk.agenda_line(tk.items_of(t.metadata)[0])
+    )

@@ -77,7 +77,7 @@ from slipstream.envs.registry import parse_options, register
 from slipstream.envs.search.env import SYSTEM_PROMPT as SEARCH_SYSTEM_PROMPT
 from slipstream.envs.search.env import Search, question_prompt
 from slipstream.envs.search.generator import SearchTask
-from slipstream.envs.search.tools import READ, chunk_blocks, parse_output
+from slipstream.envs.search.tools import READ, chunk_blocks, doc_of, parse_output
 from slipstream.envs.swarm import expert as expert_policy
 from slipstream.envs.swarm import tasks as tk
 from slipstream.envs.swarm.options import SwarmOptions
@@ -189,7 +189,7 @@ class Swarm(Environment[SwarmOptions]):
         kind, items = self._draw(rng)
         return Problem(
             key=tk.task_key(kind, items),
-            prompt=tk.prompt(items, self.options.layout, self.options.mode),
+            prompt=tk.prompt(items, self.options.layout, self.options.mode, self.options.agenda),
             reference=" ".join(tk.required(items)),
         )
 
@@ -221,7 +221,7 @@ class Swarm(Environment[SwarmOptions]):
                 TaskSpec(
                     task_id=f"{self.name}-{split}-{seed}-{len(out)}",
                     env=self.name,
-                    prompt=tk.prompt(items, self.options.layout, self.options.mode),
+                    prompt=tk.prompt(items, self.options.layout, self.options.mode, self.options.agenda),
                     reference=" ".join(tk.required(items)),
                     seed=seed,
                     split=split,
@@ -343,6 +343,7 @@ class _Episode:
         self.seen: dict[str, None] = {}  # chunk ids the orchestrator's direct calls returned
         self.items = tk.items_of(ctx.task.metadata) if "items" in ctx.task.metadata else []
         self.parallel_turns = 0  # turns whose cohort ran 2+ sub-agents at once
+        self.turns = 0  # turns with calls (the single agent's agenda advances one item each)
         self.started = time.monotonic()
         self.budget = env.options.budget(ctx.task.metadata)
 
@@ -370,8 +371,12 @@ class _Episode:
             self.ledger.add(direct - malformed, subs, malformed=malformed)
             self.parallel_turns += len(subs) >= 2
             text = env.renderer.render(env.renderer.result_messages(results))
+            text += f"[Steps: {self.ledger.critical}/{self.budget}]\n"
+            self.turns += 1
+            if o.agenda and self.turns < len(self.items):  # single by reference: the next item, one a turn
+                text += tk.agenda_line(self.items[self.turns])
             try:
-                ctx.observe(thread, text + f"[Steps: {self.ledger.critical}/{self.budget}]\n")
+                ctx.observe(thread, text)
             except ContextFull:
                 return self.end("", "length")
             if self.ledger.critical + 1 > self.budget:
@@ -451,13 +456,18 @@ class _Episode:
         return int(text) if self.o.by_reference and self.o.mode == "swarm" and text.isdigit() else None
 
     def expand_answer(self, final: str) -> str:
-        """`by_reference`: each sub-agent named in the answer's `<docs>` list stands for the ids it returned."""
-        if not self.o.by_reference or not self.returned_by:
+        """`by_reference`: each sub-agent named in the answer's `<docs>` list stands for the ids it
+        returned, and `*` for every id any sub-agent returned; in single mode `*` stands for every
+        document the agent's own calls returned, in the order they came."""
+        if not self.o.by_reference or not (self.returned_by or (self.o.mode == "single" and self.seen)):
             return final
+        if self.o.mode == "single":
+            every = list(dict.fromkeys(doc_of(c) for c in self.seen))
+        else:
+            every = [i for ids in self.returned_by.values() for i in ids]
 
         def ids(m: re.Match[str]) -> str:
             words = re.split(r"[\s,]+", m.group(1).strip())
-            every = [i for ids in self.returned_by.values() for i in ids]
             out = [i for w in words if w for i in (every if w == "*" else self.returned_by.get(w, [w]))]
             return f"<docs>{' '.join(out)}</docs>"
 

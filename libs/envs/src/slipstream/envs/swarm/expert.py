@@ -13,7 +13,9 @@ context it is continuing:
   it is **serial**: the search expert's calls made directly, one per turn, item after item, and
   the final answer, the targets it saw. It watches the step line `[Steps: X/B]` and answers
   with what it has when one more call would leave no step for the answer, so a serial episode on
-  a task too wide for the budget ends with a partial answer, not cut off.
+  a task too wide for the budget ends with a partial answer, not cut off. In single mode by
+  reference (the agenda) it searches the item the agenda shows, one a turn as the agenda advances,
+  and with `cite = "all"` answers `<docs>*</docs>`.
 
 With `expert_subagents = "per_item"` (issue 32: a warm-start that does not contain the
 parallel behaviour) it knows the swarm tools but uses one sub-agent per item (`AGENT_NAMES`, one
@@ -115,6 +117,8 @@ def next_turn(options: SwarmOptions, search: Search, task: TaskSpec, context: st
             line = search.expert(item_task(task, item), context)
             if not line.startswith("<docs>"):
                 return line
+    if options.agenda and options.cite == "all":  # `*`: every document its calls returned
+        return answer(["*"])
     seen = {doc_of(c) for c in _CHUNK.findall(context)}
     return answer([d for it in items for d in it.targets if d in seen])
 

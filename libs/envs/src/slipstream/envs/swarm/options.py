@@ -92,7 +92,11 @@ class SwarmOptions(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fie
             "question lines counted from 1) gives the sub-agent that item's question, and a final answer may name "
             "sub-agents (`<docs>a b</docs>`), each standing for the ids that sub-agent returned, or `*` for all. "
             "The orchestrator then copies no text: what it decides is how many sub-agents, which item each gets "
-            "and in how many turns (issue 32: the micro model forms no positional copy of a brief; README, 'swarm')."
+            "and in how many turns (issue 32: the micro model forms no positional copy of a brief; README, 'swarm'). "
+            "Single mode: the agenda: the prompt and each turn's observation end with the next item's question "
+            "as a sub-agent's prompt words it (one item a turn, in order), and `*` in the answer stands for every "
+            "document the agent's own calls returned, so the single agent copies what a sub-agent copies, from "
+            "the line it just read, and nothing from further back."
         ),
     ] = False
     cite: Annotated[
@@ -168,6 +172,11 @@ class SwarmOptions(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fie
                 f"layout {self.layout!r} briefs questions that name the decade last: needs search.fixed_offsets = true"
             )
         parse_options("search", self.search)  # names the bad search option, if any
+
+    @property
+    def agenda(self) -> bool:
+        """Single mode by reference: the next item is shown after every turn (see `by_reference`)."""
+        return self.mode == "single" and self.by_reference
 
     def budget(self, metadata: dict[str, str]) -> int:
         """A task's critical-step budget: its own (a train task under `train_budgets`), else max_critical_steps."""

@@ -55,6 +55,7 @@ from typing import Literal
 
 import msgspec
 
+from slipstream.envs.search.env import question_prompt
 from slipstream.envs.search.expert import call
 from slipstream.envs.search.generator import SearchTask
 from slipstream.envs.swarm.tools import ASSIGN
@@ -110,14 +111,23 @@ class Item(msgspec.Struct, frozen=True, kw_only=True):
         return cls(key=t.key, question=question, targets=list(t.targets), queries=list(t.queries))
 
 
-def prompt(items: list[Item], layout: Layout = "lines", mode: str = "swarm") -> str:
+def prompt(items: list[Item], layout: Layout = "lines", mode: str = "swarm", agenda: bool = False) -> str:
     """The orchestrator's prompt: (single mode: `SINGLE_TAG`), the header, then one question per
-    line (`fixed`: each line right-justified to the width of the assign_task call that carries it)."""
+    line (`fixed`: each line right-justified to the width of the assign_task call that carries it);
+    with `agenda` (single mode by reference) then the first item as a sub-agent reads its own."""
     tag = SINGLE_TAG if mode == "single" else ""
     if layout == "fixed":
         width = line_width(max(len(it.question) for it in items))
-        return tag + HEADER + "".join(it.question.rjust(width - 1) + "\n" for it in items)
-    return tag + HEADER + "".join(f"{it.question}\n" for it in items)
+        text = tag + HEADER + "".join(it.question.rjust(width - 1) + "\n" for it in items)
+    else:
+        text = tag + HEADER + "".join(f"{it.question}\n" for it in items)
+    return text + agenda_line(items[0]) if agenda and items else text
+
+
+def agenda_line(item: Item) -> str:
+    """The single agent's next item (single mode by reference), worded as a sub-agent's whole prompt
+    is (`question_prompt`), so the agent's search copies from the line it just read, as a sub-agent's does."""
+    return question_prompt(item.question, tools_line=False)
 
 
 def task_key(kind: str, items: list[Item]) -> str:
@@ -191,6 +201,7 @@ __all__ = [
     "BRIEF_WIDTH",
     "HEADER",
     "SINGLE_TAG",
+    "agenda_line",
     "Item",
     "Layout",
     "brief",
