@@ -21,9 +21,10 @@ def test_there_are_committed_warmstarts() -> None:
 
 @pytest.mark.parametrize("model", MODELS, ids=[str(m.parent.relative_to(RUNS)) for m in MODELS])
 def test_committed_warmstart_loads_and_names_its_making(model: Path) -> None:
-    env, seed = model.parent.name.rsplit("-s", 1)
+    name, seed = model.parent.name.rsplit("-s", 1)  # <env>-s<seed>, or the swarm's <arm>-s<seed>
     made = given_figures(model)
-    assert made["env"] == env == model.parents[1].name and made["seed"] == int(seed)
+    assert made["env"] == model.parents[1].name and made["seed"] == int(seed)
+    assert made.get("arm", made["env"]) == name
     assert made["steps"] > 0 and 0 <= made["probe_accuracy"] <= 1 and made["sources"] and made["torch"]
     net, tokenizer = load_pretrained(model)
     assert sum(p.numel() for p in net.parameters()) > 100_000 and tokenizer is not None

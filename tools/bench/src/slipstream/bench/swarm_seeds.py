@@ -302,9 +302,12 @@ def plot(result: dict[str, Any], path: Path) -> Path:
             )
     ax.set_title("held-out accuracy vs critical-step budget B\n(after RL, seed mean)")
     ax.set_xlabel("B")
+    if not ax.lines:  # runs made with --swarm-budget-tasks 0 have no curve: say so on the panel
+        ax.text(0.5, 0.5, "no budget curve in these runs\n(--swarm-budget-tasks 0)", ha="center", va="center")
     for ax in axes:
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7)
     fig.suptitle("slipstream demo --env swarm over seeds (bench swarm-seeds)")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
