@@ -447,12 +447,17 @@ def test_evaluations_hold_train_tasks_to_the_plans_budget_too() -> None:
     assert all("budget" not in t.metadata for t in env.generate("train", 20, seed=0))
 
 
+def _single_options(n: int) -> dict[str, object]:
+    """The demo's single arm at N items, every task at max_critical_steps."""
+    return {**swarm_demo.arm_plan(demo_plan("swarm"), "single").env_options, "item_counts": [n], "train_budgets": []}
+
+
 @pytest.mark.parametrize("n", [2, 4, 8])
 async def test_the_single_agents_agenda_puts_each_item_where_a_sub_agent_reads_its_own(n: int) -> None:
     # The demo's single arm (by reference): after the prompt and after each turn the next item,
     # worded as a sub-agent's prompt, ends the context, so the agent's grep copies the decade from the
     # line it just read (as a sub-agent does) and never from the item list; `*` cites what it found.
-    opts = {**swarm_demo.arm_plan(demo_plan("swarm"), "single").env_options, "item_counts": [n], "train_budgets": []}
+    opts = _single_options(n)
     e = get_env("swarm", **{**opts, "max_critical_steps": n + 1})
     assert e.options.agenda and not get_env("swarm", **{**opts, "mode": "swarm"}).options.agenda
     t = e.generate("heldout", 1, seed=0)[0]
@@ -476,7 +481,7 @@ async def test_the_single_agents_agenda_puts_each_item_where_a_sub_agent_reads_i
 
 
 async def test_star_in_a_single_answer_cites_only_what_the_agents_own_calls_returned() -> None:
-    opts = {**swarm_demo.arm_plan(demo_plan("swarm"), "single").env_options, "item_counts": [2], "train_budgets": []}
+    opts = _single_options(2)
     e = get_env("swarm", **opts)
     t = e.generate("heldout", 1, seed=0)[0]
     ep = await play(e, t, ["<docs>*</docs>\n"])  # no search first: `*` stands for nothing
