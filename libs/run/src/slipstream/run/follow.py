@@ -210,7 +210,7 @@ async def _follow(
                     await asyncio.to_thread(stack.stop_service, name, stack.spec.drain_timeout_s + 5)
         await asyncio.sleep(0.2)  # let the tap see the last publishes
         await asyncio.to_thread(tap.stop)
-        summary.trajectories = await account(bus, summary, stack, tap.injected_scored())
+        summary.trajectories = await account(bus, summary, stack, tap.injected_scored)
         if screen is not None:
             summary.trajectories["screen"] = screen
         if store_root is not None:
@@ -317,7 +317,9 @@ def announce_verifier(stack: Stack) -> Any:
     return AnnounceVerifier(LocalObjectStore(spec.root), run_id=stack.spec.run_id, keyring=keyring)
 
 
-async def account(bus: Any, summary: RunSummary, stack: Stack, injected: int = 0) -> dict[str, Any]:
+async def account(
+    bus: Any, summary: RunSummary, stack: Stack, injected: Callable[[set[str]], int] | None = None
+) -> dict[str, Any]:
     """Every trajectory published, and where it went (streams are work queues: acked = removed).
 
     Two balances, each stream's own: what entered TRAJ_RAW (the workers' episodes and anything
@@ -326,8 +328,14 @@ async def account(bus: Any, summary: RunSummary, stack: Stack, injected: int = 0
     learner (trained or dropped with a reason, counted once per stream message however often it
     was redelivered), dead-lettered, or is still there (a settled message whose ack never reached
     the server is still stored: `settled_but_unacked`, counted as settled, not as left).
-    `injected` is how many messages on `traj.scored.>` the tap could not trace to a raw trajectory
-    (`TapIds.injected_scored`).
+    `injected(settled_ids)` is how many messages on `traj.scored.>` the tap could not trace to a
+    raw trajectory nor the learner settled as one (`TapIds.untraced`).
+
+    The raw balance counts episodes, not scored messages: a reward-model killed (or cut off by a
+    nats-server restart) after its scored publish and before its raw ack scores the episode again,
+    and a republish the stream's duplicate window no longer covers (a restart forgets the window
+    of messages already consumed) is stored twice. The learner's log names both messages under
+    one episode id; the second is `republished_scored`, in the scored balance but not the raw one.
     """
     raw = await bus.stream_info("TRAJ_RAW")
     scored = await bus.stream_info("TRAJ_SCORED")
@@ -338,9 +346,12 @@ async def account(bus: Any, summary: RunSummary, stack: Stack, injected: int = 0
     settled: int | None = None
     repeats = 0
     unacked = 0
+    republished = 0
+    settled_ids: set[str] = set()
     tally = outcome_tally(Path(stack.spec.run_dir) / "learner-outcomes.jsonl")
     if tally is not None:
         trained, dropped, settled, repeats = tally.trained, tally.dropped, tally.settled, tally.repeats
+        republished, settled_ids = tally.republished, tally.ids
         if tally.sequences and int(scored["messages"]):
             # Settled by the learner but still stored: the ack never reached the server (sent while
             # NATS restarted, or by a learner killed right after its outcome line). The message comes
@@ -348,15 +359,17 @@ async def account(bus: Any, summary: RunSummary, stack: Stack, injected: int = 0
             unacked = len(tally.sequences & set(await bus.stored_sequences("TRAJ_SCORED")))
     published = int(raw["last_seq"])
     scored_published = int(scored["last_seq"])
+    outside = injected(settled_ids) if injected is not None else 0
     out = {
         "published": published,
-        "scored": scored_published - injected,
+        "scored": scored_published - outside - republished,
+        "republished_scored": republished,
         "dead_lettered": len(dead),
         "left_unscored": int(raw["messages"]),
         "trained": trained,
         "dropped": dropped,
         "left_in_learner_stream": int(scored["messages"]) - unacked,
-        "injected_scored": injected,
+        "injected_scored": outside,
         "dead_lettered_scored": len(dead_scored),
         "settled_by_learner": trained + sum(dropped.values()) if settled is None else settled,
         "repeat_deliveries": repeats,
@@ -410,7 +423,8 @@ class OutcomeTally:
     or calls it a `duplicate` (its id is in a committed checkpoint), else as its first drop
     reason; `settled` counts the distinct stream messages the lines name (two messages with the
     same episode id, a republish after the duplicate window, are two) and `repeats` the lines
-    beyond one per trajectory. `sequences` are those messages' stream sequence numbers.
+    beyond one per trajectory. `sequences` are those messages' stream sequence numbers,
+    `republished` the messages beyond one per trajectory, and `ids` the trajectories' ids.
     """
 
     def __init__(self) -> None:
@@ -418,7 +432,9 @@ class OutcomeTally:
         self.dropped: dict[str, int] = {}
         self.settled = 0
         self.repeats = 0
+        self.republished = 0
         self.sequences: set[int] = set()
+        self.ids: set[str] = set()
 
 
 def outcome_tally(path: Path) -> OutcomeTally | None:
@@ -450,6 +466,8 @@ def outcome_tally(path: Path) -> OutcomeTally | None:
             tally.dropped[key] = tally.dropped.get(key, 0) + 1
         # An older learner wrote no sequences: one message per trajectory.
         tally.settled += max(1, len(sequences[tid]))
+        tally.republished += max(0, len(sequences[tid]) - 1)
         tally.sequences |= sequences[tid]
     tally.repeats = lines - len(final)
+    tally.ids = set(final)
     return tally

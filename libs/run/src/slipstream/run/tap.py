@@ -53,7 +53,17 @@ class TapIds:
     @property
     def injected_scored(self) -> int:
         """Messages published on traj.scored.> that no raw trajectory of the run accounts for."""
-        return len(self.scored_ids - self.raw_ids) + self.scored_without_id
+        return self.untraced()
+
+    def untraced(self, settled: frozenset[str] | set[str] = frozenset()) -> int:
+        """`injected_scored`, less the ids in `settled` (trajectories the learner's outcome log names).
+
+        The tap is a core subscription: while nats-server restarts it is reconnecting and misses
+        what is published then, so a worker's episode published in that gap is a scored id without
+        a raw one. The learner decoded and settled it as a trajectory, so it is the reward-model's
+        work, not an outsider's (an outsider's garbage is dead-lettered, never settled).
+        """
+        return len(self.scored_ids - self.raw_ids - set(settled)) + self.scored_without_id
 
 
 class Tap:
@@ -92,9 +102,9 @@ class Tap:
         if self._thread is not None:
             self._thread.join(timeout=10)
 
-    def injected_scored(self) -> int:
+    def injected_scored(self, settled: frozenset[str] | set[str] = frozenset()) -> int:
         with self._lock:
-            return self.ids.injected_scored
+            return self.ids.untraced(settled)
 
     def _run(self) -> None:
         try:
