@@ -138,3 +138,41 @@ def test_rl_budgets_change_the_rl_plan_only_and_a_bad_value_is_refused_before_an
         with pytest.raises(SystemExit, match="--swarm-rl-budgets takes critical-step budgets"):
             swarm_demo.run(demo_plan("swarm"), _demo_args(tmp_path, swarm_arm="swarm", swarm_rl_budgets=bad))
     assert not (tmp_path / "run").exists()
+
+
+def test_a_stopped_runs_learner_steps_come_from_its_log_and_a_wrong_dir_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import json
+
+    arm_dir = tmp_path / "run" / "single"
+    (arm_dir / "logs").mkdir(parents=True)
+    means = {"subagents": 1.0, "parallel_turns": 0.5, "critical_steps": 4.0, "component.perf": 0.25}
+    rows = [
+        {"event": "step", "step": 1, "episode_means": means},
+        {"event": "no learner step: every group's rewards were equal", "step": 1},
+        {"event": "step", "step": 2, "episode_means": {**means, "parallel_turns": 1.0}},
+        # a learner killed and resumed logs its last step again
+        {"event": "step", "step": 2, "episode_means": {**means, "parallel_turns": 2.0}},
+    ]
+    text = "\n".join(json.dumps(r) for r in rows) + '\nnot json\n{"event": "step", "st'
+    (arm_dir / "logs" / "learner.log").write_text(text)
+    steps = swarm_demo.learner_steps(arm_dir)
+    assert [r["step"] for r in steps] == [1, 2] and steps[1]["episode_means"]["parallel_turns"] == 2.0
+    curve = swarm_demo.parallelism_curve(type("S", (), {"steps_log": steps})())
+    assert [c["parallel_turns"] for c in curve] == [0.5, 2.0]
+
+    plan = demo_plan("swarm")
+    model = tmp_path / "model"
+    # no arm or no warm-start: refused, naming what is missing
+    args = _demo_args(tmp_path, swarm_evaluate_run=tmp_path / "run", init_model=None, swarm_arm="single")
+    assert swarm_demo.run(plan, args) == 2
+    assert "--init-model" in capsys.readouterr().out
+    args = _demo_args(tmp_path, swarm_evaluate_run=tmp_path / "run", init_model=model, swarm_arm="both")
+    assert swarm_demo.run(plan, args) == 2
+    # the arm's directory has steps but no stored versions; the swarm arm's has neither
+    for arm in ("single", "swarm"):
+        args = _demo_args(tmp_path, swarm_evaluate_run=tmp_path / "run", init_model=model, swarm_arm=arm)
+        assert swarm_demo.run(plan, args) == 2
+        assert f"{tmp_path / 'run' / arm} holds no stored versions" in capsys.readouterr().out
+    assert not (tmp_path / "run" / "swarm.json").exists()

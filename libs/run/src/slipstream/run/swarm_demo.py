@@ -139,6 +139,15 @@ def add_arguments(p: Any) -> None:
         "written to --run-dir as swarm-budget.json/png (and, for the swarm, its ceiling: swarm-ceiling.json; "
         "with --swarm-budget-tasks 0 the ceiling alone)",
     )
+    g.add_argument(
+        "--swarm-evaluate-run",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="no training: evaluate a run whose RL was stopped (by hand, or its process killed) before its own "
+        "evaluation: DIR is its --run-dir, --swarm-arm and --swarm-lambda as it ran, --init-model its warm-start; "
+        "writes DIR/swarm.json as the run would have, with the step it stopped at",
+    )
 
 
 def _ints(text: str, flag: str, what: str = "item counts", top: int = 26) -> list[int]:
@@ -326,11 +335,143 @@ def _budget_only(plan: Any, args: argparse.Namespace, console: Any) -> int:
     return 0
 
 
+def evaluate_entry(
+    arm: str,
+    name: str,
+    p: Any,
+    arm_dir: Path,
+    init_dir: Path,
+    args: argparse.Namespace,
+    report: dict[str, Any],
+    console: Any,
+) -> dict[str, Any] | None:
+    """One arm's evaluation after its RL, into `report`: its warm-start (`init_dir`) and the last
+    version stored in `arm_dir`, in its own mode, on the same held-out and train items; for the
+    swarm its ceiling; returns its accuracy-vs-budget curve (None with --swarm-budget-tasks 0)."""
+    entry = report[name]
+    model = ArmModel(
+        mode=arm,
+        env_options=p.env_options,
+        model_dir=init_dir,
+        store_root=arm_dir / "data" / "store",
+        run_id=arm_dir.name,
+    )
+    console.print(f"evaluating {name}: its warm-start and last version, in {arm} mode")
+    ev = evaluate_arm(
+        model,
+        p,
+        tasks=args.swarm_compare_tasks,
+        samples=COMPARE_SAMPLES,
+        seed=p.seed + 11,
+        emit=lambda m: console.print(f"  {m}"),
+    )
+    entry["version"] = ev.get("version")
+    for key, row in ev.items():
+        if "/" in key:
+            stage, split = key.split("/")
+            report[f"{stage}/{name}/{split}"] = row
+    if arm == "swarm":
+        # the teacher's orchestrator in parallel over these frozen sub-agents, on the same tasks:
+        # the accuracy RL on the orchestrator could reach at most
+        top = ceiling(
+            model,
+            p,
+            tasks=args.swarm_compare_tasks,
+            samples=COMPARE_SAMPLES,
+            seed=p.seed + 11,
+            emit=lambda m: console.print(f"  {m}"),
+        )
+        for split in ("heldout", "train"):
+            report[f"ceiling/{name}/{split}"] = top[split]
+    if args.swarm_budget_tasks <= 0:
+        return None
+    console.print(f"accuracy vs critical-step budget, {name}")
+    return budget_curve(
+        model,
+        p,
+        ns=_ints(args.swarm_budget_ns, "--swarm-budget-ns"),
+        tasks=args.swarm_budget_tasks,
+        seed=p.seed + 13,
+        emit=lambda m: console.print(f"  {m}"),
+    )
+
+
+def _report_head(plan: Any, rl_budgets: list[int] | None) -> dict[str, Any]:
+    """swarm.json's first keys: the plan's figures every arm shares."""
+    o = plan.env_options
+    return {
+        "seed": plan.seed,
+        "steps": plan.max_steps,
+        "budget": o.get("max_critical_steps"),
+        "item_counts": o.get("item_counts"),
+        "expert_parallel_rate": o.get("expert_parallel_rate"),
+        "train_budgets": {"warmstart": o.get("train_budgets"), "rl": rl_budgets or o.get("train_budgets")},
+        "arms": [],
+    }
+
+
+def learner_steps(arm_dir: Path) -> list[dict[str, Any]]:
+    """The learner's step rows from its log (`event` "step"): the steps_log of a run not followed to its end."""
+    import msgspec
+
+    rows = []
+    for path in sorted((arm_dir / "logs").glob("learner*.log")):
+        for line in path.read_bytes().splitlines():
+            if not line.startswith(b"{"):
+                continue
+            try:
+                row = msgspec.json.decode(line)
+            except msgspec.DecodeError:
+                continue  # a line cut by a kill
+            if isinstance(row, dict) and row.get("event") == "step" and "step" in row:
+                rows.append(row)
+    last: dict[int, dict[str, Any]] = {int(r["step"]): r for r in rows}  # a resumed learner logs a step once more
+    return [last[k] for k in sorted(last)]
+
+
+def _evaluate_stopped(plan: Any, args: argparse.Namespace, rl_budgets: list[int] | None, console: Any) -> int:
+    """--swarm-evaluate-run: the evaluation a run would have made after its RL, for a run stopped before it."""
+    from types import SimpleNamespace
+
+    arm = args.swarm_arm
+    lam = getattr(args, "swarm_lambda", None)
+    given = getattr(args, "init_model", None)
+    if arm not in ARMS or given is None:
+        console.print(
+            "slipstream demo --env swarm: --swarm-evaluate-run needs the arm it ran (--swarm-arm swarm or single) "
+            "and its warm-start (--init-model DIR)"
+        )
+        return 2
+    name = arm_name(arm, lam if arm == "swarm" else None)
+    run_dir = args.swarm_evaluate_run.resolve()
+    arm_dir = run_dir / name
+    steps = learner_steps(arm_dir)
+    if not (arm_dir / "data" / "store").is_dir() or not steps:
+        console.print(
+            f"slipstream demo --env swarm: {arm_dir} holds no stored versions or learner steps: not a run of "
+            f"--swarm-arm {arm}{'' if lam is None else f' --swarm-lambda {lam:g}'} (its --run-dir is {run_dir}?)"
+        )
+        return 2
+    t0 = time.monotonic()
+    p = arm_plan(plan, arm, lam if arm == "swarm" else None)
+    report = _report_head(plan, rl_budgets)
+    stopped = int(steps[-1]["step"])
+    report[name] = {"run_dir": str(arm_dir), "ok": False, "rl_stopped_at_step": stopped}
+    report["arms"].append(name)
+    console.print(f"{name}: RL stopped at step {stopped} of {plan.max_steps}; evaluating its last version")
+    curves: dict[str, dict[str, Any]] = {}
+    curve = evaluate_entry(arm, name, p, arm_dir, Path(given).resolve(), args, report, console)
+    if curve is not None:
+        curves[name] = curve
+    if arm == "swarm":
+        report["curve"] = parallelism_curve(SimpleNamespace(steps_log=steps))
+        report["reward_schedule"] = p.reward_schedule
+    return _close(report, curves, run_dir, "", args, console, t0)
+
+
 def run(plan: Any, args: argparse.Namespace) -> int:
     """The swarm demo: each arm's run (with the live view) and evaluation, then the table and the plots."""
-    import msgspec
     from rich.console import Console
-    from rich.markup import escape
 
     from slipstream.run.progress import ProgressView, summary_table
     from slipstream.run.training import run_training
@@ -353,6 +494,8 @@ def run(plan: Any, args: argparse.Namespace) -> int:
         plan.sft_target_sampled = 0.0  # --sft-target 0: no probe, so no sampled condition of its stop
     if getattr(args, "swarm_budget_model", None) is not None:
         return _budget_only(plan, args, console)
+    if getattr(args, "swarm_evaluate_run", None) is not None:
+        return _evaluate_stopped(plan, args, rl_budgets, console)
     lam = getattr(args, "swarm_lambda", None)
     chosen = getattr(args, "swarm_arm", "both")
     arms = ["single", "swarm"] if chosen == "both" else [chosen]
@@ -375,15 +518,7 @@ def run(plan: Any, args: argparse.Namespace) -> int:
         f"λ {lam if lam is not None else LAMBDA} -> 0; run dir {run_dir}"
     )
     t0 = time.monotonic()
-    report: dict[str, Any] = {
-        "seed": plan.seed,
-        "steps": plan.max_steps,
-        "budget": o.get("max_critical_steps"),
-        "item_counts": o.get("item_counts"),
-        "expert_parallel_rate": o.get("expert_parallel_rate"),
-        "train_budgets": {"warmstart": o.get("train_budgets"), "rl": rl_budgets or o.get("train_budgets")},
-        "arms": [],
-    }
+    report = _report_head(plan, rl_budgets)
     curves: dict[str, dict[str, Any]] = {}
     failed = ""
     summaries: dict[str, Any] = {}
@@ -423,66 +558,53 @@ def run(plan: Any, args: argparse.Namespace) -> int:
         entry: dict[str, Any] = {"run_dir": str(arm_dir), "stack": stack_figures(summary), "ok": summary.ok}
         report[name] = entry
         report["arms"].append(name)
-        if not summary.ok:
+        stopped = not summary.ok
+        if stopped:
             failed = f"{name}: {summary.error}"
             entry["wall_s"] = round(time.monotonic() - a0, 1)
-            break
-        model = ArmModel(
-            mode=arm,
-            env_options=p.env_options,
-            model_dir=init_dir,
-            store_root=arm_dir / "data" / "store",
-            run_id=arm_dir.name,
-        )
-        console.print(f"evaluating {name}: its warm-start and last version, in {arm} mode")
-        ev = evaluate_arm(
-            model,
-            p,
-            tasks=args.swarm_compare_tasks,
-            samples=COMPARE_SAMPLES,
-            seed=plan.seed + 11,
-            emit=lambda m: console.print(f"  {m}"),
-        )
-        entry["version"] = ev.get("version")
-        for key, row in ev.items():
-            if "/" in key:
-                stage, split = key.split("/")
-                report[f"{stage}/{name}/{split}"] = row
-        if arm == "swarm":
-            # the teacher's orchestrator in parallel over these frozen sub-agents, on the same tasks:
-            # the accuracy RL on the orchestrator could reach at most
-            top = ceiling(
-                model,
-                p,
-                tasks=args.swarm_compare_tasks,
-                samples=COMPARE_SAMPLES,
-                seed=plan.seed + 11,
-                emit=lambda m: console.print(f"  {m}"),
+            if not summary.steps:
+                break
+            # RL stopped part-way (timeout_s, a service given up on): its versions are stored, so
+            # evaluate the last one as the run's after, marked, rather than lose the run.
+            entry["rl_stopped_at_step"] = summary.steps
+            console.print(
+                f"{name}: RL stopped at step {summary.steps} of {plan.max_steps}; evaluating its last version"
             )
-            for split in ("heldout", "train"):
-                report[f"ceiling/{name}/{split}"] = top[split]
-        if args.swarm_budget_tasks > 0:
-            console.print(f"accuracy vs critical-step budget, {name}")
-            curves[name] = budget_curve(
-                model,
-                p,
-                ns=_ints(args.swarm_budget_ns, "--swarm-budget-ns"),
-                tasks=args.swarm_budget_tasks,
-                seed=plan.seed + 13,
-                emit=lambda m: console.print(f"  {m}"),
-            )
+        curve = evaluate_entry(arm, name, p, arm_dir, init_dir, args, report, console)
+        if curve is not None:
+            curves[name] = curve
         if arm == "swarm":
             report["curve"] = parallelism_curve(summary)
             report["reward_schedule"] = p.reward_schedule
+        if stopped:
+            break
         entry["wall_s"] = round(time.monotonic() - a0, 1)
         console.print(f"{name} done in {entry['wall_s']:.0f} s")
+    return _close(report, curves, run_dir, failed, args, console, t0, summaries)
+
+
+def _close(
+    report: dict[str, Any],
+    curves: dict[str, dict[str, Any]],
+    run_dir: Path,
+    failed: str,
+    args: argparse.Namespace,
+    console: Any,
+    t0: float,
+    summaries: dict[str, Any] | None = None,
+) -> int:
+    """The report's closing figures, table and plots; swarm.json (and --summary-json) written."""
+    import msgspec
+    from rich.markup import escape
+
     report["parallel_rate_before_rl"] = {
         a: report.get(f"before/{a}/heldout", {}).get("parallel_rate") for a in report["arms"]
     }
     report["latency_s"] = {
         a: {
             "eval_after": report.get(f"after/{a}/heldout", {}).get("latency_s"),
-            "stack_after": report[a]["stack"]["heldout_after"].get("latency_s"),
+            # none where the run's stack was not followed to its end (--swarm-evaluate-run)
+            "stack_after": (report[a].get("stack") or {}).get("heldout_after", {}).get("latency_s"),
         }
         for a in report["arms"]
     }
@@ -508,7 +630,7 @@ def run(plan: Any, args: argparse.Namespace) -> int:
     report["wall_s"] = round(time.monotonic() - t0, 1)
     out = run_dir / "swarm.json"
     out.write_bytes(msgspec.json.format(msgspec.json.encode(report)))
-    if args.summary_json:
+    if args.summary_json and summaries is not None:
         args.summary_json.parent.mkdir(parents=True, exist_ok=True)
         whole = {"arms": {k: msgspec.to_builtins(v) for k, v in summaries.items()}, "swarm": report}
         args.summary_json.write_bytes(msgspec.json.format(msgspec.json.encode(whole)))
