@@ -106,3 +106,13 @@ def test_the_command_prints_writes_json_and_a_png_and_names_a_bad_input(
     assert "seed 0 twice" in capsys.readouterr().out
     assert main(["swarm-seeds", str(tmp_path)]) == 2
     assert "no swarm.json" in capsys.readouterr().out
+
+
+def test_equal_changes_have_no_spread_and_no_mean_in_standard_errors() -> None:
+    from slipstream.bench.swarm_seeds import _fmt, spread
+
+    # -5/48 on two seeds: float noise of ~1e-17 once printed as "-2083.0 se"
+    same = spread([0.125 - 0.22916666666666666, 0.0208333333333333 - 0.125])
+    assert same["sd"] == 0.0 and same["mean_in_se"] is None
+    assert "no spread" in _fmt(same) and " se;" not in _fmt(same)
+    assert spread([0.1, 0.3])["mean_in_se"] == 2.0

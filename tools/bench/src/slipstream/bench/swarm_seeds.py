@@ -110,8 +110,10 @@ def spread(deltas: list[float]) -> dict[str, Any]:
     n = len(deltas)
     mean = statistics.fmean(deltas) if deltas else math.nan
     sd = statistics.stdev(deltas) if n >= 2 else None
+    if sd is not None and sd < 1e-9:
+        sd = 0.0  # equal changes (e.g. two seeds that each gained 5 of 48 episodes): float noise is no spread
     se = sd / math.sqrt(n) if sd is not None else None
-    t = mean / se if se else None
+    t = mean / se if se else None  # none where there is no spread to measure the mean against
     return {
         "n": n,
         "deltas": [round(d, 4) for d in deltas],
@@ -202,6 +204,8 @@ def _fmt(s: dict[str, Any]) -> str:
     if s["sd"] is None:
         return f"{s['mean']:+.3f} (one seed: spread unknown)"
     every = "every seed rose" if s["rose_every_seed"] else "not every seed rose"
+    if s["mean_in_se"] is None:
+        return f"{s['mean']:+.3f} (sd 0: every seed changed alike, no spread to weigh it against; {every})"
     return f"{s['mean']:+.3f} (sd {s['sd']:.3f}, se {s['se']:.3f}, {s['mean_in_se']} se; {every})"
 
 
