@@ -176,3 +176,49 @@ def test_a_stopped_runs_learner_steps_come_from_its_log_and_a_wrong_dir_is_refus
         assert swarm_demo.run(plan, args) == 2
         assert f"{tmp_path / 'run' / arm} holds no stored versions" in capsys.readouterr().out
     assert not (tmp_path / "run" / "swarm.json").exists()
+
+
+@pytest.mark.parametrize("steps", [0, 7])
+def test_a_run_whose_rl_stopped_part_way_is_evaluated_at_its_last_version(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, steps: int
+) -> None:
+    import json
+
+    import slipstream.run.training as training
+    import slipstream.run.warmstart as warmstart
+    from slipstream.run.plan import RunSummary
+
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    error = f"training did not finish within the run's timeout_s = 60 s (step {steps} of 60)"
+    monkeypatch.setattr(warmstart, "given_model", lambda d: ({}, ""))
+    monkeypatch.setattr(training, "run_training", lambda p, *a, **k: RunSummary(ok=False, error=error, steps=steps, plan=p))
+    monkeypatch.setattr(swarm_demo, "stack_figures", lambda s: {})
+    evaluated: list[str] = []
+
+    def evaluate(arm, name, p, arm_dir, init_dir, args, report, console):  # type: ignore[no-untyped-def]
+        evaluated.append(name)
+        report[f"after/{name}/heldout"] = {"accuracy": 0.5}
+        return None
+
+    monkeypatch.setattr(swarm_demo, "evaluate_entry", evaluate)
+    args = _demo_args(
+        tmp_path,
+        swarm_arm="single",
+        init_model=model,
+        swarm_rl_budgets=None,
+        no_live=True,
+        traces=False,
+        summary_json=None,
+        swarm_budget_tasks=0,
+        restart="on-failure",
+        max_restarts=3,
+    )
+    assert swarm_demo.run(demo_plan("swarm"), args) == 1  # a stopped run is still a failed run
+    report = json.loads((tmp_path / "run" / "swarm.json").read_text())
+    if steps:  # versions were stored: the last one is the run's after, marked
+        assert evaluated == ["single"] and report["single"]["rl_stopped_at_step"] == 7
+        assert report["after/single/heldout"] == {"accuracy": 0.5}
+    else:  # nothing trained: nothing to evaluate
+        assert evaluated == [] and "rl_stopped_at_step" not in report["single"]
