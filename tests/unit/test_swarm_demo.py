@@ -193,7 +193,8 @@ def test_a_run_whose_rl_stopped_part_way_is_evaluated_at_its_last_version(
     (model / "config.json").write_text("{}")
     error = f"training did not finish within the run's timeout_s = 60 s (step {steps} of 60)"
     monkeypatch.setattr(warmstart, "given_model", lambda d: ({}, ""))
-    monkeypatch.setattr(training, "run_training", lambda p, *a, **k: RunSummary(ok=False, error=error, steps=steps, plan=p))
+    stopped = lambda p, *a, **k: RunSummary(ok=False, error=error, steps=steps, plan=p)  # noqa: E731
+    monkeypatch.setattr(training, "run_training", stopped)
     monkeypatch.setattr(swarm_demo, "stack_figures", lambda s: {})
     evaluated: list[str] = []
 
