@@ -357,14 +357,12 @@ def evaluate_entry(
         run_id=arm_dir.name,
     )
     console.print(f"evaluating {name}: its warm-start and last version, in {arm} mode")
-    ev = evaluate_arm(
-        model,
-        p,
-        tasks=args.swarm_compare_tasks,
-        samples=COMPARE_SAMPLES,
-        seed=p.seed + 11,
-        emit=lambda m: console.print(f"  {m}"),
-    )
+
+    def emit(message: str) -> None:
+        console.print(f"  {message}")
+
+    n = args.swarm_compare_tasks  # the evaluation and the ceiling: the same items (seed + 11)
+    ev = evaluate_arm(model, p, tasks=n, samples=COMPARE_SAMPLES, seed=p.seed + 11, emit=emit)
     entry["version"] = ev.get("version")
     for key, row in ev.items():
         if "/" in key:
@@ -373,27 +371,14 @@ def evaluate_entry(
     if arm == "swarm":
         # the teacher's orchestrator in parallel over these frozen sub-agents, on the same tasks:
         # the accuracy RL on the orchestrator could reach at most
-        top = ceiling(
-            model,
-            p,
-            tasks=args.swarm_compare_tasks,
-            samples=COMPARE_SAMPLES,
-            seed=p.seed + 11,
-            emit=lambda m: console.print(f"  {m}"),
-        )
+        top = ceiling(model, p, tasks=n, samples=COMPARE_SAMPLES, seed=p.seed + 11, emit=emit)
         for split in ("heldout", "train"):
             report[f"ceiling/{name}/{split}"] = top[split]
     if args.swarm_budget_tasks <= 0:
         return None
     console.print(f"accuracy vs critical-step budget, {name}")
-    return budget_curve(
-        model,
-        p,
-        ns=_ints(args.swarm_budget_ns, "--swarm-budget-ns"),
-        tasks=args.swarm_budget_tasks,
-        seed=p.seed + 13,
-        emit=lambda m: console.print(f"  {m}"),
-    )
+    ns = _ints(args.swarm_budget_ns, "--swarm-budget-ns")
+    return budget_curve(model, p, ns=ns, tasks=args.swarm_budget_tasks, seed=p.seed + 13, emit=emit)
 
 
 def _report_head(plan: Any, rl_budgets: list[int] | None) -> dict[str, Any]:
