@@ -17,7 +17,7 @@ from rich.console import Console
 from slipstream.envs import get_env
 from slipstream.learner.config import LearnerConfig
 from slipstream.rollout_worker.config import RolloutWorkerConfig
-from slipstream.run import service_env, swarm_demo
+from slipstream.run import service_env, swarm_demo, swarm_eval
 from slipstream.run.presets import demo_plan
 from slipstream.run.training import RunSummary
 from slipstream.runtime.config import resolve
@@ -97,7 +97,7 @@ def test_the_plot_and_the_table_show_swarm_beside_single(tmp_path: Path) -> None
     assert [x for x in text.splitlines() if x.lstrip("│ ").startswith("ceiling")] == [
         next(x for x in text.splitlines() if "ceiling" in x and "0.875" in x)
     ]
-    assert next(x for x in text.splitlines() if "before" in x).count("-") >= len(swarm_demo.FIGURES)
+    assert next(x for x in text.splitlines() if "before" in x).count("-") >= len(swarm_eval.FIGURES)
 
 
 def _demo_args(tmp_path: Path, **kw: object) -> object:

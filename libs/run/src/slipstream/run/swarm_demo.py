@@ -43,7 +43,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from slipstream.run.swarm_eval import FIGURES, ArmModel, budget_curve, ceiling, evaluate_arm, plot_budget
+from slipstream.run.swarm_eval import ArmModel, budget_curve, ceiling, evaluate_arm, plot_budget
+from slipstream.run.swarm_report import ARMS, _close, _report_head, parallelism_curve, plot, table
+
+__all__ = ["arm_name", "arm_plan", "parallelism_curve", "plot", "rl_plan", "run", "table"]  # plot, table: re-exported
 
 # Each arm's evaluation: tasks per split and sampled episodes per task (the same items for every arm).
 COMPARE_TASKS = 24
@@ -53,7 +56,6 @@ BUDGET_TASKS = 16
 BUDGET_NS = (4, 8)
 ITEM_COUNTS = (2, 4, 8)
 LAMBDA = 0.1
-ARMS = ("swarm", "single")
 
 
 def arm_plan(plan: Any, arm: str, lam: float | None = None) -> Any:
@@ -171,99 +173,6 @@ def rl_plan(plan: Any, budgets: list[int] | None) -> Any:
     return plan
 
 
-def parallelism_curve(summary: Any) -> list[dict[str, float]]:
-    """Per learner step: sub-agents, parallel turns (turns that ran 2+ sub-agents at once) and critical
-    steps per episode, perf and λ_parallel (where the learner reports them)."""
-    rows = []
-    for r in summary.steps_log:
-        means = r.get("episode_means") or {}
-        if not means:
-            continue
-        rows.append(
-            {
-                "step": float(r["step"]),
-                "subagents": float(means.get("subagents", 0.0)),
-                "parallel_turns": float(means.get("parallel_turns", 0.0)),
-                "critical_steps": float(means.get("critical_steps", 0.0)),
-                "perf": float(means.get("component.perf", 0.0)),
-                "lambda_parallel": float((r.get("reward_weights") or {}).get("parallel", 1.0)),
-            }
-        )
-    return rows
-
-
-def plot(report: dict[str, Any], path: Path) -> Path:
-    """The swarm arm's parallelism curve by learner step (sub-agents and parallel turns per episode) and
-    its critical steps, as a PNG."""
-    import matplotlib
-
-    matplotlib.use("Agg")  # no display: files only
-    import matplotlib.pyplot as plt
-
-    curve = report.get("curve") or []
-    steps = report.get("steps", 0)
-    fig, (ax1, ax3, ax2) = plt.subplots(1, 3, figsize=(14, 4))
-    # (axis, the batches' key, the evaluations' key, label); a turn running 2+ sub-agents at once is
-    # a parallel turn: the batches report them per episode, the evaluations the share of episodes with one
-    panels = (
-        (ax1, "subagents", "subagents", "sub-agents per episode"),
-        (ax3, "parallel_turns", "parallel_rate", "parallel turns per episode / parallel rate (evals)"),
-        (ax2, "critical_steps", "critical_steps", "critical steps per episode"),
-    )
-    for ax, key, eval_key, label in panels:
-        if curve and all(key in c for c in curve):
-            ax.plot([c["step"] for c in curve], [c[key] for c in curve], marker=".", label="train batches")
-        for stage, x in (("before", 0), ("after", steps)):
-            for split, marker in (("train", "o"), ("heldout", "s")):
-                row = report.get(f"{stage}/swarm/{split}")
-                if row and eval_key in row:
-                    ax.scatter([x], [row[eval_key]], marker=marker, label=f"{split} eval ({stage})")
-        ax.set_xlabel("learner step")
-        ax.set_ylabel(label)
-        ax.grid(alpha=0.3)
-    budget = report.get("budget")
-    if budget:
-        ax2.axhline(budget, color="grey", linestyle="--", label="evaluations' budget (train tasks may draw more)")
-    ax1.legend(fontsize=7)
-    ax2.legend(fontsize=7)
-    fig.suptitle(f"slipstream demo --env swarm, swarm arm: parallelism during RL (seed {report.get('seed', '?')})")
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
-
-
-def table(report: dict[str, Any]) -> Any:
-    """Each arm's model in its own mode, train and held-out, before and after RL: one row per (stage, split, arm)."""
-    from rich.table import Table
-
-    t = Table(
-        title="swarm vs single agent (each trained in its own right; same items and budget)", title_justify="left"
-    )
-    short = {
-        "critical_steps": "crit",
-        "total_steps": "total",
-        "subagents": "subs",
-        "parallel_rate": "par",
-        "latency_s": "lat s",
-        "finish_rate": "finish",
-        "over_budget": "over",
-    }
-    arms = report.get("arms") or list(ARMS)
-    for col in ("model", "split", "arm", *(short.get(k, k) for k in FIGURES)):
-        t.add_column(col)
-    for stage in ("before", "after", "ceiling"):
-        for split in ("train", "heldout"):
-            for arm in arms:
-                row = report.get(f"{stage}/{arm}/{split}")
-                if row is None and stage == "ceiling":
-                    continue  # the swarm's alone: its sub-agents under the teacher's parallel orchestrator
-                row = row or {}
-                t.add_row(stage, split, arm, *(f"{row[k]:.3f}" if k in row else "-" for k in FIGURES))
-    return t
-
-
 def warm_started(plan: Any, model_dir: Path, say: Any = None) -> dict[str, Any]:
     """The arm's warm-start, cached by the content hash of its plan and code (warmstart.py);
     `say(line)` hears each probe check (a cold warm-start runs for tens of minutes)."""
@@ -379,20 +288,6 @@ def evaluate_entry(
     console.print(f"accuracy vs critical-step budget, {name}")
     ns = _ints(args.swarm_budget_ns, "--swarm-budget-ns")
     return budget_curve(model, p, ns=ns, tasks=args.swarm_budget_tasks, seed=p.seed + 13, emit=emit)
-
-
-def _report_head(plan: Any, rl_budgets: list[int] | None) -> dict[str, Any]:
-    """swarm.json's first keys: the plan's figures every arm shares."""
-    o = plan.env_options
-    return {
-        "seed": plan.seed,
-        "steps": plan.max_steps,
-        "budget": o.get("max_critical_steps"),
-        "item_counts": o.get("item_counts"),
-        "expert_parallel_rate": o.get("expert_parallel_rate"),
-        "train_budgets": {"warmstart": o.get("train_budgets"), "rl": rl_budgets or o.get("train_budgets")},
-        "arms": [],
-    }
 
 
 def learner_steps(arm_dir: Path) -> list[dict[str, Any]]:
@@ -566,61 +461,3 @@ def run(plan: Any, args: argparse.Namespace) -> int:
         entry["wall_s"] = round(time.monotonic() - a0, 1)
         console.print(f"{name} done in {entry['wall_s']:.0f} s")
     return _close(report, curves, run_dir, failed, args, console, t0, summaries)
-
-
-def _close(
-    report: dict[str, Any],
-    curves: dict[str, dict[str, Any]],
-    run_dir: Path,
-    failed: str,
-    args: argparse.Namespace,
-    console: Any,
-    t0: float,
-    summaries: dict[str, Any] | None = None,
-) -> int:
-    """The report's closing figures, table and plots; swarm.json (and --summary-json) written."""
-    import msgspec
-    from rich.markup import escape
-
-    report["parallel_rate_before_rl"] = {
-        a: report.get(f"before/{a}/heldout", {}).get("parallel_rate") for a in report["arms"]
-    }
-    report["latency_s"] = {
-        a: {
-            "eval_after": report.get(f"after/{a}/heldout", {}).get("latency_s"),
-            # none where the run's stack was not followed to its end (--swarm-evaluate-run)
-            "stack_after": (report[a].get("stack") or {}).get("heldout_after", {}).get("latency_s"),
-        }
-        for a in report["arms"]
-    }
-    if len(report["arms"]) > 0 and not failed:
-        console.print(table(report))
-        for a in report["arms"]:
-            lat = report["latency_s"][a]
-            console.print(
-                f"{a}: held-out parallel rate before RL {report['parallel_rate_before_rl'][a]}, latency per episode "
-                f"{lat['eval_after']} s (evaluation), {lat['stack_after']} s (stack)"
-            )
-    if curves:
-        report["budget_curves"] = curves
-        (run_dir / "swarm-budget.json").write_text(json.dumps(curves, indent=1))
-        console.print(f"accuracy vs budget: {plot_budget(curves, run_dir / 'swarm-budget.png')}")
-    if report.get("curve") is not None:
-        swarm_key = next(a for a in report["arms"] if a.startswith("swarm"))
-        view_report = {
-            **report,
-            **{k.replace(f"/{swarm_key}/", "/swarm/"): v for k, v in report.items() if f"/{swarm_key}/" in k},
-        }
-        console.print(f"parallelism curve: {plot(view_report, run_dir / 'swarm.png')}")
-    report["wall_s"] = round(time.monotonic() - t0, 1)
-    out = run_dir / "swarm.json"
-    out.write_bytes(msgspec.json.format(msgspec.json.encode(report)))
-    if args.summary_json and summaries is not None:
-        args.summary_json.parent.mkdir(parents=True, exist_ok=True)
-        whole = {"arms": {k: msgspec.to_builtins(v) for k, v in summaries.items()}, "swarm": report}
-        args.summary_json.write_bytes(msgspec.json.format(msgspec.json.encode(whole)))
-    if failed:
-        console.print(f"[red]slipstream demo --env swarm failed:[/red] {escape(str(failed))}")
-        return 1
-    console.print(f"done in {report['wall_s']:.0f} s; swarm.json in {run_dir}")
-    return 0
