@@ -306,8 +306,11 @@ def test_the_report_takes_latency_and_the_parallel_rate_from_the_stack(tmp_path:
         heldout_metrics_before=before,
         heldout_metrics_after={**before, "latency_s": 1.75},
         warmstart={"steps": 250, "cached": "abc", "probe_curve": [[1, 0.0]]},
+        trajectories={"published": 40, "trained": 24, "dropped": {"uniform_group": 16}, "scored": 40},
     )
     figures = swarm_demo.stack_figures(summary)
+    # the arm's sample budget: what it drew, what trained, what was dropped and why
+    assert figures["samples"] == {"sampled": 40, "trained": 24, "dropped": {"uniform_group": 16}}
     assert figures["heldout_before"] == {"accuracy": 0.0, "parallel_rate": 0.125, "latency_s": 2.5}
     assert figures["heldout_after"]["latency_s"] == 1.75 and figures["steps"] == 3
     assert figures["warmstart"] == {"steps": 250, "cached": "abc"}  # scalars only

@@ -200,11 +200,19 @@ def stack_figures(summary: Any) -> dict[str, Any]:
     def pick(m: dict[str, Any]) -> dict[str, float]:
         return {k: round(float(m[k]), 4) for k in keep if k in m}
 
+    tr = summary.trajectories or {}
     return {
         "heldout_before": pick(summary.heldout_metrics_before),
         "heldout_after": pick(summary.heldout_metrics_after),
         "warmstart": {k: v for k, v in summary.warmstart.items() if isinstance(v, (int, float, str))},
         "steps": summary.steps,
+        # The samples the arm's RL drew: every step trains the same number of episodes, but a group
+        # whose rewards are all equal is dropped, so an arm with many such groups samples more.
+        "samples": {
+            "sampled": tr.get("published", 0),
+            "trained": tr.get("trained", 0),
+            "dropped": dict(tr.get("dropped") or {}),
+        },
         "wall_time_s": round(summary.wall_time_s, 1),
     }
 
