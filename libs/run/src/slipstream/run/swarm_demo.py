@@ -13,7 +13,8 @@ Each arm is a run of the demo's own (warm-start, the five-process stack, RL) wit
   `[learner.reward_schedule.parallel]` / `.finish` (λ 0.1 -> 0 over the run's steps); the
   workers' sub-agents on a frozen copy of the warm-start (`[subagents] pin_version = -1`);
 - the arms (`--swarm-arm`): `single` (mode single: the direct search tools only, the `[single]`
-  prompt, its own serial teacher and warm-start, the same RL steps, samples and budget) and
+  prompt, its own serial teacher and warm-start, the same RL steps, episodes a step and budget;
+  the episodes each arm sampled to fill them, uniform groups dropped, are in its `stack.samples`) and
   `swarm`, one after the other (`both`, the default), each in RUN_DIR/<arm>; `--swarm-lambda 0`
   runs the swarm with λ = 0 (the ablation, RUN_DIR/swarm-lambda0); warm-starts are cached by
   content hash (`warmstart`), so a second run of an arm with the same plan and code skips it;
@@ -60,7 +61,7 @@ LAMBDA = 0.1
 
 def arm_plan(plan: Any, arm: str, lam: float | None = None) -> Any:
     """`plan` for one arm: "swarm" (as planned) or "single" (the single agent in its own right: mode
-    single, so its own prompt, teacher and warm-start, with the same steps, samples and budget);
+    single, so its own prompt, teacher and warm-start, with the same steps, episodes a step and budget);
     `lam` (None: as planned) sets λ of r_parallel and r_finish, annealed from `lam` to 0 over the
     run, or 0 throughout (the ablation)."""
     if arm not in ARMS:
