@@ -85,7 +85,11 @@ def test_changes_their_seed_spread_and_the_paired_arms(tmp_path: Path) -> None:
     assert top["per_seed"]["2"]["accuracy"] == pytest.approx(0.7) and top["accuracy_mean"] == pytest.approx(0.6)
     assert result["arms"]["single"]["ceiling_heldout"]["accuracy_mean"] is None
     # budget curves: the mean over seeds per N and B
-    assert result["arms"]["swarm"]["budget_mean"]["4"]["4"]["mean"] == pytest.approx((0.1 + 0.0 + 0.2) / 3)
+    point = result["arms"]["swarm"]["budget_mean"]["4"]["4"]
+    assert point["mean"] == pytest.approx((0.1 + 0.0 + 0.2) / 3)
+    # and their spread over the seeds: sd, the range the plot draws as a band
+    assert point["sd"] == pytest.approx(0.1) and (point["min"], point["max"]) == (0.0, 0.2)
+    assert result["arms"]["single"]["budget_mean"]["4"]["4"]["sd"] is None  # one seed: no spread
 
 
 def test_the_command_prints_writes_json_and_a_png_and_names_a_bad_input(
@@ -98,6 +102,8 @@ def test_the_command_prints_writes_json_and_a_png_and_names_a_bad_input(
     text = capsys.readouterr().out
     assert "swarm: before -> after RL" in text and "0.000 -> 0.300" in text
     assert "held-out accuracy: seed 0 0.500, seed 1 0.600" in text
+    # the budget curves' table: at B = 4 accuracy 0.1 and 0.0 after RL, mean 0.05, sd 0.071, 2 seeds
+    assert "vs critical-step budget" in text and "0.050 (0.071; 2)" in text
     written = json.loads((out / "swarm-seeds.json").read_text())
     assert written["arms"]["swarm"]["changes"]["heldout/parallel_rate"]["mean"] == pytest.approx(0.2)
     assert (out / "swarm-seeds.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

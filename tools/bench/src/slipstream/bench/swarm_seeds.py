@@ -192,6 +192,9 @@ def _budget_mean(curves: list[dict[str, dict[int, float]]]) -> dict[str, dict[st
         out[n] = {
             str(b): {
                 "mean": round(statistics.fmean(vals), 4),
+                "sd": round(statistics.stdev(vals), 4) if len(vals) > 1 else None,
+                "min": round(min(vals), 4),
+                "max": round(max(vals), 4),
                 "per_seed": [round(v, 4) for v in vals],
             }
             for b in budgets
@@ -210,7 +213,8 @@ def _fmt(s: dict[str, Any]) -> str:
 
 
 def tables(result: dict[str, Any]) -> list[Any]:
-    """Rich tables: one per arm (seed rows, change columns), one for the paired comparisons."""
+    """Rich tables: one per arm (seed rows, change columns), the budget curves' seed means and spread,
+    one for the paired comparisons."""
     from rich.table import Table
 
     shown = ("heldout/parallel_rate", "batches/parallel_turns", "heldout/accuracy", "heldout/perf", "heldout/subagents")
@@ -228,6 +232,22 @@ def tables(result: dict[str, Any]) -> list[Any]:
                 cells.append(f"{v[0]:.3f} -> {v[1]:.3f}" if v else "-")
             t.add_row(str(s), *cells)
         t.add_row("change", *(_fmt(a["changes"][k]) for k in cols))
+        out.append(t)
+    curves = [(arm, n, pts) for arm, a in result["arms"].items() for n, pts in a["budget_mean"].items()]
+    if curves:
+        t = Table(
+            title="held-out accuracy vs critical-step budget B after RL: seed mean (sd; seeds)", title_justify="left"
+        )
+        budgets = sorted({int(b) for _, _, pts in curves for b in pts})
+        for col in ("arm", "N", *(f"B={b}" for b in budgets)):
+            t.add_column(col)
+        for arm, n, pts in curves:
+            cells = []
+            for b in budgets:
+                p = pts.get(str(b))
+                sd = "-" if p is None or p["sd"] is None else f"{p['sd']:.3f}"
+                cells.append("" if p is None else f"{p['mean']:.3f} ({sd}; {len(p['per_seed'])})")
+            t.add_row(arm, n, *cells)
         out.append(t)
     if result["paired"]:
         t = Table(title="paired on the seeds both arms ran", title_justify="left")
@@ -297,14 +317,19 @@ def plot(result: dict[str, Any], path: Path) -> Path:
     for arm, a in result["arms"].items():
         for n, points in a["budget_mean"].items():
             bs = sorted(points, key=int)
-            ax.plot(
-                [int(b) for b in bs],
+            xs = [int(b) for b in bs]
+            (line,) = ax.plot(
+                xs,
                 [points[b]["mean"] for b in bs],
                 marker="o" if n == "4" else "s",
+                linestyle="-" if n == "4" else "--",
                 color=colours.get(arm),
                 label=f"{arm} N={n} (mean of {len(points[bs[0]]['per_seed'])} seeds)",
             )
-    ax.set_title("held-out accuracy vs critical-step budget B\n(after RL, seed mean)")
+            # the seeds' range at each budget: where one seed is all there is, the band is the line
+            lo, hi = [points[b]["min"] for b in bs], [points[b]["max"] for b in bs]
+            ax.fill_between(xs, lo, hi, color=line.get_color(), alpha=0.12, linewidth=0)
+    ax.set_title("held-out accuracy vs critical-step budget B\n(after RL, seed mean; band: the seeds' range)")
     ax.set_xlabel("B")
     if not ax.lines:  # runs made with --swarm-budget-tasks 0 have no curve: say so on the panel
         ax.text(0.5, 0.5, "no budget curve in these runs\n(--swarm-budget-tasks 0)", ha="center", va="center")
