@@ -13,6 +13,7 @@ from typing import Any
 
 import msgspec
 
+from slipstream.run.report_figure import save
 from slipstream.run.sim import PREFERENCES, SimStats
 
 
@@ -193,10 +194,7 @@ def plot_acceptance(summaries: list[dict[str, Any]], path: Path) -> Path:
     ax.legend()
     ax.set_title("slipstream demo --realtime")
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    return save(fig, path, dpi=100)
 
 
 def summary_table(summary: dict[str, Any]) -> Any:

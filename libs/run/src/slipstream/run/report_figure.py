@@ -96,9 +96,15 @@ def _within(box: Any, edge: Any) -> bool:
     return bool(box.x0 >= edge.x0 and box.x1 <= edge.x1 and box.y0 >= edge.y0 and box.y1 <= edge.y1)
 
 
-def draw(plot: Plot, path: Path) -> None:
+def save(fig: Any, path: Path, dpi: int = DPI) -> Path:
+    """Write `fig` to `path` (its folder made if missing) and close it, so figures do not pile up."""
     import matplotlib.pyplot as plt
 
-    fig = figure(plot)
-    fig.savefig(path, dpi=DPI)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=dpi)
     plt.close(fig)
+    return path
+
+
+def draw(plot: Plot, path: Path) -> None:
+    save(figure(plot), path)

@@ -280,10 +280,6 @@ def budget_figure(curves: dict[str, dict[str, Any]]) -> Any:
 
 def plot_budget(curves: dict[str, dict[str, Any]], path: Path) -> Path:
     """`budget_figure` as a PNG at `path`."""
-    import matplotlib.pyplot as plt
+    from slipstream.run.report_figure import save
 
-    fig = budget_figure(curves)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    return save(budget_figure(curves), path, dpi=100)

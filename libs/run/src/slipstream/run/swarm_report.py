@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from slipstream.run.report_figure import save
 from slipstream.run.swarm_eval import FIGURES, plot_budget
 
 ARMS = ("swarm", "single")
@@ -74,10 +75,7 @@ def plot(report: dict[str, Any], path: Path) -> Path:
     ax2.legend(fontsize=7)
     fig.suptitle(f"slipstream demo --env swarm, swarm arm: parallelism during RL (seed {report.get('seed', '?')})")
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    return save(fig, path, dpi=100)
 
 
 def table(report: dict[str, Any]) -> Any:

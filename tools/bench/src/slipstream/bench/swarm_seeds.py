@@ -339,10 +339,9 @@ def plot(result: dict[str, Any], path: Path) -> Path:
             ax.legend(fontsize=7)
     fig.suptitle("slipstream demo --env swarm over seeds (bench swarm-seeds)")
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    from slipstream.run.report_figure import save
+
+    return save(fig, path, dpi=100)
 
 
 def _command(args: argparse.Namespace) -> int:
