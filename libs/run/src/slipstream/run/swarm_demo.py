@@ -300,21 +300,12 @@ def evaluate_entry(
 
 
 def learner_steps(arm_dir: Path) -> list[dict[str, Any]]:
-    """The learner's step rows from its log (`event` "step"): the steps_log of a run not followed to its end."""
-    import msgspec
+    """The learner's step rows from its log, in steps_log's shape: the steps_log of a run not followed to its end."""
+    from slipstream.run.report import read_logs, steps_from_logs
 
-    rows = []
-    for path in sorted((arm_dir / "logs").glob("learner*.log")):
-        for line in path.read_bytes().splitlines():
-            if not line.startswith(b"{"):
-                continue
-            try:
-                row = msgspec.json.decode(line)
-            except msgspec.DecodeError:
-                continue  # a line cut by a kill
-            if isinstance(row, dict) and row.get("event") == "step" and "step" in row:
-                rows.append(row)
-    last: dict[int, dict[str, Any]] = {int(r["step"]): r for r in rows}  # a resumed learner logs a step once more
+    logs, _ = read_logs(arm_dir / "logs")  # lines cut by a kill are skipped
+    rows = [r for stem, lines in logs.items() if stem.startswith("learner") for r in lines]
+    last = {s["step"]: s for s in steps_from_logs(rows)}  # a resumed learner logs a step once more
     return [last[k] for k in sorted(last)]
 
 
