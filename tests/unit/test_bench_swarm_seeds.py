@@ -122,3 +122,19 @@ def test_equal_changes_have_no_spread_and_no_mean_in_standard_errors() -> None:
     assert same["sd"] == 0.0 and same["mean_in_se"] is None
     assert "no spread" in _fmt(same) and " se;" not in _fmt(same)
     assert spread([0.1, 0.3])["mean_in_se"] == 2.0
+
+
+def test_the_sign_flip_p_counts_the_sign_assignments_by_hand() -> None:
+    from slipstream.bench.swarm_seeds import sign_flip_p, spread
+
+    # three seeds that all rose: only the measured signs reach the sum, 1 of 8 assignments
+    assert sign_flip_p([0.1, 0.2, 0.3]) == pytest.approx(1 / 8)
+    # sum 0.3; at or above it: as measured (0.3), the third flipped (0.5), the first and third flipped (0.3)
+    assert sign_flip_p([0.1, 0.3, -0.1]) == pytest.approx(3 / 8)
+    # no change at all: every assignment ties the measured 0
+    assert sign_flip_p([0.0, 0.0]) == pytest.approx(1.0)
+    # a mean below 0 is no evidence of a rise
+    assert sign_flip_p([-0.2, -0.1, 0.05]) > 0.5
+    assert sign_flip_p([]) is None and sign_flip_p([0.1] * 21) is None
+    # six seeds, one of them flat: the smallest p six seeds allow counts the flat seed's two signs
+    assert spread([0.4, 0.0, 0.5, 0.3, 0.2, 0.25])["p_sign_flip"] == pytest.approx(2 / 64, abs=1e-4)

@@ -11,7 +11,9 @@ seed spread*, with the λ = 0 ablation and the single agent beside it. This read
   the RL batches' parallel turns per episode, mean of the first `--window` steps -> mean of the
   last `--window`;
 - across seeds: each change's mean, standard deviation, standard error of the mean (sd / sqrt n)
-  and the mean in standard errors, and whether it rose on every seed; with one seed the spread is
+  and the mean in standard errors, the exact one-sided sign-flip p (the share of the 2^n sign
+  assignments of the seeds' changes whose mean reaches the measured one: no normal spread assumed),
+  and whether it rose on every seed; with one seed the spread is
   unknown and says so;
 - paired, on the seeds both arms ran: λ annealed minus λ = 0 (the rise the auxiliary reward
   adds), and swarm minus single after RL (accuracy, perf, latency per episode);
@@ -105,8 +107,25 @@ def per_run(report: dict[str, Any], window: int) -> dict[str, dict[str, Any]]:
     return out
 
 
+def sign_flip_p(deltas: list[float]) -> float | None:
+    """One-sided exact sign-flip test that the changes' mean is above 0: the share of the 2^n ways
+    of flipping the seeds' signs whose mean is at least the one measured. It assumes only that a
+    seed's change is as likely negative as positive when RL does nothing (no normal spread, which a
+    handful of 0-1 accuracies does not have); the smallest p it can give is 2^-n (1/64 at 6 seeds,
+    1/512 at 9). None for more than 20 seeds (it enumerates) or none at all."""
+    n = len(deltas)
+    if n == 0 or n > 20:
+        return None
+    observed = sum(deltas)
+    hits = sum(
+        1 for mask in range(1 << n) if sum(-d if mask >> i & 1 else d for i, d in enumerate(deltas)) >= observed - 1e-12
+    )
+    return hits / (1 << n)
+
+
 def spread(deltas: list[float]) -> dict[str, Any]:
-    """Mean, sd, standard error and the mean in standard errors of per-seed changes."""
+    """Mean, sd, standard error and the mean in standard errors of per-seed changes, and the exact
+    one-sided sign-flip p that the mean is above 0."""
     n = len(deltas)
     mean = statistics.fmean(deltas) if deltas else math.nan
     sd = statistics.stdev(deltas) if n >= 2 else None
@@ -122,6 +141,7 @@ def spread(deltas: list[float]) -> dict[str, Any]:
         "se": None if se is None else round(se, 4),
         "mean_in_se": None if t is None else round(t, 2),
         "rose_every_seed": n > 0 and all(d > 0 for d in deltas),
+        "p_sign_flip": None if (p := sign_flip_p(deltas)) is None else round(p, 4),
     }
 
 
@@ -209,7 +229,9 @@ def _fmt(s: dict[str, Any]) -> str:
     every = "every seed rose" if s["rose_every_seed"] else "not every seed rose"
     if s["mean_in_se"] is None:
         return f"{s['mean']:+.3f} (sd 0: every seed changed alike, no spread to weigh it against; {every})"
-    return f"{s['mean']:+.3f} (sd {s['sd']:.3f}, se {s['se']:.3f}, {s['mean_in_se']} se; {every})"
+    p = s.get("p_sign_flip")
+    sign = "" if p is None else f", sign-flip p {p:.3f}"
+    return f"{s['mean']:+.3f} (sd {s['sd']:.3f}, se {s['se']:.3f}, {s['mean_in_se']} se{sign}; {every})"
 
 
 def tables(result: dict[str, Any]) -> list[Any]:
