@@ -223,3 +223,59 @@ def test_a_run_whose_rl_stopped_part_way_is_evaluated_at_its_last_version(
         assert report["after/single/heldout"] == {"accuracy": 0.5}
     else:  # nothing trained: nothing to evaluate
         assert evaluated == [] and "rl_stopped_at_step" not in report["single"]
+
+
+def test_the_rollouts_latency_is_the_learners_wall_clock_per_episode_at_each_end_of_the_run() -> None:
+    # the learner averages the swarm env's wall_ms per step unless a plan says otherwise
+    assert "wall_ms" in LearnerConfig().learner.step_means
+    steps = [{"step": 0}] + [{"step": s, "episode_means": {"wall_ms": 1000.0 * s}} for s in range(1, 26)]
+    lat = swarm_demo.rollouts_latency(steps, window=10)
+    assert lat == {"first": 5.5, "last": 20.5, "window": 10, "steps": 25}  # steps 1-10 and 16-25, in seconds
+    assert swarm_demo.rollouts_latency([{"step": 1, "episode_means": {"subagents": 1.0}}]) == {}
+    curve = swarm_demo.parallelism_curve(type("S", (), {"steps_log": steps})())
+    assert curve[2]["latency_s"] == 3.0
+
+
+def test_swarm_pool_puts_the_swarm_arms_sub_agents_on_the_pool_and_a_bad_count_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import slipstream.run.training as training
+    import slipstream.run.warmstart as warmstart
+    from slipstream.run.plan import RunSummary
+
+    assert swarm_demo.run(demo_plan("swarm"), _demo_args(tmp_path, swarm_arm="swarm", swarm_pool=-1)) == 2
+    assert "--swarm-pool must be >= 0 replicas, got -1" in capsys.readouterr().out
+    assert not (tmp_path / "run").exists()
+
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    plans: dict[str, object] = {}
+
+    def train(p, arm_dir, **k):  # type: ignore[no-untyped-def]
+        plans[p.env_options["mode"]] = p
+        return RunSummary(ok=False, error="stopped", steps=0, plan=p)
+
+    monkeypatch.setattr(warmstart, "given_model", lambda d: ({}, ""))
+    monkeypatch.setattr(training, "run_training", train)
+    monkeypatch.setattr(swarm_demo, "stack_figures", lambda s: {})
+    common = {
+        "init_model": model,
+        "swarm_rl_budgets": None,
+        "no_live": True,
+        "traces": False,
+        "summary_json": None,
+        "swarm_budget_tasks": 0,
+        "restart": "on-failure",
+        "max_restarts": 3,
+    }
+    for arm, replicas, where in (("swarm", 2, "pool x2"), ("single", 0, "none")):
+        run_dir = tmp_path / arm
+        args = _demo_args(tmp_path, swarm_arm=arm, swarm_pool=2, **common)
+        args.run_dir = run_dir  # type: ignore[attr-defined]
+        assert swarm_demo.run(demo_plan("swarm"), args) == 1  # stopped before a step: a failed run
+        plan = plans[arm]
+        assert plan.subagent_pool_replicas == replicas  # type: ignore[attr-defined]
+        environ = service_env(plan, Path("/m"), Path("/s"), Path("/o"))
+        assert (environ.get("SLIPSTREAM_SUBAGENTS__TRANSPORT") == "nats") == (arm == "swarm")
+        assert json.loads((run_dir / "swarm.json").read_text())[arm]["subagents_on"] == where

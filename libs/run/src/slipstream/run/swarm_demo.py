@@ -40,6 +40,7 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import statistics
 import time
 from pathlib import Path
 from typing import Any
@@ -57,6 +58,7 @@ BUDGET_TASKS = 16
 BUDGET_NS = (4, 8)
 ITEM_COUNTS = (2, 4, 8)
 LAMBDA = 0.1
+LATENCY_WINDOW = 10  # learner steps averaged at each end of the rollouts' latency
 
 
 def arm_plan(plan: Any, arm: str, lam: float | None = None) -> Any:
@@ -152,6 +154,16 @@ def add_arguments(p: Any) -> None:
         "writes DIR/swarm.json as the run would have, with the step it stopped at",
     )
 
+    g.add_argument(
+        "--swarm-pool",
+        type=int,
+        default=0,
+        metavar="R",
+        help="the swarm arm's sub-agents on R replicas of the pinned sub-agent pool (its own processes, over "
+        "NATS) instead of a frozen engine in each worker (default 0); the rollouts' latency per episode is then "
+        "the pool's",
+    )
+
 
 def _ints(text: str, flag: str, what: str = "item counts", top: int = 26) -> list[int]:
     try:
@@ -205,6 +217,7 @@ def stack_figures(summary: Any) -> dict[str, Any]:
     return {
         "heldout_before": pick(summary.heldout_metrics_before),
         "heldout_after": pick(summary.heldout_metrics_after),
+        "rollouts_latency_s": rollouts_latency(summary.steps_log),
         "warmstart": {k: v for k, v in summary.warmstart.items() if isinstance(v, (int, float, str))},
         "steps": summary.steps,
         # The samples the arm's RL drew: every step trains the same number of episodes, but a group
@@ -215,6 +228,23 @@ def stack_figures(summary: Any) -> dict[str, Any]:
             "dropped": dict(tr.get("dropped") or {}),
         },
         "wall_time_s": round(summary.wall_time_s, 1),
+    }
+
+
+def rollouts_latency(steps_log: list[dict[str, Any]], window: int = LATENCY_WINDOW) -> dict[str, Any]:
+    """Seconds per episode of the RL rollouts in the running stack (the learner's per-step mean of the
+    env's `wall_ms`: the orchestrator's turns and its sub-agents, on the pool where the run has one),
+    over the first and the last `window` steps; {} where the learner reported none."""
+    per_step = [
+        float(r["episode_means"]["wall_ms"]) / 1000 for r in steps_log if "wall_ms" in (r.get("episode_means") or {})
+    ]
+    if not per_step:
+        return {}
+    return {
+        "first": round(statistics.fmean(per_step[:window]), 3),
+        "last": round(statistics.fmean(per_step[-window:]), 3),
+        "window": window,
+        "steps": len(per_step),
     }
 
 
@@ -368,6 +398,10 @@ def run(plan: Any, args: argparse.Namespace) -> int:
             "max_subagents": max(counts),
             "max_assign_per_turn": max(counts),
         }
+    pool = getattr(args, "swarm_pool", 0) or 0
+    if pool < 0:
+        console.print(f"slipstream demo --env swarm: --swarm-pool must be >= 0 replicas, got {pool}")
+        return 2
     rl_budgets = getattr(args, "swarm_rl_budgets", None)
     rl_budgets = _ints(rl_budgets, "--swarm-rl-budgets", "critical-step budgets", 1024) if rl_budgets else None
     if plan.sft_target_accuracy <= 0:
@@ -405,6 +439,8 @@ def run(plan: Any, args: argparse.Namespace) -> int:
     for arm in arms:
         name = arm_name(arm, lam if arm == "swarm" else None)
         p = arm_plan(plan, arm, lam if arm == "swarm" else None)
+        if arm == "swarm" and pool:
+            p.subagent_pool_replicas = pool  # pinned to version 0, the warm-start: frozen as in the worker
         arm_dir = run_dir / name
         arm_dir.mkdir(parents=True, exist_ok=True)
         a0 = time.monotonic()
@@ -435,7 +471,12 @@ def run(plan: Any, args: argparse.Namespace) -> int:
             )
         summaries[name] = summary
         console.print(summary_table(summary))
-        entry: dict[str, Any] = {"run_dir": str(arm_dir), "stack": stack_figures(summary), "ok": summary.ok}
+        entry: dict[str, Any] = {
+            "run_dir": str(arm_dir),
+            "stack": stack_figures(summary),
+            "ok": summary.ok,
+            "subagents_on": "none" if arm == "single" else f"pool x{pool}" if pool else "worker (frozen engine)",
+        }
         report[name] = entry
         report["arms"].append(name)
         stopped = not summary.ok

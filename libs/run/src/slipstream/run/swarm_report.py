@@ -20,7 +20,8 @@ ARMS = ("swarm", "single")
 
 def parallelism_curve(summary: Any) -> list[dict[str, float]]:
     """Per learner step: sub-agents, parallel turns (turns that ran 2+ sub-agents at once) and critical
-    steps per episode, perf and λ_parallel (where the learner reports them)."""
+    steps per episode, perf, λ_parallel and the rollouts' seconds per episode (where the learner
+    reports them)."""
     rows = []
     for r in summary.steps_log:
         means = r.get("episode_means") or {}
@@ -33,6 +34,8 @@ def parallelism_curve(summary: Any) -> list[dict[str, float]]:
                 "parallel_turns": float(means.get("parallel_turns", 0.0)),
                 "critical_steps": float(means.get("critical_steps", 0.0)),
                 "perf": float(means.get("component.perf", 0.0)),
+                # the rollouts' wall clock per episode, sub-agents included (the pool's, where it ran)
+                **({"latency_s": float(means["wall_ms"]) / 1000} if "wall_ms" in means else {}),
                 "lambda_parallel": float((r.get("reward_weights") or {}).get("parallel", 1.0)),
             }
         )
@@ -144,6 +147,8 @@ def _close(
             "eval_after": report.get(f"after/{a}/heldout", {}).get("latency_s"),
             # none where the run's stack was not followed to its end (--swarm-evaluate-run)
             "stack_after": (report[a].get("stack") or {}).get("heldout_after", {}).get("latency_s"),
+            # the RL rollouts, first and last steps: where the sub-agents ran is the arm's `subagents_on`
+            "rollouts": (report[a].get("stack") or {}).get("rollouts_latency_s") or None,
         }
         for a in report["arms"]
     }
@@ -154,6 +159,12 @@ def _close(
             console.print(
                 f"{a}: held-out parallel rate before RL {report['parallel_rate_before_rl'][a]}, latency per episode "
                 f"{lat['eval_after']} s (evaluation), {lat['stack_after']} s (stack)"
+                + (
+                    f", {lat['rollouts']['first']} -> {lat['rollouts']['last']} s (the RL rollouts, sub-agents on "
+                    f"{report[a].get('subagents_on', '?')})"
+                    if lat["rollouts"]
+                    else ""
+                )
             )
     if curves:
         report["budget_curves"] = curves

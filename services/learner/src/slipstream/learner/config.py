@@ -34,9 +34,12 @@ DEFAULT_STEP_MEANS = (
     "policy_summaries",
     "truncations",
     "summary_context_tokens",
+    "wall_ms",
 )
-"""Episode counts averaged per step into `LearnerStep.episode_means`: the swarm env's (issue 15) and the
-context restarts' (issue 33: how often the policy summarised of its own accord, and at what context size)."""
+"""Episode counts averaged per step into `LearnerStep.episode_means`: the swarm env's (issue 15; `wall_ms`,
+an episode's wall clock with its sub-agents wherever they ran, is issue 32's latency of the training
+rollouts) and the context restarts' (issue 33: how often the policy summarised of its own accord, and at
+what context size)."""
 WeightsDtype = Literal["", "float32", "bfloat16", "float16"]
 AutocastDtype = Literal["", "bfloat16"]
 
