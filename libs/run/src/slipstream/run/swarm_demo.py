@@ -11,7 +11,8 @@ Each arm is a run of the demo's own (warm-start, the five-process stack, RL) wit
   refers to items by number and to results by sub-agent name, `by_reference`); the micro
   preset and the search demo's warm-start style; the learner's schedule
   `[learner.reward_schedule.parallel]` / `.finish` (λ 0.1 -> 0 over the run's steps); the
-  workers' sub-agents on a frozen copy of the warm-start (`[subagents] pin_version = -1`);
+  workers' sub-agents on a frozen copy of the warm-start (`[subagents] pin_version = -1`), or with
+  `--swarm-pool R` on R replicas of the sub-agent pool pinned to it (the report's `subagents_on`);
 - the arms (`--swarm-arm`): `single` (mode single: the direct search tools only, the `[single]`
   prompt, its own serial teacher and warm-start, the same RL steps, episodes a step and budget;
   the episodes each arm sampled to fill them, uniform groups dropped, are in its `stack.samples`) and
@@ -22,7 +23,8 @@ Each arm is a run of the demo's own (warm-start, the five-process stack, RL) wit
   in its own mode, on the same held-out and train items, sampled at the rollout temperature:
   accuracy, critical steps, sub-agents and parallel rate per episode (the warm-start's
   held-out parallel rate is the one measured before RL), wall-clock latency per episode; plus the
-  stack's own held-out evaluation's latency (the eval-gate path, sub-agents pinned);
+  stack's own held-out evaluation's latency (the eval-gate path, sub-agents pinned) and its RL
+  rollouts' over the first and last steps (`stack.rollouts_latency_s`: on the pool with `--swarm-pool`);
 - the swarm arm's ceiling (swarm_eval `ceiling`): the teacher's orchestrator, parallel on every
   task, over the arm's frozen sub-agents on the same items: the accuracy RL on the orchestrator
   could reach at most, since the sub-agents it trains with are not trained (rows `ceiling/...`;
@@ -153,7 +155,6 @@ def add_arguments(p: Any) -> None:
         "evaluation: DIR is its --run-dir, --swarm-arm and --swarm-lambda as it ran, --init-model its warm-start; "
         "writes DIR/swarm.json as the run would have, with the step it stopped at",
     )
-
     g.add_argument(
         "--swarm-pool",
         type=int,
