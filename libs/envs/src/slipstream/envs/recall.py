@@ -128,6 +128,14 @@ class RecallOptions(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fi
             "the policy cannot carry a fact in its own acknowledgements past a cut, only in a summary)."
         ),
     ] = False
+    expert_answer: Annotated[
+        Literal["lookup", "summary"],
+        Doc(
+            description="How the teacher answers when the asked fact is not in view: 'lookup' says '?'; 'summary' "
+            "reads back the value of the first fact its latest summary holds, whatever its key (so reading back is "
+            "one copy, and whether the answer is right depends only on what the summary kept)."
+        ),
+    ] = "lookup"
     expert_drop_rate: Annotated[
         float,
         Doc(description="Fraction of tasks on which the expert's summaries leave out the first fact they could carry."),
@@ -154,6 +162,8 @@ class RecallOptions(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fi
             raise ValueError(f"filler_len must be in 1..64, got {self.filler_len}")
         if self.early and not self.facts <= self.early <= self.turns:
             raise ValueError(f"early must be 0 or in facts..turns ({self.facts}..{self.turns}), got {self.early}")
+        if self.expert_answer not in ("lookup", "summary"):
+            raise ValueError(f"expert_answer must be 'lookup' or 'summary', got {self.expert_answer!r}")
         if self.expert_keep not in ("all", "one", "first", "last"):
             raise ValueError(f"expert_keep must be 'all', 'one', 'first' or 'last', got {self.expert_keep!r}")
         if not set(self.expert_trigger) <= set(FILLER_LETTERS):
@@ -255,8 +265,9 @@ class Recall(Environment[RecallOptions]):
         """Reading an answer back from a summary, as the context looks after a restart: the prompt,
         a summary of 0-3 facts, the filler lines since (on half the rows cut by the harness's
         truncation mark to their last tokens), the question.
-        The target is the asked fact's value when the summary holds its key, "?" otherwise (each on
-        half the rows). It drills the lookup every successful episode ends with, and nothing RL is
+        The target is the asked fact's value when the summary holds its key, otherwise "?" (or, with
+        `expert_answer = "summary"`, the summary's first value), the asked key held on half the rows.
+        It drills the lookup every successful episode ends with, and nothing RL is
         credited with: the summaries are drawn at random, not when or as the teacher writes them.
         (The micro model's warm-start on the teacher alone answered "?" to every clean probe
         episode's question, seed 0 of session 29: 4 in 5 of the teacher's answers are "?".)"""
@@ -281,7 +292,7 @@ class Recall(Environment[RecallOptions]):
             tail = TRUNCATED + filler[-rng.randint(2 * (o.filler_len + 5) - 6, len(filler)) :] if cut else filler
             restart = SUMMARY_RESTART.format(summary=summary, n=rng.randint(1, 8))
             context = self.prompt_for(asked) + restart + tail + f"{asked}?\n"
-            out.append((context, facts.get(asked, UNKNOWN) + self.terminator))
+            out.append((context, self._read_back(asked, facts) + self.terminator))
         return out
 
     # -- the teacher --------------------------------------------------------------------------------
@@ -303,10 +314,22 @@ class Recall(Environment[RecallOptions]):
         if question:
             k = question.group(1)
             seen = self._seen(context)
-            return seen.get(k, UNKNOWN) + self.terminator
+            if k in seen:
+                return seen[k] + self.terminator
+            summaries = _SUMMARY.findall(context)
+            return self._read_back(k, dict(_FACT.findall(summaries[-1])) if summaries else {}) + self.terminator
         if self.options.expert_self_summary and SUMMARY_END not in context and self._due(task, context):
             return self._summary(task, context)
         return ACK + self.terminator
+
+    def _read_back(self, asked: str, summary: dict[str, str]) -> str:
+        """The teacher's answer from a summary's facts: the asked one's value; else "?" (`lookup`) or
+        the first value it holds (`summary`: one copy, right only when the summary kept the asked value)."""
+        if asked in summary:
+            return summary[asked]
+        if self.options.expert_answer == "summary" and summary:
+            return next(iter(summary.values()))
+        return UNKNOWN
 
     @staticmethod
     def _seen(context: str) -> dict[str, str]:
@@ -366,7 +389,8 @@ class Recall(Environment[RecallOptions]):
         summaries; nothing when it never did): `summarised` (share of episodes), `policy_summaries`
         (per episode), `summary_turn` (mean turn of an episode's first one), `summary_at_turn_<k>`
         (share of episodes whose first one opened at turn k), `kept_asked` (share of summarised
-        episodes whose summaries kept the asked fact); and for the fixed rule, `threshold_restarts`
+        episodes whose summaries kept the asked fact), `kept_value` (the asked fact's value under any
+        key); and for the fixed rule, `threshold_restarts`
         per episode and `threshold_turn` (mean turn of an episode's first)."""
         n = len(episodes) or 1
         forced = [_turns(e.counts, "threshold_at_turn_") for e in episodes]
@@ -378,7 +402,7 @@ class Recall(Environment[RecallOptions]):
         if not any(e.counts.get("policy_summaries") for e in episodes):
             return out
         first: list[int] = []
-        kept = 0
+        kept = kept_value = 0
         for task, e in zip(tasks, episodes, strict=True):
             turns = _turns(e.counts, "summary_at_turn_")
             if not turns:
@@ -390,11 +414,13 @@ class Recall(Environment[RecallOptions]):
                 m for s in e.samples for m in _SUMMARY.findall("".join(t.text for t in s.turns if t.role == "policy"))
             )
             kept += asked in written.split()
+            kept_value += any(f.partition("=")[2] == script.answer for f in written.split())
         out["summarised"] = round(len(first) / n, 4)
         out["policy_summaries"] = round(sum(e.counts.get("policy_summaries", 0) for e in episodes) / n, 4)
         if first:
             out["summary_turn"] = round(sum(first) / len(first), 3)
             out["kept_asked"] = round(kept / len(first), 4)
+            out["kept_value"] = round(kept_value / len(first), 4)
         for k in range(self.options.turns + 1):
             out[f"summary_at_turn_{k}"] = round(first.count(k) / n, 4)
         return out
