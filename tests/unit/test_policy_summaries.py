@@ -332,3 +332,32 @@ async def test_a_strict_ack_ends_the_episode_when_the_policy_writes_anything_but
         episode = (await _play(env, [task], make, _config(policy=False)))[0]
         assert env.score(task, episode).correct is want
         assert ("bad_ack" in episode.counts) is strict
+
+
+async def test_a_teacher_that_reads_its_summary_back_answers_its_value_where_the_lookup_says_unknown() -> None:
+    options = {**OPTIONS, "value_len": 2, "expert_self_summary": True, "expert_trigger": "pqr", "expert_keep": "first"}
+    lookup, reads = get_env("recall", **options), get_env("recall", **options, expert_answer="summary")
+    tasks = lookup.generate("heldout", 80, 17)
+
+    def play(env: Recall) -> list[Episode]:
+        return asyncio.run(expert_episodes(env, TOK, tasks, summary=_config()))
+
+    a, b = await asyncio.to_thread(play, lookup), await asyncio.to_thread(play, reads)
+    changed = 0
+    for task, x, y in zip(tasks, a, b, strict=True):
+        ids_x, ids_y = unpack_ids(x.samples[-1].token_ids), unpack_ids(y.samples[-1].token_ids)
+        answer_x, answer_y = x.samples[-1].turns[-1].text, y.samples[-1].turns[-1].text
+        assert ids_x[: len(ids_x) - len(TOK.encode(answer_x))] == ids_y[: len(ids_y) - len(TOK.encode(answer_y))]
+        if answer_x != answer_y:  # only where the lookup gave up and a summary held another fact
+            changed += 1
+            assert answer_x == "?\n" and answer_y != "?\n" and answer_y != lookup.script(task).answer + "\n"
+        context = TOK.decode(ids_y)
+        held = re.findall(r"<summary>[a-c]=(\d\d)", context)
+        if held and answer_y != lookup.script(task).answer + "\n":
+            assert answer_y == held[-1] + "\n"  # read back from the latest summary, even a wrong fact
+        assert (answer_y == "?\n") == (not held and answer_y != lookup.script(task).answer + "\n")
+    # A quarter of the tasks: the rest were answered right, or summarised before any fact arrived.
+    assert changed > 0.2 * len(tasks)
+    assert _success(lookup, tasks, a) == _success(reads, tasks, b)  # what decides success is what was kept
+    metrics = reads.eval_metrics(tasks, b)
+    assert metrics["kept_value"] >= metrics["kept_asked"] > 0

@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from slipstream.engine import build_tiny
@@ -82,3 +83,25 @@ def test_a_warm_start_mixes_the_drill_into_every_batch(monkeypatch: pytest.Monke
     figures = sft_warmstart(model, tok, env, steps=3, batch_size=2, drill_rows=2)
     assert figures["steps"] == 3 and len(seen) == 3
     assert seen == [2, 2, 2]  # each batch's two drill rows train an answer alone; the teacher's rows train "ok" too
+
+
+def test_with_expert_answer_summary_the_drill_reads_the_summarys_first_value_back() -> None:
+    env = get_env("recall", **OPTIONS, expert_answer="summary")
+    unknown = 0
+    for context, target in env.drill_texts(400, seed=3):
+        m = _RESTART.match(context)
+        assert m, context
+        asked, held = m.group(1), [f.split("=") for f in m.group(2).split()]
+        summary = dict(held)
+        want = summary[asked] if asked in summary else (held[0][1] if held else UNKNOWN)
+        assert target == want + "\n"
+        unknown += target == UNKNOWN + "\n"
+    assert 0 < unknown < 400 * 0.3  # "?" only where the summary is empty
+    with pytest.raises(ValueError, match="'guess'.*expert_answer"):
+        get_env("recall", **OPTIONS, expert_answer="guess")
+
+
+def test_the_kept_plan_differs_from_the_learned_plan_in_the_teachers_answer_alone() -> None:
+    kept, learned = load(PLAN.with_name("recall_kept.toml")).plan(), load(PLAN).plan()
+    assert kept.env_options == {**learned.env_options, "expert_answer": "summary"}
+    assert msgspec.structs.replace(kept, env_options=learned.env_options) == learned
