@@ -97,7 +97,7 @@ def test_with_expert_answer_summary_the_drill_reads_the_summarys_first_value_bac
         assert target == want + "\n"
         unknown += target == UNKNOWN + "\n"
     assert 0 < unknown < 400 * 0.3  # "?" only where the summary is empty
-    with pytest.raises(ValueError, match="'guess'.*expert_answer"):
+    with pytest.raises(ValueError, match=r"'guess'.*expert_answer"):
         get_env("recall", **OPTIONS, expert_answer="guess")
 
 
