@@ -54,7 +54,7 @@ def test_timing_averages_when_the_first_summary_opened_over_seeds() -> None:
 
     def metrics(turns: dict[int, float], mean: float, threshold: float | None = None) -> dict:
         out = {f"summary_at_turn_{k}": v for k, v in turns.items()}
-        out.update(summarised=sum(turns.values()), summary_turn=mean, kept_asked=0.5)
+        out.update(summarised=sum(turns.values()), summary_turn=mean, kept_asked=0.5, kept_value=0.25 + mean / 10)
         if threshold is not None:
             out["threshold_turn"] = threshold
         return out
@@ -72,6 +72,7 @@ def test_timing_averages_when_the_first_summary_opened_over_seeds() -> None:
     assert set(t) == {"policy", "fixed_threshold_turn"}  # the truncate arm never summarised
     assert t["policy"]["after"]["turns"] == [0, 5] and t["policy"]["after"]["share"] == pytest.approx([0.5, 0.5])
     assert t["policy"]["before"]["summary_turn"] == 2.5 and t["fixed_threshold_turn"] == pytest.approx(6.5)
+    assert t["policy"]["after"]["kept_value"] == pytest.approx(0.5) and t["policy"]["before"]["kept_asked"] == 0.5
 
 
 def test_the_training_curve_is_the_context_size_where_summaries_opened_and_the_plot_draws(tmp_path) -> None:

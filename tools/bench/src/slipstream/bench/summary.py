@@ -236,6 +236,7 @@ def timing(rows: list[dict[str, Any]], split: str = "heldout") -> dict[str, Any]
                 "summarised": round(statistics.fmean(m.get("summarised", 0.0) for m in metrics), 4),
                 "summary_turn": _mean([m["summary_turn"] for m in metrics if "summary_turn" in m]),
                 "kept_asked": _mean([m["kept_asked"] for m in metrics if "kept_asked" in m]),
+                "kept_value": _mean([m["kept_value"] for m in metrics if "kept_value" in m]),
                 "threshold_turn": _mean([m["threshold_turn"] for m in metrics if "threshold_turn" in m]),
             }
         if figures:
@@ -381,7 +382,7 @@ def report(
             for k, x in f.items():
                 console.print(
                     f"{arm} {k} RL: summarised {x['summarised']:.2f}, first summary at turn {x['summary_turn']} "
-                    f"(shares {x['share']}), kept the asked fact {x['kept_asked']}"
+                    f"(shares {x['share']}), kept the asked fact {x['kept_asked']} (its value: {x['kept_value']})"
                 )
     png = None
     if json_path and when:
