@@ -1,0 +1,91 @@
+"""What a recall_kept run's summaries held, read from episodes: version 0 beside a stored version.
+
+Plays the plan's held-out tasks (the bench's, seed + 7) at the rollout temperature, `samples` each,
+and sorts every episode by what its summaries held when the question came: no summary; a summary
+with no fact; the asked fact under its own key; the asked value under another key; only other facts.
+Beside each: the episodes answered right, and the facts a summary held (is RL keeping *one* fact,
+the asked one, or learning to keep everything?).
+
+    python examples/runs/recall_kept/read_summaries.py examples/recall_kept.toml RUN/seed0 policy 40 [tasks] [samples]
+"""
+
+import asyncio
+import json
+import re
+import sys
+from collections import Counter
+from pathlib import Path
+
+from slipstream.engine import SamplingParams
+from slipstream.harness.evaluate import greedy_params
+from slipstream.harness.rollout import rollout_episodes
+from slipstream.run.heldout import HeldOut
+from slipstream.run.runfile import load
+from slipstream.store import setup_store
+from slipstream.store.config import StoreConfig
+from slipstream.weights import fetch_version, manifest_key
+
+SUMMARY = re.compile(r"<summary>(.*?)(?:</summary>|\Z)", re.S)
+
+
+def kind(written: list[str], asked: str, value: str) -> str:
+    facts = [f.split("=", 1) for s in written for f in s.split() if "=" in f]
+    if not written:
+        return "no summary"
+    if not facts:
+        return "no fact"
+    if [asked, value] in facts:
+        return "asked fact"
+    if any(v == value for _, v in facts):
+        return "asked value, other key"
+    return "other facts"
+
+
+async def play(ev: HeldOut, samples: int) -> dict:
+    g = greedy_params(ev.env)
+    params = SamplingParams(temperature=ev.temperature, max_tokens=g.max_tokens, stop=g.stop)
+    rows: Counter = Counter()
+    right: Counter = Counter()
+    held: Counter = Counter()
+    for i, spec in enumerate(ev.tasks):
+        script = ev.env.script(spec)
+        episodes = await rollout_episodes(
+            ev.engine, ev.tokenizer, ev.env, spec, group_size=samples, params=params, worker_id="read",
+            group_id=f"read/{i}", summary=ev.summary, purpose="eval",
+        )  # fmt: skip
+        for e in episodes:
+            written = [m for s in e.samples for m in SUMMARY.findall("".join(t.text for t in s.turns if t.role == "policy"))]
+            k = kind(written, script.question, script.answer)
+            rows[k] += 1
+            right[k] += ev.env.score(spec, e).correct
+            if written:
+                held[len([f for f in written[-1].split() if "=" in f])] += 1
+    n = sum(rows.values())
+    return {
+        "episodes": n,
+        "success": round(sum(right.values()) / n, 4),
+        "by_summary": {k: {"share": round(v / n, 4), "answered_right": right[k]} for k, v in rows.most_common()},
+        "facts_in_last_summary": dict(sorted(held.items())),
+    }
+
+
+async def main(plan_path: str, seed_dir: str, run_id: str, version: int, tasks: int, samples: int) -> None:
+    plan = load(plan_path).plan()
+    plan.seed = int(Path(seed_dir).name.removeprefix("seed"))
+    plan.heldout_tasks, plan.train_eval_tasks = tasks, 0
+    ev = HeldOut(plan, Path(seed_dir) / "model-init")
+    await ev.start()
+    try:
+        out = {"v0": await play(ev, samples)}
+        store = setup_store(StoreConfig(type="local", root=str(Path(seed_dir) / run_id / "data" / "store")))
+        manifest, tensors = await asyncio.to_thread(fetch_version, store, manifest_key(run_id, version))
+        ev.engine.apply_weights(manifest.policy_version, tensors)
+        out[f"v{version}"] = await play(ev, samples)
+    finally:
+        await ev.stop()
+    print(json.dumps(out, indent=1))
+
+
+if __name__ == "__main__":
+    a = sys.argv[1:]
+    asyncio.run(main(a[0], a[1], a[2], int(a[3]), int(a[4]) if len(a) > 4 else 64, int(a[5]) if len(a) > 5 else 4))
