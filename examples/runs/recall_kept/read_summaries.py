@@ -54,7 +54,8 @@ async def play(ev: HeldOut, samples: int) -> dict:
             group_id=f"read/{i}", summary=ev.summary, purpose="eval",
         )  # fmt: skip
         for e in episodes:
-            written = [m for s in e.samples for m in SUMMARY.findall("".join(t.text for t in s.turns if t.role == "policy"))]
+            texts = ["".join(t.text for t in s.turns if t.role == "policy") for s in e.samples]
+            written = [m for text in texts for m in SUMMARY.findall(text)]
             k = kind(written, script.question, script.answer)
             rows[k] += 1
             right[k] += ev.env.score(spec, e).correct
