@@ -105,4 +105,3 @@ def test_the_kept_plan_differs_from_the_learned_plan_in_the_teachers_answer_alon
     kept, learned = load(PLAN.with_name("recall_kept.toml")).plan(), load(PLAN).plan()
     assert kept.env_options == {**learned.env_options, "expert_answer": "summary"}
     assert msgspec.structs.replace(kept, env_options=learned.env_options) == learned
-
