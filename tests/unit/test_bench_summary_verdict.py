@@ -47,6 +47,7 @@ def test_the_first_arm_is_compared_with_every_other_arm() -> None:
     assert masked["beats_every_seed"] and masked["min_difference"] == pytest.approx(0.2)
     assert masked["per_seed"][0]["policy_rl_change"] == pytest.approx(0.7)
     assert v["policy_beats_masked_every_seed"] and v["t_across_seeds"] == masked["t_across_seeds"]
+    assert masked["p_sign_flip"] == v["p_sign_flip"] == 1 / 8  # three seeds, all ahead: the least p there is
 
 
 def test_timing_averages_when_the_first_summary_opened_over_seeds() -> None:

@@ -48,6 +48,7 @@ from typing import Any
 
 from slipstream.bench.demo import _seeds
 from slipstream.bench.main import write_json
+from slipstream.bench.swarm_seeds import sign_flip_p
 
 ARMS = ("summary", "truncate", "policy", "masked")
 SCORES = ("heldout_accuracy", "heldout_greedy", "train_accuracy", "train_greedy")
@@ -197,6 +198,8 @@ def verdict(rows: list[dict[str, Any]], arms: tuple[str, ...] = ("summary", "tru
             "beats_every_seed": bool(diffs) and all(d > 0 for d in diffs),
             "min_difference": min(diffs) if diffs else None,
             "mean_difference": round(statistics.fmean(diffs), 4) if diffs else None,
+            # Exact, one-sided: 3 seeds cannot give p below 1/8, 6 below 1/64 (swarm_seeds.sign_flip_p).
+            "p_sign_flip": sign_flip_p(diffs),
         }
         if len(diffs) >= 2:
             sd = statistics.stdev(diffs)
@@ -208,7 +211,7 @@ def verdict(rows: list[dict[str, Any]], arms: tuple[str, ...] = ("summary", "tru
     if first is not None:  # the two-arm form's keys, as before
         out["per_seed"] = first["per_seed"]
         out[f"{lead}_beats_{arms[1]}_every_seed"] = first["beats_every_seed"]
-        for key in ("min_difference", "mean_difference", "difference_sd_across_seeds", "t_across_seeds"):
+        for key in ("min_difference", "mean_difference", "difference_sd_across_seeds", "t_across_seeds", "p_sign_flip"):
             if key in first:
                 out[key] = first[key]
     else:
@@ -371,7 +374,7 @@ def report(
         )
         console.print(
             f"{lead} beat {other} in every seed: {c['beats_every_seed']}; mean difference {c['mean_difference']}, "
-            f"least {c['min_difference']}{spread}"
+            f"least {c['min_difference']}{spread}, one-sided sign-flip p {c.get('p_sign_flip')}"
         )
     for seed, by_mode in no_rl.items():
         for mode, f in by_mode.items():
