@@ -39,6 +39,8 @@ outcome, and neither is the teacher's: `expert_self_summary` makes the teacher s
 a turn drawn per task or (`expert_trigger`) at the first filler line that begins with one of some
 letters, a cue it can see that has nothing to do with the outcome; `expert_keep` = "one" keeps one
 fact in view drawn per task, "first" / "last" the earliest / latest fact in view, whichever was asked.
+`expert_answer` = "summary" makes the teacher read its summary's value back where the asked fact is
+gone (instead of "?"), so reading back is one copy and the outcome turns on when and what it kept.
 `eval_metrics` reports when summaries opened (`summary_at_turn_<k>`, the share of episodes whose
 first one opened at turn k), how often (`summarised`), and what they kept (`kept_asked`).
 """
