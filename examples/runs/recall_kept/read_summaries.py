@@ -11,12 +11,12 @@ the asked one, or learning to keep everything?).
 
 import asyncio
 import json
-import re
 import sys
 from collections import Counter
 from pathlib import Path
 
 from slipstream.engine import SamplingParams
+from slipstream.envs.recall import _SUMMARY as SUMMARY  # what a summary wrote, as kept_asked reads it
 from slipstream.harness.evaluate import greedy_params
 from slipstream.harness.rollout import rollout_episodes
 from slipstream.run.heldout import HeldOut
@@ -24,8 +24,6 @@ from slipstream.run.runfile import load
 from slipstream.store import setup_store
 from slipstream.store.config import StoreConfig
 from slipstream.weights import fetch_version, manifest_key
-
-SUMMARY = re.compile(r"<summary>(.*?)(?:</summary>|\Z)", re.S)
 
 
 def kind(written: list[str], asked: str, value: str) -> str:
