@@ -74,6 +74,8 @@ RUN_ELSEWHERE = {
     "recall_learned": "recall.toml's path with policy summaries; the sampler and the bench cover the rest",
     # recall_learned.toml with the teacher reading its summary's value back (`expert_answer`): the same path.
     "recall_kept": "recall_learned.toml's path, another teacher answer; the sampler and the bench cover the rest",
+    # recall_kept.toml with the teacher keeping a fact drawn per task (`expert_keep`): the same path.
+    "recall_keep_one": "recall_kept.toml's path, another teacher summary; the sampler and the bench cover the rest",
     "openenv": "the guess server's env, run end to end by tests/e2e/test_openenv_training.py",
     "verifiers": "vf_sum through verifiers' harness, run end to end by tests/e2e/test_verifiers_training.py",
 }

@@ -105,3 +105,10 @@ def test_the_kept_plan_differs_from_the_learned_plan_in_the_teachers_answer_alon
     kept, learned = load(PLAN.with_name("recall_kept.toml")).plan(), load(PLAN).plan()
     assert kept.env_options == {**learned.env_options, "expert_answer": "summary"}
     assert msgspec.structs.replace(kept, env_options=learned.env_options) == learned
+
+
+def test_the_keep_one_plan_differs_from_the_kept_plan_in_the_teachers_summary_alone() -> None:
+    one, kept = load(PLAN.with_name("recall_keep_one.toml")).plan(), load(PLAN.with_name("recall_kept.toml")).plan()
+    assert one.env_options == {**kept.env_options, "expert_keep": "one"}
+    assert kept.env_options["expert_keep"] == "first"
+    assert msgspec.structs.replace(one, env_options=kept.env_options) == kept
