@@ -4,7 +4,8 @@ Plays the plan's held-out tasks (the bench's, seed + 7) at the rollout temperatu
 and sorts every episode by what its summaries held when the question came: no summary; a summary
 with no fact; the asked fact under its own key; the asked value under another key; only other facts.
 Beside each: the episodes answered right, and the facts a summary held (is RL keeping *one* fact,
-the asked one, or learning to keep everything?).
+the asked one, or learning to keep everything?); and, apart from timing, among summaries holding a fact
+that opened after the asked fact had arrived, the share that kept it beside what a random arrived fact gives.
 
     python examples/runs/recall_kept/read_summaries.py examples/recall_kept.toml RUN/seed0 policy 40 [tasks] [samples]
 """
@@ -39,12 +40,16 @@ def kind(written: list[str], asked: str, value: str) -> str:
     return "other facts"
 
 
+FACT_KINDS = ("asked fact", "asked value, other key", "other facts")
+
+
 async def play(ev: HeldOut, samples: int) -> dict:
     g = greedy_params(ev.env)
     params = SamplingParams(temperature=ev.temperature, max_tokens=g.max_tokens, stop=g.stop)
     rows: Counter = Counter()
     right: Counter = Counter()
     held: Counter = Counter()
+    content: Counter = Counter()
     for i, spec in enumerate(ev.tasks):
         script = ev.env.script(spec)
         episodes = await rollout_episodes(
@@ -59,12 +64,25 @@ async def play(ev: HeldOut, samples: int) -> dict:
             right[k] += ev.env.score(spec, e).correct
             if written:
                 held[len([f for f in written[-1].split() if "=" in f])] += 1
+            turns = [int(c.removeprefix("summary_at_turn_")) for c in e.counts if c.startswith("summary_at_turn_")]
+            if k in FACT_KINDS and turns:  # content apart from timing: had the asked fact arrived?
+                arrived = [t for t in script.at if t <= max(turns)]
+                asked_at = script.at[[f[0] for f in script.facts].index(script.question)]
+                if asked_at <= max(turns):
+                    content["asked arrived"] += 1
+                    content["kept asked"] += k == "asked fact"
+                    content["chance"] += 1 / len(arrived)
     n = sum(rows.values())
     return {
         "episodes": n,
         "success": round(sum(right.values()) / n, 4),
         "by_summary": {k: {"share": round(v / n, 4), "answered_right": right[k]} for k, v in rows.most_common()},
         "facts_in_last_summary": dict(sorted(held.items())),
+        # Of the summaries holding a fact whose last one opened after the asked fact arrived: the share
+        # that kept the asked one, and what keeping one arrived fact at random would give.
+        "asked_arrived": content["asked arrived"],
+        "kept_asked_when_arrived": round(content["kept asked"] / max(content["asked arrived"], 1), 4),
+        "random_fact_would_keep": round(content["chance"] / max(content["asked arrived"], 1), 4),
     }
 
 
