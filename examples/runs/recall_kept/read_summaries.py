@@ -5,7 +5,8 @@ and sorts every episode by what its summaries held when the question came: no su
 with no fact; the asked fact under its own key; the asked value under another key; only other facts.
 Beside each: the episodes answered right, and the facts a summary held (is RL keeping *one* fact,
 the asked one, or learning to keep everything?); and, apart from timing, among summaries holding a fact
-that opened after the asked fact had arrived, the share that kept it beside what a random arrived fact gives.
+that opened after the asked fact had arrived, the share that kept it beside what a random arrived fact gives;
+and the share of fact-holding summaries whose every key=value is one of the task's facts (exact copies).
 
     python examples/runs/recall_kept/read_summaries.py examples/recall_kept.toml RUN/seed0 policy 40 [tasks] [samples]
 """
@@ -64,6 +65,10 @@ async def play(ev: HeldOut, samples: int) -> dict:
             right[k] += ev.env.score(spec, e).correct
             if written:
                 held[len([f for f in written[-1].split() if "=" in f])] += 1
+            if k in FACT_KINDS:  # every key=value the summaries wrote is one of the task's facts, exactly
+                pairs = [tuple(f.split("=", 1)) for s in written for f in s.split() if "=" in f]
+                content["fact summaries"] += 1
+                content["exact copies"] += all(pair in {tuple(f) for f in script.facts} for pair in pairs)
             turns = [int(c.removeprefix("summary_at_turn_")) for c in e.counts if c.startswith("summary_at_turn_")]
             if k in FACT_KINDS and turns:  # content apart from timing: had the asked fact arrived?
                 arrived = [t for t in script.at if t <= max(turns)]
@@ -80,6 +85,7 @@ async def play(ev: HeldOut, samples: int) -> dict:
         "facts_in_last_summary": dict(sorted(held.items())),
         # Of the summaries holding a fact whose last one opened after the asked fact arrived: the share
         # that kept the asked one, and what keeping one arrived fact at random would give.
+        "exact_copies": round(content["exact copies"] / max(content["fact summaries"], 1), 4),
         "asked_arrived": content["asked arrived"],
         "kept_asked_when_arrived": round(content["kept asked"] / max(content["asked arrived"], 1), 4),
         "random_fact_would_keep": round(content["chance"] / max(content["asked arrived"], 1), 4),
