@@ -19,6 +19,7 @@ from pathlib import Path
 
 from slipstream.engine import SamplingParams
 from slipstream.envs.recall import _SUMMARY as SUMMARY  # what a summary wrote, as kept_asked reads it
+from slipstream.envs.recall import _turns
 from slipstream.harness.evaluate import greedy_params
 from slipstream.harness.rollout import rollout_episodes
 from slipstream.run.heldout import HeldOut
@@ -28,13 +29,18 @@ from slipstream.store.config import StoreConfig
 from slipstream.weights import fetch_version, manifest_key
 
 
+def pairs(written: list[str]) -> list[tuple[str, str]]:
+    """Every key=value the summaries wrote."""
+    return [(k, v) for s in written for k, _, v in (f.partition("=") for f in s.split() if "=" in f)]
+
+
 def kind(written: list[str], asked: str, value: str) -> str:
-    facts = [f.split("=", 1) for s in written for f in s.split() if "=" in f]
+    facts = pairs(written)
     if not written:
         return "no summary"
     if not facts:
         return "no fact"
-    if [asked, value] in facts:
+    if (asked, value) in facts:
         return "asked fact"
     if any(v == value for _, v in facts):
         return "asked value, other key"
@@ -53,6 +59,8 @@ async def play(ev: HeldOut, samples: int) -> dict:
     content: Counter = Counter()
     for i, spec in enumerate(ev.tasks):
         script = ev.env.script(spec)
+        task_facts = {tuple(f) for f in script.facts}
+        asked_at = script.at[[f[0] for f in script.facts].index(script.question)]
         episodes = await rollout_episodes(
             ev.engine, ev.tokenizer, ev.env, spec, group_size=samples, params=params, worker_id="read",
             group_id=f"read/{i}", summary=ev.summary, purpose="eval",
@@ -65,27 +73,23 @@ async def play(ev: HeldOut, samples: int) -> dict:
             right[k] += ev.env.score(spec, e).correct
             if written:
                 held[len([f for f in written[-1].split() if "=" in f])] += 1
-            if k in FACT_KINDS:  # every key=value the summaries wrote is one of the task's facts, exactly
-                pairs = [tuple(f.split("=", 1)) for s in written for f in s.split() if "=" in f]
-                content["fact summaries"] += 1
-                content["exact copies"] += all(pair in {tuple(f) for f in script.facts} for pair in pairs)
-            turns = [int(c.removeprefix("summary_at_turn_")) for c in e.counts if c.startswith("summary_at_turn_")]
-            if k in FACT_KINDS and turns:  # content apart from timing: had the asked fact arrived?
-                arrived = [t for t in script.at if t <= max(turns)]
-                asked_at = script.at[[f[0] for f in script.facts].index(script.question)]
-                if asked_at <= max(turns):
+            if k in FACT_KINDS:
+                content["fact summaries"] += 1  # every key=value written is one of the task's facts, exactly
+                content["exact copies"] += all(pair in task_facts for pair in pairs(written))
+                last = max(_turns(e.counts, "summary_at_turn_"), default=-1)
+                if asked_at <= last:  # content apart from timing: the asked fact had arrived
                     content["asked arrived"] += 1
                     content["kept asked"] += k == "asked fact"
-                    content["chance"] += 1 / len(arrived)
+                    content["chance"] += 1 / len([t for t in script.at if t <= last])
     n = sum(rows.values())
     return {
         "episodes": n,
         "success": round(sum(right.values()) / n, 4),
         "by_summary": {k: {"share": round(v / n, 4), "answered_right": right[k]} for k, v in rows.most_common()},
         "facts_in_last_summary": dict(sorted(held.items())),
+        "exact_copies": round(content["exact copies"] / max(content["fact summaries"], 1), 4),
         # Of the summaries holding a fact whose last one opened after the asked fact arrived: the share
         # that kept the asked one, and what keeping one arrived fact at random would give.
-        "exact_copies": round(content["exact copies"] / max(content["fact summaries"], 1), 4),
         "asked_arrived": content["asked arrived"],
         "kept_asked_when_arrived": round(content["kept asked"] / max(content["asked arrived"], 1), 4),
         "random_fact_would_keep": round(content["chance"] / max(content["asked arrived"], 1), 4),
